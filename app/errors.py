@@ -1,0 +1,94 @@
+"""One exception family for everything yolopipe reports to a user.
+
+Each error carries a stable machine-readable ``code``. How a code becomes an HTTP status
+lives in one place (``app/api/errors.py``); how it becomes an exit status lives in the CLI.
+"""
+
+from __future__ import annotations
+
+
+class YolopipeError(Exception):
+    """Base of every error yolopipe raises on purpose."""
+
+    code = "internal_error"
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+# --- the user's input -------------------------------------------------------------------
+class InvalidImage(YolopipeError):
+    """Bytes that are empty, truncated or otherwise not decodable as an image."""
+
+    code = "invalid_image"
+
+
+class UnsupportedMediaType(YolopipeError):
+    """Content that is not an image at all (text, PDF, ...) or a format we do not decode."""
+
+    code = "unsupported_media_type"
+
+
+class ImageTooLarge(YolopipeError):
+    """Body or pixel count over the configured limit (decompression-bomb guard)."""
+
+    code = "image_too_large"
+
+
+class InvalidParameter(YolopipeError):
+    """A request or CLI parameter outside its allowed range."""
+
+    code = "invalid_parameter"
+
+
+# --- models, artifacts and backends -----------------------------------------------------
+class WeightsError(YolopipeError):
+    """Weights that cannot be found, downloaded or verified."""
+
+    code = "weights_error"
+
+
+class ArtifactError(YolopipeError):
+    """An exported/calibrated/built artifact that is missing, stale or inconsistent."""
+
+    code = "artifact_error"
+
+
+class BackendUnavailable(YolopipeError):
+    """A backend whose library or hardware is missing on this machine."""
+
+    code = "backend_unavailable"
+
+
+class EngineMismatch(ArtifactError):
+    """A TensorRT engine built for another GPU or TensorRT version."""
+
+    code = "engine_mismatch"
+
+
+class CalibrationError(YolopipeError):
+    """Calibration inputs unusable (empty folder, too few images) or the accuracy gate failed."""
+
+    code = "calibration_error"
+
+
+# --- serving ----------------------------------------------------------------------------
+class Overloaded(YolopipeError):
+    """The request queue is full; the client should retry later."""
+
+    code = "overloaded"
+
+
+class RequestTimeout(YolopipeError):
+    code = "timeout"
+
+
+class DeviceError(YolopipeError):
+    """The accelerator failed (e.g. out of memory) while running a batch."""
+
+    code = "device_error"

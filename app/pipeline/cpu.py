@@ -1,0 +1,43 @@
+"""The CPU request path: letterbox → host backend → NumPy NMS. Also the reference path."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from app.backends.base import HostBackend, PipelineInput
+from app.errors import YolopipeError
+from app.pipeline.postprocess import nms_numpy
+from app.pipeline.preprocess import letterbox, to_input
+from app.types import DetectParams, Letterbox, ModelMeta
+
+
+class CpuPipeline:
+    decodes_jpeg = False
+
+    def __init__(self, backend: HostBackend, meta: ModelMeta, *, max_batch: int = 8) -> None:
+        self.backend = backend.name
+        self.precision = backend.precision
+        self.meta = meta
+        self.max_batch = max_batch
+        self._engine = backend
+        self.last_timings: dict[str, float] = {}
+
+    def run(
+        self, images: Sequence[PipelineInput], params: DetectParams
+    ) -> list[tuple[np.ndarray, Letterbox] | YolopipeError]:
+        t0 = time.perf_counter()
+        placed = [letterbox(img, self.meta.imgsz) for img in images]
+        batch = to_input([p[0] for p in placed])
+        t1 = time.perf_counter()
+        head = self._engine.infer(batch)
+        t2 = time.perf_counter()
+        rows = [nms_numpy(h, params) for h in head]
+        t3 = time.perf_counter()
+        self.last_timings = {"preprocess_ms": (t1 - t0) * 1e3, "engine_ms": (t2 - t1) * 1e3, "nms_ms": (t3 - t2) * 1e3}
+        return [(r, p[1]) for r, p in zip(rows, placed)]
+
+    def close(self) -> None:
+        self._engine.close()

@@ -1,0 +1,105 @@
+"""YOLOv8 head decode and NMS in NumPy: the exact, readable reference.
+
+The GPU kernels in ``app/gpu/nms.py`` are tested against these functions, so every step
+mirrors Ultralytics' ``non_max_suppression`` and ``torchvision.ops.nms`` in float32:
+
+1. a box is a candidate when its best class score is ``> conf`` (best class only);
+2. the class filter applies to that best class;
+3. per-class NMS uses the class-offset trick (``box + class * MAX_WH``; 0 when agnostic);
+4. greedy NMS visits candidates by descending score, ties by ascending anchor index (a stable
+   sort, as torchvision's), and suppresses a later box when IoU ``>`` the threshold;
+5. the first ``max_det`` kept boxes are returned, still in descending score order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from app.types import Detections, DetectParams, Letterbox
+
+MAX_WH = np.float32(7680.0)  # Ultralytics' per-class offset, larger than any image side
+
+
+def head_candidates(
+    pred: np.ndarray, conf: float, classes: tuple[int, ...] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One image's raw head output ``[4 + nc, anchors]`` → candidates above ``conf``.
+
+    Returns ``(boxes_xyxy [N, 4], scores [N], class_ids [N], anchor_idx [N])`` in anchor order.
+    """
+    pred = np.asarray(pred, dtype=np.float32)
+    cls_scores = pred[4:]
+    class_ids = cls_scores.argmax(0)  # first maximum, like torch.max
+    scores = cls_scores[class_ids, np.arange(cls_scores.shape[1])]
+    keep = scores > np.float32(conf)
+    if classes is not None:
+        keep &= np.isin(class_ids, np.asarray(classes))
+    anchor_idx = np.nonzero(keep)[0]
+    xywh = pred[:4, anchor_idx].T
+    half_wh = xywh[:, 2:] / np.float32(2)
+    boxes = np.concatenate([xywh[:, :2] - half_wh, xywh[:, :2] + half_wh], axis=1)
+    return boxes, scores[anchor_idx], class_ids[anchor_idx].astype(np.int32), anchor_idx
+
+
+def iou_one_to_many(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
+    """IoU of one xyxy box with many, in float32 and in torchvision's order of operations."""
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    w = np.maximum(np.float32(0), np.minimum(box[2], boxes[:, 2]) - np.maximum(box[0], boxes[:, 0]))
+    h = np.maximum(np.float32(0), np.minimum(box[3], boxes[:, 3]) - np.maximum(box[1], boxes[:, 1]))
+    inter = w * h
+    return inter / (area + areas - inter)
+
+
+def nms_keep_indices(boxes: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
+    """Greedy NMS: indices into ``boxes`` of the kept boxes, by descending score (stable)."""
+    boxes = np.asarray(boxes, dtype=np.float32)
+    order = np.argsort(-np.asarray(scores, dtype=np.float32), kind="stable")
+    suppressed = np.zeros(len(order), dtype=bool)
+    keep = []
+    for rank, i in enumerate(order):
+        if suppressed[rank]:
+            continue
+        keep.append(i)
+        later = order[rank + 1 :]
+        with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 for empty boxes is NaN: not > iou
+            suppressed[rank + 1 :] |= iou_one_to_many(boxes[i], boxes[later]) > np.float32(iou)
+    return np.asarray(keep, dtype=np.int64)
+
+
+def offset_boxes(boxes: np.ndarray, class_ids: np.ndarray, agnostic: bool) -> np.ndarray:
+    """Shift each class to its own region so one NMS never lets two classes suppress each other."""
+    if agnostic:
+        return boxes
+    return boxes + class_ids.astype(np.float32)[:, None] * MAX_WH
+
+
+def nms_numpy(pred: np.ndarray, params: DetectParams) -> np.ndarray:
+    """One image's head output → ``[K, 6]`` rows (x1, y1, x2, y2, score, class) in input pixels."""
+    boxes, scores, class_ids, _ = head_candidates(pred, params.conf, params.classes)
+    keep = nms_keep_indices(offset_boxes(boxes, class_ids, params.agnostic), scores, params.iou)
+    keep = keep[: params.max_det]
+    rows = np.empty((len(keep), 6), np.float32)
+    rows[:, :4] = boxes[keep]
+    rows[:, 4] = scores[keep]
+    rows[:, 5] = class_ids[keep]
+    return rows
+
+
+def scale_boxes(boxes: np.ndarray, lb: Letterbox) -> np.ndarray:
+    """Input-pixel xyxy boxes → original-image pixels, clipped (Ultralytics' ``scale_boxes``)."""
+    out = np.array(boxes, dtype=np.float32, copy=True).reshape(-1, 4)
+    out[:, [0, 2]] -= np.float32(lb.pad_left)
+    out[:, [1, 3]] -= np.float32(lb.pad_top)
+    out[:, [0, 2]] /= np.float32(lb.gain_x)
+    out[:, [1, 3]] /= np.float32(lb.gain_y)
+    out[:, [0, 2]] = out[:, [0, 2]].clip(0, lb.src_w)
+    out[:, [1, 3]] = out[:, [1, 3]].clip(0, lb.src_h)
+    return out
+
+
+def rows_to_detections(rows: np.ndarray, lb: Letterbox) -> Detections:
+    """NMS output rows in input pixels → final detections in original pixels."""
+    det = Detections.from_rows(rows)
+    det.boxes = scale_boxes(det.boxes, lb)
+    return det

@@ -1,0 +1,112 @@
+"""Plain data passed between the stages of the pipeline (NumPy and dataclasses only)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Letterbox:
+    """How one source image was placed into the square model input (Ultralytics' ``LetterBox``).
+
+    ``new_w``/``new_h`` is the resized image before padding; ``pad_left``/``pad_top`` are the
+    integer pads on the left and top. Boxes go back with ``(x - pad_left) / gain_x``.
+    """
+
+    src_h: int
+    src_w: int
+    new_h: int
+    new_w: int
+    pad_top: int
+    pad_left: int
+    size: int  # the square input side (imgsz)
+
+    @property
+    def gain_x(self) -> float:
+        return self.new_w / self.src_w
+
+    @property
+    def gain_y(self) -> float:
+        return self.new_h / self.src_h
+
+
+@dataclass
+class Detections:
+    """Final detections of one image, in original-image pixels, sorted by descending score."""
+
+    boxes: np.ndarray  # [N, 4] float32 x1, y1, x2, y2
+    scores: np.ndarray  # [N] float32
+    class_ids: np.ndarray  # [N] int32
+
+    def __len__(self) -> int:
+        return int(self.scores.shape[0])
+
+    @classmethod
+    def empty(cls) -> Detections:
+        return cls(np.zeros((0, 4), np.float32), np.zeros((0,), np.float32), np.zeros((0,), np.int32))
+
+    @classmethod
+    def from_rows(cls, rows: np.ndarray) -> Detections:
+        """From ``[N, 6]`` rows of x1, y1, x2, y2, score, class (the NMS output layout)."""
+        rows = np.asarray(rows, dtype=np.float32).reshape(-1, 6)
+        return cls(rows[:, :4].copy(), rows[:, 4].copy(), rows[:, 5].astype(np.int32))
+
+    def to_json(self, names: list[str]) -> list[dict[str, Any]]:
+        return [
+            {
+                "box": [round(float(v), 2) for v in box],
+                "score": round(float(score), 5),
+                "class_id": int(cid),
+                "class_name": names[int(cid)] if 0 <= int(cid) < len(names) else str(int(cid)),
+            }
+            for box, score, cid in zip(self.boxes, self.scores, self.class_ids)
+        ]
+
+
+@dataclass(frozen=True)
+class DetectParams:
+    """Per-request detection parameters (validated in ``app.pipeline.detector``)."""
+
+    conf: float = 0.25
+    iou: float = 0.7
+    max_det: int = 300
+    classes: tuple[int, ...] | None = None
+    agnostic: bool = False
+
+
+@dataclass
+class ModelMeta:
+    """What ``yolopipe export`` writes to ``engines/<name>/meta.json``."""
+
+    name: str
+    names: list[str]
+    imgsz: int
+    stride: int
+    input_name: str
+    output_name: str
+    input_shape: list[Any]  # ["batch", 3, imgsz, imgsz]
+    output_shape: list[Any]  # ["batch", 4 + nc, anchors]
+    opset: int
+    weights_sha256: str
+    onnx_sha256: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.names)
+
+    @property
+    def num_anchors(self) -> int:
+        return int(self.output_shape[2])
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> ModelMeta:
+        return cls(**json.loads(Path(path).read_text()))
