@@ -23,3 +23,58 @@ def pytest_collection_modifyitems(config, items):
         folder = rel.parts[0] if len(rel.parts) > 1 else None
         if folder in _FOLDER_MARKERS:
             item.add_marker(getattr(pytest.mark, folder))
+
+
+@pytest.fixture(scope="session")
+def assets_dir() -> Path:
+    """Images that the ultralytics package ships (bus.jpg, zidane.jpg)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("ultralytics")
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin).parent / "assets"
+
+
+@pytest.fixture(scope="session")
+def engines_dir(tmp_path_factory) -> Path:
+    """One export of the sample model for the whole session (export takes seconds)."""
+    from app.build.export import export_onnx
+
+    out = tmp_path_factory.mktemp("engines")
+    export_onnx("sample", engines_dir=out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def sample_model_dir(engines_dir) -> Path:
+    return engines_dir / "sample"
+
+
+@pytest.fixture(scope="session")
+def ultralytics_model(sample_model_dir):
+    """Ultralytics' own model on the same weights: the reference every path is compared with."""
+    from ultralytics import YOLO
+
+    return YOLO(str(sample_model_dir / "weights.pt"))
+
+
+@pytest.fixture(scope="session")
+def varied_images(tmp_path_factory, assets_dir) -> Path:
+    """A folder of real photos in varied sizes (160–1280 px) and formats (JPEG, PNG, gray, alpha)."""
+    import cv2
+
+    out = tmp_path_factory.mktemp("varied")
+    bus = cv2.imread(str(assets_dir / "bus.jpg"))
+    zidane = cv2.imread(str(assets_dir / "zidane.jpg"))
+    (out / "nested").mkdir()
+    for i, (src, side) in enumerate([(bus, 160), (bus, 320), (zidane, 480), (bus, 1280), (zidane, 1280), (zidane, 200)]):
+        h, w = src.shape[:2]
+        r = side / max(h, w)
+        img = cv2.resize(src, (max(1, round(w * r)), max(1, round(h * r))), interpolation=cv2.INTER_AREA)
+        ext = ".png" if i % 2 else ".jpg"
+        cv2.imwrite(str(out / f"img{i}_{side}{ext}"), img)
+    cv2.imwrite(str(out / "nested" / "bus_flipped.jpg"), bus[:, ::-1])
+    cv2.imwrite(str(out / "nested" / "zidane_crop.png"), zidane[100:600, 300:1000])
+    cv2.imwrite(str(out / "bus_gray.png"), cv2.cvtColor(bus, cv2.COLOR_BGR2GRAY))
+    cv2.imwrite(str(out / "zidane_alpha.png"), cv2.cvtColor(zidane, cv2.COLOR_BGR2BGRA))
+    return out

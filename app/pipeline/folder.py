@@ -1,0 +1,219 @@
+"""Offline batch inference: a folder, a file or a glob → one JSON line per image.
+
+Reading and decoding run in a small thread pool ahead of the detector (bounded, so memory
+stays flat on any folder size) while the detector works on the previous batch.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from app.errors import InvalidParameter, YolopipeError
+from app.pipeline.detector import Detector, ImageResult
+from app.types import DetectParams
+
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
+
+
+@dataclass(frozen=True)
+class SourceImage:
+    path: Path
+    name: str  # path relative to SOURCE, as written in the output
+
+
+def list_images(source: str) -> list[SourceImage]:
+    """Image files of a folder (recursive), a single file, or a glob pattern, sorted."""
+    src = Path(source).expanduser()
+    if src.is_dir():
+        files = sorted(p for p in src.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        return [SourceImage(p, p.relative_to(src).as_posix()) for p in files]
+    if src.is_file():
+        return [SourceImage(src, src.name)]
+    matches = sorted(Path(p) for p in glob.glob(str(src), recursive=True))
+    files = [p for p in matches if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+    if not files:
+        raise InvalidParameter(f"no images found at {source!r} (a folder, an image file, or a glob pattern)")
+    root = _glob_root(src)
+    return [SourceImage(p, _relative(p, root)) for p in files]
+
+
+def _glob_root(pattern: Path) -> Path:
+    """The leading folders of a glob pattern that hold no wildcard: names are relative to it."""
+    root = Path(pattern.anchor)
+    for part in pattern.parts[len(pattern.parts[:1]) if pattern.anchor else 0 :]:
+        if glob.has_magic(part):
+            break
+        root = root / part
+    return root
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def already_done(out: Path) -> set[str]:
+    """Images already written to ``out`` (for ``--resume``); a torn last line is ignored."""
+    done: set[str] = set()
+    if not out.is_file():
+        return done
+    for line in out.read_text().splitlines():
+        try:
+            done.add(json.loads(line)["image"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    return done
+
+
+def _read(img: SourceImage) -> bytes | YolopipeError:
+    try:
+        return img.path.read_bytes()
+    except OSError as exc:
+        from app.errors import InvalidImage
+
+        return InvalidImage(f"cannot read file: {exc.strerror or exc}")
+
+
+def _prepared(detector: Detector, img: SourceImage) -> Any:
+    """Read and decode one file on a worker thread; an error object stands in for a bad file."""
+    data = _read(img)
+    if isinstance(data, YolopipeError):
+        return data
+    try:
+        return detector.prepare(data)
+    except YolopipeError as exc:
+        return exc
+
+
+def _batches(
+    detector: Detector, images: list[SourceImage], batch: int, workers: int
+) -> Iterator[list[tuple[SourceImage, Any]]]:
+    """Batches of prepared images, decoded up to two batches ahead of the consumer."""
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="decode") as pool:
+        pending: list[tuple[SourceImage, Future]] = []
+        it = iter(images)
+        ahead = 3 * batch
+        for img in it:
+            pending.append((img, pool.submit(_prepared, detector, img)))
+            if len(pending) >= ahead:
+                break
+        while pending:
+            chunk, pending = pending[:batch], pending[batch:]
+            for img in it:
+                pending.append((img, pool.submit(_prepared, detector, img)))
+                if len(pending) >= ahead:
+                    break
+            yield [(img, fut.result()) for img, fut in chunk]
+
+
+@dataclass
+class FolderSummary:
+    images: int = 0
+    errors: int = 0
+    detections: int = 0
+    skipped: int = 0
+    error_files: list[str] = field(default_factory=list)
+
+
+def draw_detections(path: Path, result: ImageResult, names: list[str], out_path: Path) -> None:
+    """Boxes and labels drawn with OpenCV (no font download, unlike Ultralytics' plotting)."""
+    img = cv2.imdecode(np.fromfile(str(path), np.uint8), cv2.IMREAD_COLOR)
+    if img is None or result.detections is None:
+        return
+    det = result.detections
+    for box, score, cid in zip(det.boxes, det.scores, det.class_ids):
+        x1, y1, x2, y2 = (int(round(float(v))) for v in box)
+        color = tuple(int(c) for c in np.random.default_rng(int(cid)).integers(64, 256, 3))
+        cv2.rectangle(img, (x1, y1), (x2, y2), color, 2)
+        label = f"{names[int(cid)] if int(cid) < len(names) else cid} {score:.2f}"
+        cv2.putText(img, label, (x1, max(y1 - 4, 12)), cv2.FONT_HERSHEY_SIMPLEX, 0.5, color, 1, cv2.LINE_AA)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    cv2.imwrite(str(out_path), img)
+
+
+def coco_document(records: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """COCO-style detections: images, categories, and detections as scored annotations."""
+    images, annotations = [], []
+    for image_id, rec in enumerate(r for r in records if "error" not in r):
+        images.append({"id": image_id, "file_name": rec["image"], "width": rec["width"], "height": rec["height"]})
+        for d in rec["detections"]:
+            x1, y1, x2, y2 = d["box"]
+            annotations.append(
+                {
+                    "id": len(annotations),
+                    "image_id": image_id,
+                    "category_id": d["class_id"],
+                    "bbox": [x1, y1, round(x2 - x1, 2), round(y2 - y1, 2)],
+                    "area": round((x2 - x1) * (y2 - y1), 2),
+                    "score": d["score"],
+                    "iscrowd": 0,
+                }
+            )
+    categories = [{"id": i, "name": n} for i, n in enumerate(names)]
+    return {"images": images, "annotations": annotations, "categories": categories}
+
+
+def predict_folder(
+    detector: Detector,
+    source: str,
+    out: Path,
+    params: DetectParams,
+    *,
+    batch: int = 8,
+    resume: bool = False,
+    save_images: Path | None = None,
+    coco: Path | None = None,
+    workers: int = 4,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> FolderSummary:
+    """Run the detector over every image of ``source``; JSON lines go to ``out`` as they finish."""
+    if batch < 1:
+        raise InvalidParameter(f"batch must be >= 1, got {batch}")
+    images = list_images(source)
+    summary = FolderSummary()
+    done = already_done(out) if resume else set()
+    todo = [img for img in images if img.name not in done]
+    summary.skipped = len(images) - len(todo)
+    if on_progress:
+        on_progress(0, len(todo))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    records: list[dict[str, Any]] = []
+    with open(out, "a" if resume else "w") as fh:
+        for chunk in _batches(detector, todo, batch, workers):
+            errors = {i: x for i, (_, x) in enumerate(chunk) if isinstance(x, YolopipeError)}
+            ok = [(i, x) for i, (_, x) in enumerate(chunk) if i not in errors]
+            results: dict[int, ImageResult] = {i: ImageResult(error=e) for i, e in errors.items()}
+            if ok:
+                for (i, _), res in zip(ok, detector.detect([x for _, x in ok], params)):
+                    results[i] = res
+            for i, (img, _) in enumerate(chunk):
+                res = results[i]
+                rec = res.to_json(img.name, detector.names)
+                fh.write(json.dumps(rec) + "\n")
+                summary.images += 1
+                if res.error is not None:
+                    summary.errors += 1
+                    summary.error_files.append(f"{img.name}: {res.error}")
+                else:
+                    summary.detections += len(res.detections or [])
+                    if save_images is not None:
+                        draw_detections(img.path, res, detector.names, Path(save_images) / img.name)
+                if coco is not None:
+                    records.append(rec)
+            fh.flush()
+            if on_progress:
+                on_progress(len(chunk), len(todo))
+    if coco is not None:
+        Path(coco).write_text(json.dumps(coco_document(records, detector.names)) + "\n")
+    return summary

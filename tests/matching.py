@@ -1,0 +1,37 @@
+"""Compare two detection lists the way the issues define agreement (test-side helper)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise IoU of xyxy boxes, float64."""
+    a = np.asarray(a, np.float64).reshape(-1, 4)
+    b = np.asarray(b, np.float64).reshape(-1, 4)
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.clip(rb - lt, 0, None).prod(-1)
+    area_a = (a[:, 2:] - a[:, :2]).prod(-1)
+    area_b = (b[:, 2:] - b[:, :2]).prod(-1)
+    return inter / np.maximum(area_a[:, None] + area_b[None] - inter, 1e-12)
+
+
+def match_counts(ref_boxes, ref_cls, boxes, cls, iou_thr: float = 0.5) -> tuple[int, int, int]:
+    """Greedy one-to-one matching by IoU, same class → (true positives, n_ref, n_pred)."""
+    ious = box_iou(ref_boxes, boxes)
+    same = np.asarray(ref_cls)[:, None] == np.asarray(cls)[None, :]
+    ious = np.where(same, ious, 0.0)
+    tp = 0
+    while ious.size and ious.max() >= iou_thr:
+        i, j = np.unravel_index(ious.argmax(), ious.shape)
+        tp += 1
+        ious[i, :] = 0
+        ious[:, j] = 0
+    return tp, len(ref_cls), len(cls)
+
+
+def f1(tp: int, n_ref: int, n_pred: int) -> float:
+    if n_ref == 0 and n_pred == 0:
+        return 1.0
+    return 2 * tp / (n_ref + n_pred)

@@ -1,0 +1,36 @@
+"""Export: dynamic batch only, fixed H and W, meta.json, re-export only when the weights change."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from app.build.export import export_onnx, load_export
+from app.types import ModelMeta
+
+
+def test_export_shapes_and_meta(sample_model_dir):
+    onnx_path, meta = load_export(sample_model_dir)
+    model = onnx.load(str(onnx_path))
+    dims = [d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["batch", 3, 640, 640]
+    assert model.opset_import[0].version >= 17
+    assert meta.names == ["Normal", "Fall"] and meta.output_shape == ["batch", 6, 8400]
+    assert meta.stride == 32 and len(meta.weights_sha256) == 64
+    assert ModelMeta.load(sample_model_dir / "meta.json") == meta
+    assert not any(n.op_type in ("Shape", "Range") for n in model.graph.node)  # shapes folded away
+
+
+def test_dynamic_batch_runs(sample_model_dir):
+    sess = ort.InferenceSession(str(sample_model_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).random((3, 3, 640, 640), dtype=np.float32)
+    out = sess.run(None, {"images": x})[0]
+    single = sess.run(None, {"images": x[1:2]})[0]
+    assert out.shape == (3, 6, 8400)
+    np.testing.assert_allclose(out[1:2], single, rtol=1e-4, atol=1e-3)
+
+
+def test_reexport_only_when_weights_change(engines_dir):
+    again = export_onnx("sample", engines_dir=engines_dir)
+    assert again.reused

@@ -1,0 +1,100 @@
+"""The NumPy reference NMS equals Ultralytics' ``non_max_suppression`` and torchvision's NMS."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+from ultralytics.utils.nms import non_max_suppression
+from ultralytics.utils.ops import scale_boxes as ul_scale_boxes
+
+from app.pipeline.postprocess import head_candidates, nms_keep_indices, nms_numpy, offset_boxes, scale_boxes
+from app.pipeline.preprocess import letterbox_params
+from app.types import DetectParams
+
+
+def random_head(rng: np.random.Generator, nc: int, anchors: int, objects: int = 20, ties: bool = False) -> np.ndarray:
+    """A head output ``[4 + nc, anchors]`` with clustered, overlapping boxes, like a real one."""
+    centers = rng.uniform(50, 590, (objects, 2))
+    owner = rng.integers(0, objects, anchors)
+    xy = centers[owner] + rng.normal(0, 6, (anchors, 2))
+    wh = rng.uniform(20, 160, (objects, 2))[owner] * rng.uniform(0.8, 1.2, (anchors, 2))
+    scores = rng.uniform(0, 1, (nc, anchors)) ** 3
+    if ties:
+        scores = np.round(scores, 2)
+    return np.concatenate([xy.T, wh.T, scores]).astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_nms_numpy_equals_ultralytics(seed):
+    rng = np.random.default_rng(seed)
+    nc = [1, 2, 3, 80][seed % 4]
+    head = random_head(rng, nc, anchors=2000, ties=seed % 3 == 0)
+    conf, iou = [(0.25, 0.7), (0.001, 0.7), (0.1, 0.45)][seed % 3]
+    max_det = [300, 5][seed % 2]
+    classes = None if seed % 5 else (0,)
+    agnostic = seed % 7 == 0
+    params = DetectParams(conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic)
+    ours = nms_numpy(head, params)
+    theirs = non_max_suppression(
+        torch.from_numpy(head[None]), conf, iou, classes=list(classes) if classes else None,
+        agnostic=agnostic, max_det=max_det,
+    )[0].numpy()
+    assert ours.shape == theirs.shape
+    if seed % 3 == 0:  # with tied scores only the set is defined by Ultralytics (its sort is not stable)
+        assert {tuple(r) for r in ours.tolist()} == {tuple(r) for r in theirs.tolist()} or len(ours) == max_det
+    else:
+        np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_keep_indices_equal_torchvision(seed):
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(0, 400))
+    xy = rng.uniform(0, 300, (n, 2)).astype(np.float32)
+    wh = rng.uniform(1, 80, (n, 2)).astype(np.float32)
+    boxes = np.concatenate([xy, xy + wh], 1)
+    if seed % 4 == 0 and n > 10:  # identical boxes
+        boxes[n // 2 :] = boxes[: n - n // 2]
+    scores = rng.uniform(0, 1, n).astype(np.float32)
+    if seed % 3 == 0:
+        scores = np.round(scores, 1).astype(np.float32)  # many ties: torchvision's sort is stable too
+    class_ids = rng.integers(0, 3, n).astype(np.int32)
+    iou = float(rng.uniform(0.3, 0.8))
+    ours = nms_keep_indices(offset_boxes(boxes, class_ids, agnostic=False), scores, iou)
+    theirs = torchvision.ops.batched_nms(
+        torch.from_numpy(boxes), torch.from_numpy(scores), torch.from_numpy(class_ids), iou
+    ).numpy()
+    assert sorted(ours.tolist()) == sorted(theirs.tolist())
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_empty_and_single():
+    empty = np.zeros((6, 100), np.float32)
+    assert nms_numpy(empty, DetectParams()).shape == (0, 6)
+    one = empty.copy()
+    one[:, 7] = [100, 100, 20, 40, 0.9, 0.1]
+    rows = nms_numpy(one, DetectParams())
+    np.testing.assert_allclose(rows, [[90, 80, 110, 120, 0.9, 0]])
+
+
+def test_candidates_use_best_class_then_filter():
+    head = np.zeros((4 + 3, 2), np.float32)
+    head[:4] = 10
+    head[4:, 0] = [0.2, 0.9, 0.3]  # best class 1
+    head[4:, 1] = [0.5, 0.1, 0.4]  # best class 0
+    _, scores, cls, idx = head_candidates(head, 0.25, classes=(2,))
+    assert len(idx) == 0  # class 2 is never the best class: nothing, as in Ultralytics
+    _, scores, cls, idx = head_candidates(head, 0.25)
+    assert cls.tolist() == [1, 0] and idx.tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("shape", [(480, 640), (1080, 810), (33, 1000), (720, 1280)])
+def test_scale_boxes_equals_ultralytics(shape):
+    rng = np.random.default_rng(0)
+    boxes = rng.uniform(0, 640, (50, 4)).astype(np.float32)
+    boxes[:, 2:] = boxes[:, :2] + rng.uniform(1, 100, (50, 2))
+    ours = scale_boxes(boxes, letterbox_params(*shape, 640))
+    theirs = ul_scale_boxes((640, 640), torch.from_numpy(boxes.copy()), shape).numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4)

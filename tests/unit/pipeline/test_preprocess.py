@@ -1,0 +1,119 @@
+"""Decode and letterbox equal Ultralytics' own (``imread`` and ``LetterBox``)."""
+
+from __future__ import annotations
+
+import io
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+from ultralytics.data.augment import LetterBox
+from ultralytics.utils.patches import imread
+
+from app.errors import ImageTooLarge, InvalidImage, UnsupportedMediaType
+from app.pipeline.preprocess import decode_image, image_size, letterbox, letterbox_params, sniff_format, to_input
+
+
+@pytest.mark.parametrize("shape", [(480, 640), (640, 480), (1080, 810), (160, 90), (33, 1000), (1, 1), (641, 639), (720, 1280)])
+def test_letterbox_equals_ultralytics(shape):
+    rng = np.random.default_rng(sum(shape))
+    img = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+    ours, lb = letterbox(img, 640)
+    theirs = LetterBox((640, 640), auto=False, stride=32)(image=img)
+    assert ours.shape == theirs.shape == (640, 640, 3)
+    np.testing.assert_array_equal(ours, theirs)
+    assert (lb.src_h, lb.src_w) == shape
+
+
+def test_letterbox_params_round_trip_is_centered():
+    lb = letterbox_params(480, 640, 640)
+    assert (lb.new_h, lb.new_w, lb.pad_top, lb.pad_left) == (480, 640, 80, 0)
+    lb = letterbox_params(1080, 810, 640)
+    assert (lb.new_h, lb.new_w) == (640, 480) and lb.pad_left == 80 and lb.pad_top == 0
+
+
+def test_to_input_is_rgb_chw_unit_range():
+    img = np.zeros((4, 4, 3), np.uint8)
+    img[..., 0] = 255  # blue in BGR
+    batch = to_input([img, img])
+    assert batch.shape == (2, 3, 4, 4) and batch.dtype == np.float32
+    assert batch[:, 2].max() == 1.0 and batch[:, 0].max() == 0.0  # blue ends up as the last (B) channel
+
+
+def _encode(img: np.ndarray, ext: str) -> bytes:
+    ok, buf = cv2.imencode(ext, img)
+    assert ok
+    return buf.tobytes()
+
+
+@pytest.mark.parametrize("kind", ["jpeg", "png", "gray_png", "alpha_png", "png16", "bmp"])
+def test_decode_equals_ultralytics_imread(kind, tmp_path, assets_dir):
+    bus = cv2.imread(str(assets_dir / "bus.jpg"))[:200, :300]
+    img, ext = {
+        "jpeg": (bus, ".jpg"),
+        "png": (bus, ".png"),
+        "gray_png": (cv2.cvtColor(bus, cv2.COLOR_BGR2GRAY), ".png"),
+        "alpha_png": (cv2.cvtColor(bus, cv2.COLOR_BGR2BGRA), ".png"),
+        "png16": (bus.astype(np.uint16) * 257, ".png"),
+        "bmp": (bus, ".bmp"),
+    }[kind]
+    data = _encode(img, ext)
+    path = tmp_path / f"x{ext}"
+    path.write_bytes(data)
+    ours = decode_image(data)
+    assert ours.dtype == np.uint8 and ours.ndim == 3 and ours.shape[2] == 3
+    np.testing.assert_array_equal(ours, imread(str(path)))
+
+
+def test_decode_applies_exif_orientation(assets_dir):
+    src = Image.open(assets_dir / "zidane.jpg")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90° clockwise on display
+    buf = io.BytesIO()
+    src.save(buf, format="JPEG", exif=exif.tobytes())
+    img = decode_image(buf.getvalue())
+    assert img.shape[:2] == (src.width, src.height)  # portrait after rotation
+
+
+def test_image_size_from_headers(assets_dir):
+    data = (assets_dir / "bus.jpg").read_bytes()
+    assert image_size(data) == (1080, 810)
+    png = _encode(np.zeros((37, 53, 3), np.uint8), ".png")
+    assert image_size(png) == (37, 53)
+    assert sniff_format(b"%PDF-1.4") is None
+
+
+@pytest.mark.parametrize(
+    "data,error",
+    [
+        (b"", InvalidImage),
+        (b"hello, world", UnsupportedMediaType),
+        (b"%PDF-1.7\n...", UnsupportedMediaType),
+        (b"\xff\xd8\xff\xe0" + b"\x00" * 20, InvalidImage),  # a JPEG that stops after its header
+        (b"\x89PNG\r\n\x1a\n" + b"\x00" * 10, InvalidImage),
+    ],
+)
+def test_decode_rejects_bad_bytes(data, error):
+    with pytest.raises(error):
+        decode_image(data)
+
+
+def test_decode_truncated_real_jpeg(assets_dir):
+    data = (assets_dir / "bus.jpg").read_bytes()
+    with pytest.raises(InvalidImage):
+        decode_image(data[:300])
+
+
+def test_decompression_bomb_refused_from_header():
+    # A real PNG header claiming 30,000 × 30,000 pixels: refused before any pixel is decoded.
+    import struct
+    import zlib
+
+    def chunk(tag: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
+
+    ihdr = struct.pack(">IIBBBBB", 30000, 30000, 8, 2, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 100)) + chunk(b"IEND", b"")
+    with pytest.raises(ImageTooLarge):
+        decode_image(png, max_pixels=50_000_000)

@@ -1,0 +1,41 @@
+"""Weights specs: a path, a hub name (offline → a clear error), and the verified sample model."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.errors import WeightsError
+from app.weights import SAMPLE_SHA256, resolve_weights, sha256_file
+
+
+def test_sample_is_real_and_verified():
+    path = resolve_weights("sample")
+    assert path.is_file() and sha256_file(path) == SAMPLE_SHA256
+
+
+def test_local_path(tmp_path):
+    src = resolve_weights("sample")
+    assert resolve_weights(str(src)) == src.resolve()
+    txt = tmp_path / "model.txt"
+    txt.write_text("x")
+    with pytest.raises(WeightsError):
+        resolve_weights(str(txt))
+    with pytest.raises(WeightsError, match="not found"):
+        resolve_weights(str(tmp_path / "missing.pt"))
+
+
+def test_named_model_offline_points_to_sample(monkeypatch, tmp_path):
+    monkeypatch.setenv("YOLO_OFFLINE", "1")
+    monkeypatch.setenv("YOLOPIPE_CACHE_DIR", str(tmp_path))
+    with pytest.raises(WeightsError) as info:
+        resolve_weights("yolov8n.pt")
+    assert "sample" in str(info.value)
+
+
+def test_corrupt_cached_sample_is_replaced(monkeypatch, tmp_path):
+    """A cache entry whose sha256 is wrong is fetched again (needs the package index)."""
+    monkeypatch.setenv("YOLOPIPE_CACHE_DIR", str(tmp_path))
+    (tmp_path / "sample").mkdir()
+    (tmp_path / "sample" / "best.pt").write_bytes(b"not weights")
+    path = resolve_weights("sample")
+    assert sha256_file(path) == SAMPLE_SHA256
