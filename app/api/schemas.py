@@ -1,0 +1,119 @@
+"""Response shapes, for the OpenAPI document (/docs) and for clients.
+
+Handlers build plain dicts (the detector already gives #2's per-image JSON) and return them
+directly; these models describe them. ``tests/unit/api`` validates real responses against them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Detection(BaseModel):
+    box: list[float] = Field(description="x1, y1, x2, y2 in original-image pixels", min_length=4, max_length=4)
+    score: float
+    class_id: int
+    class_name: str
+
+
+class Timings(BaseModel):
+    """Milliseconds per stage. ``queue_ms`` and later ones are absent when the image failed to decode."""
+
+    model_config = {"extra": "allow"}  # the pipeline's own stages (preprocess_ms, engine_ms, nms_ms, ...)
+
+    decode_ms: float
+    queue_ms: float | None = None
+    batch_ms: float | None = Field(None, description="the detector call for the whole batch")
+    batch_size: int | None = Field(None, description="images in the batch this image ran in")
+    total_ms: float | None = Field(None, description="admission to result, inside the server")
+
+
+class ImageDetections(BaseModel):
+    image: str
+    width: int
+    height: int
+    detections: list[Detection]
+    timings: Timings
+
+
+class ErrorInfo(BaseModel):
+    code: str = Field(description="stable machine-readable code, e.g. invalid_image, overloaded")
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+class ImageFailure(BaseModel):
+    image: str
+    status: int = Field(description="the HTTP status this image alone would have got")
+    error: ErrorInfo
+
+
+class BatchResponse(BaseModel):
+    results: list[ImageDetections | ImageFailure] = Field(description="one entry per image, in request order")
+    timings: dict[str, float]
+
+
+class Health(BaseModel):
+    status: str
+
+
+class ModelInfo(BaseModel):
+    model_config = {"extra": "allow"}
+
+    model: str
+    weights: str
+    backend: str
+    precision: str
+    imgsz: int
+    max_batch: int
+    class_names: list[str]
+    meta: dict[str, Any]
+    serving: dict[str, Any]
+
+
+# Error responses every detect endpoint documents.
+DETECT_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "empty, truncated or corrupt image; malformed multipart"},
+    413: {"model": ErrorResponse, "description": "body over the size limit or image over the pixel limit"},
+    415: {"model": ErrorResponse, "description": "not an image, or not a supported format / content type"},
+    422: {"model": ErrorResponse, "description": "invalid parameter"},
+    503: {"model": ErrorResponse, "description": "queue full or shutting down (see Retry-After), or device failure"},
+    504: {"model": ErrorResponse, "description": "no result within the request timeout"},
+}
+
+_BINARY = {"type": "string", "format": "binary"}
+_IMAGE_TYPES = ("image/jpeg", "image/png", "image/bmp", "image/tiff", "image/webp")
+
+
+def detect_request_body() -> dict[str, Any]:
+    """The request body of /v1/detect, written by hand: the handler reads the body itself,
+    so that the size limit holds while it streams in."""
+    content: dict[str, Any] = {
+        "multipart/form-data": {
+            "schema": {"type": "object", "properties": {"image": _BINARY}, "required": ["image"]}
+        }
+    }
+    content.update({t: {"schema": _BINARY} for t in _IMAGE_TYPES})
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def batch_request_body() -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {"images": {"type": "array", "items": _BINARY, "minItems": 1}},
+                        "required": ["images"],
+                    }
+                }
+            },
+        }
+    }

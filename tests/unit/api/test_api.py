@@ -1,0 +1,172 @@
+"""The HTTP API on the real detector (CPU backend, sample model): results, parameters, errors, docs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.api.main import create_app
+from app.api.schemas import BatchResponse, ErrorResponse, ImageDetections, ModelInfo
+from app.config import Settings
+
+
+@pytest.fixture(scope="module")
+def client(engines_dir):
+    app = create_app(Settings(backend="onnxruntime", engines_dir=engines_dir, max_wait_ms=2))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def detector(client):
+    return client.app.state.detector
+
+
+@pytest.fixture(scope="module")
+def bus(assets_dir) -> bytes:
+    return (assets_dir / "bus.jpg").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def zidane(assets_dir) -> bytes:
+    return (assets_dir / "zidane.jpg").read_bytes()
+
+
+def direct(detector, data: bytes, name: str, **params) -> dict:
+    """What the detector itself says for these bytes: the reference for every HTTP answer."""
+    (result,) = detector.detect([data], detector.params(**params))
+    return result.to_json(name, detector.names)
+
+
+def without_timings(body: dict) -> dict:
+    return {k: v for k, v in body.items() if k != "timings"}
+
+
+def test_import_loads_no_gpu_library():
+    code = (
+        "import sys, app.api.main, app.api.serve\n"
+        "banned = ('torch', 'numba.cuda', 'cupy', 'tensorrt', 'modelopt', 'ultralytics')\n"
+        "print(','.join(m for m in banned if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ""
+
+
+def test_detect_multipart_equals_the_detector(client, detector, bus):
+    r = client.post("/v1/detect", files={"image": ("bus.jpg", bus, "image/jpeg")})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ImageDetections.model_validate(body)
+    assert without_timings(body) == direct(detector, bus, "bus.jpg")
+    assert (body["width"], body["height"]) == (810, 1080) and body["detections"]
+    t = body["timings"]
+    assert t["batch_size"] >= 1 and t["total_ms"] >= t["batch_ms"] > 0 and t["decode_ms"] >= 0
+    assert {"preprocess_ms", "engine_ms", "nms_ms"} <= set(t)  # the CPU pipeline reports its stages
+
+
+def test_detect_raw_body_equals_multipart(client, bus):
+    raw = client.post("/v1/detect", content=bus, headers={"content-type": "image/jpeg"})
+    multi = client.post("/v1/detect", files={"image": ("x.jpg", bus, "image/jpeg")})
+    assert raw.status_code == multi.status_code == 200
+    assert raw.json()["detections"] == multi.json()["detections"]
+    assert raw.json()["image"] == "image"
+
+
+@pytest.mark.parametrize(
+    "query, params",
+    [
+        ("conf=0.6", {"conf": 0.6}),
+        ("conf=0.1&iou=0.3", {"conf": 0.1, "iou": 0.3}),
+        ("max_det=2&conf=0.05", {"max_det": 2, "conf": 0.05}),
+        ("classes=1&conf=0.05", {"classes": [1], "conf": 0.05}),
+        ("classes=0,1&conf=0.05", {"classes": [0, 1], "conf": 0.05}),
+        ("classes=1&classes=0&conf=0.05", {"classes": [1, 0], "conf": 0.05}),
+        ("agnostic=true&conf=0.05", {"agnostic": True, "conf": 0.05}),
+    ],
+)
+def test_query_parameters_reach_the_detector(client, detector, zidane, query, params):
+    r = client.post(f"/v1/detect?{query}", content=zidane, headers={"content-type": "image/jpeg"})
+    assert r.status_code == 200, r.text
+    assert without_timings(r.json()) == direct(detector, zidane, "image", **params)
+
+
+def test_parameters_change_the_answer(client, zidane):
+    def count(query):
+        r = client.post(f"/v1/detect?{query}", content=zidane, headers={"content-type": "image/jpeg"})
+        return len(r.json()["detections"])
+
+    assert count("conf=0.01") > count("conf=0.5")  # guards the test above against a no-op parameter
+    assert count("conf=0.01&max_det=1") == 1
+
+
+def test_batch_keeps_order_and_reports_bad_images_inline(client, detector, bus, zidane):
+    files = [
+        ("images", ("zidane.jpg", zidane, "image/jpeg")),
+        ("images", ("notes.txt", b"plain text, not an image", "text/plain")),
+        ("images", ("bus.jpg", bus, "image/jpeg")),
+        ("images", ("cut.jpg", bus[:300], "image/jpeg")),
+    ]
+    r = client.post("/v1/detect/batch?conf=0.3", files=files)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    BatchResponse.model_validate(body)
+    res = body["results"]
+    assert [x["image"] for x in res] == ["zidane.jpg", "notes.txt", "bus.jpg", "cut.jpg"]
+    assert without_timings(res[0]) == direct(detector, zidane, "zidane.jpg", conf=0.3)
+    assert without_timings(res[2]) == direct(detector, bus, "bus.jpg", conf=0.3)
+    assert res[1]["status"] == 415 and res[1]["error"]["code"] == "unsupported_media_type"
+    assert res[3]["status"] == 400 and res[3]["error"]["code"] == "invalid_image"
+
+
+def test_batch_requests_coalesce_into_one_detector_batch(client, bus):
+    r = client.post("/v1/detect/batch", files=[("images", (f"{i}.jpg", bus, "image/jpeg")) for i in range(3)])
+    assert r.status_code == 200
+    assert [x["timings"]["batch_size"] for x in r.json()["results"]] == [3, 3, 3]
+
+
+def test_health_ready_model_docs(client, detector):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ready"}
+    info = client.get("/v1/model").json()
+    ModelInfo.model_validate(info)
+    assert info["backend"] == "onnxruntime" and info["precision"] == "fp32"
+    assert info["class_names"] == detector.names and info["meta"]["imgsz"] == 640
+    assert info["serving"]["max_pixels"] == 50_000_000 and info["weights"] == "sample"
+    assert client.get("/docs").status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/detect", "/v1/detect/batch", "/healthz", "/readyz", "/v1/model", "/metrics"} <= set(paths)
+    body = paths["/v1/detect"]["post"]["requestBody"]["content"]
+    assert "multipart/form-data" in body and "image/jpeg" in body
+
+
+def test_metrics_count_requests_batches_and_stages(client, bus):
+    before = client.get("/metrics").text
+    client.post("/v1/detect", content=bus, headers={"content-type": "image/jpeg"})
+    client.post("/v1/detect", content=b"", headers={"content-type": "image/jpeg"})
+    text = client.get("/metrics").text
+    assert 'yolopipe_requests_total{path="/v1/detect",status="200"}' in text
+    assert 'yolopipe_requests_total{path="/v1/detect",status="400"}' in text
+
+    def value(text, prefix):
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+    assert value(text, "yolopipe_batch_size_count") == value(before, "yolopipe_batch_size_count") + 1
+    for stage in ("decode", "queue", "batch", "preprocess", "engine", "nms"):
+        assert f'yolopipe_stage_latency_seconds_count{{stage="{stage}"}}' in text
+    assert "yolopipe_queue_depth 0.0" in text
+    assert "yolopipe_gpu_memory_bytes" not in text  # the CPU backend reports no GPU memory
+
+
+@pytest.mark.parametrize(
+    "method, path, status, code",
+    [("get", "/nowhere", 404, "not_found"), ("get", "/v1/detect", 405, "method_not_allowed")],
+)
+def test_routing_errors_use_the_error_format(client, method, path, status, code):
+    r = getattr(client, method)(path)
+    assert r.status_code == status
+    ErrorResponse.model_validate(r.json())
+    assert r.json()["error"]["code"] == code
