@@ -1,0 +1,239 @@
+"""What a TensorRT engine was built from and for, and the rules that decide whether it may run.
+
+Pure logic: no tensorrt, torch or CUDA import, so the checks, the profile validation and the
+choice of build recipe for each TensorRT major version are tested on any machine.
+
+``engines/<name>/engine.json`` holds one entry per built precision (an int8, an fp16 and an
+fp32 engine may live side by side)::
+
+    {"format": 1, "engines": {"int8": {...EngineMeta...}, "fp16": {...}}}
+
+Compatibility rules (NVIDIA, "Engine Compatibility" / "Version Compatibility" in the TensorRT
+developer guide): by default an engine runs only on the TensorRT version that built it, and,
+without hardware-compatibility mode, only on the GPU architecture it was built for; NVIDIA
+support adds that engines are tied to the exact GPU model. So all three must match here:
+
+* the full TensorRT version string (``10.13.3.9`` vs ``10.13.2.6`` is a mismatch: the runtime
+  refuses such a plan with "expecting library version ... please rebuild");
+* the compute capability (``9.0``);
+* the GPU name (an H100 engine on an H200 shares the capability but was tuned for another
+  model; TensorRT itself warns that this "is likely to affect performance or even cause errors").
+
+Nothing here builds version-compatible or hardware-compatible engines, so nothing is relaxed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import MISSING, asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from app.errors import ArtifactError, EngineMismatch, InvalidParameter
+
+ENGINE_META_NAME = "engine.json"
+ENGINE_META_FORMAT = 1
+ENGINE_PRECISIONS = ("int8", "fp16", "fp32")
+MAX_PROFILE_BATCH = 256
+
+
+def engine_file_name(precision: str) -> str:
+    return f"model.{precision}.engine"
+
+
+@dataclass
+class EngineMeta:
+    """One built engine: everything needed to decide, without TensorRT, whether it may run here."""
+
+    precision: str  # "int8" | "fp16" | "fp32"
+    engine_file: str  # "model.int8.engine", relative to the model folder
+    trt_version: str  # tensorrt.__version__ at build time, e.g. "10.13.3.9"
+    gpu_name: str  # e.g. "NVIDIA H200"
+    compute_capability: str  # "major.minor", e.g. "9.0"
+    min_batch: int
+    opt_batch: int
+    max_batch: int
+    imgsz: int
+    source_onnx: str  # file TensorRT parsed: model.onnx, model.int8.onnx or model.fp16.onnx
+    onnx_sha256: str  # sha256 of source_onnx
+    export_onnx_sha256: str  # sha256 of the fp32 export (meta.json) it derives from: staleness check
+    class_names: list[str]
+    input_name: str = "images"
+    output_name: str = "output0"
+    weights: str = ""
+    created_at: str = ""
+    builder_options: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineMeta:
+        fields = dataclasses.fields(cls)
+        required = [f.name for f in fields if f.default is MISSING and f.default_factory is MISSING]
+        missing = [name for name in required if name not in data]
+        if missing:  # the file is not ours, or from a version that wrote less
+            raise ArtifactError(
+                f"engine metadata lacks {', '.join(missing)}",
+                hint="rebuild the engine with `yolopipe build-engine`",
+            )
+        known = {f.name for f in fields}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# --- engine.json ------------------------------------------------------------------------
+def _read_index(model_dir: Path) -> dict[str, Any]:
+    path = Path(model_dir) / ENGINE_META_NAME
+    if not path.is_file():
+        return {"format": ENGINE_META_FORMAT, "engines": {}}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"unreadable engine metadata {path}: {exc}", hint=_rebuild_hint(None, None)) from exc
+    if not isinstance(data, dict) or not isinstance(data.get("engines"), dict):
+        raise ArtifactError(f"{path} is not a yolopipe engine index", hint=_rebuild_hint(None, None))
+    return data
+
+
+def save_engine_meta(model_dir: Path, meta: EngineMeta) -> Path:
+    """Add or replace this precision's entry in ``engine.json`` (written atomically)."""
+    path = Path(model_dir) / ENGINE_META_NAME
+    index = _read_index(model_dir) if path.is_file() else {"format": ENGINE_META_FORMAT, "engines": {}}
+    index["format"] = ENGINE_META_FORMAT
+    index["engines"][meta.precision] = meta.to_dict()
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(index, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def load_engine_meta(model_dir: Path, precision: str) -> EngineMeta | None:
+    """This precision's entry, or None when ``engine.json`` has none."""
+    entry = _read_index(model_dir)["engines"].get(precision)
+    return None if entry is None else EngineMeta.from_dict(entry)
+
+
+def engine_meta_for(engine_path: Path) -> EngineMeta:
+    """The entry describing ``engine_path`` (matched by file name); a clear error when absent."""
+    engine_path = Path(engine_path)
+    for entry in _read_index(engine_path.parent)["engines"].values():
+        if entry.get("engine_file") == engine_path.name:
+            return EngineMeta.from_dict(entry)
+    raise ArtifactError(
+        f"no entry for {engine_path.name} in {engine_path.parent / ENGINE_META_NAME}",
+        hint="the engine cannot be checked against this GPU; rebuild it with `yolopipe build-engine`",
+    )
+
+
+# --- compatibility --------------------------------------------------------------------
+def _rebuild_hint(weights: str | None, precision: str | None) -> str:
+    return f"rebuild it here: yolopipe build-engine --weights {weights or 'WEIGHTS'} --precision {precision or 'PRECISION'}"
+
+
+def check_engine_meta(meta: EngineMeta, *, trt_version: str, gpu_name: str, compute_capability: str) -> None:
+    """Raise ``EngineMismatch`` unless the engine was built by this TensorRT for this GPU model.
+
+    Called before deserializing, so a mismatch is one clear line instead of a TensorRT
+    assertion. All three facts must match exactly (see the module docstring for why).
+    """
+    problems = []
+    if meta.trt_version.strip() != trt_version.strip():
+        problems.append(f"TensorRT {meta.trt_version} built it, this is TensorRT {trt_version}")
+    if meta.compute_capability.strip() != compute_capability.strip():
+        problems.append(
+            f"built for compute capability {meta.compute_capability}, this GPU has {compute_capability}"
+        )
+    if meta.gpu_name.strip() != gpu_name.strip():
+        problems.append(f"built on {meta.gpu_name!r}, this GPU is {gpu_name!r}")
+    if problems:
+        raise EngineMismatch(
+            f"TensorRT engine {meta.engine_file} does not match this machine: " + "; ".join(problems),
+            hint=_rebuild_hint(meta.weights or None, meta.precision),
+        )
+
+
+# --- optimization profile and batch buckets ---------------------------------------------
+def select_profile(min_batch: int, opt_batch: int, max_batch: int) -> tuple[int, int, int]:
+    """Validated ``(min, opt, max)`` batch of the engine's optimization profile."""
+    values = (min_batch, opt_batch, max_batch)
+    if any(isinstance(v, bool) or int(v) != v for v in values):
+        raise InvalidParameter(f"batch sizes must be integers, got min={min_batch} opt={opt_batch} max={max_batch}")
+    lo, opt, hi = (int(v) for v in values)
+    if not 1 <= lo <= opt <= hi:
+        raise InvalidParameter(f"batch profile needs 1 <= min <= opt <= max, got min={lo} opt={opt} max={hi}")
+    if hi > MAX_PROFILE_BATCH:
+        raise InvalidParameter(f"max batch {hi} is over the limit of {MAX_PROFILE_BATCH}")
+    return lo, opt, hi
+
+
+def engine_buckets(min_batch: int, max_batch: int) -> list[int]:
+    """Batch sizes to warm up and capture: powers of two inside the profile, plus its two ends.
+
+    Every batch ``b`` in ``[min_batch, max_batch]`` has a bucket ``>= b`` (``pick_bucket``), so a
+    batch is padded at most to the next power of two (or to ``max_batch``).
+    """
+    lo, _, hi = select_profile(min_batch, min_batch, max_batch)
+    buckets = {lo, hi}
+    p = 1
+    while p <= hi:
+        if p >= lo:
+            buckets.add(p)
+        p *= 2
+    return sorted(buckets)
+
+
+def pick_bucket(batch: int, buckets: list[int]) -> int:
+    """The smallest bucket that holds ``batch``."""
+    for b in buckets:
+        if b >= batch:
+            return b
+    raise InvalidParameter(f"batch {batch} is larger than the largest bucket {buckets[-1] if buckets else 0}")
+
+
+# --- how each TensorRT version builds each precision --------------------------------------
+@dataclass(frozen=True)
+class BuildRecipe:
+    """What ``build_engine`` feeds TensorRT and which switches it sets, per precision and version."""
+
+    source: str  # "fp32" (model.onnx) | "int8_qdq" (model.int8.onnx) | "fp16_autocast" (model.fp16.onnx)
+    strongly_typed: bool  # network precision comes from the ONNX types (Q/DQ, fp16 casts)
+    fp16_flag: bool  # weak typing: BuilderFlag.FP16 lets TensorRT pick fp16 kernels (10.x only)
+    disable_tf32: bool  # fp32 means fp32: clear BuilderFlag.TF32, which TensorRT enables by default
+
+
+def trt_major(version: str) -> int:
+    try:
+        return int(str(version).split(".")[0])
+    except ValueError as exc:
+        raise ArtifactError(f"cannot read the TensorRT version {version!r}") from exc
+
+
+def build_recipe(precision: str, *, trt_version: str, has_fp16_flag: bool) -> BuildRecipe:
+    """The documented route for ``precision`` on this TensorRT.
+
+    * int8, 10.x and 11.x: the entropy-calibrated Q/DQ ONNX model, strongly typed network. No
+      INT8 flag, no calibrator (deprecated in 10.1, removed in 11.0). The unquantized parts
+      (head tail) stay fp32, exactly as in the Q/DQ model checked on the CPU.
+    * fp16, 10.x (``BuilderFlag.FP16`` exists): the fp32 ONNX model, weakly typed network,
+      ``BuilderFlag.FP16`` (NVIDIA's "Before (TensorRT 10.x)" migration example).
+    * fp16, 11.x (the flag is gone): ModelOpt AutoCast converts the ONNX model to fp16 with fp32
+      I/O, then a strongly typed build (NVIDIA's "After (TensorRT 11.x)" migration example).
+    * fp32: the fp32 ONNX model; no precision flag on 10.x, strong typing on 11.x (the only mode).
+    """
+    if precision not in ENGINE_PRECISIONS:
+        raise InvalidParameter(f"unknown precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
+    major = trt_major(trt_version)
+    weak_typing_available = major < 11
+    if precision == "int8":
+        return BuildRecipe("int8_qdq", strongly_typed=True, fp16_flag=False, disable_tf32=False)
+    if precision == "fp16":
+        if weak_typing_available and has_fp16_flag:
+            return BuildRecipe("fp32", strongly_typed=False, fp16_flag=True, disable_tf32=False)
+        return BuildRecipe("fp16_autocast", strongly_typed=True, fp16_flag=False, disable_tf32=False)
+    return BuildRecipe("fp32", strongly_typed=not weak_typing_available, fp16_flag=False, disable_tf32=True)
