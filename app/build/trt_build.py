@@ -37,6 +37,14 @@ from app.build.engine_meta import (
 from app.errors import ArtifactError, BackendUnavailable, CalibrationError, InvalidParameter
 from app.weights import sha256_file
 
+
+def esc(text: str) -> str:
+    """Paths and GPU names printed through rich must not be read as markup (``[...]``)."""
+    from rich.markup import escape
+
+    return escape(text)
+
+
 FP16_ONNX_NAME = "model.fp16.onnx"
 TIMING_CACHE_NAME = "timing.cache"
 MODELOPT_HINT = "pip install 'nvidia-modelopt[onnx]' (TensorRT 11 builds fp16 from an fp16 ONNX model made by ModelOpt AutoCast)"
@@ -102,8 +110,8 @@ def build_engine(
     gpu_name, capability = gpu_identity(0)
     cache_path = Path(timing_cache) if timing_cache else model_dir / TIMING_CACHE_NAME
     console.print(
-        f"[bold]TensorRT {trt.__version__}[/bold] on {gpu_name} (sm {capability}): "
-        f"{precision} from {source_onnx.name}, {_describe(recipe)}, batch {min_batch}/{opt_batch}/{max_batch}"
+        f"[bold]TensorRT {trt.__version__}[/bold] on {esc(gpu_name)} (sm {capability}): "
+        f"{precision} from {esc(source_onnx.name)}, {_describe(recipe)}, batch {min_batch}/{opt_batch}/{max_batch}"
     )
     serialized = _build_serialized(
         trt, trt_logger(), recipe, source_onnx,
@@ -147,7 +155,7 @@ def build_engine(
             },
         ),
     )
-    console.print(f"built {engine_path.name} ({engine_path.stat().st_size / 2**20:.1f} MiB), described in {model_dir / 'engine.json'}")
+    console.print(f"built {esc(engine_path.name)} ({engine_path.stat().st_size / 2**20:.1f} MiB), described in {esc(str(model_dir / 'engine.json'))}")
     return engine_path
 
 
@@ -204,7 +212,7 @@ def _source_model(
         )
     from app.build.quantize import calibrate
 
-    console.print(f"calibrating int8 from {calib_images} ...")
+    console.print(f"calibrating int8 from {esc(str(calib_images))} ...")
     calibrate(weights, Path(calib_images), imgsz=imgsz, name=model_dir.name, engines_dir=engines_dir)
     if not qdq_path.is_file():
         raise ArtifactError(f"calibration finished but {qdq_path} was not written")
@@ -218,7 +226,7 @@ def _autocast_fp16(onnx_path: Path, out_path: Path, console: Any) -> Path:
     import onnx
     from modelopt.onnx.autocast import convert_to_mixed_precision
 
-    console.print(f"converting {onnx_path.name} to fp16 with ModelOpt AutoCast ...")
+    console.print(f"converting {esc(onnx_path.name)} to fp16 with ModelOpt AutoCast ...")
     model = convert_to_mixed_precision(onnx_path=str(onnx_path), low_precision_type="fp16", keep_io_types=True)
     tmp = out_path.with_suffix(".onnx.tmp")
     onnx.save(model, str(tmp))
@@ -314,12 +322,12 @@ def _load_timing_cache(config: Any, cache_path: Path, console: Any) -> Any:
     data = cache_path.read_bytes() if cache_path.is_file() else b""
     cache = config.create_timing_cache(data)
     if cache is None and data:  # unreadable (another TensorRT version): start empty
-        console.print(f"[yellow]ignoring unreadable timing cache {cache_path}[/yellow]")
+        console.print(f"[yellow]ignoring unreadable timing cache {esc(str(cache_path))}[/yellow]")
         cache = config.create_timing_cache(b"")
     if cache is None:
         raise ArtifactError("TensorRT could not create a timing cache")
     if not config.set_timing_cache(cache, ignore_mismatch=False):
-        console.print(f"[yellow]timing cache {cache_path} was made on another device; starting a new one[/yellow]")
+        console.print(f"[yellow]timing cache {esc(str(cache_path))} was made on another device; starting a new one[/yellow]")
         cache = config.create_timing_cache(b"")
         if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
             raise ArtifactError("TensorRT could not use a fresh timing cache")
