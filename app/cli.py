@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from app.errors import BackendUnavailable, YolopipeError
 
@@ -48,9 +49,9 @@ def _friendly(fn):
         try:
             return fn(*args, **kwargs)
         except YolopipeError as exc:
-            console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
-            if exc.hint:
-                console.print(f"[yellow]hint:[/] {exc.hint}", highlight=False)
+            console.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
+            if exc.hint:  # hints hold things like pip extras in [brackets]: not rich markup
+                console.print(f"[yellow]hint:[/] {escape(exc.hint)}", highlight=False)
             raise typer.Exit(2 if isinstance(exc, BackendUnavailable) else 1) from None
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/]")

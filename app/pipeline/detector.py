@@ -8,6 +8,7 @@ NMS rows in input pixels into detections in original pixels.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from app.backends.base import Pipeline, PipelineInput
-from app.errors import BackendUnavailable, InvalidParameter, YolopipeError
+from app.errors import BackendUnavailable, EngineMismatch, InvalidParameter, YolopipeError
 from app.pipeline.postprocess import rows_to_detections
 from app.pipeline.preprocess import DEFAULT_MAX_PIXELS, decode_image, image_size, sniff_format
 from app.types import Detections, DetectParams, ModelMeta
@@ -205,6 +206,7 @@ def open_detector(
         raise BackendUnavailable(f"backend {chosen} needs an NVIDIA GPU and none was found", hint="use --backend onnxruntime")
     from app.gpu.pipeline import GpuPipeline
 
+    engine = None
     if chosen == "tensorrt":
         from app.backends.tensorrt import TensorRTEngine, find_engine
 
@@ -213,12 +215,19 @@ def open_detector(
             raise BackendUnavailable(
                 f"no TensorRT engine in {model_dir}", hint="run `yolopipe build-engine` first"
             )
-        engine = TensorRTEngine(engine_path, meta, device=device)
-    elif chosen == "torch-cuda":
+        try:
+            engine = TensorRTEngine(engine_path, meta, device=device)
+        except (EngineMismatch, BackendUnavailable) as exc:
+            if backend != "auto":
+                raise
+            # auto: an engine built for another GPU/TensorRT must not stop the service from starting
+            warnings.warn(f"TensorRT engine unusable here ({exc}); falling back to torch-cuda", stacklevel=2)
+            chosen, precision = "torch-cuda", "auto" if precision == "int8" else precision
+    if chosen == "torch-cuda":
         from app.backends.torch_cuda import TorchCudaEngine
 
         prec = "fp16" if precision == "auto" else precision
         engine = TorchCudaEngine(model_dir, meta, precision=prec, max_batch=max_batch, device=device)
-    else:
+    if engine is None:
         raise InvalidParameter(f"unknown backend {chosen!r}")
     return Detector(GpuPipeline(engine, meta, max_batch=max_batch, device=device), max_pixels=max_pixels)

@@ -1,4 +1,5 @@
-"""Compare two detection lists the way the issues define agreement (test-side helper)."""
+"""Agreement between two detection lists, as the issues define it: greedy one-to-one matching
+at an IoU threshold, same class, and F1. Used by tests, the INT8 report and the benchmarks."""
 
 from __future__ import annotations
 
