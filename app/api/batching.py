@@ -81,7 +81,8 @@ class DynamicBatcher:
         )
         self._queue: deque[Slot] = deque()
         self._cond = threading.Condition()
-        self._closing = False  # no new work; the worker drains the queue and exits
+        self._closing = False  # refuse new requests; admitted ones still finish
+        self._stop = False  # the worker exits once the queue is empty
         self._admitted = 0  # images admitted and not yet released (touched on the event loop only)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker: threading.Thread | None = None
@@ -99,9 +100,14 @@ class DynamicBatcher:
         await ready  # re-raises a warm-up failure
 
     async def close(self) -> None:
-        """Refuse new work, let queued work finish, stop the worker."""
+        """Refuse new work, let admitted work finish (bounded by the request timeout), stop the worker."""
+        self._closing = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.request_timeout_s + 1.0
+        while self._admitted > 0 and loop.time() < deadline:
+            await asyncio.sleep(0.01)
         with self._cond:
-            self._closing = True
+            self._stop = True
             self._cond.notify_all()
         if self._worker is not None:
             await asyncio.to_thread(self._worker.join)
@@ -201,11 +207,11 @@ class DynamicBatcher:
     def _next_batch(self) -> tuple[list[Slot] | None, list[Slot]]:
         """Wait for work; return up to max_batch live slots sharing the oldest one's parameters.
 
-        ``None`` means closed and drained. Cancelled slots found on the way come back as
+        ``None`` means stopped and drained. Cancelled slots found on the way come back as
         ``dropped`` so their places are released.
         """
         with self._cond:
-            while not self._queue and not self._closing:
+            while not self._queue and not self._stop:
                 self._cond.wait()
             if not self._queue:
                 return None, []

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException
 
 from app.api.batching import DynamicBatcher, SlotResult
-from app.api.errors import error_body, image_error_json
+from app.api.errors import error_body, image_error_json, status_for
 from app.api.schemas import (
     DETECT_ERRORS,
     BatchResponse,
@@ -156,6 +156,11 @@ async def detect_batch(
     images = await _read_form_images(request, "images", settings)
     slots = await batcher.submit([data for _, data in images], params)
     total_ms = (time.perf_counter() - start) * 1e3
+    # A server-side failure (the device) fails the whole request, so the client retries it;
+    # only the images' own problems are reported inline.
+    for slot in slots:
+        if slot.result.error is not None and status_for(slot.result.error) >= 500:
+            raise slot.result.error
     results = []
     for (name, _), slot in zip(images, slots):
         if slot.result.error is not None:
