@@ -9,6 +9,9 @@ batcher; the detector is closed last.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
+from types import FrameType
 
 from app.api.main import create_app, open_detector_from
 from app.config import Settings
@@ -33,8 +36,23 @@ def serve(settings: Settings) -> None:
             log_level="info",
         )
         server = uvicorn.Server(config)
-        server.run()
+        # Uvicorn re-raises the signal it shut down for once it is done, which would kill the
+        # process with the default handler (exit -15) before the detector is closed. A graceful
+        # shutdown is a clean exit: let the re-raised signal land on a handler that ignores it.
+        on_main_thread = threading.current_thread() is threading.main_thread()  # signals live there only
+        previous = {
+            sig: signal.signal(sig, _already_handled) for sig in (signal.SIGINT, signal.SIGTERM) if on_main_thread
+        }
+        try:
+            server.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         if not server.started:  # the lifespan failed (e.g. warm-up); uvicorn has logged why
             raise SystemExit(3)
     finally:
         detector.close()
+
+
+def _already_handled(signum: int, frame: FrameType | None) -> None:
+    """Uvicorn handled this signal (graceful shutdown); nothing is left to do."""
