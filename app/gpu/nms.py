@@ -45,6 +45,8 @@ import math
 import numpy as np
 from numba import cuda
 
+from app.pipeline.postprocess import iou_threshold_f32
+
 try:  # numba-cuda: config lives in numba.cuda.core; plain numba: numba.core
     from numba.cuda.core import config as _cuda_config
 except ImportError:  # pragma: no cover - older layouts
@@ -466,7 +468,7 @@ class GpuNms:
         if self._params_pending:  # host waits only for our own previous small copy
             self._params_copied.synchronize()
         self._host_f32[_PF_CONF] = np.float32(conf)
-        self._host_f32[_PF_IOU] = np.float32(iou)
+        self._host_f32[_PF_IOU] = iou_threshold_f32(iou)  # torchvision's double comparison, in float32
         self._host_i32[_PI_MAX_DET] = max_det
         self._host_i32[_PI_AGNOSTIC] = 1 if agnostic else 0
         allowed = self._host_i32[2:]

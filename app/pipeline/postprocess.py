@@ -51,6 +51,17 @@ def iou_one_to_many(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return inter / (area + areas - inter)
 
 
+def iou_threshold_f32(iou: float) -> np.float32:
+    """The float32 threshold ``t`` with ``iou32 > t`` ⇔ ``float(iou32) > iou``.
+
+    torchvision compares the float32 IoU with the threshold as a double. Rounding the threshold
+    to the nearest float32 can round it up (0.6 does) and keep a box torchvision suppresses;
+    the largest float32 not above it gives the same answer for every float32 IoU.
+    """
+    t = np.float32(iou)
+    return np.nextafter(t, np.float32(-np.inf)) if float(t) > iou else t
+
+
 def nms_keep_indices(boxes: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
     """Greedy NMS: indices into ``boxes`` of the kept boxes, by descending score (stable)."""
     boxes = np.asarray(boxes, dtype=np.float32)
@@ -63,7 +74,7 @@ def nms_keep_indices(boxes: np.ndarray, scores: np.ndarray, iou: float) -> np.nd
         keep.append(i)
         later = order[rank + 1 :]
         with np.errstate(invalid="ignore", divide="ignore"):  # 0/0 for empty boxes is NaN: not > iou
-            suppressed[rank + 1 :] |= iou_one_to_many(boxes[i], boxes[later]) > np.float32(iou)
+            suppressed[rank + 1 :] |= iou_one_to_many(boxes[i], boxes[later]) > iou_threshold_f32(iou)
     return np.asarray(keep, dtype=np.int64)
 
 

@@ -84,10 +84,7 @@ def torchvision_keep(pred, params, *, batched):
         idxs = torch.zeros(len(cls), dtype=torch.int64)
     else:
         idxs = torch.from_numpy(cls.astype(np.int64))
-    # torchvision compares the float32 IoU with a double threshold; nms_numpy (and the kernels)
-    # with np.float32(iou). They differ only when an IoU equals float32(iou) exactly and that
-    # rounded up (0.6, not 0.45/0.5/0.7): hand torchvision the float32 threshold.
-    iou = float(np.float32(params.iou))
+    iou = params.iou  # the same double threshold: the kernels reproduce torchvision's comparison
     if batched:
         keep = tv_ops.batched_nms(t_boxes, t_scores, idxs, iou).numpy()
     else:

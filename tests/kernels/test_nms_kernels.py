@@ -234,14 +234,10 @@ def test_free_is_idempotent_and_validates():
         nms.run(cuda.to_device(np.zeros((1, 6, 16), np.float32)), 1)
 
 
-def test_iou_threshold_is_float32_like_the_reference():
-    """An IoU of exactly float32(0.6) is not > float32(0.6): both boxes stay, as in nms_numpy.
-
-    Known divergence, pinned here on purpose: torchvision (and so Ultralytics) compares the
-    float32 IoU with the *double* 0.6, and float32(0.6) > 0.6, so it suppresses the second box.
-    Only thresholds that round up in float32 (0.6 does; 0.45, 0.5, 0.7 do not) and IoUs hitting
-    that float exactly are affected.
-    """
+def test_iou_threshold_compares_like_torchvision():
+    """An IoU of exactly float32(0.6): torchvision compares it with the *double* 0.6 and
+    float32(0.6) > 0.6, so it suppresses the second box. The reference and the kernels agree
+    (the threshold goes to the device rounded down to float32, see ``iou_threshold_f32``)."""
     torch = pytest.importorskip("torch")
     tv = pytest.importorskip("torchvision")
     head = np.zeros((1, 5, 2), np.float32)
@@ -251,6 +247,6 @@ def test_iou_threshold_is_float32_like_the_reference():
     params = DetectParams(conf=0.25, iou=0.6)
     rows, anchors, _ = run_gpu(head, params)
     assert_rows_equal(rows[0], nms_numpy(head[0], params))
-    assert anchors[0].tolist() == [0, 1]
     boxes = torch.tensor([[0, 0, 10, 10], [0, 0, 10, 6]], dtype=torch.float32)
     assert tv.ops.nms(boxes, torch.tensor([0.9, 0.8]), 0.6).tolist() == [0]
+    assert anchors[0].tolist() == [0]

@@ -98,3 +98,13 @@ def test_scale_boxes_equals_ultralytics(shape):
     ours = scale_boxes(boxes, letterbox_params(*shape, 640))
     theirs = ul_scale_boxes((640, 640), torch.from_numpy(boxes.copy()), shape).numpy()
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("iou", [0.6, 0.45, 0.5, 0.7, 0.3])
+def test_threshold_compares_like_torchvision_at_exact_ties(iou):
+    """IoU exactly equal to float32(iou): torchvision compares with the double threshold."""
+    inner_h = np.float32(10 * iou)  # box 2 inside box 1 (10 × 10): IoU = inner_h / 10 in float32
+    boxes = np.array([[0, 0, 10, 10], [0, 0, 10, inner_h]], np.float32)
+    scores = np.array([0.9, 0.8], np.float32)
+    theirs = torchvision.ops.nms(torch.from_numpy(boxes), torch.from_numpy(scores), iou).numpy()
+    np.testing.assert_array_equal(nms_keep_indices(boxes, scores, iou), theirs)
