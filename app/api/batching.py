@@ -35,6 +35,9 @@ from app.types import DetectParams
 
 log = logging.getLogger("yolopipe.api")
 
+# Timing keys the batcher itself reports; a pipeline stage of the same name gets a prefix.
+_BATCHER_TIMINGS = frozenset({"decode_ms", "queue_ms", "batch_ms", "batch_size", "total_ms"})
+
 
 @dataclass
 class Slot:
@@ -191,7 +194,7 @@ class DynamicBatcher:
         try:
             if warmup is not None:
                 warmup(self.detector)
-        except BaseException as exc:  # handed to start(), which raises it in the lifespan
+        except BaseException as exc:  # noqa: BLE001 (handed to start(), which raises it in the lifespan)
             self._loop.call_soon_threadsafe(_set_exception, ready, exc)
             return
         self._loop.call_soon_threadsafe(_set_result, ready, None)
@@ -244,6 +247,10 @@ class DynamicBatcher:
         m.batch_size.observe(len(batch))
         try:
             results = self.detector.detect([s.prepared for s in batch], batch[0].params)
+        except DeviceError as exc:  # the GPU pipeline's own wrapping of a CUDA failure
+            log.error("batch of %d failed on the device: %s", len(batch), exc)
+            m.device_errors.inc()
+            results = [ImageResult(error=exc) for _ in batch]
         except YolopipeError as exc:
             log.warning("batch of %d failed: %s", len(batch), exc)
             results = [ImageResult(error=exc) for _ in batch]
@@ -257,6 +264,8 @@ class DynamicBatcher:
         timings: dict[str, float] = {"start": start, "batch_ms": round((end - start) * 1e3, 3), "batch_size": len(batch)}
         stage_ms = getattr(self.detector.pipeline, "last_timings", None) or {}
         for name, ms in stage_ms.items():
+            if name in _BATCHER_TIMINGS:  # e.g. the GPU pipeline's own decode_ms (nvJPEG)
+                name = f"pipeline_{name}"
             m.stage_latency.labels(name.removesuffix("_ms")).observe(ms / 1e3)
             timings[name] = round(float(ms), 3)
         for slot in batch:
@@ -288,6 +297,9 @@ def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
 
 def warmup_detector(detector: Detector, batch_sizes: Sequence[int] = (1,)) -> None:
     """Run the detector once per batch size on gray images, so the first request pays no setup."""
+    capture = getattr(detector.pipeline, "warmup", None)
+    if callable(capture):  # the GPU pipeline captures one CUDA graph per batch-size bucket
+        capture()
     size = detector.meta.imgsz
     image = np.full((size, size, 3), 114, np.uint8)
     for n in batch_sizes:

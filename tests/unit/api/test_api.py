@@ -51,7 +51,7 @@ def test_import_loads_no_gpu_library():
         "banned = ('torch', 'numba.cuda', 'cupy', 'tensorrt', 'modelopt', 'ultralytics')\n"
         "print(','.join(m for m in banned if m in sys.modules))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == ""
 

@@ -9,17 +9,16 @@ from pathlib import Path
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, settings  # noqa: E402  (installed with schemathesis)
-from schemathesis.checks import not_a_server_error  # noqa: E402
-from schemathesis.specs.openapi.checks import (  # noqa: E402
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
     status_code_conformance,
 )
 
-from app.api.main import create_app  # noqa: E402
-from app.config import Settings  # noqa: E402
-
+from app.api.main import create_app
+from app.config import Settings
 
 # Built at import without loading anything: the model loads in the app's lifespan, which
 # schemathesis starts on the first call (and stops after each test). The schema comes from
