@@ -1,0 +1,183 @@
+"""torch-cuda: the Ultralytics model itself on the GPU, when TensorRT is absent.
+
+Fused, eval, ``channels_last``, fp16 or fp32, optionally ``torch.compile``d (inductor, default
+mode). ``forward`` only enqueues work on torch's current stream, reads and writes fixed
+addresses after one warm-up call per batch size, and returns the head tensor
+``[B, 4 + nc, anchors]`` itself (no copy), so the pipeline can capture it in a CUDA graph.
+
+Two details of Ultralytics' ``Detect`` head matter for graphs:
+
+* in eval it returns ``(y, raw)``; export mode (``detect.export = True``) returns ``y`` alone;
+* it rebuilds its anchors whenever the input *shape* changes, batch included, and stores them
+  on the module. A graph captured for batch 4 reads the anchor tensor that existed then; if
+  batch 8 later rebuilt (and so freed) it, the batch-4 graph would read freed memory. Anchors
+  do not depend on the batch, so the engine builds them once and, before each call, sets the
+  head's remembered shape to the incoming one: no rebuild, one anchor tensor forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from app.errors import ArtifactError, BackendUnavailable, InvalidParameter
+from app.types import ModelMeta
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("fp16", "fp32")
+WEIGHTS_NAME = "weights.pt"
+TORCH_CACHE_DIR = "torch-cache"
+
+
+class TorchCudaEngine:
+    name = "torch-cuda"
+
+    def __init__(
+        self,
+        model_dir: Path,
+        meta: ModelMeta,
+        *,
+        precision: str = "fp16",
+        max_batch: int,
+        device: int = 0,
+        compile: bool = True,
+    ) -> None:
+        if precision == "int8":
+            raise InvalidParameter(
+                "torch-cuda runs fp16 or fp32; int8 needs the TensorRT backend",
+                hint="use --backend tensorrt with an int8 engine, or --precision fp16",
+            )
+        if precision not in PRECISIONS:
+            raise InvalidParameter(f"unknown precision {precision!r} for torch-cuda; choose fp16 or fp32")
+        if max_batch < 1:
+            raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
+        try:
+            import torch
+        except ImportError as exc:
+            raise BackendUnavailable("torch is not installed", hint="pip install torch") from exc
+        if not torch.cuda.is_available() or device >= torch.cuda.device_count():
+            raise BackendUnavailable(f"torch-cuda needs CUDA device {device}, and torch sees none")
+        weights = Path(model_dir) / WEIGHTS_NAME
+        if not weights.is_file():
+            raise ArtifactError(f"weights not found: {weights}", hint="run `yolopipe export` first")
+
+        self.precision = precision
+        self.input_dtype = "float16" if precision == "fp16" else "float32"
+        self.max_batch = int(max_batch)
+        self.meta = meta
+        self.device = torch.device("cuda", device)
+        self._torch = torch
+        self.compiled = False
+
+        from ultralytics import YOLO
+
+        torch.cuda.set_device(self.device)
+        # Convolutions of a fixed shape are replayed thousands of times: let cuDNN pick the fastest.
+        torch.backends.cudnn.benchmark = True
+        model = YOLO(str(weights)).model
+        model = model.fuse(verbose=False) if hasattr(model, "fuse") else model
+        model = model.to(self.device).eval()
+        model = model.half() if precision == "fp16" else model.float()
+        model = model.to(memory_format=torch.channels_last)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self._detect = model.model[-1]
+        self._detect.export = True  # return the inference tensor alone, not (y, raw)
+        self._detect.dynamic = False
+        self._model = model
+        self._torch_dtype = torch.float16 if precision == "fp16" else torch.float32
+
+        # One eager call builds the anchors (batch independent) and records the feature shape.
+        size = meta.imgsz
+        with torch.inference_mode():
+            probe = torch.zeros((1, 3, size, size), dtype=self._torch_dtype, device=self.device)
+            out = self._call(model, probe)
+        expected = (1, 4 + meta.num_classes, meta.num_anchors)
+        if tuple(out.shape) != expected:
+            raise ArtifactError(
+                f"model output {tuple(out.shape)} does not match the export's {expected}",
+                hint="re-export the model (`yolopipe export --force`)",
+            )
+        self._feat_shape = tuple(self._detect.shape)[1:]  # (C, H, W) of the first feature map
+        torch.cuda.synchronize(self.device)
+
+        self._forward = model
+        if compile:
+            self._forward = self._compile(model, Path(model_dir) / TORCH_CACHE_DIR)
+
+    # ------------------------------------------------------------------------------ build
+    def _compile(self, model, cache_dir: Path):
+        """``torch.compile`` (inductor, default mode) with its caches under ``model_dir``.
+
+        Compilation itself happens lazily, on the first call per batch size (the pipeline's
+        warm-up). A failure there falls back to the eager model with a warning (``forward``).
+        """
+        torch = self._torch
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        # Set before inductor first resolves its cache dir, so a restart reuses the FX graph and
+        # Triton caches instead of compiling from scratch. A user's own setting wins.
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
+        os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
+        try:
+            import torch._dynamo
+
+            # One compiled graph per bucket (1, 2, 4, ... max_batch): static shapes are faster.
+            n_buckets = max(1, self.max_batch.bit_length() + 1)
+            cfg = torch._dynamo.config
+            for key in ("recompile_limit", "cache_size_limit"):
+                if hasattr(cfg, key):
+                    setattr(cfg, key, max(getattr(cfg, key), n_buckets + 4))
+            compiled = torch.compile(model, mode="default", dynamic=False)
+        except Exception as exc:  # noqa: BLE001 - compile is an optimisation, never a requirement
+            warnings.warn(f"torch.compile unavailable ({exc}); running the eager model", RuntimeWarning, stacklevel=2)
+            return model
+        self.compiled = True
+        return compiled
+
+    # ----------------------------------------------------------------------------- run
+    def _call(self, fn, images):
+        """Run ``fn`` on ``images`` with the head's anchors pinned (see the module docstring)."""
+        if self._detect.shape is not None and getattr(self, "_feat_shape", None) is not None:
+            self._detect.shape = self._torch.Size((images.shape[0], *self._feat_shape))
+        out = fn(images)
+        if isinstance(out, (tuple, list)):  # an Ultralytics version that ignores export mode
+            out = out[0]
+        return out
+
+    def forward(self, images: Any) -> Any:
+        """Enqueue the model on the current stream; returns the head tensor ``[B, 4 + nc, A]``."""
+        torch = self._torch
+        if images.dtype != self._torch_dtype or images.device != self.device or images.dim() != 4:
+            raise InvalidParameter(
+                f"torch-cuda {self.precision} expects a {self.input_dtype} [B, 3, S, S] tensor on "
+                f"{self.device}, got {images.dtype} {tuple(images.shape)} on {images.device}"
+            )
+        if images.shape[0] > self.max_batch:
+            raise InvalidParameter(f"batch {images.shape[0]} is over this engine's max_batch {self.max_batch}")
+        with torch.inference_mode():
+            if self._forward is not self._model:
+                try:
+                    return self._call(self._forward, images)
+                except Exception as exc:
+                    if torch.cuda.is_current_stream_capturing():
+                        raise  # never recompile inside a capture: the warm-up should have
+                    warnings.warn(
+                        f"torch.compile failed ({type(exc).__name__}: {exc}); running the eager model",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                    self._forward = self._model
+                    self.compiled = False
+            return self._call(self._model, images)
+
+    def close(self) -> None:
+        if self._model is None:
+            return
+        self._forward = self._model = self._detect = None
+        torch = self._torch
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()

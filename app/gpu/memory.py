@@ -1,0 +1,174 @@
+"""Owners of the GPU pipeline's device resources, each with a clear lifetime and an idempotent
+``free()``.
+
+=====================  ======================================================================
+``StreamPair``         the pipeline's one non-default torch stream and its Numba alias
+``Staging``            pinned host + device ``uint8`` staging: ``[params header | images]``;
+                       one H2D copy moves both the per-image params and the pixels
+``InputBuffer``        the engine input ``[max_batch, 3, S, S]``; bucket ``b`` is its first
+                       ``b`` images (contiguous), so every bucket's graph writes in place
+``HostResults``        pinned host ``[max_batch, max_det, 6]`` rows + ``[max_batch]`` counts,
+                       the target of the one D2H copy per batch
+``CapturedGraphs``     the CUDA graphs per bucket and the tensors they must keep alive
+=====================  ======================================================================
+
+Why the staging is grown instead of sized for the worst case: image sizes are unbounded, and a
+worst-case pinned buffer (128 × 4K frames) would be gigabytes. Growing means the graphs that
+baked in the old addresses are dropped and re-captured on their next use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numba import cuda
+
+from app.gpu.preprocess import PARAMS_PER_IMAGE
+
+ALIGN = 256  # start of every region in the staging buffer
+
+
+def align_up(n: int, to: int = ALIGN) -> int:
+    return -(-int(n) // to) * to
+
+
+class StreamPair:
+    """A torch CUDA stream and the same stream seen by Numba (``cuda.external_stream``)."""
+
+    def __init__(self, device: int) -> None:
+        import torch
+
+        self.device = device
+        self.torch = torch.cuda.Stream(device=device)
+        self.numba = cuda.external_stream(self.torch.cuda_stream)
+
+    def synchronize(self) -> None:
+        if self.torch is not None:
+            self.torch.synchronize()
+
+    def free(self) -> None:
+        if self.torch is None:
+            return
+        self.torch.synchronize()
+        self.torch = None
+        self.numba = None
+
+
+class Staging:
+    """Pinned host and device staging buffers with the same layout.
+
+    ``[0, header_bytes)``: per-image params, int64 ``[max_batch, PARAMS_PER_IMAGE]``;
+    ``[header_bytes, header_bytes + capacity)``: image bytes at the offsets the params name.
+    """
+
+    def __init__(self, max_batch: int, capacity: int, device: int) -> None:
+        import torch
+
+        self.max_batch = max_batch
+        self.device = device
+        self.header_bytes = align_up(max_batch * PARAMS_PER_IMAGE * 8)
+        self.capacity = align_up(capacity)
+        total = self.header_bytes + self.capacity
+        self.host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+        self.dev = torch.empty(total, dtype=torch.uint8, device=torch.device("cuda", device))
+        self.host_np = self.host.numpy()
+        n_params = max_batch * PARAMS_PER_IMAGE
+        self.host_params = self.host_np[: self.header_bytes].view(np.int64)[:n_params].reshape(max_batch, -1)
+        dev_params = self.dev[: self.header_bytes].view(torch.int64)[:n_params].view(max_batch, PARAMS_PER_IMAGE)
+        # Numba views made once: converting a torch tensor per launch costs ~36 µs of host time.
+        self.nb_staging = cuda.as_cuda_array(self.dev, sync=False)
+        self.nb_params = cuda.as_cuda_array(dev_params, sync=False)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.header_bytes + self.capacity
+
+    def free(self) -> None:
+        self.nb_staging = self.nb_params = None
+        self.host_np = self.host_params = None
+        self.host = self.dev = None
+
+
+class InputBuffer:
+    """The engine input for every bucket: one allocation, bucket ``b`` = its first ``b`` images."""
+
+    def __init__(self, max_batch: int, size: int, dtype: str, device: int) -> None:
+        import torch
+
+        torch_dtype = {"float32": torch.float32, "float16": torch.float16}[dtype]
+        self.tensor = torch.empty(
+            (max_batch, 3, size, size), dtype=torch_dtype, device=torch.device("cuda", device)
+        )
+        self._views: dict[int, tuple[Any, Any]] = {}
+
+    def bucket(self, batch: int) -> tuple[Any, Any]:
+        """``(torch view, Numba view)`` of the first ``batch`` images, made once per bucket."""
+        views = self._views.get(batch)
+        if views is None:
+            t = self.tensor[:batch]
+            views = (t, cuda.as_cuda_array(t, sync=False))
+            self._views[batch] = views
+        return views
+
+    def free(self) -> None:
+        self._views.clear()
+        self.tensor = None
+
+
+class HostResults:
+    """Pinned host rows/counts: where the one D2H copy per batch lands (Numba pinned memory,
+    so the copy is a plain ``cuMemcpyDtoHAsync`` that a CUDA graph can capture)."""
+
+    def __init__(self, max_batch: int, max_det: int) -> None:
+        self.rows = cuda.pinned_array((max_batch, max_det, 6), np.float32)
+        self.counts = cuda.pinned_array(max_batch, np.int32)
+
+    def enqueue_copy(self, dev_rows, dev_counts, batch: int, stream) -> None:
+        """Copy the first ``batch`` images' rows and counts from the device, async on ``stream``."""
+        dev_rows[:batch].copy_to_host(self.rows[:batch], stream=stream)
+        dev_counts[:batch].copy_to_host(self.counts[:batch], stream=stream)
+
+    def free(self) -> None:
+        self.rows = self.counts = None
+
+
+@dataclass
+class CapturedBatch:
+    """One bucket's graph and what it must keep alive (its head output lives in the graph pool)."""
+
+    batch: int
+    graph: Any  # torch.cuda.CUDAGraph
+    head: Any  # the engine output tensor the NMS reads in place
+    stage_graphs: dict[str, Any] = field(default_factory=dict)  # profiling: one graph per stage
+    stage_head: Any = None
+
+    def free(self) -> None:
+        for g in [self.graph, *self.stage_graphs.values()]:
+            if g is not None:
+                g.reset()
+        self.graph = None
+        self.stage_graphs.clear()
+        self.head = self.stage_head = None
+
+
+class CapturedGraphs:
+    """All captured graphs, per bucket; one shared memory pool (graphs never run concurrently:
+    every batch ends with a stream sync, and each graph's output is held here)."""
+
+    def __init__(self) -> None:
+        self.by_batch: dict[int, CapturedBatch] = {}
+        self.pool = None
+
+    def get(self, batch: int) -> CapturedBatch | None:
+        return self.by_batch.get(batch)
+
+    def add(self, captured: CapturedBatch) -> None:
+        self.by_batch[captured.batch] = captured
+
+    def free(self) -> None:
+        for captured in self.by_batch.values():
+            captured.free()
+        self.by_batch.clear()
+        self.pool = None
