@@ -1,0 +1,68 @@
+"""Where the INT8 build artifacts live, in one place.
+
+``engines/<name>/`` (one export, see ``app.build.export``) gains:
+
+* ``model.int8.onnx``: the TensorRT-ready Q/DQ model: symmetric s8 activations and weights
+  (zero points 0), per-channel weight scales, the head tail left float.
+* ``model.int8-cpu.onnx``: the same calibration written for ONNX Runtime on a CPU: u8
+  asymmetric activations, s8 per-channel weights, Q/DQ on every op ORT can fuse.
+* ``int8_report.json``: INT8 vs FP32 agreement on held-out images.
+
+Calibration caches (per-tensor ranges) live under ``calibration/cache/``, keyed by the FP32
+model's sha256, the method and a hash of the calibration images' contents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+
+from app.errors import ArtifactError
+
+INT8_QDQ_NAME = "model.int8.onnx"
+INT8_CPU_NAME = "model.int8-cpu.onnx"
+INT8_REPORT_NAME = "int8_report.json"
+CALIBRATION_ROOT = Path("calibration")
+
+
+def int8_qdq_model_path(model_dir: Path) -> Path:
+    """The TensorRT-ready Q/DQ model (s8 symmetric); not checked for existence."""
+    return Path(model_dir) / INT8_QDQ_NAME
+
+
+def int8_cpu_model_path(model_dir: Path, *, must_exist: bool = True) -> Path:
+    """The u8-activation model ONNX Runtime runs for ``--precision int8``.
+
+    With ``must_exist`` (the default, what a backend wants) a missing file is an
+    ``ArtifactError`` that says how to make it.
+    """
+    path = Path(model_dir) / INT8_CPU_NAME
+    if must_exist and not path.is_file():
+        raise ArtifactError(
+            f"no INT8 model in {model_dir}",
+            hint="run `yolopipe calibrate --weights ... --images DIR` first",
+        )
+    return path
+
+
+def int8_report_path(model_dir: Path) -> Path:
+    return Path(model_dir) / INT8_REPORT_NAME
+
+
+def calibration_cache_dir(root: Path = CALIBRATION_ROOT) -> Path:
+    """``calibration/cache/`` (git-ignored); created on demand."""
+    return Path(root) / "cache"
+
+
+def images_digest(image_paths: Iterable[Path]) -> str:
+    """sha256 over the images' bytes in calibration order: same images, same digest, wherever they lie."""
+    digest = hashlib.sha256()
+    for path in image_paths:
+        digest.update(hashlib.sha256(Path(path).read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def calibration_cache_path(onnx_sha256: str, method: str, images_sha256: str, root: Path = CALIBRATION_ROOT) -> Path:
+    """The cached tensor ranges of one (model, method, image list) calibration."""
+    return calibration_cache_dir(root) / f"{onnx_sha256[:16]}-{method}-{images_sha256[:16]}.json"
