@@ -78,6 +78,11 @@ class TorchCudaEngine:
         torch.cuda.set_device(self.device)
         # Convolutions of a fixed shape are replayed thousands of times: let cuDNN pick the fastest.
         torch.backends.cudnn.benchmark = True
+        if precision == "fp32":
+            # "fp32" means fp32: PyTorch runs convolutions in TF32 by default, whose rounding moves
+            # scores by ~1e-3 between batch sizes. Process-wide, as torch's flags are.
+            torch.backends.cudnn.allow_tf32 = False
+            torch.backends.cuda.matmul.allow_tf32 = False
         model = YOLO(str(weights)).model
         model = model.fuse(verbose=False) if hasattr(model, "fuse") else model
         model = model.to(self.device).eval()

@@ -136,7 +136,7 @@ def test_fp32_batch_equals_single(pipe32, frames):
         assert len(det) == len(single), name
         if len(det):
             assert np.diag(box_iou(det.boxes, single.boxes)).min() >= 0.999, name
-            assert np.abs(det.scores - single.scores).max() <= 1e-4, name
+            assert np.abs(det.scores - single.scores).max() <= 2e-4, name  # true fp32 (TF32 off)
 
 
 def test_fp16_f1_vs_ultralytics(pipe16, ultralytics_model, frames):
