@@ -84,18 +84,21 @@ def calibrate(
     images: Annotated[Path, typer.Option(help="Folder of representative images (recursive).")],
     weights: Weights = "sample",
     num_images: Annotated[int, typer.Option(help="Calibration images to use (>= 64 advised).")] = 512,
-    method: Annotated[str, typer.Option(help="entropy | max | percentile")] = "entropy",
+    method: Annotated[Optional[str], typer.Option(help="entropy | max | percentile (default: the one "
+                                                       "that won on held-out photos, see calibration/README.md)")] = None,
     imgsz: Imgsz = 640,
     name: Name = None,
     engines_dir: EnginesDir = Path("engines"),
     min_f1: Annotated[float, typer.Option(help="Accuracy gate: INT8 vs FP32 F1 at IoU 0.5 on held-out images.")] = 0.90,
     allow_low_accuracy: Annotated[bool, typer.Option(help="Write the model even below --min-f1.")] = False,
 ) -> None:
-    """Entropy-calibrate INT8 and write engines/<name>/model.int8.onnx (Q/DQ) with an accuracy report."""
+    """Calibrate INT8 (entropy, max or percentile) and write engines/<name>/model.int8.onnx (Q/DQ) with an accuracy report."""
     from app.build.quantize import calibrate as run_calibration
 
+    from app.build.quantize import DEFAULT_METHOD
+
     result = run_calibration(
-        weights, images, num_images=num_images, method=method, imgsz=imgsz, name=name,
+        weights, images, num_images=num_images, method=method or DEFAULT_METHOD, imgsz=imgsz, name=name,
         engines_dir=engines_dir, min_f1=min_f1, allow_low_accuracy=allow_low_accuracy, console=console,
     )
     console.print(f"wrote {result.qdq_path}")
