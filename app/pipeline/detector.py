@@ -34,14 +34,15 @@ def make_params(
     agnostic: bool = False,
     *,
     num_classes: int | None = None,
+    max_det_limit: int = 1000,
 ) -> DetectParams:
     """Validated ``DetectParams``; ``InvalidParameter`` names the offending value."""
     if not 0.0 <= conf <= 1.0:
         raise InvalidParameter(f"conf must be within [0, 1], got {conf}")
     if not 0.0 <= iou <= 1.0:
         raise InvalidParameter(f"iou must be within [0, 1], got {iou}")
-    if not 1 <= max_det <= 1000:
-        raise InvalidParameter(f"max_det must be within [1, 1000], got {max_det}")
+    if not 1 <= max_det <= max_det_limit:
+        raise InvalidParameter(f"max_det must be within [1, {max_det_limit}], got {max_det}")
     if classes is not None:
         classes = tuple(int(c) for c in classes)
         bad = [c for c in classes if c < 0 or (num_classes is not None and c >= num_classes)]
@@ -99,7 +100,9 @@ class Detector:
         }
 
     def params(self, **kwargs: Any) -> DetectParams:
-        return make_params(**kwargs, num_classes=len(self.names))
+        # GPU pipelines size their output buffers for a max_det fixed at start-up
+        limit = getattr(self.pipeline, "max_det", 1000)
+        return make_params(**kwargs, num_classes=len(self.names), max_det_limit=limit)
 
     # --- work ------------------------------------------------------------------------
     def prepare(self, item: bytes | np.ndarray) -> PipelineInput:
