@@ -140,13 +140,15 @@ def serve(
     max_batch: Annotated[Optional[int], typer.Option(help="Largest GPU batch the batcher forms.")] = None,
     max_wait_ms: Annotated[Optional[float], typer.Option(help="Longest wait to fill a batch.")] = None,
     device: Annotated[Optional[int], typer.Option(help="CUDA device index; run one process per GPU.")] = None,
+    compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile",
+                                                    help="torch-cuda: torch.compile each batch size at start-up.")] = None,
 ) -> None:
     """Serve POST /v1/detect over HTTP. Every option can also come from YOLOPIPE_<OPTION> variables."""
     from app.api.serve import serve as run_server
     from app.config import Settings
 
     given = dict(weights=weights, backend=backend, precision=precision, host=host, port=port,
-                 max_batch=max_batch, max_wait_ms=max_wait_ms, device=device)
+                 max_batch=max_batch, max_wait_ms=max_wait_ms, device=device, compile=compile)
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})
     except ValueError as exc:  # pydantic's ValidationError is a ValueError

@@ -24,6 +24,7 @@ class Settings(BaseSettings):
     backend: BackendName = "auto"
     precision: Precision = "auto"
     device: int = Field(0, ge=0)
+    compile: bool = True  # torch-cuda: torch.compile each batch bucket (~20 s each, cached on disk)
 
     # serving
     host: str = "127.0.0.1"

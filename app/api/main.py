@@ -35,6 +35,7 @@ def open_detector_from(settings: Settings) -> Detector:
         max_batch=settings.max_batch,
         device=settings.device,
         max_pixels=settings.max_pixels,
+        compile=settings.compile,
     )
 
 

@@ -175,6 +175,7 @@ def open_detector(
     max_batch: int = 32,
     device: int = 0,
     max_pixels: int = DEFAULT_MAX_PIXELS,
+    compile: bool = True,
 ) -> Detector:
     """Export if needed, pick the backend, build its pipeline. The one place that wires them."""
     from app.build.export import export_onnx
@@ -230,7 +231,7 @@ def open_detector(
         from app.backends.torch_cuda import TorchCudaEngine
 
         prec = "fp16" if precision == "auto" else precision
-        engine = TorchCudaEngine(model_dir, meta, precision=prec, max_batch=max_batch, device=device)
+        engine = TorchCudaEngine(model_dir, meta, precision=prec, max_batch=max_batch, device=device, compile=compile)
     if engine is None:
         raise InvalidParameter(f"unknown backend {chosen!r}")
     return Detector(GpuPipeline(engine, meta, max_batch=max_batch, device=device), max_pixels=max_pixels)
