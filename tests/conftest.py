@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("YOLO_OFFLINE", "1")  # Ultralytics must never reach for the network in tests
+# Kernels run in Numba's CUDA simulator unless YOLOPIPE_REAL_GPU=1 (on the GPU machine). It must
+# be chosen before anything imports numba.cuda, so here, at the root of the whole session.
+if os.environ.get("YOLOPIPE_REAL_GPU") != "1":
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 TESTS = Path(__file__).parent
 _FOLDER_MARKERS = {"unit", "kernels", "gpu", "tensorrt", "e2e"}
