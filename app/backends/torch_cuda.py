@@ -13,6 +13,14 @@ Two details of Ultralytics' ``Detect`` head matter for graphs:
   batch 8 later rebuilt (and so freed) it, the batch-4 graph would read freed memory. Anchors
   do not depend on the batch, so the engine builds them once and, before each call, sets the
   head's remembered shape to the incoming one: no rebuild, one anchor tensor forever.
+
+Lanes (``GpuPipeline(..., lanes=N)``): every lane uses this one engine (``for_lane`` returns
+``self``). That is safe because ``forward`` only runs while the pipeline captures or warms up
+a graph, and the pipeline does that with every other lane idle, so the head's ``shape``
+attribute is never set by two threads at once. Replays of several lanes then run
+concurrently and share only what is read-only: the weights and the one anchor tensor (built
+by the eager probe below, outside every graph pool). Activations and the head output live in
+each lane's own graph memory pool.
 """
 
 from __future__ import annotations
@@ -138,7 +146,9 @@ class TorchCudaEngine:
                     setattr(cfg, key, max(getattr(cfg, key), n_buckets + 4))
             compiled = torch.compile(model, mode="default", dynamic=False)
         except Exception as exc:  # noqa: BLE001 - compile is an optimisation, never a requirement
-            warnings.warn(f"torch.compile unavailable ({exc}); running the eager model", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"torch.compile unavailable ({exc}); running the eager model", RuntimeWarning, stacklevel=2
+            )
             return model
         self.compiled = True
         return compiled
@@ -162,7 +172,9 @@ class TorchCudaEngine:
                 f"{self.device}, got {images.dtype} {tuple(images.shape)} on {images.device}"
             )
         if images.shape[0] > self.max_batch:
-            raise InvalidParameter(f"batch {images.shape[0]} is over this engine's max_batch {self.max_batch}")
+            raise InvalidParameter(
+                f"batch {images.shape[0]} is over this engine's max_batch {self.max_batch}"
+            )
         with torch.inference_mode():
             if self._forward is not self._model:
                 try:
@@ -178,6 +190,10 @@ class TorchCudaEngine:
                     self._forward = self._model
                     self.compiled = False
             return self._call(self._model, images)
+
+    def for_lane(self, index: int) -> TorchCudaEngine:
+        """The engine lane ``index`` of a ``GpuPipeline`` uses: this one (see the module doc)."""
+        return self
 
     def close(self) -> None:
         if self._model is None:

@@ -2,7 +2,7 @@
 ``free()``.
 
 =====================  ======================================================================
-``StreamPair``         the pipeline's one non-default torch stream and its Numba alias
+``StreamPair``         a lane's non-default torch stream and its Numba alias
 ``Staging``            pinned host + device ``uint8`` staging: ``[params header | images]``;
                        one H2D copy moves both the per-image params and the pixels
 ``InputBuffer``        the engine input ``[max_batch, 3, S, S]``; bucket ``b`` is its first
@@ -11,6 +11,9 @@
                        the target of the one D2H copy per batch
 ``CapturedGraphs``     the CUDA graphs per bucket and the tensors they must keep alive
 =====================  ======================================================================
+
+The pipeline holds one set of these per *lane* (``app.gpu.pipeline``): lanes run at the same
+time, so nothing here is shared between lanes, the graphs' memory pool included.
 
 Why the staging is grown instead of sized for the worst case: image sizes are unbounded, and a
 worst-case pinned buffer (128 × 4K frames) would be gigabytes. Growing means the graphs that
@@ -76,7 +79,9 @@ class Staging:
         self.host_np = self.host.numpy()
         n_params = max_batch * PARAMS_PER_IMAGE
         self.host_params = self.host_np[: self.header_bytes].view(np.int64)[:n_params].reshape(max_batch, -1)
-        dev_params = self.dev[: self.header_bytes].view(torch.int64)[:n_params].view(max_batch, PARAMS_PER_IMAGE)
+        dev_params = (
+            self.dev[: self.header_bytes].view(torch.int64)[:n_params].view(max_batch, PARAMS_PER_IMAGE)
+        )
         # Numba views made once: converting a torch tensor per launch costs ~36 µs of host time.
         self.nb_staging = cuda.as_cuda_array(self.dev, sync=False)
         self.nb_params = cuda.as_cuda_array(dev_params, sync=False)
@@ -141,6 +146,7 @@ class CapturedBatch:
     batch: int
     graph: Any  # torch.cuda.CUDAGraph
     head: Any  # the engine output tensor the NMS reads in place
+    graph_exec: Any = None  # ctypes.c_void_p: the graph's CUgraphExec for cuGraphLaunch, or None
     stage_graphs: dict[str, Any] = field(default_factory=dict)  # profiling: one graph per stage
     stage_head: Any = None
 
@@ -148,14 +154,16 @@ class CapturedBatch:
         for g in [self.graph, *self.stage_graphs.values()]:
             if g is not None:
                 g.reset()
-        self.graph = None
+        self.graph = self.graph_exec = None  # the exec handle dies with the graph
         self.stage_graphs.clear()
         self.head = self.stage_head = None
 
 
 class CapturedGraphs:
-    """All captured graphs, per bucket; one shared memory pool (graphs never run concurrently:
-    every batch ends with a stream sync, and each graph's output is held here)."""
+    """One lane's captured graphs, per bucket, and the lane's own memory pool. The graphs of
+    one lane never run concurrently (a lane runs one batch at a time and every batch ends with
+    a stream sync), so they may share a pool; graphs of two lanes do run concurrently, so each
+    lane has its own pool and their activations never alias. Each graph's output is held here."""
 
     def __init__(self) -> None:
         self.by_batch: dict[int, CapturedBatch] = {}

@@ -3,12 +3,14 @@
 Skips cleanly without a CUDA GPU. Each test checks one property, so one run on the device says
 exactly which part is wrong: fidelity fp32/fp16, JPEG path, zero copy, the profiler trace of a
 replay, bucket padding, parameters across replays (rows bit-equal to the NumPy NMS on the
-graph's own head output), bad images, the profiling path, torch.compile.
+graph's own head output), bad images, the profiling path, torch.compile, the raw CUDA driver
+dispatch against torch's, lanes driven by concurrent threads, CPU JPEG decode.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 
 import cv2
 import numpy as np
@@ -37,9 +39,9 @@ def meta(sample_model_dir) -> ModelMeta:
     return ModelMeta.load(sample_model_dir / "meta.json")
 
 
-def _pipeline(model_dir, meta, precision, *, compile=False, max_batch=MAX_BATCH):
+def _pipeline(model_dir, meta, precision, *, compile=False, max_batch=MAX_BATCH, **kwargs):
     engine = TorchCudaEngine(model_dir, meta, precision=precision, max_batch=max_batch, compile=compile)
-    return GpuPipeline(engine, meta, max_batch=max_batch)
+    return GpuPipeline(engine, meta, max_batch=max_batch, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -302,6 +304,113 @@ def test_dispatch_is_timed(pipe32, frames):
     t = pipe32.last_timings
     print(f"batch 1: dispatch {t['dispatch_us']:.1f} us, total {t['total_ms']:.3f} ms, wait {t['wait_ms']:.3f} ms")
     assert 0 < t["dispatch_us"] < 5000
+
+
+def _rows(out):
+    assert not any(isinstance(o, YolopipeError) for o in out), out
+    return [rows for rows, _ in out]
+
+
+def test_raw_driver_dispatch_is_used_and_equals_torch(pipe32, frames):
+    """Same graph launched by cuGraphLaunch (after cuMemcpyHtoDAsync) and by torch's replay:
+    bit-equal rows; the driver path is the one a plain run takes."""
+    assert pipe32.raw_launch_error is None, pipe32.raw_launch_error
+    lane = pipe32.lanes[0]
+    items = [frames["bus"], frames["zidane"], frames["bus_small"]]
+    params = DetectParams(conf=0.1)
+    driver = _rows(pipe32.run(items, params))
+    assert pipe32.last_launch_path == "driver" and pipe32.last_timings["raw_launch"] == 1.0
+    assert pipe32.graphs.get(4).graph_exec is not None
+    launcher = lane.launcher
+    lane.launcher = None  # the torch path, same graph and buffers
+    try:
+        torch_rows = _rows(pipe32.run(items, params))
+        assert pipe32.last_launch_path == "torch" and pipe32.last_timings["raw_launch"] == 0.0
+    finally:
+        lane.launcher = launcher
+    again = _rows(pipe32.run(items, params))  # and back: still the driver, still equal
+    assert pipe32.last_launch_path == "driver"
+    for a, b, c in zip(driver, torch_rows, again):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+    for _ in range(20):
+        pipe32.run([frames["bus"]], params)
+    print(f"driver dispatch at batch 1: {pipe32.last_timings['dispatch_us']:.1f} us")
+    assert pipe32.last_timings["dispatch_us"] < 200
+
+
+def test_lanes_two_threads_equal_serial(sample_model_dir, meta, frames, assets_dir):
+    """Two threads on a two-lane pipeline at once give the detections of serial runs: frames,
+    JPEG bytes (nvJPEG), and a batch of 16 frames (packed by the host pool)."""
+    pipe = _pipeline(sample_model_dir, meta, "fp32", max_batch=16, lanes=2)
+    try:
+        assert pipe.num_lanes == 2
+        jpegs = [(assets_dir / n).read_bytes() for n in ("bus.jpg", "zidane.jpg")]
+        batches = [
+            [frames["bus"], frames["zidane"]],
+            [frames["stacked"], frames["bus_small"], frames["zidane_gray"]],
+            jpegs,
+            [frames["bus"], frames["zidane"], frames["bus_flipped"], frames["zidane_tiny_upscaled"]] * 4,
+        ]
+        params = DetectParams()
+        pipe.warmup([2, 4, 16])
+        serial = [_rows(pipe.run(b, params)) for b in batches]
+        assert all(lane.graphs.get(16) is not None for lane in pipe.lanes)
+        got: dict[tuple[int, int, int], list] = {}
+        errors: list[BaseException] = []
+        start = threading.Barrier(2, timeout=30)
+
+        def worker(t):
+            try:
+                start.wait()
+                for rep in range(5):
+                    for k, b in enumerate(batches):
+                        got[(t, rep, k)] = _rows(pipe.run(b, params))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        assert len(got) == 2 * 5 * len(batches)
+        for (t, rep, k), rows in got.items():
+            for j, (a, b) in enumerate(zip(rows, serial[k])):
+                assert len(a) == len(b), (t, rep, k, j)
+                if len(a):
+                    assert np.diag(box_iou(a[:, :4], b[:, :4])).min() >= 0.999, (t, rep, k, j)
+                    assert np.abs(a[:, 4] - b[:, 4]).max() <= 2e-4, (t, rep, k, j)
+                    np.testing.assert_array_equal(a[:, 5], b[:, 5])
+        # 16 frames in one batch (parallel pack) equal each image alone.
+        for j, frame in enumerate(batches[3][:4]):
+            (single,) = _rows(pipe.run([frame], params))
+            a = serial[3][j]
+            assert len(a) == len(single) and len(a) > 0
+            assert np.diag(box_iou(a[:, :4], single[:, :4])).min() >= 0.999
+    finally:
+        pipe.close()
+
+
+def test_cpu_jpeg_decode_equals_opencv_frames(pipe32, assets_dir):
+    """jpeg_decode="cpu": bytes decoded by OpenCV in the host pool give exactly the rows of the
+    frames decoded by the CPU path's own decoder."""
+    from app.pipeline.preprocess import decode_image
+
+    datas = [(assets_dir / n).read_bytes() for n in ("bus.jpg", "zidane.jpg")]
+    pipe32.jpeg_decode = "cpu"
+    try:
+        from_bytes = _rows(pipe32.run(datas, DetectParams()))
+        single = _rows(pipe32.run(datas[:1], DetectParams()))  # one image: decoded inline
+    finally:
+        pipe32.jpeg_decode = "gpu"
+    from_frames = _rows(pipe32.run([decode_image(d) for d in datas], DetectParams()))
+    for a, b in zip(from_bytes, from_frames):
+        np.testing.assert_array_equal(a, b)
+    assert len(single[0]) == len(from_bytes[0])
+    with pytest.raises(InvalidParameter):
+        pipe32.jpeg_decode = "nvimgcodec"
 
 
 def test_staging_grows_and_graphs_are_recaptured(sample_model_dir, meta, frames):

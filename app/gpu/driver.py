@@ -1,0 +1,138 @@
+"""The two CUDA driver calls of the hot path, made straight through ``libcuda.so.1`` (ctypes).
+
+Why: per batch the GPU pipeline enqueues one H2D copy of its staging buffer and one graph
+launch. Through torch that is ``Tensor.copy_(non_blocking=True)`` + ``CUDAGraph.replay()``,
+about 60 µs of host time at batch 1 (dispatcher, stream guards, Python hooks). The driver
+calls themselves cost about a microsecond each from ctypes, with every pointer and handle
+computed once beforehand.
+
+Only the driver is touched: the handles come from torch (``Tensor.data_ptr()``,
+``Stream.cuda_stream``, ``CUDAGraph.raw_cuda_graph_exec()``), whose runtime types
+(``cudaStream_t``, ``cudaGraphExec_t``) are the driver's (``CUstream``, ``CUgraphExec``), and
+everything lives in the device's primary context, the one torch and Numba use.
+
+Every return code is checked; a failure becomes ``DeviceError`` naming the ``CUresult``
+(``cuGetErrorName``). Loading the library or a symbol failing is a ``DeviceError`` too, which
+callers treat as "use the torch path".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+from app.errors import DeviceError
+
+LIBCUDA = "libcuda.so.1"
+CUDA_SUCCESS = 0
+
+_c_result = ctypes.c_int  # CUresult
+_c_handle = ctypes.c_void_p  # CUcontext, CUstream, CUgraphExec: opaque pointers
+_c_devptr = ctypes.c_uint64  # CUdeviceptr
+
+# name → (argtypes); restype is CUresult for all of them.
+_SIGNATURES: dict[str, tuple] = {
+    "cuGetErrorName": (_c_result, ctypes.POINTER(ctypes.c_char_p)),
+    "cuInit": (ctypes.c_uint,),
+    "cuDeviceGet": (ctypes.POINTER(ctypes.c_int), ctypes.c_int),
+    "cuDevicePrimaryCtxRetain": (ctypes.POINTER(_c_handle), ctypes.c_int),
+    "cuDevicePrimaryCtxRelease_v2": (ctypes.c_int,),
+    "cuCtxSetCurrent": (_c_handle,),
+    "cuMemcpyHtoDAsync_v2": (_c_devptr, _c_handle, ctypes.c_size_t, _c_handle),
+    "cuGraphLaunch": (_c_handle, _c_handle),
+    "cuStreamSynchronize": (_c_handle,),
+}
+
+
+class CudaDriver:
+    """``libcuda`` with the few functions used here typed once (``argtypes``/``restype``)."""
+
+    def __init__(self, path: str = LIBCUDA) -> None:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as exc:
+            raise DeviceError(f"cannot load the CUDA driver library {path}: {exc}") from exc
+        for name, argtypes in _SIGNATURES.items():
+            try:
+                fn = getattr(lib, name)
+            except AttributeError as exc:
+                raise DeviceError(f"the CUDA driver {path} has no {name} (driver too old?)") from exc
+            fn.argtypes = argtypes
+            fn.restype = _c_result
+            setattr(self, name, fn)
+        self.path = path
+        self.check(self.cuInit(0), "cuInit")
+
+    def error_name(self, result: int) -> str:
+        name = ctypes.c_char_p()
+        if self.cuGetErrorName(result, ctypes.byref(name)) != CUDA_SUCCESS or not name.value:
+            return f"CUresult {result}"
+        return name.value.decode()
+
+    def check(self, result: int, what: str) -> None:
+        if result != CUDA_SUCCESS:
+            raise DeviceError(f"{what} failed: {self.error_name(result)} ({result})")
+
+    def primary_context(self, device: int) -> int:
+        """Retain the device's primary context (the one torch and Numba use); release it with
+        :meth:`release_primary_context`."""
+        dev = ctypes.c_int()
+        self.check(self.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+        ctx = _c_handle()
+        self.check(self.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev.value), "cuDevicePrimaryCtxRetain")
+        if not ctx.value:
+            raise DeviceError("cuDevicePrimaryCtxRetain returned no context")
+        return int(ctx.value)
+
+    def release_primary_context(self, device: int) -> None:
+        dev = ctypes.c_int()
+        self.check(self.cuDeviceGet(ctypes.byref(dev), device), "cuDeviceGet")
+        self.check(self.cuDevicePrimaryCtxRelease_v2(dev.value), "cuDevicePrimaryCtxRelease")
+
+
+_driver: CudaDriver | None = None
+_driver_lock = threading.Lock()
+
+
+def cuda_driver() -> CudaDriver:
+    """The process's one :class:`CudaDriver` (loaded on first use); ``DeviceError`` if unusable."""
+    global _driver
+    with _driver_lock:
+        if _driver is None:
+            _driver = CudaDriver()
+        return _driver
+
+
+class RawLauncher:
+    """One lane's hot path: upload ``[0, nbytes)`` of its staging, then launch a graph, on its
+    stream, with two driver calls.
+
+    The calling thread's current context is set first (a thread the pipeline has never seen
+    has none, and the driver API needs one); ``cuCtxSetCurrent`` of the context already
+    current is a cheap no-op.
+    """
+
+    def __init__(self, driver: CudaDriver, context: int, stream: int, dst: int, src: int) -> None:
+        self._driver = driver
+        self._context = _c_handle(context)
+        self._stream = _c_handle(stream)
+        self._dst = int(dst)
+        self._src = _c_handle(src)
+        self._set_current = driver.cuCtxSetCurrent
+        self._memcpy = driver.cuMemcpyHtoDAsync_v2
+        self._launch = driver.cuGraphLaunch
+
+    def make_current(self) -> None:
+        r = self._set_current(self._context)
+        if r:
+            self._driver.check(r, "cuCtxSetCurrent")
+
+    def upload(self, nbytes: int) -> None:
+        r = self._memcpy(self._dst, self._src, nbytes, self._stream)
+        if r:
+            self._driver.check(r, "cuMemcpyHtoDAsync")
+
+    def launch(self, graph_exec: int) -> None:
+        r = self._launch(graph_exec, self._stream)
+        if r:
+            self._driver.check(r, "cuGraphLaunch")
