@@ -9,10 +9,14 @@ Why it looks the way it does:
   ``__cuda_array_interface__`` (torch, CuPy, Numba) is viewed with
   ``cuda.as_cuda_array(obj, sync=False)`` once and the view is cached by its pointer/shape.
 * **CUDA-graph friendly.** :meth:`GpuNms.run` only launches kernels: no allocation, no host
-  sync, no host read of a device count. Every grid is sized on host-known maxima (anchors,
-  capacity, batch) and threads leave early after reading the device counts. The request
-  parameters (conf, iou, max_det, class filter, agnostic) live in *device* memory, written
-  by :meth:`GpuNms.set_params`, so one captured graph serves any request parameters.
+  sync, no host read of a device count. Grid sizes depend only on host-known values (batch,
+  anchors, capacity, SM count), so they are fixed at capture time; the request parameters
+  (conf, iou, max_det, class filter, agnostic) live in *device* memory, written by
+  :meth:`GpuNms.set_params`, so one captured graph serves any request parameters.
+* **Cost follows the candidates, not the capacity.** Past the per-anchor filter, every kernel
+  runs a small fixed grid (a few blocks per SM over the whole batch) whose blocks loop over
+  the work that exists for the device count ``n`` of their image (block-stride loops), and
+  blocks with nothing to do leave at once. Three launches per run.
 * **Bit-exact float32.** The reference computes in float32 with one rounding per operation.
   NVVM contracts ``a * b + c`` into an FMA by default (even without fastmath), which changes
   the rounding of areas and IoUs, so on the GPU every arithmetic step goes through libdevice's
@@ -21,21 +25,22 @@ Why it looks the way it does:
 
 Kernel sequence (all on the caller's stream, only for the first ``batch`` images):
 
-1. ``_reset``: zero the per-image candidate counters.
-2. ``_candidates``: per (image, anchor): best class = first maximum of the class rows, score
+1. ``_candidates``: per (image, anchor): best class = first maximum of the class rows, score
    = that maximum; a candidate iff ``score > conf`` (float32) and the class is allowed; an
    atomic counter gives it a slot in the unsorted candidate arrays (sized ``anchors``, so no
-   candidate is ever lost before sorting).
-3. ``_rank_decode``: rank of a candidate = number of candidates before it in a stable
+   candidate is ever lost before sorting). The counter is zero on entry: the constructor
+   zeroes it and the last kernel of every run zeroes it again.
+2. ``_rank_decode``: rank of a candidate = number of candidates before it in a stable
    descending sort (higher score, or equal score and lower anchor). That order is
    deterministic whatever order the atomics handed out slots, and equals NumPy's
    ``argsort(-scores, kind="stable")`` over anchor order. Candidates with rank < capacity are
    written to sorted slot ``rank`` with their decoded xyxy box and class-offset box; the
    lowest-scored are the ones dropped when there are more than ``capacity``.
-4. ``_iou_mask``: bit ``j`` of row ``i`` set iff ``j > i`` and IoU(offset_i, offset_j) > iou,
-   in torchvision's order of float32 operations.
-5. ``_suppress`` (one block per image): exact greedy NMS over the bitmask, 64 candidates at a
-   time; kept rows are written in descending score order; stops at ``max_det``.
+3. ``_mask_suppress``: the IoU bitmask (64x64 tiles on or right of the diagonal, shared out
+   over the image's blocks); the block that finishes last (ticket counter) then runs the
+   exact greedy NMS over the bitmask, 64 candidates at a time, writes the kept rows in
+   descending score order up to ``max_det``, publishes ``num_candidates`` and zeroes the
+   counters for the next run.
 """
 
 from __future__ import annotations
@@ -57,9 +62,17 @@ SIMULATOR = bool(_cuda_config.ENABLE_CUDASIM)
 MAX_WH = np.float32(7680.0)  # Ultralytics' per-class offset; equal to postprocess.MAX_WH
 WORD_BITS = 64  # bits in one word of the IoU bitmask / removed bitset (uint64)
 
-_TPB = 128  # threads per block of the per-anchor / per-candidate kernels
-_MASK_TPB = WORD_BITS  # one thread per row of a 64x64 IoU tile
-_SUPPRESS_TPB = 128  # threads of the one block per image that runs the greedy walk
+_TPB = 128  # threads per block of the per-anchor kernel (_candidates)
+# Threads per block of _rank_decode (one candidate each per chunk). The simulator runs every
+# thread as a Python thread: smaller blocks there keep it fast and exercise the chunk and tile
+# loops with few candidates.
+_RANK_TPB = 64 if SIMULATOR else 128
+_CLEAR_TPB = 32  # _clear_counters: one thread per image
+_MASK_TPB = WORD_BITS  # one thread per row of a 64x64 IoU tile; the greedy walk uses the same block
+# Blocks per SM the fixed grids aim for, summed over the batch. Enough to fill the GPU in the
+# worst case (every anchor a candidate); blocks without work leave after reading one counter.
+_RANK_BLOCKS_PER_SM = 4
+_MASK_BLOCKS_PER_SM = 8
 
 # Python literals would be typed float64 / int64 by Numba: module-level NumPy scalars are
 # frozen as typed constants, so every comparison below stays float32 / uint64.
@@ -126,14 +139,19 @@ def _fmax(a, b):
 
 # --------------------------------------------------------------------------------- kernels
 @cuda.jit
-def _reset(batch, num_candidates):
+def _clear_counters(cand_count, tickets):
+    """Zero the per-image counters: recovery after a ``run`` that failed half-launched.
+
+    Not part of ``run``: the last kernel of every run leaves them zero for the next one.
+    """
     b = cuda.grid(1)
-    if b < batch:
-        num_candidates[b] = 0
+    if b < cand_count.shape[0]:
+        cand_count[b] = 0
+        tickets[b] = 0
 
 
 @cuda.jit
-def _candidates(head, num_classes, params_f, class_mask, num_candidates, cand_score, cand_anchor, cand_class):
+def _candidates(head, num_classes, params_f, class_mask, cand_count, cand_score, cand_anchor, cand_class):
     """Grid (ceil(A / TPB), batch): one thread per (image, anchor)."""
     b = cuda.blockIdx.y
     a = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
@@ -152,7 +170,7 @@ def _candidates(head, num_classes, params_f, class_mask, num_candidates, cand_sc
     if is_nan:
         return
     if best > params_f[_PF_CONF] and class_mask[best_c] != 0:
-        slot = cuda.atomic.add(num_candidates, b, 1)
+        slot = cuda.atomic.add(cand_count, b, 1)
         cand_score[b, slot] = best
         cand_anchor[b, slot] = a
         cand_class[b, slot] = best_c
@@ -161,7 +179,7 @@ def _candidates(head, num_classes, params_f, class_mask, num_candidates, cand_sc
 @cuda.jit
 def _rank_decode(
     head,
-    num_candidates,
+    cand_count,
     cand_score,
     cand_anchor,
     cand_class,
@@ -173,146 +191,194 @@ def _rank_decode(
     sorted_box,
     sorted_obox,
 ):
-    """Grid (ceil(A / TPB), batch), TPB threads: rank each candidate, then decode it.
+    """Grid (G, batch), _RANK_TPB threads: rank each candidate, then decode it.
 
-    The rank is counted against tiles of the candidates staged in shared memory; every thread
-    of a live block takes part in the tile loads, so no thread returns before the loop ends.
+    The G blocks of an image take chunks of _RANK_TPB candidates in turn (block-stride loop
+    over the live count), so only ceil(n / _RANK_TPB) blocks do any work. The rank is counted
+    against tiles of the candidates staged in shared memory; the chunk loop bound is uniform
+    over the block and every thread takes part in the tile loads, so the barriers are safe.
     """
     b = cuda.blockIdx.y
     tid = cuda.threadIdx.x
-    n = num_candidates[b]
-    block_start = cuda.blockIdx.x * cuda.blockDim.x
-    if block_start >= n:  # uniform over the block: safe before syncthreads
-        return
-    i = block_start + tid
-    live = i < n
-    si = _F0
-    ai = 0
-    if live:
-        si = cand_score[b, i]
-        ai = cand_anchor[b, i]
-    tile_s = cuda.shared.array(_TPB, np.float32)
-    tile_a = cuda.shared.array(_TPB, np.int32)
-    rank = 0
-    for tile in range(0, n, _TPB):
-        j = tile + tid
-        if j < n:
-            tile_s[tid] = cand_score[b, j]
-            tile_a[tid] = cand_anchor[b, j]
-        cuda.syncthreads()
+    n = cand_count[b]
+    tile_s = cuda.shared.array(_RANK_TPB, np.float32)
+    tile_a = cuda.shared.array(_RANK_TPB, np.int32)
+    for chunk in range(cuda.blockIdx.x * _RANK_TPB, n, cuda.gridDim.x * _RANK_TPB):
+        i = chunk + tid
+        live = i < n
+        si = _F0
+        ai = 0
         if live:
-            for k in range(min(_TPB, n - tile)):
-                sj = tile_s[k]
-                if sj > si or (sj == si and tile_a[k] < ai):
-                    rank += 1
-        cuda.syncthreads()
-    if not live or rank >= capacity:
-        return
-    c = cand_class[b, i]
-    sorted_score[b, rank] = si
-    sorted_anchor[b, rank] = ai
-    sorted_class[b, rank] = c
-    # xywh -> xyxy exactly as head_candidates: half = w / 2, x1 = x - half, x2 = x + half.
-    x = np.float32(head[b, 0, ai])
-    y = np.float32(head[b, 1, ai])
-    hw = _div(np.float32(head[b, 2, ai]), _F2)
-    hh = _div(np.float32(head[b, 3, ai]), _F2)
-    x1 = _sub(x, hw)
-    y1 = _sub(y, hh)
-    x2 = _add(x, hw)
-    y2 = _add(y, hh)
-    sorted_box[b, rank, 0] = x1
-    sorted_box[b, rank, 1] = y1
-    sorted_box[b, rank, 2] = x2
-    sorted_box[b, rank, 3] = y2
-    if params_i[_PI_AGNOSTIC] != 0:
-        sorted_obox[b, rank, 0] = x1
-        sorted_obox[b, rank, 1] = y1
-        sorted_obox[b, rank, 2] = x2
-        sorted_obox[b, rank, 3] = y2
-    else:  # box + class * MAX_WH, as offset_boxes
-        off = _mul(np.float32(c), MAX_WH)
-        sorted_obox[b, rank, 0] = _add(x1, off)
-        sorted_obox[b, rank, 1] = _add(y1, off)
-        sorted_obox[b, rank, 2] = _add(x2, off)
-        sorted_obox[b, rank, 3] = _add(y2, off)
+            si = cand_score[b, i]
+            ai = cand_anchor[b, i]
+        rank = 0
+        for tile in range(0, n, _RANK_TPB):
+            j = tile + tid
+            if j < n:
+                tile_s[tid] = cand_score[b, j]
+                tile_a[tid] = cand_anchor[b, j]
+            cuda.syncthreads()
+            if live:
+                for k in range(min(_RANK_TPB, n - tile)):
+                    sj = tile_s[k]
+                    if sj > si or (sj == si and tile_a[k] < ai):
+                        rank += 1
+            cuda.syncthreads()  # the tile is free again (next tile, or the next chunk)
+        if live and rank < capacity:
+            c = cand_class[b, i]
+            sorted_score[b, rank] = si
+            sorted_anchor[b, rank] = ai
+            sorted_class[b, rank] = c
+            # xywh -> xyxy exactly as head_candidates: half = w / 2, x1 = x - half, x2 = x + half.
+            x = np.float32(head[b, 0, ai])
+            y = np.float32(head[b, 1, ai])
+            hw = _div(np.float32(head[b, 2, ai]), _F2)
+            hh = _div(np.float32(head[b, 3, ai]), _F2)
+            x1 = _sub(x, hw)
+            y1 = _sub(y, hh)
+            x2 = _add(x, hw)
+            y2 = _add(y, hh)
+            sorted_box[b, rank, 0] = x1
+            sorted_box[b, rank, 1] = y1
+            sorted_box[b, rank, 2] = x2
+            sorted_box[b, rank, 3] = y2
+            if params_i[_PI_AGNOSTIC] != 0:
+                sorted_obox[b, rank, 0] = x1
+                sorted_obox[b, rank, 1] = y1
+                sorted_obox[b, rank, 2] = x2
+                sorted_obox[b, rank, 3] = y2
+            else:  # box + class * MAX_WH, as offset_boxes
+                off = _mul(np.float32(c), MAX_WH)
+                sorted_obox[b, rank, 0] = _add(x1, off)
+                sorted_obox[b, rank, 1] = _add(y1, off)
+                sorted_obox[b, rank, 2] = _add(x2, off)
+                sorted_obox[b, rank, 3] = _add(y2, off)
 
 
-@cuda.jit
-def _iou_mask(num_candidates, capacity, sorted_obox, params_f, mask):
-    """Grid (words, words, batch), 64 threads: one 64x64 tile (row tile y, column tile x).
+@cuda.jit(device=True)
+def _next_tile(row, col, tiles_per_row):
+    """Carry ``col`` past the end of row ``row`` into the next rows of the upper triangle.
 
-    Only tiles on or right of the diagonal and inside the live candidates do work; the
-    suppression pass never reads the others, so they need no clearing.
+    Row ``r`` of the upper-triangular tile grid holds columns ``r .. tiles_per_row - 1``, so
+    the first ``e`` columns past its end are columns ``r + 1 .. r + e`` of row ``r + 1``.
+    Returns ``row == tiles_per_row`` once past the last tile.
     """
-    b = cuda.blockIdx.z
-    row_tile = cuda.blockIdx.y
-    col_tile = cuda.blockIdx.x
-    n = min(num_candidates[b], capacity)
-    if col_tile < row_tile or col_tile * WORD_BITS >= n:  # uniform over the block
-        return
-    tid = cuda.threadIdx.x
-    cols = cuda.shared.array((WORD_BITS, 4), np.float32)
-    j0 = col_tile * WORD_BITS
-    if j0 + tid < n:
-        for k in range(4):
-            cols[tid, k] = sorted_obox[b, j0 + tid, k]
-    cuda.syncthreads()
-    i = row_tile * WORD_BITS + tid
-    if i >= n:
-        return
-    thr = params_f[_PF_IOU]
-    x1 = sorted_obox[b, i, 0]
-    y1 = sorted_obox[b, i, 1]
-    x2 = sorted_obox[b, i, 2]
-    y2 = sorted_obox[b, i, 3]
-    area_i = _mul(_sub(x2, x1), _sub(y2, y1))
-    bits = _U0
-    for k in range(min(WORD_BITS, n - j0)):
-        j = j0 + k
-        if j <= i:
-            continue
-        area_j = _mul(_sub(cols[k, 2], cols[k, 0]), _sub(cols[k, 3], cols[k, 1]))
-        w = _sub(_fmin(x2, cols[k, 2]), _fmax(x1, cols[k, 0]))
-        h = _sub(_fmin(y2, cols[k, 3]), _fmax(y1, cols[k, 1]))
-        w = _fmax(_F0, w)
-        h = _fmax(_F0, h)
-        inter = _mul(w, h)
-        iou = _div(inter, _sub(_add(area_i, area_j), inter))
-        if iou > thr:  # NaN (0/0 for empty boxes) is never > thr, as in the reference
-            bits |= _U1 << np.uint64(k)
-    mask[b, i, col_tile] = bits
+    while row < tiles_per_row and col >= tiles_per_row:
+        col = col - tiles_per_row + row + 1
+        row += 1
+    return row, col
 
 
 @cuda.jit
-def _suppress(
-    num_candidates,
+def _mask_suppress(
+    cand_count,
+    tickets,
     capacity,
+    params_f,
     params_i,
+    sorted_obox,
     mask,
     removed,
     sorted_score,
     sorted_anchor,
     sorted_class,
     sorted_box,
+    num_candidates,
     out_rows,
     out_anchor,
     out_count,
 ):
-    """Grid (batch,), one block per image: exact greedy NMS over the sorted candidates.
+    """Grid (G, batch), 64 threads: the IoU bitmask, then (last block of each image) the greedy walk.
 
-    Word ``w`` of the removed bitset is final once every kept candidate before it has been
-    applied. Thread 0 walks its 64 candidates in score order, keeping the live ones and
-    folding each kept row's diagonal word into a local copy (greedy within the word); then
-    all threads OR the kept rows into the later words (``cuda.atomic.or_``: the "atomic
-    suppression") and write the kept rows out. Two barriers per 64 candidates.
+    IoU mask: bit ``j`` of row ``i`` set iff ``j > i`` and IoU(offset_i, offset_j) > iou, in
+    torchvision's order of float32 operations. Only the ``T = t (t + 1) / 2`` tiles of 64x64
+    on or right of the diagonal, for ``t = ceil(n / 64)`` and the live count ``n``, exist;
+    the first ``min(G, T)`` blocks of the image ("workers") share them out with a block-stride
+    loop, the other blocks leave at once. The suppression never reads any other tile.
+
+    Suppression: each worker, once its tiles are written, fences and takes a ticket from the
+    image's counter; the worker that draws the last ticket sees every tile of its image
+    (threadfence on both sides, as in CUDA's threadFenceReduction sample and cooperative
+    groups' grid sync) and runs the exact greedy NMS over the bitmask, 64 candidates at a
+    time: word ``w`` of the removed bitset is final once every kept candidate before it has
+    been applied. Thread 0 walks its 64 candidates in score order (their diagonal mask words
+    staged in shared memory), keeping the live ones and folding each kept row's diagonal word
+    into a local copy (greedy within the word); then all threads OR the kept rows into the
+    later words and write the kept rows out, in descending score order, up to ``max_det``.
+    Finally it publishes ``num_candidates`` and zeroes the image's candidate counter and
+    ticket counter for the next run (so no separate reset launch is needed).
+
+    Why every worker computes the same ``workers``: a worker reads the candidate count before
+    taking its ticket, and the count is zeroed only after the last ticket. A non-worker may read
+    the zeroed count, but then it computes ``workers == 1`` and, its index being >= 1, still
+    leaves.
     """
-    b = cuda.blockIdx.x
+    b = cuda.blockIdx.y
+    blk = cuda.blockIdx.x
     tid = cuda.threadIdx.x
     nthreads = cuda.blockDim.x
-    n = min(num_candidates[b], capacity)
+    total_candidates = cand_count[b]
+    n = min(total_candidates, capacity)
+    tiles_per_row = (n + WORD_BITS - 1) // WORD_BITS
+    num_tiles = tiles_per_row * (tiles_per_row + 1) // 2
+    workers = max(1, min(cuda.gridDim.x, num_tiles))  # block 0 always works: someone finishes
+    if blk >= workers:  # uniform over the block
+        return
+
+    # -- IoU bitmask: tiles blk, blk + workers, ... in row-major upper-triangle order
+    cols = cuda.shared.array((WORD_BITS, 4), np.float32)
+    thr = params_f[_PF_IOU]
+    row_tile, col_tile = _next_tile(0, blk, tiles_per_row)
+    while row_tile < tiles_per_row:  # uniform: depends on blk, n and the grid only
+        j0 = col_tile * WORD_BITS
+        cuda.syncthreads()  # the previous tile's readers are done with cols
+        for t in range(tid, WORD_BITS, nthreads):
+            if j0 + t < n:
+                for k in range(4):
+                    cols[t, k] = sorted_obox[b, j0 + t, k]
+        cuda.syncthreads()
+        for r in range(tid, WORD_BITS, nthreads):
+            i = row_tile * WORD_BITS + r
+            if i < n:
+                x1 = sorted_obox[b, i, 0]
+                y1 = sorted_obox[b, i, 1]
+                x2 = sorted_obox[b, i, 2]
+                y2 = sorted_obox[b, i, 3]
+                area_i = _mul(_sub(x2, x1), _sub(y2, y1))
+                bits = _U0
+                for k in range(min(WORD_BITS, n - j0)):
+                    j = j0 + k
+                    if j <= i:
+                        continue
+                    area_j = _mul(_sub(cols[k, 2], cols[k, 0]), _sub(cols[k, 3], cols[k, 1]))
+                    w = _sub(_fmin(x2, cols[k, 2]), _fmax(x1, cols[k, 0]))
+                    h = _sub(_fmin(y2, cols[k, 3]), _fmax(y1, cols[k, 1]))
+                    w = _fmax(_F0, w)
+                    h = _fmax(_F0, h)
+                    inter = _mul(w, h)
+                    iou = _div(inter, _sub(_add(area_i, area_j), inter))
+                    if iou > thr:  # NaN (0/0 for empty boxes) is never > thr, as in the reference
+                        bits |= _U1 << np.uint64(k)
+                mask[b, i, col_tile] = bits
+        row_tile, col_tile = _next_tile(row_tile, col_tile + workers, tiles_per_row)
+
+    # -- last worker of the image? (release: every thread's mask writes, then one ticket)
+    is_last = cuda.shared.array(1, np.int32)
+    cuda.threadfence()
+    cuda.syncthreads()
+    if tid == 0:
+        cuda.threadfence()
+        ticket = cuda.atomic.add(tickets, b, 1)
+        is_last[0] = 1 if ticket == workers - 1 else 0
+        cuda.threadfence()  # acquire: the other workers' tiles, before the block reads them
+    cuda.syncthreads()
+    if is_last[0] == 0:  # uniform over the block
+        return
+
+    # -- exact greedy NMS of image b over the bitmask (this block only)
     max_det = min(params_i[_PI_MAX_DET], out_rows.shape[1])
-    nwords = (n + WORD_BITS - 1) // WORD_BITS
+    nwords = tiles_per_row
+    diag = cuda.shared.array(WORD_BITS, np.uint64)
     kept_local = cuda.shared.array(WORD_BITS, np.int32)
     shared_k = cuda.shared.array(1, np.int32)
     for w in range(tid, nwords, nthreads):
@@ -322,18 +388,21 @@ def _suppress(
     for w in range(nwords):
         if total >= max_det:  # uniform: every thread holds the same total
             break
+        base = w * WORD_BITS
+        for t in range(tid, WORD_BITS, nthreads):  # the diagonal words, loaded in parallel
+            if base + t < n:
+                diag[t] = mask[b, base + t, w]
+        cuda.syncthreads()
         if tid == 0:
             cur = removed[b, w]
-            base = w * WORD_BITS
             k = 0
             for bit in range(min(WORD_BITS, n - base)):
                 if total + k >= max_det:
                     break
                 if ((cur >> np.uint64(bit)) & _U1) == _U0:
-                    i = base + bit
-                    kept_local[k] = i
+                    kept_local[k] = base + bit
                     k += 1
-                    cur |= mask[b, i, w]  # bits j > i of this word that i suppresses
+                    cur |= diag[bit]  # bits j > i of this word that i suppresses
             shared_k[0] = k
         cuda.syncthreads()
         k = shared_k[0]
@@ -347,21 +416,36 @@ def _suppress(
             out_rows[b, r, 4] = sorted_score[b, i]
             out_rows[b, r, 5] = np.float32(sorted_class[b, i])
             out_anchor[b, r] = sorted_anchor[b, i]
-        for w2 in range(w + 1 + tid, nwords, nthreads):
+        # OR the kept rows into the later words. With few words left, several threads share a
+        # word (each ORs every split-th kept row), so the dependent loads per thread stay few.
+        later = nwords - w - 1
+        split = max(1, nthreads // max(later, 1))  # threads per later word
+        for q in range(tid, later * split, nthreads):
+            w2 = w + 1 + q % later
             acc = _U0
-            for t in range(k):
+            for t in range(q // later, k, split):
                 acc |= mask[b, kept_local[t], w2]
             if acc != _U0:
                 cuda.atomic.or_(removed, (b, w2), acc)
         total += k
-        cuda.syncthreads()  # removed words final, kept_local free for the next word
+        cuda.syncthreads()  # removed words final; diag and kept_local free for the next word
     if tid == 0:
         out_count[b] = total
+        num_candidates[b] = total_candidates
+        cand_count[b] = 0  # ready for the next run: every reader of this run has read it
+        tickets[b] = 0
 
 
 # ------------------------------------------------------------------------------- launcher
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _multiprocessor_count() -> int:
+    """SMs of the current device; the simulator has none, so a small grid keeps it fast."""
+    if SIMULATOR:
+        return 1
+    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
 
 
 class GpuNms:
@@ -384,7 +468,11 @@ class GpuNms:
     ``num_candidates``        ``[B]`` int32       candidates above conf *before* capacity
                                                   clipping (``overflow`` is an alias); more
                                                   than ``capacity`` means the lowest-scored
-                                                  ones were dropped
+                                                  ones were dropped; written at the end of
+                                                  ``run``
+    ``cand_count``            ``[B]`` int32       the atomic slot counter while a run is in
+                                                  flight; zero between runs
+    ``tickets``               ``[B]`` int32       finished mask blocks; zero between runs
     ``cand_score/anchor/class``  ``[B, A]``       unsorted candidates (atomic slots)
     ``sorted_score/anchor/class`` ``[B, C]``      candidates in NMS order
     ``sorted_box/sorted_obox``   ``[B, C, 4]``    float32 xyxy / class-offset xyxy
@@ -416,10 +504,14 @@ class GpuNms:
         self.words = _cdiv(capacity, WORD_BITS)
         self._views: dict[tuple, object] = {}
         self._freed = False
+        self._sm_count = _multiprocessor_count()
+        self._counters_dirty = False  # a run failed half-launched: zero the counters first
 
         B, A, C, W, nc = self.max_batch, self.num_anchors, capacity, self.words, self.num_classes
         da = cuda.device_array
         self.num_candidates = da(B, np.int32)
+        self.cand_count = da(B, np.int32)
+        self.tickets = da(B, np.int32)
         self.cand_score = da((B, A), np.float32)
         self.cand_anchor = da((B, A), np.int32)
         self.cand_class = da((B, A), np.int32)
@@ -443,6 +535,9 @@ class GpuNms:
         self._params_copied = cuda.event() if SIMULATOR else cuda.event(timing=False)
         self._params_pending = False
         self.set_params(stream=0)  # defaults, so a run before any set_params is well defined
+        zeros = np.zeros(B, np.int32)
+        for counts in (self.cand_count, self.tickets, self.num_candidates, self.out_count):
+            counts.copy_to_device(zeros)  # synchronous: zero before a first run on any stream
         self._params_copied.synchronize()
         self._params_pending = False
 
@@ -519,49 +614,74 @@ class GpuNms:
         batch = view.shape[0] if batch is None else int(batch)
         if not 1 <= batch <= min(self.max_batch, view.shape[0]):
             raise ValueError(f"batch must be in [1, {min(self.max_batch, view.shape[0])}], got {batch}")
-        A, C, W = self.num_anchors, self.capacity, self.words
-        _reset[_cdiv(batch, _TPB), _TPB, stream](batch, self.num_candidates)
-        _candidates[(_cdiv(A, _TPB), batch), _TPB, stream](
-            view,
-            self.num_classes,
-            self.params_f32,
-            self.class_mask,
-            self.num_candidates,
-            self.cand_score,
-            self.cand_anchor,
-            self.cand_class,
-        )
-        _rank_decode[(_cdiv(A, _TPB), batch), _TPB, stream](
-            view,
-            self.num_candidates,
-            self.cand_score,
-            self.cand_anchor,
-            self.cand_class,
-            self.params_i32,
-            C,
-            self.sorted_score,
-            self.sorted_anchor,
-            self.sorted_class,
-            self.sorted_box,
-            self.sorted_obox,
-        )
-        _iou_mask[(W, W, batch), _MASK_TPB, stream](
-            self.num_candidates, C, self.sorted_obox, self.params_f32, self.mask
-        )
-        _suppress[batch, _SUPPRESS_TPB, stream](
-            self.num_candidates,
-            C,
-            self.params_i32,
-            self.mask,
-            self.removed,
-            self.sorted_score,
-            self.sorted_anchor,
-            self.sorted_class,
-            self.sorted_box,
-            self.out_rows,
-            self.out_anchor,
-            self.out_count,
-        )
+        if self._counters_dirty:  # only after a failed run: never on the captured path
+            self._zero_counters(stream)
+            self._counters_dirty = False
+        rank_blocks, mask_blocks = self._grid_blocks(batch)
+        try:
+            _candidates[(_cdiv(self.num_anchors, _TPB), batch), _TPB, stream](
+                view,
+                self.num_classes,
+                self.params_f32,
+                self.class_mask,
+                self.cand_count,
+                self.cand_score,
+                self.cand_anchor,
+                self.cand_class,
+            )
+            _rank_decode[(rank_blocks, batch), _RANK_TPB, stream](
+                view,
+                self.cand_count,
+                self.cand_score,
+                self.cand_anchor,
+                self.cand_class,
+                self.params_i32,
+                self.capacity,
+                self.sorted_score,
+                self.sorted_anchor,
+                self.sorted_class,
+                self.sorted_box,
+                self.sorted_obox,
+            )
+            _mask_suppress[(mask_blocks, batch), _MASK_TPB, stream](
+                self.cand_count,
+                self.tickets,
+                self.capacity,
+                self.params_f32,
+                self.params_i32,
+                self.sorted_obox,
+                self.mask,
+                self.removed,
+                self.sorted_score,
+                self.sorted_anchor,
+                self.sorted_class,
+                self.sorted_box,
+                self.num_candidates,
+                self.out_rows,
+                self.out_anchor,
+                self.out_count,
+            )
+        except BaseException:
+            # A launch that never happened (e.g. a compile error) would leave the counters
+            # non-zero, and the next run would count on top of them.
+            self._counters_dirty = True
+            raise
+
+    def _grid_blocks(self, batch: int) -> tuple[int, int]:
+        """Blocks per image of _rank_decode and _mask_suppress for a run of ``batch`` images.
+
+        A few blocks per SM over the whole batch fill the GPU even when every anchor is a
+        candidate; no more than the most work an image can have (chunks of candidates, upper
+        triangle tiles), so small capacities do not launch idle blocks.
+        """
+        max_chunks = _cdiv(self.num_anchors, _RANK_TPB)
+        max_tiles = self.words * (self.words + 1) // 2
+        rank_blocks = max(1, min(max_chunks, _cdiv(self._sm_count * _RANK_BLOCKS_PER_SM, batch)))
+        mask_blocks = max(1, min(max_tiles, _cdiv(self._sm_count * _MASK_BLOCKS_PER_SM, batch)))
+        return rank_blocks, mask_blocks
+
+    def _zero_counters(self, stream=0) -> None:
+        _clear_counters[_cdiv(self.max_batch, _CLEAR_TPB), _CLEAR_TPB, stream](self.cand_count, self.tickets)
 
     @property
     def overflow(self):
@@ -591,7 +711,7 @@ class GpuNms:
             self._params_copied.synchronize()  # the pinned staging must outlive its copy
         self._views.clear()
         for name in (
-            "num_candidates cand_score cand_anchor cand_class sorted_score sorted_anchor "
+            "num_candidates cand_count tickets cand_score cand_anchor cand_class sorted_score sorted_anchor "
             "sorted_class sorted_box sorted_obox mask removed out_rows out_anchor out_count "
             "params_f32 params_i32 class_mask _host_f32 _host_i32"
         ).split():
@@ -617,7 +737,7 @@ def device_bytes(max_batch: int, num_classes: int, num_anchors: int, max_det: in
     C = num_anchors if candidate_capacity is None else candidate_capacity
     W = math.ceil(C / WORD_BITS)
     return (
-        4 * B
+        3 * 4 * B  # num_candidates, cand_count, tickets
         + 3 * 4 * B * A
         + 3 * 4 * B * C
         + 2 * 16 * B * C

@@ -6,6 +6,11 @@ Sizes are tiny on purpose: the simulator runs every CUDA thread as a Python thre
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -250,3 +255,121 @@ def test_iou_threshold_compares_like_torchvision():
     boxes = torch.tensor([[0, 0, 10, 10], [0, 0, 10, 6]], dtype=torch.float32)
     assert tv.ops.nms(boxes, torch.tensor([0.9, 0.8]), 0.6).tolist() == [0]
     assert anchors[0].tolist() == [0]
+
+
+@pytest.mark.parametrize("grid", [(1, 1), (2, 3)], ids=["one-block-per-image", "few-blocks"])
+def test_block_stride_loops_with_small_grids(grid):
+    """Fewer blocks than work: every block-stride loop (rank chunks, IoU tiles) iterates, and
+    the ticket handoff to the last mask block still happens exactly once per image."""
+    rng = np.random.default_rng(13)
+    head = make_head(rng, 2, 2, 150, n_obj=3)
+    params = DetectParams(conf=0.05, iou=0.5)
+    with GpuNms(2, 2, 150, max_det=300) as nms:
+        nms._grid_blocks = lambda batch: grid  # instead of the SM-count based sizes
+        rows, _, totals = run_gpu(head, params, nms=nms)
+        counters = nms.cand_count.copy_to_host(), nms.tickets.copy_to_host()
+    for b in range(2):
+        n = len(head_candidates(head[b], params.conf)[1])
+        assert n > 64  # several IoU tile rows and rank chunks
+        assert totals[b] == n
+        assert_rows_equal(rows[b], nms_numpy(head[b], params))
+    assert counters[0].tolist() == [0, 0] and counters[1].tolist() == [0, 0]
+
+
+def test_counters_are_zero_after_each_run_and_runs_repeat():
+    """The last kernel zeroes the candidate and ticket counters (there is no reset launch):
+    the same run twice gives the same rows and counts, then a smaller batch still does."""
+    rng = np.random.default_rng(14)
+    head = make_head(rng, 2, 3, 64)
+    params = DetectParams(conf=0.2, iou=0.5)
+    want_totals = [len(head_candidates(head[b], params.conf)[1]) for b in range(2)]
+    with GpuNms(2, 3, 64) as nms:
+        for batch in (2, 2, 1):
+            rows, _, totals = run_gpu(head, params, nms=nms, batch=batch)
+            assert totals.tolist() == want_totals[:batch]
+            for b in range(batch):
+                assert_rows_equal(rows[b], nms_numpy(head[b], params))
+            assert not nms.cand_count.copy_to_host().any()
+            assert not nms.tickets.copy_to_host().any()
+
+
+def test_failed_launch_does_not_poison_the_next_run(monkeypatch):
+    """If a run stops after the candidate kernel (say the next kernel fails to compile), the
+    counters hold that run's count: the next run must zero them before counting again."""
+    import app.gpu.nms as nms_module
+
+    rng = np.random.default_rng(15)
+    head = make_head(rng, 1, 2, 64)
+    params = DetectParams(conf=0.2, iou=0.5)
+
+    class Broken:
+        def __getitem__(self, config):
+            def launch(*args):
+                raise RuntimeError("simulated launch failure")
+
+            return launch
+
+    with GpuNms(1, 2, 64) as nms:
+        real = nms_module._mask_suppress
+        monkeypatch.setattr(nms_module, "_mask_suppress", Broken())
+        with pytest.raises(RuntimeError, match="simulated"):
+            run_gpu(head, params, nms=nms)
+        assert nms.cand_count.copy_to_host()[0] > 0  # the candidate kernel did run
+        monkeypatch.setattr(nms_module, "_mask_suppress", real)
+        rows, _, totals = run_gpu(head, params, nms=nms)
+        assert totals[0] == len(head_candidates(head[0], params.conf)[1])
+        assert_rows_equal(rows[0], nms_numpy(head[0], params))
+
+
+def test_kernels_compile_for_the_real_target():
+    """The simulator types nothing like NVVM does (libdevice calls, integer/float widths,
+    shared arrays): compile every NMS kernel to PTX for sm_90 in a subprocess without the
+    simulator, as the launches type them. Needs no GPU and no driver. Also checks that no
+    float32 multiply-add was contracted into an FMA, which would break bit-exactness."""
+    if os.environ.get("YOLOPIPE_REAL_GPU") == "1":
+        pytest.skip("compile check is for GPU-less CI")
+    code = textwrap.dedent(
+        """
+        import types as pytypes
+        import numpy as np
+        import numba
+        from numba import cuda
+        import numba.cuda.dispatcher as dispatcher
+        # Device functions are compiled for the current device's CC, and there is none here.
+        dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=(9, 0))
+        import app.gpu.nms as m
+
+        assert not m.SIMULATOR
+        B, nc, A, C, D = 2, 3, 100, 90, 10
+        W = (C + 63) // 64
+        z = np.zeros
+        f32, i32, u64 = np.float32, np.int32, np.uint64
+        params_i32 = z(2 + nc, i32)  # GpuNms.class_mask is the view params_i32[2:]
+        for head_dtype in (np.float32, np.float16):
+            head = z((B, 4 + nc, A), head_dtype)
+            launches = {  # the arguments GpuNms.run passes, as NumPy twins of its buffers
+                "_clear_counters": (z(B, i32), z(B, i32)),
+                "_candidates": (head, nc, z(2, f32), params_i32[2:], z(B, i32),
+                                z((B, A), f32), z((B, A), i32), z((B, A), i32)),
+                "_rank_decode": (head, z(B, i32), z((B, A), f32), z((B, A), i32), z((B, A), i32),
+                                 params_i32, C, z((B, C), f32), z((B, C), i32), z((B, C), i32),
+                                 z((B, C, 4), f32), z((B, C, 4), f32)),
+                "_mask_suppress": (z(B, i32), z(B, i32), C, z(2, f32), params_i32, z((B, C, 4), f32),
+                                   z((B, C, W), u64), z((B, W), u64), z((B, C), f32), z((B, C), i32),
+                                   z((B, C), i32), z((B, C, 4), f32), z(B, i32), z((B, D, 6), f32),
+                                   z((B, D), i32), z(B, i32)),
+            }
+            for name, args in launches.items():
+                sig = tuple(numba.typeof(a) for a in args)
+                ptx, _ = cuda.compile_ptx(getattr(m, name).py_func, sig, cc=(9, 0))
+                assert ".entry" in ptx, name
+                print(name, np.dtype(head_dtype).name, "fma.rn.f32" in ptx)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 8, proc.stdout
+    contracted = [line for line in lines if line.endswith("True")]
+    assert not contracted, f"float32 arithmetic contracted to FMA: {contracted}"
