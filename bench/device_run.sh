@@ -15,7 +15,7 @@ python3 -c "import torch, torchvision, numba, numpy, cv2; print('torch', torch._
 for part in "$@"; do
   case "$part" in
     tests)
-      timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest tests/kernels tests/gpu tests/tensorrt -q -rs -x -m "not slow" \
+      timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest tests/kernels tests/gpu tests/tensorrt -q -rs -m "not slow" \
         -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -60 ;;
     bench)
       timeout "${BENCH_TIMEOUT:-300}" python3 bench/latency.py --images "$YOLOPIPE_IMAGES" --out "$OUT/latency.json" \
