@@ -139,7 +139,8 @@ def main() -> None:
         "heldout_set": names,
         "fp32_ort_cpu_latency_ms_b1": round(latency_ms(onnx_path), 1),
         "settings": {"entropy_bins": qz.ENTROPY_NUM_BINS, "entropy_quantized_bins": qz.ENTROPY_QUANTIZED_BINS,
-                     "percentile": qz.PERCENTILE, "match_iou": 0.5, "conf": 0.25, "nms_iou": 0.7},
+                     "percentile": qz.PERCENTILE, "histogram_sample_stride": qz.HISTOGRAM_SAMPLE_STRIDE,
+                     "float_nodes": "head tail + the head's 6 last Convs (cv2.*.2, cv3.*.2)", "match_iou": 0.5, "conf": 0.25, "nms_iou": 0.7},
         "rows": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)

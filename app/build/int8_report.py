@@ -3,7 +3,8 @@
 Both models run in ``CpuPipeline`` + ``OnnxRuntimeBackend`` with the serving defaults
 (conf 0.25, IoU 0.7), so what is measured is what a user of ``--precision int8`` gets. The
 FP32 detections are the reference: an INT8 box counts when it has the same class and IoU
->= 0.5 with an FP32 box (greedy, FP32 boxes in descending score, each box used once).
+>= 0.5 with an FP32 box, matched one-to-one by ``app.pipeline.agreement`` (greedy, highest IoU
+first), the matching every other agreement figure in the project uses.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from app.pipeline.agreement import f1, match_pairs
 from app.types import Detections, DetectParams, ModelMeta
 
 MATCH_IOU = 0.5
@@ -52,38 +54,9 @@ class Int8Report:
         return asdict(self)
 
 
-def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU matrix ``[len(a), len(b)]`` of x1, y1, x2, y2 boxes."""
-    if len(a) == 0 or len(b) == 0:
-        return np.zeros((len(a), len(b)), np.float64)
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(rb - lt, 0, None), axis=2)
-    area_a = np.prod(a[:, 2:] - a[:, :2], axis=1)
-    area_b = np.prod(b[:, 2:] - b[:, :2], axis=1)
-    return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-12)
-
-
 def match_detections(ref: Detections, test: Detections, iou_threshold: float = MATCH_IOU) -> list[tuple[int, int, float]]:
-    """Greedy same-class matching: ``(ref index, test index, IoU)`` per matched pair.
-
-    Reference boxes are taken in descending score; each takes the unused test box of its class
-    with the highest IoU, if that IoU reaches the threshold.
-    """
-    iou = box_iou(ref.boxes, test.boxes)
-    used = np.zeros(len(test), bool)
-    pairs = []
-    for i in np.argsort(-ref.scores, kind="stable"):
-        candidates = (test.class_ids == ref.class_ids[i]) & ~used
-        if not candidates.any():
-            continue
-        ious = np.where(candidates, iou[i], -1.0)
-        j = int(np.argmax(ious))
-        if ious[j] >= iou_threshold:
-            used[j] = True
-            pairs.append((int(i), j, float(ious[j])))
-    return pairs
+    """``(ref index, test index, IoU)`` per matched pair: ``agreement.match_pairs`` on two Detections."""
+    return match_pairs(ref.boxes, ref.class_ids, test.boxes, test.class_ids, iou_threshold)
 
 
 def summarize(
@@ -101,8 +74,6 @@ def summarize(
     n_ref = sum(a.fp32_boxes for a in per_image)
     n_test = sum(a.int8_boxes for a in per_image)
     matched = sum(a.matched for a in per_image)
-    # No boxes on either side is perfect agreement, not a division by zero.
-    f1 = 2 * matched / (n_ref + n_test) if n_ref + n_test else 1.0
     return Int8Report(
         int8_model=int8_model,
         images=len(per_image),
@@ -111,7 +82,7 @@ def summarize(
         matched=matched,
         precision=matched / n_test if n_test else 1.0,
         recall=matched / n_ref if n_ref else 1.0,
-        f1=f1,
+        f1=f1(matched, n_ref, n_test),  # no boxes on either side: 1.0, perfect agreement
         mean_iou=float(np.mean(ious)) if ious else 0.0,
         mean_score_drift=float(np.mean(drifts)) if drifts else 0.0,
         max_score_drift=float(np.max(drifts)) if drifts else 0.0,

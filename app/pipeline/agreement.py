@@ -18,18 +18,27 @@ def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return inter / np.maximum(area_a[:, None] + area_b[None] - inter, 1e-12)
 
 
-def match_counts(ref_boxes, ref_cls, boxes, cls, iou_thr: float = 0.5) -> tuple[int, int, int]:
-    """Greedy one-to-one matching by IoU, same class → (true positives, n_ref, n_pred)."""
+def match_pairs(ref_boxes, ref_cls, boxes, cls, iou_thr: float = 0.5) -> list[tuple[int, int, float]]:
+    """Greedy one-to-one matching by IoU, same class → ``(ref index, pred index, IoU)`` per pair.
+
+    The pair with the highest IoU left is taken first (ties: the lowest indices), until none
+    reaches ``iou_thr``.
+    """
     ious = box_iou(ref_boxes, boxes)
     same = np.asarray(ref_cls)[:, None] == np.asarray(cls)[None, :]
     ious = np.where(same, ious, 0.0)
-    tp = 0
+    pairs = []
     while ious.size and ious.max() >= iou_thr:
         i, j = np.unravel_index(ious.argmax(), ious.shape)
-        tp += 1
+        pairs.append((int(i), int(j), float(ious[i, j])))
         ious[i, :] = 0
         ious[:, j] = 0
-    return tp, len(ref_cls), len(cls)
+    return pairs
+
+
+def match_counts(ref_boxes, ref_cls, boxes, cls, iou_thr: float = 0.5) -> tuple[int, int, int]:
+    """Greedy one-to-one matching by IoU, same class → (true positives, n_ref, n_pred)."""
+    return len(match_pairs(ref_boxes, ref_cls, boxes, cls, iou_thr)), len(ref_cls), len(cls)
 
 
 def f1(tp: int, n_ref: int, n_pred: int) -> float:

@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.build.int8_report import box_iou, compare_models, match_detections, summarize
+from app.build.int8_report import compare_models, match_detections, summarize
+from app.pipeline.agreement import box_iou, match_counts
 from app.types import Detections
 
 
@@ -38,11 +39,16 @@ def test_matching_needs_same_class_and_iou_half():
     assert match_detections(dets([[0, 0, 100, 100, 0.9, 0]]), dets([[50, 0, 150, 100, 0.9, 0]])) == []
 
 
-def test_matching_is_one_to_one_highest_score_first():
-    ref = dets([[0, 0, 100, 100, 0.5, 0], [2, 2, 102, 102, 0.9, 0]])
-    test = dets([[1, 1, 101, 101, 0.8, 0]])
+def test_matching_is_one_to_one_highest_iou_first():
+    ref = dets([[0, 0, 100, 100, 0.9, 0], [10, 10, 110, 110, 0.5, 0]])
+    test = dets([[9, 9, 109, 109, 0.8, 0], [30, 30, 130, 130, 0.7, 0]])
+    # ref 1 / test 0 is the best pair (IoU 0.96) even though ref 0 scores higher; ref 0 then
+    # takes test 1 (IoU 0.32 < 0.5: no match). One-to-one: 1 pair.
     pairs = match_detections(ref, test)
-    assert [(i, j) for i, j, _ in pairs] == [(1, 0)]  # the 0.9 reference box takes it
+    assert [(i, j) for i, j, _ in pairs] == [(1, 0)]
+    assert pairs[0][2] == pytest.approx(box_iou(ref.boxes[1:], test.boxes[:1])[0, 0])
+    # the same matching the rest of the project counts with
+    assert match_counts(ref.boxes, ref.class_ids, test.boxes, test.class_ids) == (1, 2, 2)
 
 
 def test_summary_f1_drift_and_lost_images():
