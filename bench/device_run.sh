@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite and benchmarks on the lent H200, in one call of the device tool:
 #   carry: [".whl", ".cache", ".data"]   (wheels the image lacks, the sample weights, photos)
-#   bash bench/device_run.sh tests|bench|http|all
+#   bash bench/device_run.sh tests|bench|http|soak ...
 # Everything it writes goes under $OUT (the device tool brings it back).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -23,5 +23,9 @@ for part in "$@"; do
     http)
       timeout "${HTTP_TIMEOUT:-300}" python3 bench/http_load.py ${HTTP_ARGS:-} --images "$YOLOPIPE_IMAGES" \
         --out "$OUT/http.json" 2>&1 | tee "$OUT/http.log" | tail -40 ;;
+    soak)  # open-loop load at twice the rate the http part sustained
+      rate=$(python3 -c "import json; print(int(2 * json.load(open('$OUT/http.json'))['servers']['yolopipe']['req_per_s']))")
+      timeout "${SOAK_TIMEOUT:-300}" python3 bench/http_load.py ${SOAK_ARGS:-} --no-naive --rate "$rate" \
+        --images "$YOLOPIPE_IMAGES" --out "$OUT/soak.json" 2>&1 | tee "$OUT/soak.log" | tail -30 ;;
   esac
 done
