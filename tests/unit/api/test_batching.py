@@ -172,7 +172,9 @@ def test_waiting_requests_coalesce_by_parameters(detector, engines_dir, bus):
 
     results, entered = asyncio.run(scenario())
     assert all(r.status_code == 200 for r in results)
-    assert entered == [1, 4, 2]  # the queued requests ran as two batches, one per parameter set
+    # the queued requests ran as two batches, one per parameter set (which one first depends on
+    # which decode finished first)
+    assert entered[0] == 1 and sorted(entered[1:]) == [2, 4]
     assert [r.json()["timings"]["batch_size"] for r in results] == [1, 4, 4, 4, 4, 2, 2]
     (expected,) = detector.detect([bus], detector.params(conf=0.5))
     assert results[-1].json()["detections"] == expected.to_json("image", detector.names)["detections"]
