@@ -35,10 +35,15 @@ import sys
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
-from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):  # `python bench/http_load.py`: make the repo importable
+    sys.path.insert(0, str(ROOT))
+
+from bench.machine import machine_info as common_machine_info
+from bench.machine import versions
+
 RESULTS = ROOT / "bench" / "results"
 
 
@@ -348,31 +353,7 @@ def has_gpu() -> bool:
 
 
 def machine_info() -> dict:
-    info = {"host": platform.node(), "platform": platform.platform(), "python": platform.python_version(),
-            "cpu": _cpu_model(), "cpu_count": os.cpu_count()}
-    if shutil.which("nvidia-smi"):
-        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                           capture_output=True, text=True, check=False).stdout.strip().splitlines()
-        info["gpus"] = q
-    versions = {}
-    for pkg in ("yolopipe", "fastapi", "uvicorn", "starlette", "httpx", "ultralytics", "torch", "onnxruntime",
-                "tensorrt", "tensorrt-cu12", "tensorrt-cu13", "numba-cuda", "cupy-cuda12x", "cupy-cuda13x"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    info["versions"] = versions
-    return info
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return {**common_machine_info(), "versions": versions()}
 
 
 # ----------------------------------------------------------------------------- main

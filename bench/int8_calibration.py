@@ -14,20 +14,23 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 
 import cv2
 import numpy as np
 
+if __package__ in (None, ""):  # `python bench/int8_calibration.py`: make the repo importable
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from app.build import quantize as qz
 from app.build.export import export_onnx
 from app.build.int8_report import compare_models, detect_all
 from app.pipeline.preprocess import decode_image
+from bench.machine import machine_info, versions
 
 ASSETS = Path(__import__("ultralytics").__file__).parent / "assets"
 
@@ -130,11 +133,9 @@ def main() -> None:
     result = {
         "bench": "int8-calibration-cpu",
         "date": dt.date.today().isoformat(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores (shared with other "
-        "work), no GPU; ONNX Runtime CPUExecutionProvider",
+        "machine": {**machine_info(), "note": "CPU shared with other work; ONNX Runtime CPUExecutionProvider"},
         "model": "sample (YOLOv8s-size, 2 classes), imgsz 640",
-        "versions": {p: metadata.version(p) for p in ("onnxruntime", "onnx", "numpy", "opencv-python-headless")
-                     if _has(p)},
+        "versions": versions(("onnxruntime", "onnx", "numpy", "opencv-python-headless")),
         "calibration_set": f"{len(calib_photos)} photos + {len(frames)} frames of dance.avi",
         "heldout_set": names,
         "fp32_ort_cpu_latency_ms_b1": round(latency_ms(onnx_path), 1),
@@ -147,14 +148,6 @@ def main() -> None:
     path = args.out / f"{result['date']}-int8-calibration-cpu.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
-
-
-def _has(pkg: str) -> bool:
-    try:
-        metadata.version(pkg)
-        return True
-    except metadata.PackageNotFoundError:
-        return False
 
 
 if __name__ == "__main__":

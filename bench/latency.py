@@ -22,14 +22,11 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import warnings
 from collections.abc import Callable
-from importlib import metadata
 from pathlib import Path
 
 if __package__ in (None, ""):  # `python bench/latency.py`: make the repo importable
@@ -37,17 +34,15 @@ if __package__ in (None, ""):  # `python bench/latency.py`: make the repo import
 
 import numpy as np
 
+from bench.machine import machine_info as common_machine_info
+from bench.machine import versions
+
 os.environ.setdefault("YOLO_OFFLINE", "1")
 
 GPU_BATCHES = (1, 8, 32, 128)
 CPU_BATCHES = (1, 8)
 NMS_BATCHES = (1, 16)
 NMS_CONFS = (0.25, 0.001)
-VERSION_PACKAGES = (
-    "yolopipe", "torch", "torchvision", "ultralytics", "onnxruntime", "numba", "numba-cuda", "numpy",
-    "opencv-python-headless", "opencv-python", "tensorrt", "tensorrt-cu12", "tensorrt-cu13",
-    "cupy-cuda12x", "cupy-cuda13x",
-)
 
 
 # ---------------------------------------------------------------------------- the machine
@@ -58,52 +53,13 @@ def has_gpu() -> bool:
 
 
 def machine_info(gpu: bool) -> dict:
-    info: dict = {
-        "host": platform.node(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-    }
+    info = common_machine_info()
     if gpu:
         import torch
 
         info["gpu"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda
-        info["driver"] = _nvidia_smi("driver_version")
-        info["gpu_memory_mib"] = _nvidia_smi("memory.total")
     return info
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _nvidia_smi(field: str) -> str | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={field}", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10, check=False,
-        )
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def versions() -> dict:
-    out = {}
-    for pkg in VERSION_PACKAGES:
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
 
 
 # ------------------------------------------------------------------------------- images

@@ -1,0 +1,59 @@
+"""The facts every result file records: the machine it ran on and the library versions."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+PACKAGES = (
+    "yolopipe", "torch", "torchvision", "ultralytics", "onnx", "onnxruntime", "numba", "numba-cuda", "numpy",
+    "opencv-python-headless", "opencv-python", "tensorrt", "tensorrt-cu12", "tensorrt-cu13",
+    "cupy-cuda12x", "cupy-cuda13x", "fastapi", "uvicorn", "starlette", "httpx",
+)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def nvidia_smi(fields: str = "name,driver_version,memory.total") -> list[str]:
+    """One CSV line per GPU, or [] where there is no NVIDIA driver."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return out.stdout.strip().splitlines() if out.returncode == 0 else []
+
+
+def machine_info() -> dict:
+    return {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpus": nvidia_smi(),
+    }
+
+
+def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    out = {}
+    for pkg in packages:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
