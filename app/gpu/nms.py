@@ -50,14 +50,8 @@ import math
 import numpy as np
 from numba import cuda
 
+from app.gpu.rounding import SIMULATOR, fadd, fdiv, fmul, fsub
 from app.pipeline.postprocess import iou_threshold_f32
-
-try:  # numba-cuda: config lives in numba.cuda.core; plain numba: numba.core
-    from numba.cuda.core import config as _cuda_config
-except ImportError:  # pragma: no cover - older layouts
-    from numba.core import config as _cuda_config
-
-SIMULATOR = bool(_cuda_config.ENABLE_CUDASIM)
 
 MAX_WH = np.float32(7680.0)  # Ultralytics' per-class offset; equal to postprocess.MAX_WH
 WORD_BITS = 64  # bits in one word of the IoU bitmask / removed bitset (uint64)
@@ -86,45 +80,7 @@ _PF_CONF, _PF_IOU = 0, 1  # params_f32
 _PI_MAX_DET, _PI_AGNOSTIC = 0, 1  # params_i32
 
 
-# --------------------------------------------------------------------------- float32 maths
-# One rounding per operation, never fused: see the module docstring.
-if SIMULATOR:
-
-    @cuda.jit(device=True)
-    def _add(a, b):
-        return np.float32(a) + np.float32(b)
-
-    @cuda.jit(device=True)
-    def _sub(a, b):
-        return np.float32(a) - np.float32(b)
-
-    @cuda.jit(device=True)
-    def _mul(a, b):
-        return np.float32(a) * np.float32(b)
-
-    @cuda.jit(device=True)
-    def _div(a, b):
-        with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 -> NaN, as in the reference
-            return np.float32(a) / np.float32(b)
-
-else:
-    from numba.cuda import libdevice
-
-    @cuda.jit(device=True, inline=True)
-    def _add(a, b):
-        return libdevice.fadd_rn(a, b)
-
-    @cuda.jit(device=True, inline=True)
-    def _sub(a, b):
-        return libdevice.fsub_rn(a, b)
-
-    @cuda.jit(device=True, inline=True)
-    def _mul(a, b):
-        return libdevice.fmul_rn(a, b)
-
-    @cuda.jit(device=True, inline=True)
-    def _div(a, b):
-        return libdevice.fdiv_rn(a, b)
+# float32 maths with one rounding per operation, never fused: app/gpu/rounding.py
 
 
 @cuda.jit(device=True)
@@ -232,12 +188,12 @@ def _rank_decode(
             # xywh -> xyxy exactly as head_candidates: half = w / 2, x1 = x - half, x2 = x + half.
             x = np.float32(head[b, 0, ai])
             y = np.float32(head[b, 1, ai])
-            hw = _div(np.float32(head[b, 2, ai]), _F2)
-            hh = _div(np.float32(head[b, 3, ai]), _F2)
-            x1 = _sub(x, hw)
-            y1 = _sub(y, hh)
-            x2 = _add(x, hw)
-            y2 = _add(y, hh)
+            hw = fdiv(np.float32(head[b, 2, ai]), _F2)
+            hh = fdiv(np.float32(head[b, 3, ai]), _F2)
+            x1 = fsub(x, hw)
+            y1 = fsub(y, hh)
+            x2 = fadd(x, hw)
+            y2 = fadd(y, hh)
             sorted_box[b, rank, 0] = x1
             sorted_box[b, rank, 1] = y1
             sorted_box[b, rank, 2] = x2
@@ -248,11 +204,11 @@ def _rank_decode(
                 sorted_obox[b, rank, 2] = x2
                 sorted_obox[b, rank, 3] = y2
             else:  # box + class * MAX_WH, as offset_boxes
-                off = _mul(np.float32(c), MAX_WH)
-                sorted_obox[b, rank, 0] = _add(x1, off)
-                sorted_obox[b, rank, 1] = _add(y1, off)
-                sorted_obox[b, rank, 2] = _add(x2, off)
-                sorted_obox[b, rank, 3] = _add(y2, off)
+                off = fmul(np.float32(c), MAX_WH)
+                sorted_obox[b, rank, 0] = fadd(x1, off)
+                sorted_obox[b, rank, 1] = fadd(y1, off)
+                sorted_obox[b, rank, 2] = fadd(x2, off)
+                sorted_obox[b, rank, 3] = fadd(y2, off)
 
 
 @cuda.jit(device=True)
@@ -344,19 +300,19 @@ def _mask_suppress(
                 y1 = sorted_obox[b, i, 1]
                 x2 = sorted_obox[b, i, 2]
                 y2 = sorted_obox[b, i, 3]
-                area_i = _mul(_sub(x2, x1), _sub(y2, y1))
+                area_i = fmul(fsub(x2, x1), fsub(y2, y1))
                 bits = _U0
                 for k in range(min(WORD_BITS, n - j0)):
                     j = j0 + k
                     if j <= i:
                         continue
-                    area_j = _mul(_sub(cols[k, 2], cols[k, 0]), _sub(cols[k, 3], cols[k, 1]))
-                    w = _sub(_fmin(x2, cols[k, 2]), _fmax(x1, cols[k, 0]))
-                    h = _sub(_fmin(y2, cols[k, 3]), _fmax(y1, cols[k, 1]))
+                    area_j = fmul(fsub(cols[k, 2], cols[k, 0]), fsub(cols[k, 3], cols[k, 1]))
+                    w = fsub(_fmin(x2, cols[k, 2]), _fmax(x1, cols[k, 0]))
+                    h = fsub(_fmin(y2, cols[k, 3]), _fmax(y1, cols[k, 1]))
                     w = _fmax(_F0, w)
                     h = _fmax(_F0, h)
-                    inter = _mul(w, h)
-                    iou = _div(inter, _sub(_add(area_i, area_j), inter))
+                    inter = fmul(w, h)
+                    iou = fdiv(inter, fsub(fadd(area_i, area_j), inter))
                     if iou > thr:  # NaN (0/0 for empty boxes) is never > thr, as in the reference
                         bits |= _U1 << np.uint64(k)
                 mask[b, i, col_tile] = bits

@@ -29,15 +29,9 @@ import numpy as np
 from numba import cuda
 
 from app.errors import InvalidImage, YolopipeError
+from app.gpu.rounding import SIMULATOR, dmul, dsub
 from app.pipeline.preprocess import PAD_VALUE, decode_image, letterbox_params, sniff_format
 from app.types import Letterbox
-
-try:  # numba-cuda keeps its config in numba.cuda.core; plain numba in numba.core
-    from numba.cuda.core import config as _cuda_config
-except ImportError:  # pragma: no cover - older layouts
-    from numba.core import config as _cuda_config
-
-SIMULATOR = bool(_cuda_config.ENABLE_CUDASIM)
 
 # Columns of the per-image params array (int64 [B, PARAMS_PER_IMAGE]).
 P_OFFSET, P_SRC_H, P_SRC_W, P_NEW_H, P_NEW_W, P_PAD_TOP, P_PAD_LEFT, P_LAYOUT = range(8)
@@ -54,30 +48,8 @@ _F1 = np.float32(1.0)
 _COEF_SCALE = np.float32(2048.0)  # OpenCV's INTER_RESIZE_COEF_SCALE (11 bits)
 
 
-# ------------------------------------------------------------------------ unfused float64 ops
-# OpenCV computes ``(dx + 0.5) * scale - 0.5`` in double with one rounding per operation; NVVM
-# would contract the multiply-subtract into an FMA, so on the GPU the steps go through
-# libdevice's ``*_rn`` intrinsics, which are never fused. The simulator has no libdevice.
-if SIMULATOR:
-
-    @cuda.jit(device=True)
-    def _dmul(a, b):
-        return np.float64(a) * np.float64(b)
-
-    @cuda.jit(device=True)
-    def _dsub(a, b):
-        return np.float64(a) - np.float64(b)
-
-else:
-    from numba.cuda import libdevice
-
-    @cuda.jit(device=True, inline=True)
-    def _dmul(a, b):
-        return libdevice.dmul_rn(a, b)
-
-    @cuda.jit(device=True, inline=True)
-    def _dsub(a, b):
-        return libdevice.dadd_rn(a, -b)  # libdevice has no dsub; negation is exact
+# OpenCV computes ``(dx + 0.5) * scale - 0.5`` in double with one rounding per operation;
+# ``dmul``/``dsub`` keep NVVM from contracting it into an FMA (app/gpu/rounding.py).
 
 
 @cuda.jit(device=True)
@@ -101,7 +73,7 @@ def _taps(d, src_len, dst_len, reset_at_borders):
     Returns ``(s0, s1, w0, w1)``: clamped source indices and weights summing to about 2048.
     """
     scale = 1.0 / (np.float64(dst_len) / np.float64(src_len))
-    f = np.float32(_dsub(_dmul(np.float64(d) + 0.5, scale), 0.5))
+    f = np.float32(dsub(dmul(np.float64(d) + 0.5, scale), 0.5))
     s = int(math.floor(f))  # noqa: RUF046 - Numba types math.floor(float32) as a float
     f = np.float32(f - np.float32(s))
     if reset_at_borders:
