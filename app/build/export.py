@@ -8,6 +8,7 @@ the same graph a static export gives, with only the batch left free.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -85,6 +86,8 @@ def export_onnx(
         if meta.weights_sha256 == weights_sha and meta.imgsz == imgsz and meta.onnx_sha256 == sha256_file(onnx_path):
             return ExportResult(onnx_path, meta, reused=True)
 
+    # Export needs no network: keep Ultralytics from reaching for it (settings checks, fonts).
+    os.environ.setdefault("YOLO_OFFLINE", "1")
     from ultralytics import YOLO
 
     out_dir.mkdir(parents=True, exist_ok=True)
