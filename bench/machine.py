@@ -6,8 +6,9 @@ import os
 import platform
 import shutil
 import subprocess
-from importlib import metadata
 from pathlib import Path
+
+from app.versions import package_versions
 
 PACKAGES = (
     "yolopipe", "torch", "torchvision", "ultralytics", "onnx", "onnxruntime", "numba", "numba-cuda", "numpy",
@@ -50,10 +51,4 @@ def machine_info() -> dict:
 
 
 def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
-    out = {}
-    for pkg in packages:
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
+    return package_versions(packages)

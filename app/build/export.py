@@ -12,11 +12,11 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 from app.errors import ArtifactError, WeightsError
 from app.types import ModelMeta
+from app.versions import package_versions
 from app.weights import resolve_weights, sha256_file
 
 DEFAULT_OPSET = 17
@@ -33,16 +33,6 @@ class ExportResult:
 
 def engine_name(weights_spec: str, weights_path: Path) -> str:
     return "sample" if weights_spec == "sample" else weights_path.stem
-
-
-def _versions(*packages: str) -> dict[str, str]:
-    out = {}
-    for pkg in packages:
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return out
 
 
 def _dims(value_info) -> list:
@@ -99,7 +89,9 @@ def export_onnx(
             raise WeightsError(f"{weights_path} is a '{model.task}' model; yolopipe serves detection models")
         names = [model.names[i] for i in sorted(model.names)]
         stride = int(max(model.model.stride))
-        exported = Path(model.export(format="onnx", imgsz=imgsz, dynamic=True, simplify=True, opset=opset, verbose=False))
+        exported = Path(
+            model.export(format="onnx", imgsz=imgsz, dynamic=True, simplify=True, opset=opset, verbose=False)
+        )
         graph = pin_spatial_dims(onnx.load(str(exported)), imgsz)
     onnx.checker.check_model(graph)
     input_shape, output_shape = _dims(graph.graph.input[0]), _dims(graph.graph.output[0])
@@ -120,7 +112,7 @@ def export_onnx(
         opset=opset,
         weights_sha256=weights_sha,
         onnx_sha256=sha256_file(onnx_path),
-        versions=_versions("ultralytics", "torch", "onnx", "onnxslim"),
+        versions=package_versions(("ultralytics", "torch", "onnx", "onnxslim")),
     )
     meta.save(meta_path)
     shutil.copyfile(weights_path, out_dir / "weights.pt")  # torch-cuda backend and fidelity checks load it
