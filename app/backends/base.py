@@ -47,6 +47,9 @@ class DeviceEngine(Protocol):
         addresses it reads and writes stay fixed, so the call can be captured in a CUDA graph.
         """
 
+    # Optional: ``for_lane(i) -> DeviceEngine``, an engine for the i-th concurrent pipeline lane
+    # (shared weights, its own execution state). Engines without it run one lane.
+
     def close(self) -> None: ...
 
 
