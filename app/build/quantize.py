@@ -420,6 +420,20 @@ def ranges_from_histograms(histograms: dict[str, tuple], method: str):
                                                   "max": "MinMax"}[method]), ranges)
 
 
+def _with_progress(images: Sequence[np.ndarray], label: str, console=None):
+    """The images one by one, under one progress bar for the calibration pass."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(
+        TextColumn(f"calibrating ({label})"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        console=console, transient=False,
+    ) as progress:
+        task = progress.add_task("calibrate", total=len(images))
+        for img in images:
+            yield img
+            progress.advance(task)
+
+
 def collect_histograms(
     onnx_path: Path, input_name: str, images: Sequence[np.ndarray], *, imgsz: int, console=None,
     sample_stride: int = HISTOGRAM_SAMPLE_STRIDE, label: str = "histograms",
@@ -428,7 +442,6 @@ def collect_histograms(
     images one at a time and histogram every tensor (``ActivationHistograms``)."""
     from onnxruntime.quantization import CalibrationMethod
     from onnxruntime.quantization.calibrate import create_calibrator
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     collector = ActivationHistograms(ENTROPY_NUM_BINS, sample_stride)
     with tempfile.TemporaryDirectory(prefix="yolopipe-calib-") as tmp:
@@ -440,18 +453,12 @@ def collect_histograms(
         session = calibrator.infer_session
         output_names = [o.name for o in session.get_outputs()]
         wanted = set(calibrator.tensors_to_calibrate)
-        with Progress(
-            TextColumn(f"calibrating ({label})"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-            console=console, transient=False,
-        ) as progress:
-            task = progress.add_task("calibrate", total=len(images))
-            for img in images:
-                outputs = session.run(None, {input_name: model_input(img, imgsz)})
-                for name, values in zip(output_names, outputs):
-                    if name in wanted:
-                        collector.add(name, values)
-                del outputs
-                progress.advance(task)
+        for img in _with_progress(images, label, console):
+            outputs = session.run(None, {input_name: model_input(img, imgsz)})
+            for name, values in zip(output_names, outputs):
+                if name in wanted:
+                    collector.add(name, values)
+            del outputs
         del calibrator, session
     return collector.histograms
 
@@ -467,7 +474,6 @@ def collect_ranges(
     """
     from onnxruntime.quantization import CalibrationMethod
     from onnxruntime.quantization.calibrate import create_calibrator
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     if method in ("entropy", "percentile"):
         histograms = collect_histograms(onnx_path, input_name, images, imgsz=imgsz, console=console,
@@ -480,16 +486,10 @@ def collect_ranges(
             Path(onnx_path), None, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
             calibrate_method=CalibrationMethod.MinMax, extra_options={"symmetric": False},
         )
-        with Progress(
-            TextColumn(f"calibrating ({method})"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-            console=console, transient=False,
-        ) as progress:
-            task = progress.add_task("calibrate", total=len(images))
-            for img in images:
-                # ORT prints a line per call; keep the progress bar readable.
-                with contextlib.redirect_stdout(io.StringIO()):
-                    calibrator.collect_data(_OneBatch({input_name: model_input(img, imgsz)}))
-                progress.advance(task)
+        for img in _with_progress(images, method, console):
+            # ORT prints a line per call; keep the progress bar readable.
+            with contextlib.redirect_stdout(io.StringIO()):
+                calibrator.collect_data(_OneBatch({input_name: model_input(img, imgsz)}))
         with contextlib.redirect_stdout(io.StringIO()):
             return calibrator.compute_data()
 
