@@ -70,7 +70,7 @@ def export(
     force: Annotated[bool, typer.Option(help="Export again even if the weights did not change.")] = False,
 ) -> None:
     """Export weights to engines/<name>/model.onnx (dynamic batch, fixed imgsz) and meta.json."""
-    from app.build.export import export_onnx
+    from app.builder.export import export_onnx
 
     with console.status("exporting to ONNX…"):
         result = export_onnx(weights, imgsz=imgsz, name=name, engines_dir=engines_dir, force=force)
@@ -93,9 +93,9 @@ def calibrate(
     allow_low_accuracy: Annotated[bool, typer.Option(help="Write the model even below --min-f1.")] = False,
 ) -> None:
     """Calibrate INT8 (entropy, max or percentile) and write engines/<name>/model.int8.onnx (Q/DQ) with an accuracy report."""
-    from app.build.quantize import calibrate as run_calibration
+    from app.builder.quantize import calibrate as run_calibration
 
-    from app.build.quantize import DEFAULT_METHOD
+    from app.builder.quantize import DEFAULT_METHOD
 
     result = run_calibration(
         weights, images, num_images=num_images, method=method or DEFAULT_METHOD, imgsz=imgsz, name=name,
@@ -119,7 +119,7 @@ def build_engine(
     workspace_gib: Annotated[float, typer.Option(help="Builder workspace limit in GiB.")] = 4.0,
 ) -> None:
     """Build a TensorRT engine: export (if needed) → calibrate (int8) → engine + engine.json."""
-    from app.build.trt_build import build_engine as run_build
+    from app.builder.trt_build import build_engine as run_build
 
     path = run_build(
         weights, precision=precision, calib_images=calib_images, min_batch=min_batch, opt_batch=opt_batch,

@@ -26,10 +26,10 @@ if __package__ in (None, ""):  # `python bench/int8_calibration.py`: make the re
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.build import quantize as qz
-from app.build.export import export_onnx
-from app.build.int8_report import compare_models, detect_all
-from app.pipeline.preprocess import decode_image
+from app.builder import quantize as qz
+from app.builder.export import export_onnx
+from app.builder.int8_report import compare_models, detect_all
+from app.imaging.decode import decode_image
 from bench.machine import machine_info, versions
 
 ASSETS = Path(__import__("ultralytics").__file__).parent / "assets"

@@ -328,7 +328,7 @@ def bench_bare_torch(engine, meta, images, batch: int, iters: int, warmup: int) 
     stream sync (wall), plus the GPU time of a replay (CUDA events)."""
     import torch
 
-    from app.pipeline.preprocess import letterbox, to_input
+    from app.imaging.letterbox import letterbox, to_input
 
     frames = decoded_frames(images)
     host = to_input([letterbox(f, meta.imgsz)[0] for f in batch_of(frames, batch)])
@@ -364,7 +364,7 @@ def bench_bare_torch(engine, meta, images, batch: int, iters: int, warmup: int) 
 def bench_bare_ort(model_dir: Path, meta, images, batches, iters, warmup) -> list[dict]:
     """The ONNX Runtime session alone on a preprocessed batch of the same images."""
     from app.backends.onnxruntime import OnnxRuntimeBackend
-    from app.pipeline.preprocess import letterbox, to_input
+    from app.imaging.letterbox import letterbox, to_input
 
     frames = decoded_frames(images)
     ort = OnnxRuntimeBackend(model_dir / "model.onnx", precision="fp32")
@@ -409,7 +409,8 @@ def open_pipeline_detector(backend: str, precision: str, model_dir: Path, meta, 
 
         engine = TorchCudaEngine(model_dir, meta, precision=precision, max_batch=max_batch, compile=compile_)
     else:
-        from app.backends.tensorrt import TensorRTEngine, find_engine
+        from app.artifacts.engines import find_engine
+        from app.backends.tensorrt import TensorRTEngine
 
         engine = TensorRTEngine(find_engine(model_dir, precision), meta)
         max_batch = min(max_batch, engine.max_batch)
@@ -449,7 +450,7 @@ def _dynamo_graphs() -> int | None:
 
 def tensorrt_precisions(model_dir: Path) -> list[str]:
     try:
-        from app.backends.tensorrt import find_engine
+        from app.artifacts.engines import find_engine
 
         return [p for p in ("int8", "fp16", "fp32") if find_engine(model_dir, p) is not None]
     except Exception:  # noqa: BLE001 - tensorrt or its engines absent: no TensorRT rows
@@ -461,8 +462,8 @@ def bench_nms(model_dir: Path, meta, images, gpu: bool, iters: int, warmup: int)
     """NMS alone on real head outputs (the sample model on the images), batch 1 and 16."""
     import cv2
 
-    from app.pipeline.postprocess import nms_numpy
-    from app.pipeline.preprocess import letterbox, to_input
+    from app.boxes import nms_numpy
+    from app.imaging.letterbox import letterbox, to_input
     from app.types import DetectParams
 
     frames = [cv2.imdecode(np.frombuffer(d, np.uint8), cv2.IMREAD_COLOR) for _, d in images]
@@ -587,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from app.build.export import export_onnx
+    from app.builder.export import export_onnx
 
     args = parse_args(argv)
     BUDGET = Budget(args.budget_s, args.row_max_s)

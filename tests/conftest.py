@@ -42,7 +42,7 @@ def assets_dir() -> Path:
 @pytest.fixture(scope="session")
 def engines_dir(tmp_path_factory) -> Path:
     """One export of the sample model for the whole session (export takes seconds)."""
-    from app.build.export import export_onnx
+    from app.builder.export import export_onnx
 
     out = tmp_path_factory.mktemp("engines")
     export_onnx("sample", engines_dir=out)

@@ -11,104 +11,25 @@ The runtime API used here is the name-based tensor API of TensorRT 10, unchanged
 ``set_tensor_address`` and ``execute_async_v3``. None of the APIs removed in 11.0 (weak-typing
 builder flags, calibrators, ``device_memory_size*``) is used, so this file has no version branch.
 
-tensorrt and torch are imported inside functions: ``find_engine`` is called by backend
-auto-selection on machines without either and must only look at files.
+tensorrt and torch are imported inside functions. Which engine file to load is decided from
+files alone, in ``app.artifacts.engines.find_engine``.
 """
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
-from app.build.engine_meta import (
-    ENGINE_PRECISIONS,
+from app.artifacts.engines import (
     EngineMeta,
     check_engine_meta,
-    engine_file_name,
     engine_meta_for,
-    load_engine_meta,
 )
-from app.errors import ArtifactError, BackendUnavailable, DeviceError, InvalidParameter, YolopipeError
+from app.gpu.probe import gpu_identity
+from app.gpu.tensorrt_lib import import_tensorrt, trt_logger
+from app.errors import ArtifactError, DeviceError, InvalidParameter
 from app.types import ModelMeta
 
-INSTALL_HINT = "pip install 'yolopipe[tensorrt-cu13]' (or tensorrt-cu12) on a machine with an NVIDIA GPU"
-PREFERENCE = ("int8", "fp16", "fp32")  # fastest first
-
-
-# --- files only ---------------------------------------------------------------------------
-def find_engine(model_dir: Path, precision: str | None) -> Path | None:
-    """The engine to load from ``model_dir``, or None. Looks at files only (no TensorRT, no GPU).
-
-    ``precision=None`` prefers int8, then fp16, then fp32. An engine counts only when
-    ``engine.json`` describes it, because without that entry it cannot be checked against this
-    GPU and TensorRT version before deserializing.
-    """
-    if precision is not None and precision not in ENGINE_PRECISIONS:
-        raise InvalidParameter(f"unknown precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
-    model_dir = Path(model_dir)
-    for candidate in (precision,) if precision else PREFERENCE:
-        path = model_dir / engine_file_name(candidate)
-        if not path.is_file():
-            continue
-        try:
-            entry = load_engine_meta(model_dir, candidate)
-        except YolopipeError:  # unreadable engine.json: nothing here can be checked, so nothing is offered
-            return None
-        if entry is not None and entry.engine_file == path.name:
-            return path
-    return None
-
-
-# --- the library and the device -------------------------------------------------------------
-def import_tensorrt() -> Any:
-    """``tensorrt``, or ``BackendUnavailable`` with the install hint (the CLI exits 2 on it)."""
-    try:
-        import tensorrt as trt
-    except ImportError as exc:
-        raise BackendUnavailable("TensorRT is not installed (the tensorrt Python package is missing)", hint=INSTALL_HINT) from exc
-    if not hasattr(trt, "Builder") or not hasattr(trt, "__version__"):
-        # e.g. a folder named tensorrt on sys.path (tests/tensorrt with pytest's pythonpath) or
-        # PyPI's placeholder package: importable, but not NVIDIA's library
-        raise BackendUnavailable(
-            f"TensorRT is not installed (the 'tensorrt' module at {getattr(trt, '__path__', None) or getattr(trt, '__file__', '?')} "
-            "is not NVIDIA TensorRT)",
-            hint=INSTALL_HINT,
-        )
-    major = int(str(trt.__version__).split(".")[0])
-    if major < 10:
-        raise BackendUnavailable(f"TensorRT {trt.__version__} is too old; yolopipe needs 10.x or 11.x", hint=INSTALL_HINT)
-    return trt
-
-
-@functools.lru_cache(maxsize=1)
-def trt_logger() -> Any:
-    """One logger for the process (Polygraphy does the same); warnings and errors only."""
-    trt = import_tensorrt()
-    return trt.Logger(trt.Logger.WARNING)
-
-
-def gpu_identity(device: int = 0) -> tuple[str, str]:
-    """``(GPU name, "major.minor" compute capability)`` of CUDA device ``device``.
-
-    TensorRT's API does not report either, so ask torch (present in the GPU image) or CuPy.
-    """
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is not None and torch.cuda.is_available():
-        if device >= torch.cuda.device_count():
-            raise InvalidParameter(f"CUDA device {device} does not exist ({torch.cuda.device_count()} visible)")
-        major, minor = torch.cuda.get_device_capability(device)
-        return torch.cuda.get_device_name(device), f"{major}.{minor}"
-    try:
-        import cupy
-    except ImportError as exc:
-        raise BackendUnavailable("no CUDA device found (torch sees none and CuPy is not installed)") from exc
-    props = cupy.cuda.runtime.getDeviceProperties(device)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    return name, f"{props['major']}.{props['minor']}"
 
 
 def _numpy_dtype_name(trt: Any, trt_dtype: Any) -> str:

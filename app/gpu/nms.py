@@ -1,6 +1,6 @@
 """Numba CUDA NMS for the raw YOLOv8 head output, capturable in a CUDA graph.
 
-Same keep set, same rows and same order as :func:`app.pipeline.postprocess.nms_numpy` (and
+Same keep set, same rows and same order as :func:`app.boxes.nms_numpy` (and
 ``torchvision.ops.batched_nms`` on the same candidates). Greedy NMS, not Fast-NMS.
 
 Why it looks the way it does:
@@ -51,7 +51,7 @@ import numpy as np
 from numba import cuda
 
 from app.gpu.rounding import SIMULATOR, fadd, fdiv, fmul, fsub
-from app.pipeline.postprocess import iou_threshold_f32
+from app.boxes import iou_threshold_f32
 
 MAX_WH = np.float32(7680.0)  # Ultralytics' per-class offset; equal to postprocess.MAX_WH
 WORD_BITS = 64  # bits in one word of the IoU bitmask / removed bitset (uint64)

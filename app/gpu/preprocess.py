@@ -1,6 +1,6 @@
 """GPU preprocessing: batched nvJPEG decode, then one fused letterbox kernel per batch.
 
-The letterbox kernel does what ``app.pipeline.preprocess.letterbox`` + ``to_input`` do on the
+The letterbox kernel does what ``app.imaging.letterbox.letterbox`` + ``to_input`` do on the
 CPU, in one pass and straight into the engine's input buffer ``[B, 3, S, S]``:
 
     bilinear resize (OpenCV ``INTER_LINEAR``) → pad 114 → BGR→RGB → /255 → HWC→CHW
@@ -29,8 +29,10 @@ import numpy as np
 from numba import cuda
 
 from app.errors import InvalidImage, YolopipeError
-from app.gpu.rounding import SIMULATOR, dmul, dsub
-from app.pipeline.preprocess import PAD_VALUE, decode_image, letterbox_params, sniff_format
+from app.gpu.rounding import dmul, dsub
+from app.imaging.letterbox import PAD_VALUE, letterbox_params
+from app.imaging.decode import decode_image
+from app.imaging.headers import sniff_format
 from app.types import Letterbox
 
 # Columns of the per-image params array (int64 [B, PARAMS_PER_IMAGE]).

@@ -9,8 +9,8 @@ import numpy as np
 
 from app.backends.base import HostBackend, PipelineInput
 from app.errors import YolopipeError
-from app.pipeline.postprocess import nms_numpy
-from app.pipeline.preprocess import letterbox, to_input
+from app.boxes import nms_numpy
+from app.imaging.letterbox import letterbox, to_input
 from app.types import DetectParams, Letterbox, ModelMeta
 
 

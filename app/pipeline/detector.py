@@ -18,8 +18,9 @@ import numpy as np
 
 from app.backends.base import Pipeline, PipelineInput
 from app.errors import BackendUnavailable, EngineMismatch, InvalidParameter, YolopipeError
-from app.pipeline.postprocess import rows_to_detections
-from app.pipeline.preprocess import DEFAULT_MAX_PIXELS, decode_image, image_size, sniff_format
+from app.boxes import rows_to_detections
+from app.imaging.decode import DEFAULT_MAX_PIXELS, decode_image
+from app.imaging.headers import image_size, sniff_format
 from app.types import Detections, DetectParams, ModelMeta
 
 BACKENDS = ("auto", "onnxruntime", "torch-cuda", "tensorrt")
@@ -157,7 +158,7 @@ def _choose_backend(backend: str, model_dir: Path, precision: str) -> str:
 
     if cuda_device_count() == 0:
         return "onnxruntime"
-    from app.backends.tensorrt import find_engine  # only imports tensorrt lazily, when it loads one
+    from app.artifacts.engines import find_engine  # only imports tensorrt lazily, when it loads one
 
     if find_engine(model_dir, None if precision == "auto" else precision) is not None:
         return "tensorrt"
@@ -178,7 +179,7 @@ def open_detector(
     compile: bool = True,
 ) -> Detector:
     """Export if needed, pick the backend, build its pipeline. The one place that wires them."""
-    from app.build.export import export_onnx
+    from app.builder.export import export_onnx
 
     if backend not in BACKENDS:
         raise InvalidParameter(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -197,7 +198,7 @@ def open_detector(
             raise InvalidParameter("onnxruntime runs fp32 or int8 on the CPU; fp16 needs a GPU backend")
         onnx_path = exported.onnx_path
         if prec == "int8":
-            from app.build.artifacts import int8_cpu_model_path
+            from app.artifacts.int8 import int8_cpu_model_path
 
             onnx_path = int8_cpu_model_path(model_dir)
         threads = int(os.environ.get("YOLOPIPE_ORT_THREADS", "0")) or None
@@ -212,7 +213,8 @@ def open_detector(
 
     engine = None
     if chosen == "tensorrt":
-        from app.backends.tensorrt import TensorRTEngine, find_engine
+        from app.artifacts.engines import find_engine
+        from app.backends.tensorrt import TensorRTEngine
 
         engine_path = find_engine(model_dir, None if precision == "auto" else precision)
         if engine_path is None:

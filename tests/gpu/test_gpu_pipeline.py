@@ -25,8 +25,8 @@ if not torch.cuda.is_available():
 from app.backends.torch_cuda import TorchCudaEngine
 from app.errors import InvalidImage, InvalidParameter, YolopipeError
 from app.gpu.pipeline import GpuPipeline, bucket_sizes
-from app.pipeline.agreement import box_iou, f1, match_counts
-from app.pipeline.postprocess import nms_numpy, rows_to_detections
+from app.boxes import box_iou, f1, match_counts
+from app.boxes import nms_numpy, rows_to_detections
 from app.types import DetectParams, ModelMeta
 
 CONF, IOU = 0.25, 0.7
@@ -275,7 +275,7 @@ def test_max_det_over_capacity_is_refused(pipe32, frames):
 
 def test_input_buffer_is_the_letterboxed_image(pipe16, frames):
     """What the graph's letterbox wrote into the engine input equals the CPU reference."""
-    from app.pipeline.preprocess import letterbox, to_input
+    from app.imaging.letterbox import letterbox, to_input
 
     items = [frames["zidane"], frames["bus_small"]]
     pipe16.run(items, DetectParams())
@@ -395,7 +395,7 @@ def test_lanes_two_threads_equal_serial(sample_model_dir, meta, frames, assets_d
 def test_cpu_jpeg_decode_equals_opencv_frames(pipe32, assets_dir):
     """jpeg_decode="cpu": bytes decoded by OpenCV in the host pool give exactly the rows of the
     frames decoded by the CPU path's own decoder."""
-    from app.pipeline.preprocess import decode_image
+    from app.imaging.decode import decode_image
 
     datas = [(assets_dir / n).read_bytes() for n in ("bus.jpg", "zidane.jpg")]
     pipe32.jpeg_decode = "cpu"

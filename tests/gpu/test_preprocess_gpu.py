@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from app.errors import InvalidImage, UnsupportedMediaType
-from app.pipeline.preprocess import letterbox, to_input
+from app.imaging.letterbox import letterbox, to_input
 
 torch = pytest.importorskip("torch")
 from app.gpu.preprocess import apply_orientation, exif_orientation

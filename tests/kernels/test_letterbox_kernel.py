@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from app.pipeline.preprocess import letterbox, to_input
+from app.imaging.letterbox import letterbox, to_input
 
 cuda = pytest.importorskip("numba.cuda")
 from app.gpu.preprocess import (

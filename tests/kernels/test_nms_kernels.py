@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from app.pipeline.postprocess import head_candidates, nms_numpy
+from app.boxes import head_candidates, nms_numpy
 from app.types import DetectParams
 
 cuda = pytest.importorskip("numba.cuda")

@@ -15,7 +15,7 @@ import shutil
 import numpy as np
 import pytest
 
-from app.backends.tensorrt import import_tensorrt
+from app.gpu.tensorrt_lib import import_tensorrt
 from app.errors import BackendUnavailable
 
 try:
@@ -30,12 +30,13 @@ import cv2  # noqa: E402
 from matching import f1, match_counts  # noqa: E402
 
 from app.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
-from app.backends.tensorrt import TensorRTEngine, find_engine  # noqa: E402
-from app.build.engine_meta import ENGINE_META_NAME, load_engine_meta  # noqa: E402
-from app.build.export import export_onnx  # noqa: E402
-from app.build.trt_build import build_engine  # noqa: E402
+from app.artifacts.engines import find_engine  # noqa: E402
+from app.backends.tensorrt import TensorRTEngine  # noqa: E402
+from app.artifacts.engines import ENGINE_META_NAME, load_engine_meta  # noqa: E402
+from app.builder.export import export_onnx  # noqa: E402
+from app.builder.trt_build import build_engine  # noqa: E402
 from app.errors import ArtifactError, DeviceError, EngineMismatch  # noqa: E402
-from app.pipeline.preprocess import letterbox, to_input  # noqa: E402
+from app.imaging.letterbox import letterbox, to_input  # noqa: E402
 from app.weights import sha256_file  # noqa: E402
 
 PROFILE = dict(min_batch=1, opt_batch=2, max_batch=4)  # small profile: short builds

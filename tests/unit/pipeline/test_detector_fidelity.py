@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from app.pipeline.agreement import box_iou, f1, match_counts
+from app.boxes import box_iou, f1, match_counts
 
 from app.errors import InvalidParameter
 from app.pipeline.detector import open_detector

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from app.build.artifacts import (
+from app.artifacts.int8 import (
     CALIBRATION_ROOT,
     calibration_cache_path,
     images_digest,
@@ -62,9 +62,10 @@ from app.build.artifacts import (
     int8_qdq_model_path,
     int8_report_path,
 )
-from app.build.int8_report import Int8Report, compare_models, print_report, save_report
+from app.builder.int8_report import Int8Report, compare_models, print_report, save_report
 from app.errors import CalibrationError, YolopipeError
-from app.pipeline.preprocess import decode_image, letterbox, to_input
+from app.imaging.decode import decode_image
+from app.imaging.letterbox import letterbox, to_input
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 METHODS = ("entropy", "max", "percentile")
@@ -620,7 +621,7 @@ def calibrate(
     """
     from rich.console import Console
 
-    from app.build.export import export_onnx
+    from app.builder.export import export_onnx
     from app.weights import sha256_file
 
     console = console or Console(stderr=True)

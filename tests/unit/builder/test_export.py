@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from app.build.export import export_onnx, load_export
+from app.builder.export import export_onnx, load_export
 from app.types import ModelMeta
 
 

@@ -3,7 +3,7 @@
 Both models run in ``CpuPipeline`` + ``OnnxRuntimeBackend`` with the serving defaults
 (conf 0.25, IoU 0.7), so what is measured is what a user of ``--precision int8`` gets. The
 FP32 detections are the reference: an INT8 box counts when it has the same class and IoU
->= 0.5 with an FP32 box, matched one-to-one by ``app.pipeline.agreement`` (greedy, highest IoU
+>= 0.5 with an FP32 box, matched one-to-one by ``app.boxes`` (greedy, highest IoU
 first), the matching every other agreement figure in the project uses.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from app.pipeline.agreement import f1, match_pairs
+from app.boxes import f1, match_pairs
 from app.types import Detections, DetectParams, ModelMeta
 
 MATCH_IOU = 0.5
@@ -95,7 +95,7 @@ def detect_all(onnx_path: Path, meta: ModelMeta, images: Sequence[np.ndarray], *
     """Detections in original pixels for decoded BGR images, through the CPU request path."""
     from app.backends.onnxruntime import OnnxRuntimeBackend
     from app.pipeline.cpu import CpuPipeline
-    from app.pipeline.postprocess import rows_to_detections
+    from app.boxes import rows_to_detections
 
     pipeline = CpuPipeline(OnnxRuntimeBackend(onnx_path, precision=precision), meta, max_batch=batch)
     try:

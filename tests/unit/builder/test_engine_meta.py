@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from app.build.engine_meta import (
+from app.artifacts.engines import (
     ENGINE_META_NAME,
     EngineMeta,
     build_recipe,
@@ -196,7 +196,7 @@ def make_engine_dir(path, precisions, described=None):
 
 
 def test_find_engine_prefers_int8_then_fp16_then_fp32(tmp_path):
-    from app.backends.tensorrt import find_engine
+    from app.artifacts.engines import find_engine
 
     d = make_engine_dir(tmp_path / "all", ["fp32", "fp16", "int8"])
     assert find_engine(d, None) == d / "model.int8.engine"
@@ -212,7 +212,7 @@ def test_find_engine_prefers_int8_then_fp16_then_fp32(tmp_path):
 
 
 def test_find_engine_needs_both_the_plan_and_its_description(tmp_path):
-    from app.backends.tensorrt import find_engine
+    from app.artifacts.engines import find_engine
 
     # int8 plan without an engine.json entry, fp16 entry without a plan: only fp32 is usable
     d = make_engine_dir(tmp_path / "m", ["int8", "fp32"], described=["fp16", "fp32"])
@@ -224,7 +224,7 @@ def test_find_engine_needs_both_the_plan_and_its_description(tmp_path):
 def test_find_engine_loads_no_gpu_library(tmp_path):
     d = make_engine_dir(tmp_path / "m", ["fp16"])
     script = (
-        "import sys; from pathlib import Path; from app.backends.tensorrt import find_engine;"
+        "import sys; from pathlib import Path; from app.artifacts.engines import find_engine;"
         f"assert find_engine(Path({str(d)!r}), None).name == 'model.fp16.engine';"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'tensorrt', 'cupy', 'numba'}))"
     )
@@ -237,7 +237,7 @@ def test_find_engine_loads_no_gpu_library(tmp_path):
 @pytest.mark.skipif(HAS_TENSORRT, reason="tensorrt is installed here")
 @pytest.mark.parametrize("precision", ["int8", "fp16", "fp32"])
 def test_build_engine_without_tensorrt_fails_before_exporting(tmp_path, precision):
-    from app.build.trt_build import build_engine
+    from app.builder.trt_build import build_engine
 
     engines = tmp_path / "engines"
     with pytest.raises(BackendUnavailable) as info:
@@ -248,7 +248,7 @@ def test_build_engine_without_tensorrt_fails_before_exporting(tmp_path, precisio
 
 
 def test_build_engine_checks_arguments_first(tmp_path):
-    from app.build.trt_build import build_engine
+    from app.builder.trt_build import build_engine
 
     with pytest.raises(InvalidParameter, match="max batch 300"):
         build_engine("sample", precision="fp16", max_batch=300, engines_dir=tmp_path)

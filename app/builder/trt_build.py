@@ -1,12 +1,12 @@
 """ONNX → TensorRT engine (build time only): ``engines/<name>/model.<precision>.engine`` + ``engine.json``.
 
 One function, ``build_engine``, for TensorRT 10.x and 11.x. What differs between them is only how
-a precision is expressed (``app.build.engine_meta.build_recipe`` decides, and is unit tested):
+a precision is expressed (``app.artifacts.engines.build_recipe`` decides, and is unit tested):
 
 * 10.x has weak typing: fp16 is ``BuilderFlag.FP16`` on a network made by ``create_network(0)``.
 * 11.x is strongly typed only: the precision flags and INT8 calibrators are gone, fp16 comes
   from an fp16 ONNX model made by NVIDIA ModelOpt AutoCast (fp32 I/O kept).
-* int8 is the same on both: the entropy-calibrated Q/DQ ONNX model (``app.build.quantize``) and a
+* int8 is the same on both: the entropy-calibrated Q/DQ ONNX model (``app.builder.quantize``) and a
   network created with ``NetworkDefinitionCreationFlag.STRONGLY_TYPED`` (required on 10.x,
   accepted and ignored on 11.x, where every network is strongly typed).
 
@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from app.build.engine_meta import (
+from app.artifacts.engines import (
     ENGINE_PRECISIONS,
     BuildRecipe,
     EngineMeta,
@@ -77,7 +77,8 @@ def build_engine(
     if not 0 < workspace_gib <= 1024:
         raise InvalidParameter(f"workspace must be within (0, 1024] GiB, got {workspace_gib}")
 
-    from app.backends.tensorrt import gpu_identity, import_tensorrt, trt_logger
+    from app.gpu.probe import gpu_identity
+    from app.gpu.tensorrt_lib import import_tensorrt, trt_logger
 
     trt = import_tensorrt()  # BackendUnavailable with the install hint
     from app.gpu.probe import cuda_device_count
@@ -88,7 +89,7 @@ def build_engine(
     if recipe.source == "fp16_autocast" and importlib.util.find_spec("modelopt") is None:
         raise BackendUnavailable(f"TensorRT {trt.__version__} builds fp16 only from an fp16 ONNX model", hint=MODELOPT_HINT)
 
-    from app.build.export import engine_name
+    from app.builder.export import engine_name
     from app.weights import resolve_weights
 
     model_dir = Path(engines_dir) / (name or engine_name(weights, resolve_weights(weights)))
@@ -100,7 +101,7 @@ def build_engine(
     console = console or Console(stderr=True)
 
     # 2. the ONNX model TensorRT will parse
-    from app.build.export import export_onnx
+    from app.builder.export import export_onnx
 
     exported = export_onnx(weights, imgsz=imgsz, name=name, engines_dir=engines_dir)
     model_dir, meta = exported.onnx_path.parent, exported.meta
@@ -170,7 +171,7 @@ def _describe(recipe: BuildRecipe) -> str:
 # --- inputs -------------------------------------------------------------------------------------
 def _check_calibration_inputs(model_dir: Path, calib_images: Path | None) -> None:
     """int8 needs the Q/DQ model or images to make it; say so before exporting anything."""
-    from app.build.artifacts import int8_qdq_model_path
+    from app.artifacts.int8 import int8_qdq_model_path
 
     if int8_qdq_model_path(model_dir).is_file():
         return
@@ -198,7 +199,7 @@ def _source_model(
     if recipe.source == "fp16_autocast":
         return _autocast_fp16(onnx_path, model_dir / FP16_ONNX_NAME, console)
 
-    from app.build.artifacts import int8_qdq_model_path
+    from app.artifacts.int8 import int8_qdq_model_path
 
     qdq_path = int8_qdq_model_path(model_dir)
     # a Q/DQ model older than the export was calibrated from other weights
@@ -210,7 +211,7 @@ def _source_model(
             f"{qdq_path} is older than the export it should quantize",
             hint="pass --calib-images DIR to recalibrate",
         )
-    from app.build.quantize import calibrate
+    from app.builder.quantize import calibrate
 
     console.print(f"calibrating int8 from {esc(str(calib_images))} ...")
     calibrate(weights, Path(calib_images), imgsz=imgsz, name=model_dir.name, engines_dir=engines_dir)

@@ -9,8 +9,8 @@ import torchvision
 from ultralytics.utils.nms import non_max_suppression
 from ultralytics.utils.ops import scale_boxes as ul_scale_boxes
 
-from app.pipeline.postprocess import head_candidates, nms_keep_indices, nms_numpy, offset_boxes, scale_boxes
-from app.pipeline.preprocess import letterbox_params
+from app.boxes import head_candidates, nms_keep_indices, nms_numpy, offset_boxes, scale_boxes
+from app.imaging.letterbox import letterbox_params
 from app.types import DetectParams
 
 

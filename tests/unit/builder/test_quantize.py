@@ -15,9 +15,9 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from app.build import quantize as qz
-from app.build.artifacts import int8_cpu_model_path, int8_qdq_model_path, int8_report_path
-from app.build.int8_report import compare_models
+from app.builder import quantize as qz
+from app.artifacts.int8 import int8_cpu_model_path, int8_qdq_model_path, int8_report_path
+from app.builder.int8_report import compare_models
 from app.errors import ArtifactError, CalibrationError
 
 ASSETS = Path(__import__("ultralytics").__file__).parent / "assets"
@@ -49,7 +49,7 @@ def image_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def engines_dir(tmp_path_factory) -> Path:
     """A private engines dir holding the existing sample export (no re-export)."""
-    from app.build.export import export_onnx
+    from app.builder.export import export_onnx
 
     exported = export_onnx("sample")
     out = tmp_path_factory.mktemp("engines")
@@ -169,7 +169,7 @@ def test_quantizing_the_head_tail_fails_the_gate(calibrated, image_dir, engines_
 
 # --- the pieces -------------------------------------------------------------------------
 def test_head_tail_is_everything_after_the_last_convs():
-    from app.build.export import export_onnx
+    from app.builder.export import export_onnx
 
     model = onnx.load(str(export_onnx("sample").onnx_path))
     tail = set(qz.head_tail_nodes(model))
@@ -185,7 +185,7 @@ def test_head_tail_is_everything_after_the_last_convs():
 
 
 def test_head_output_convs_and_branches_are_found_from_the_structure():
-    from app.build.export import export_onnx
+    from app.builder.export import export_onnx
 
     model = onnx.load(str(export_onnx("sample").onnx_path))
     nodes = {n.name: n for n in model.graph.node}

@@ -12,7 +12,9 @@ from ultralytics.data.augment import LetterBox
 from ultralytics.utils.patches import imread
 
 from app.errors import ImageTooLarge, InvalidImage, UnsupportedMediaType
-from app.pipeline.preprocess import decode_image, image_size, letterbox, letterbox_params, sniff_format, to_input
+from app.imaging.decode import decode_image
+from app.imaging.headers import image_size, sniff_format
+from app.imaging.letterbox import letterbox, letterbox_params, to_input
 
 
 @pytest.mark.parametrize("shape", [(480, 640), (640, 480), (1080, 810), (160, 90), (33, 1000), (1, 1), (641, 639), (720, 1280)])

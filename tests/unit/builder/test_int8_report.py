@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.build.int8_report import compare_models, match_detections, summarize
-from app.pipeline.agreement import box_iou, match_counts
+from app.builder.int8_report import compare_models, match_detections, summarize
+from app.boxes import box_iou, match_counts
 from app.types import Detections
 
 
@@ -68,7 +68,7 @@ def test_fp32_against_itself_through_the_real_pipeline():
     import cv2
     import ultralytics
 
-    from app.build.export import export_onnx
+    from app.builder.export import export_onnx
 
     exported = export_onnx("sample")
     bus = cv2.imread(str(Path(ultralytics.__file__).parent / "assets" / "bus.jpg"))

@@ -1,6 +1,6 @@
 """Where the INT8 build artifacts live, in one place.
 
-``engines/<name>/`` (one export, see ``app.build.export``) gains:
+``engines/<name>/`` (one export, see ``app.builder.export``) gains:
 
 * ``model.int8.onnx``: the TensorRT-ready Q/DQ model: symmetric s8 activations and weights
   (zero points 0), per-channel weight scales, the head tail left float.

@@ -31,12 +31,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from app.errors import ArtifactError, EngineMismatch, InvalidParameter
+from app.errors import ArtifactError, EngineMismatch, InvalidParameter, YolopipeError
 
 ENGINE_META_NAME = "engine.json"
 ENGINE_META_FORMAT = 1
 ENGINE_PRECISIONS = ("int8", "fp16", "fp32")
 MAX_PROFILE_BATCH = 256
+PREFERENCE = ("int8", "fp16", "fp32")  # fastest first
 
 
 def engine_file_name(precision: str) -> str:
@@ -129,6 +130,30 @@ def engine_meta_for(engine_path: Path) -> EngineMeta:
         f"no entry for {engine_path.name} in {engine_path.parent / ENGINE_META_NAME}",
         hint="the engine cannot be checked against this GPU; rebuild it with `yolopipe build-engine`",
     )
+
+
+# --- which engine to load (files only: no TensorRT, no GPU) ------------------------------
+def find_engine(model_dir: Path, precision: str | None) -> Path | None:
+    """The engine to load from ``model_dir``, or None. Looks at files only (no TensorRT, no GPU).
+
+    ``precision=None`` prefers int8, then fp16, then fp32. An engine counts only when
+    ``engine.json`` describes it, because without that entry it cannot be checked against this
+    GPU and TensorRT version before deserializing.
+    """
+    if precision is not None and precision not in ENGINE_PRECISIONS:
+        raise InvalidParameter(f"unknown precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
+    model_dir = Path(model_dir)
+    for candidate in (precision,) if precision else PREFERENCE:
+        path = model_dir / engine_file_name(candidate)
+        if not path.is_file():
+            continue
+        try:
+            entry = load_engine_meta(model_dir, candidate)
+        except YolopipeError:  # unreadable engine.json: nothing here can be checked, so nothing is offered
+            return None
+        if entry is not None and entry.engine_file == path.name:
+            return path
+    return None
 
 
 # --- compatibility --------------------------------------------------------------------
