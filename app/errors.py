@@ -72,9 +72,15 @@ class EngineMismatch(ArtifactError):
 
 
 class CalibrationError(YolopipeError):
-    """Calibration inputs unusable (empty folder, too few images) or the accuracy gate failed."""
+    """Calibration inputs unusable (empty folder, too few images, unreadable video)."""
 
     code = "calibration_error"
+
+
+class AccuracyGateFailed(CalibrationError):
+    """The INT8 model agrees with FP32 less than the gate asks; the work ran, its result is refused."""
+
+    code = "accuracy_gate_failed"
 
 
 # --- serving ----------------------------------------------------------------------------

@@ -39,19 +39,31 @@ def assets_dir() -> Path:
     return Path(spec.origin).parent / "assets"
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    # Every test, and every CLI or server a test starts, keeps artifacts in pytest's own temp
+    # folder (pruned by pytest), never in the user's cache or the temp dir at large. Set before
+    # collection, since some test modules build an app at import.
+    root = config._tmp_path_factory.getbasetemp() / "artifacts"
+    root.mkdir(exist_ok=True)
+    os.environ["YOLOPIPE_ARTIFACTS_DIR"] = str(root)
+
+
 @pytest.fixture(scope="session")
-def engines_dir(tmp_path_factory) -> Path:
+def artifacts_dir() -> Path:
     """One export of the sample model for the whole session (export takes seconds)."""
     from app.builder.export import export_onnx
 
-    out = tmp_path_factory.mktemp("engines")
-    export_onnx("sample", engines_dir=out)
+    out = Path(os.environ["YOLOPIPE_ARTIFACTS_DIR"])
+    export_onnx("sample", artifacts_dir=out)
     return out
 
 
 @pytest.fixture(scope="session")
-def sample_model_dir(engines_dir) -> Path:
-    return engines_dir / "sample"
+def sample_model_dir(artifacts_dir) -> Path:
+    from app.builder.export import export_onnx
+
+    return export_onnx("sample", artifacts_dir=artifacts_dir).model_dir
 
 
 @pytest.fixture(scope="session")

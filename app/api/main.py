@@ -20,23 +20,10 @@ from app.api.limits import BodyLimitMiddleware
 from app.api.metrics import Metrics, MetricsMiddleware, gpu_memory_readers
 from app.api.routes import router
 from app.config import Settings
-from app.pipeline.detector import Detector, open_detector
+from app.pipeline.detector import Detector
+from app.runtime import open_detector_from
 
 log = logging.getLogger("yolopipe.api")
-
-
-def open_detector_from(settings: Settings) -> Detector:
-    return open_detector(
-        settings.weights,
-        backend=settings.backend,
-        precision=settings.precision,
-        imgsz=settings.imgsz,
-        engines_dir=settings.engines_dir,
-        max_batch=settings.max_batch,
-        device=settings.device,
-        max_pixels=settings.max_pixels,
-        compile=settings.compile,
-    )
 
 
 def create_app(settings: Settings | None = None, *, detector: Detector | None = None) -> FastAPI:

@@ -13,7 +13,8 @@ import signal
 import threading
 from types import FrameType
 
-from app.api.main import create_app, open_detector_from
+from app.api.main import create_app
+from app.runtime import open_detector_from
 from app.config import Settings
 
 

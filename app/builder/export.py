@@ -1,27 +1,33 @@
-"""``.pt`` → ``engines/<name>/model.onnx`` + ``meta.json`` (build time only).
+"""``.pt`` → ``model.onnx`` + ``meta.json`` in the model's artifacts folder (build time only).
 
 The ONNX model has a dynamic batch and a fixed ``imgsz × imgsz`` input. Ultralytics'
 ``dynamic=True`` makes height and width dynamic too, so we export that way and then pin
 H and W and let onnxslim fold every shape computation that depended on them: the result is
 the same graph a static export gives, with only the batch left free.
+
+The same weights give the same bytes on every export (Ultralytics stamps the export time into
+the model's metadata; that stamp is dropped), so an export's sha256 identifies it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.artifacts.exports import META_NAME, ONNX_NAME, WEIGHTS_COPY_NAME, current_export
+from app.artifacts.store import artifacts_root, model_dir
 from app.errors import ArtifactError, WeightsError
 from app.types import ModelMeta
 from app.versions import package_versions
-from app.weights import resolve_weights, sha256_file
+from app.weights import ResolvedWeights, resolve_weights, sha256_file
 
 DEFAULT_OPSET = 17
-ONNX_NAME = "model.onnx"
-META_NAME = "meta.json"
+UNSTABLE_METADATA = ("date",)  # differs on every export of the same weights
 
 
 @dataclass(frozen=True)
@@ -30,9 +36,9 @@ class ExportResult:
     meta: ModelMeta
     reused: bool  # True when the existing export already matched the weights
 
-
-def engine_name(weights_spec: str, weights_path: Path) -> str:
-    return "sample" if weights_spec == "sample" else weights_path.stem
+    @property
+    def model_dir(self) -> Path:
+        return self.onnx_path.parent
 
 
 def _dims(value_info) -> list:
@@ -53,75 +59,97 @@ def pin_spatial_dims(model, imgsz: int):
     return onnxslim.slim(model)
 
 
+@contextlib.contextmanager
+def _ultralytics_offline() -> Iterator[None]:
+    """Ultralytics without the network or its banners for the length of one export only."""
+    saved = {k: os.environ.get(k) for k in ("YOLO_OFFLINE", "YOLO_VERBOSE")}
+    os.environ.update(YOLO_OFFLINE="1", YOLO_VERBOSE="False")
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _load_detection_model(weights: ResolvedWeights, workdir: Path):
+    """The Ultralytics model of a ``.pt``; ``WeightsError`` for anything that is not a detector."""
+    local_pt = workdir / "model.pt"  # Ultralytics writes its export beside the weights
+    shutil.copyfile(weights.path, local_pt)
+    from ultralytics import YOLO
+
+    try:
+        model = YOLO(str(local_pt))
+    except Exception as exc:  # torch.load and Ultralytics raise many types for a file that is no checkpoint
+        raise WeightsError(
+            f"{weights.path} is not an Ultralytics YOLO checkpoint ({type(exc).__name__}: {str(exc)[:120]})",
+            hint="pass a .pt saved by Ultralytics (e.g. runs/detect/train/weights/best.pt), a name like yolov8n.pt, or 'sample'",
+        ) from None
+    if model.task != "detect":
+        raise WeightsError(f"{weights.path} is a '{model.task}' model; yolopipe serves detection models")
+    return model
+
+
 def export_onnx(
     weights: str = "sample",
     *,
     imgsz: int = 640,
-    name: str | None = None,
-    engines_dir: Path = Path("engines"),
+    artifacts_dir: Path | None = None,
     opset: int = DEFAULT_OPSET,
     force: bool = False,
 ) -> ExportResult:
-    """Export the weights to ONNX unless ``engines/<name>`` already holds an export of them."""
+    """Export the weights to ONNX unless their artifacts folder already holds that export."""
+    if imgsz % 32 or not 32 <= imgsz <= 4096:
+        raise WeightsError(f"imgsz must be a multiple of 32 (the model's largest stride) in [32, 4096], got {imgsz}")
+    resolved = resolve_weights(weights)
+    out_dir = model_dir(artifacts_root(artifacts_dir), resolved.name, resolved.sha256, imgsz)
+    if not force and (found := current_export(out_dir, weights_sha256=resolved.sha256, imgsz=imgsz)):
+        return ExportResult(found[0], found[1], reused=True)
+
     import onnx
 
-    if imgsz % 32:
-        raise WeightsError(f"imgsz must be a multiple of 32 (the model's largest stride), got {imgsz}")
-    weights_path = resolve_weights(weights)
-    out_dir = Path(engines_dir) / (name or engine_name(weights, weights_path))
-    onnx_path, meta_path = out_dir / ONNX_NAME, out_dir / META_NAME
-    weights_sha = sha256_file(weights_path)
-    if not force and onnx_path.is_file() and meta_path.is_file():
-        meta = ModelMeta.load(meta_path)
-        if meta.weights_sha256 == weights_sha and meta.imgsz == imgsz and meta.onnx_sha256 == sha256_file(onnx_path):
-            return ExportResult(onnx_path, meta, reused=True)
-
-    # Export needs no network: keep Ultralytics from reaching for it (settings checks, fonts).
-    os.environ.setdefault("YOLO_OFFLINE", "1")
-    from ultralytics import YOLO
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        local_pt = Path(tmp) / "model.pt"  # Ultralytics writes its export beside the weights
-        shutil.copyfile(weights_path, local_pt)
-        model = YOLO(str(local_pt))
-        if model.task != "detect":
-            raise WeightsError(f"{weights_path} is a '{model.task}' model; yolopipe serves detection models")
+    with _ultralytics_offline(), tempfile.TemporaryDirectory() as tmp:
+        model = _load_detection_model(resolved, Path(tmp))
         names = [model.names[i] for i in sorted(model.names)]
         stride = int(max(model.model.stride))
         exported = Path(
             model.export(format="onnx", imgsz=imgsz, dynamic=True, simplify=True, opset=opset, verbose=False)
         )
         graph = pin_spatial_dims(onnx.load(str(exported)), imgsz)
+    for prop in [p for p in graph.metadata_props if p.key in UNSTABLE_METADATA]:
+        graph.metadata_props.remove(prop)
     onnx.checker.check_model(graph)
     input_shape, output_shape = _dims(graph.graph.input[0]), _dims(graph.graph.output[0])
     if output_shape[1] != 4 + len(names):
         raise ArtifactError(f"unexpected head output {output_shape} for {len(names)} classes")
-    tmp_path = onnx_path.with_suffix(".tmp")
-    onnx.save(graph, str(tmp_path))
-    tmp_path.replace(onnx_path)
-    meta = ModelMeta(
-        name=out_dir.name,
-        names=names,
-        imgsz=imgsz,
-        stride=stride,
-        input_name=graph.graph.input[0].name,
-        output_name=graph.graph.output[0].name,
-        input_shape=input_shape,
-        output_shape=output_shape,
-        opset=opset,
-        weights_sha256=weights_sha,
-        onnx_sha256=sha256_file(onnx_path),
-        versions=package_versions(("ultralytics", "torch", "onnx", "onnxslim")),
-    )
-    meta.save(meta_path)
-    shutil.copyfile(weights_path, out_dir / "weights.pt")  # torch-cuda backend and fidelity checks load it
-    return ExportResult(onnx_path, meta, reused=False)
 
+    # Written into a fresh folder, then moved into place: a failed export leaves nothing behind.
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir.parent))
+    try:
+        onnx.save(graph, str(staging / ONNX_NAME))
 
-def load_export(model_dir: Path) -> tuple[Path, ModelMeta]:
-    """An existing export: ``(model.onnx, ModelMeta)``; a clear error when it is not there."""
-    onnx_path, meta_path = Path(model_dir) / ONNX_NAME, Path(model_dir) / META_NAME
-    if not onnx_path.is_file() or not meta_path.is_file():
-        raise ArtifactError(f"no export in {model_dir}", hint="run `yolopipe export --weights ...` first")
-    return onnx_path, ModelMeta.load(meta_path)
+        meta = ModelMeta(
+            name=resolved.name,
+            names=names,
+            imgsz=imgsz,
+            stride=stride,
+            input_name=graph.graph.input[0].name,
+            output_name=graph.graph.output[0].name,
+            input_shape=input_shape,
+            output_shape=output_shape,
+            opset=opset,
+            weights_sha256=resolved.sha256,
+            onnx_sha256=sha256_file(staging / ONNX_NAME),
+            versions=package_versions(("ultralytics", "torch", "onnx", "onnxslim")),
+        )
+        meta.save(staging / META_NAME)
+        shutil.copyfile(resolved.path, staging / WEIGHTS_COPY_NAME)
+        out_dir.mkdir(exist_ok=True)
+        for name in (ONNX_NAME, WEIGHTS_COPY_NAME, META_NAME):  # meta.json last: it marks the export complete
+            (staging / name).replace(out_dir / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return ExportResult(out_dir / ONNX_NAME, meta, reused=False)

@@ -602,8 +602,7 @@ def calibrate(
     num_images: int = 512,
     method: str = DEFAULT_METHOD,
     imgsz: int = 640,
-    name: str | None = None,
-    engines_dir: Path = Path("engines"),
+    artifacts_dir: Path | None = None,
     holdout: float = 0.2,
     min_f1: float = 0.90,
     allow_low_accuracy: bool = False,
@@ -643,7 +642,7 @@ def calibrate(
             hint=f"add images like the ones you will serve ({ADVISED_IMAGES + len(heldout_files)}+ in the folder)",
         )
 
-    exported = export_onnx(weights, imgsz=imgsz, name=name, engines_dir=engines_dir)
+    exported = export_onnx(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
     onnx_path, meta, model_dir = exported.onnx_path, exported.meta, exported.onnx_path.parent
     timings["export_s"] = time.perf_counter() - t0
 

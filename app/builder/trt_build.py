@@ -59,8 +59,7 @@ def build_engine(
     opt_batch: int = 8,
     max_batch: int = 64,
     imgsz: int = 640,
-    name: str | None = None,
-    engines_dir: Path = Path("engines"),
+    artifacts_dir: Path | None = None,
     workspace_gib: float = 4.0,
     timing_cache: Path | None = None,
     console: Any = None,
@@ -89,10 +88,11 @@ def build_engine(
     if recipe.source == "fp16_autocast" and importlib.util.find_spec("modelopt") is None:
         raise BackendUnavailable(f"TensorRT {trt.__version__} builds fp16 only from an fp16 ONNX model", hint=MODELOPT_HINT)
 
-    from app.builder.export import engine_name
+    from app.artifacts.store import artifacts_root, model_dir as model_dir_of
     from app.weights import resolve_weights
 
-    model_dir = Path(engines_dir) / (name or engine_name(weights, resolve_weights(weights)))
+    resolved = resolve_weights(weights)
+    model_dir = model_dir_of(artifacts_root(artifacts_dir), resolved.name, resolved.sha256, imgsz)
     if recipe.source == "int8_qdq":
         _check_calibration_inputs(model_dir, calib_images)
 
@@ -103,9 +103,9 @@ def build_engine(
     # 2. the ONNX model TensorRT will parse
     from app.builder.export import export_onnx
 
-    exported = export_onnx(weights, imgsz=imgsz, name=name, engines_dir=engines_dir)
-    model_dir, meta = exported.onnx_path.parent, exported.meta
-    source_onnx = _source_model(recipe, exported.onnx_path, weights, calib_images, imgsz, model_dir, engines_dir, console)
+    exported = export_onnx(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
+    model_dir, meta = exported.model_dir, exported.meta
+    source_onnx = _source_model(recipe, exported.onnx_path, weights, calib_images, imgsz, artifacts_dir, console)
 
     # 3. the build
     gpu_name, capability = gpu_identity(0)
@@ -190,10 +190,10 @@ def _source_model(
     weights: str,
     calib_images: Path | None,
     imgsz: int,
-    model_dir: Path,
-    engines_dir: Path,
+    artifacts_dir: Path | None,
     console: Any,
 ) -> Path:
+    model_dir = onnx_path.parent
     if recipe.source == "fp32":
         return onnx_path
     if recipe.source == "fp16_autocast":
@@ -214,7 +214,7 @@ def _source_model(
     from app.builder.quantize import calibrate
 
     console.print(f"calibrating int8 from {esc(str(calib_images))} ...")
-    calibrate(weights, Path(calib_images), imgsz=imgsz, name=model_dir.name, engines_dir=engines_dir)
+    calibrate(weights, Path(calib_images), imgsz=imgsz, artifacts_dir=artifacts_dir)
     if not qdq_path.is_file():
         raise ArtifactError(f"calibration finished but {qdq_path} was not written")
     return qdq_path

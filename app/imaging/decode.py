@@ -5,13 +5,13 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from app.config import MAX_PIXELS
 from app.errors import ImageTooLarge, InvalidImage, UnsupportedMediaType
 from app.imaging.headers import image_size, sniff_format
 
-DEFAULT_MAX_PIXELS = 50_000_000
 
 
-def decode_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
+def decode_image(data: bytes, *, max_pixels: int = MAX_PIXELS) -> np.ndarray:
     """Bytes → BGR uint8 ``[H, W, 3]``, as Ultralytics' ``imread`` reads a file.
 
     OpenCV's ``IMREAD_COLOR`` applies the EXIF orientation, expands grayscale to three channels

@@ -7,24 +7,19 @@ NMS rows in input pixels into detections in original pixels.
 
 from __future__ import annotations
 
-import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from app.backends.base import Pipeline, PipelineInput
-from app.errors import BackendUnavailable, EngineMismatch, InvalidParameter, YolopipeError
 from app.boxes import rows_to_detections
-from app.imaging.decode import DEFAULT_MAX_PIXELS, decode_image
+from app.config import MAX_DET, MAX_PIXELS
+from app.errors import InvalidParameter, YolopipeError
+from app.imaging.decode import decode_image
 from app.imaging.headers import image_size, sniff_format
 from app.types import Detections, DetectParams, ModelMeta
-
-BACKENDS = ("auto", "onnxruntime", "torch-cuda", "tensorrt")
-PRECISIONS = ("auto", "fp32", "fp16", "int8")
 
 
 def make_params(
@@ -35,15 +30,14 @@ def make_params(
     agnostic: bool = False,
     *,
     num_classes: int | None = None,
-    max_det_limit: int = 1000,
 ) -> DetectParams:
     """Validated ``DetectParams``; ``InvalidParameter`` names the offending value."""
     if not 0.0 <= conf <= 1.0:
         raise InvalidParameter(f"conf must be within [0, 1], got {conf}")
     if not 0.0 <= iou <= 1.0:
         raise InvalidParameter(f"iou must be within [0, 1], got {iou}")
-    if not 1 <= max_det <= max_det_limit:
-        raise InvalidParameter(f"max_det must be within [1, {max_det_limit}], got {max_det}")
+    if not 1 <= max_det <= MAX_DET:
+        raise InvalidParameter(f"max_det must be within [1, {MAX_DET}], got {max_det}")
     if classes is not None:
         classes = tuple(int(c) for c in classes)
         bad = [c for c in classes if c < 0 or (num_classes is not None and c >= num_classes)]
@@ -76,7 +70,7 @@ class ImageResult:
 class Detector:
     """Owns one pipeline (and through it the backend and every GPU resource)."""
 
-    def __init__(self, pipeline: Pipeline, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
+    def __init__(self, pipeline: Pipeline, *, max_pixels: int = MAX_PIXELS) -> None:
         self.pipeline = pipeline
         self.max_pixels = max_pixels
 
@@ -101,9 +95,7 @@ class Detector:
         }
 
     def params(self, **kwargs: Any) -> DetectParams:
-        # GPU pipelines size their output buffers for a max_det fixed at start-up
-        limit = getattr(self.pipeline, "max_det", 1000)
-        return make_params(**kwargs, num_classes=len(self.names), max_det_limit=limit)
+        return make_params(**kwargs, num_classes=len(self.names))
 
     # --- work ------------------------------------------------------------------------
     def prepare(self, item: bytes | np.ndarray) -> PipelineInput:
@@ -149,91 +141,3 @@ class Detector:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _choose_backend(backend: str, model_dir: Path, precision: str) -> str:
-    if backend != "auto":
-        return backend
-    from app.gpu.probe import cuda_device_count
-
-    if cuda_device_count() == 0:
-        return "onnxruntime"
-    from app.artifacts.engines import find_engine  # only imports tensorrt lazily, when it loads one
-
-    if find_engine(model_dir, None if precision == "auto" else precision) is not None:
-        return "tensorrt"
-    return "torch-cuda"
-
-
-def open_detector(
-    weights: str = "sample",
-    *,
-    backend: str = "auto",
-    precision: str = "auto",
-    imgsz: int = 640,
-    engines_dir: Path = Path("engines"),
-    name: str | None = None,
-    max_batch: int = 32,
-    device: int = 0,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
-    compile: bool = True,
-) -> Detector:
-    """Export if needed, pick the backend, build its pipeline. The one place that wires them."""
-    from app.builder.export import export_onnx
-
-    if backend not in BACKENDS:
-        raise InvalidParameter(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if precision not in PRECISIONS:
-        raise InvalidParameter(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    exported = export_onnx(weights, imgsz=imgsz, name=name, engines_dir=engines_dir)
-    model_dir, meta = exported.onnx_path.parent, exported.meta
-    chosen = _choose_backend(backend, model_dir, precision)
-
-    if chosen == "onnxruntime":
-        from app.backends.onnxruntime import OnnxRuntimeBackend
-        from app.pipeline.cpu import CpuPipeline
-
-        prec = "fp32" if precision == "auto" else precision
-        if prec == "fp16":
-            raise InvalidParameter("onnxruntime runs fp32 or int8 on the CPU; fp16 needs a GPU backend")
-        onnx_path = exported.onnx_path
-        if prec == "int8":
-            from app.artifacts.int8 import int8_cpu_model_path
-
-            onnx_path = int8_cpu_model_path(model_dir)
-        threads = int(os.environ.get("YOLOPIPE_ORT_THREADS", "0")) or None
-        host = OnnxRuntimeBackend(onnx_path, precision=prec, threads=threads)
-        return Detector(CpuPipeline(host, meta, max_batch=min(max_batch, 16)), max_pixels=max_pixels)
-
-    from app.gpu.probe import cuda_device_count
-
-    if cuda_device_count() == 0:
-        raise BackendUnavailable(f"backend {chosen} needs an NVIDIA GPU and none was found", hint="use --backend onnxruntime")
-    from app.gpu.pipeline import GpuPipeline
-
-    engine = None
-    if chosen == "tensorrt":
-        from app.artifacts.engines import find_engine
-        from app.backends.tensorrt import TensorRTEngine
-
-        engine_path = find_engine(model_dir, None if precision == "auto" else precision)
-        if engine_path is None:
-            raise BackendUnavailable(
-                f"no TensorRT engine in {model_dir}", hint="run `yolopipe build-engine` first"
-            )
-        try:
-            engine = TensorRTEngine(engine_path, meta, device=device)
-        except (EngineMismatch, BackendUnavailable) as exc:
-            if backend != "auto":
-                raise
-            # auto: an engine built for another GPU/TensorRT must not stop the service from starting
-            warnings.warn(f"TensorRT engine unusable here ({exc}); falling back to torch-cuda", stacklevel=2)
-            chosen, precision = "torch-cuda", "auto" if precision == "int8" else precision
-    if chosen == "torch-cuda":
-        from app.backends.torch_cuda import TorchCudaEngine
-
-        prec = "fp16" if precision == "auto" else precision
-        engine = TorchCudaEngine(model_dir, meta, precision=prec, max_batch=max_batch, device=device, compile=compile)
-    if engine is None:
-        raise InvalidParameter(f"unknown backend {chosen!r}")
-    return Detector(GpuPipeline(engine, meta, max_batch=max_batch, device=device), max_pixels=max_pixels)

@@ -39,10 +39,10 @@ def wait_ready(base: str, proc: subprocess.Popen, log: Path, timeout: float = 18
 
 
 @pytest.fixture(scope="module")
-def server(engines_dir, tmp_path_factory):
+def server(artifacts_dir, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    env = {**os.environ, "YOLOPIPE_ENGINES_DIR": str(engines_dir), "YOLO_OFFLINE": "1",
+    env = {**os.environ, "YOLOPIPE_ARTIFACTS_DIR": str(artifacts_dir), "YOLO_OFFLINE": "1",
            "YOLOPIPE_MAX_WAIT_MS": "5"}
     with log.open("w") as out:
         proc = subprocess.Popen(
@@ -59,7 +59,7 @@ def server(engines_dir, tmp_path_factory):
             proc.wait()
 
 
-def test_detect_equals_yolopipe_predict(server, assets_dir, engines_dir, tmp_path):
+def test_detect_equals_yolopipe_predict(server, assets_dir, artifacts_dir, tmp_path):
     base, _, _ = server
     bus = assets_dir / "bus.jpg"
     r = httpx.post(f"{base}/v1/detect", files={"image": ("bus.jpg", bus.read_bytes(), "image/jpeg")}, timeout=60)
@@ -69,7 +69,7 @@ def test_detect_equals_yolopipe_predict(server, assets_dir, engines_dir, tmp_pat
     out = tmp_path / "bus.jsonl"
     proc = subprocess.run(
         [*CLI, "predict", str(bus), "--weights", "sample", "--backend", "onnxruntime",
-         "--engines-dir", str(engines_dir), "--out", str(out)],
+         "--artifacts-dir", str(artifacts_dir), "--out", str(out)],
         capture_output=True, text=True, timeout=300, check=False, env={**os.environ, "YOLO_OFFLINE": "1"},
     )
     assert proc.returncode == 0, proc.stderr

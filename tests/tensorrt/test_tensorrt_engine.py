@@ -46,7 +46,7 @@ PROFILE = dict(min_batch=1, opt_batch=2, max_batch=4)  # small profile: short bu
 def trt_dir(tmp_path_factory):
     """Its own engines folder, so engines built here never change backend choice elsewhere."""
     out = tmp_path_factory.mktemp("trt_engines")
-    export_onnx("sample", engines_dir=out)
+    export_onnx("sample", artifacts_dir=out)
     return out
 
 
@@ -74,19 +74,19 @@ def calib_dir(tmp_path_factory, assets_dir):
 @pytest.fixture(scope="module")
 def fp16_engine(trt_dir):
     try:
-        return build_engine("sample", precision="fp16", engines_dir=trt_dir, workspace_gib=2, **PROFILE)
+        return build_engine("sample", precision="fp16", artifacts_dir=trt_dir, workspace_gib=2, **PROFILE)
     except BackendUnavailable as exc:  # TensorRT 11 without ModelOpt AutoCast
         pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="module")
 def int8_engine(trt_dir, calib_dir):
-    return build_engine("sample", precision="int8", calib_images=calib_dir, engines_dir=trt_dir, workspace_gib=2, **PROFILE)
+    return build_engine("sample", precision="int8", calib_images=calib_dir, artifacts_dir=trt_dir, workspace_gib=2, **PROFILE)
 
 
 @pytest.fixture(scope="module")
 def model_meta(trt_dir):
-    return export_onnx("sample", engines_dir=trt_dir).meta
+    return export_onnx("sample", artifacts_dir=trt_dir).meta
 
 
 def head_inputs(assets_dir, names=("bus.jpg", "zidane.jpg", "bus.jpg")):
@@ -120,7 +120,7 @@ def photo_paths(assets_dir, varied_images):
 
 # --- build -------------------------------------------------------------------------------------
 def test_build_writes_engine_and_metadata(fp16_engine, trt_dir, model_meta):
-    model_dir = trt_dir / "sample"
+    model_dir = export_onnx("sample", artifacts_dir=trt_dir).model_dir
     assert fp16_engine == model_dir / "model.fp16.engine" and fp16_engine.stat().st_size > 100_000
     em = load_engine_meta(model_dir, "fp16")
     major, minor = torch.cuda.get_device_capability(0)
@@ -136,7 +136,7 @@ def test_build_writes_engine_and_metadata(fp16_engine, trt_dir, model_meta):
 # --- the engine itself -------------------------------------------------------------------------
 def test_fp16_head_matches_onnxruntime(fp16_engine, model_meta, trt_dir, assets_dir):
     batch = head_inputs(assets_dir)
-    reference = OnnxRuntimeBackend(trt_dir / "sample" / "model.onnx").infer(batch)
+    reference = OnnxRuntimeBackend(export_onnx("sample", artifacts_dir=trt_dir).onnx_path).infer(batch)
     with TensorRTEngine(fp16_engine, model_meta) as engine:
         assert (engine.precision, engine.input_dtype, engine.max_batch) == ("fp16", "float32", 4)
         images = torch.from_numpy(batch).cuda()
@@ -193,19 +193,19 @@ def test_close_is_idempotent_and_final(fp16_engine, model_meta, assets_dir):
 
 # --- through the Detector, against Ultralytics ----------------------------------------------------
 def test_fp16_detections_match_ultralytics(fp16_engine, trt_dir, ultralytics_model, assets_dir, varied_images):
-    from app.pipeline.detector import open_detector
+    from app.runtime import open_detector
 
-    with open_detector("sample", backend="tensorrt", precision="fp16", engines_dir=trt_dir, max_batch=4) as det:
+    with open_detector("sample", backend="tensorrt", precision="fp16", artifacts_dir=trt_dir, max_batch=4) as det:
         assert det.info()["backend"] == "tensorrt" and det.info()["precision"] == "fp16"
         assert agreement(det, ultralytics_model, photo_paths(assets_dir, varied_images)) >= 0.99
 
 
 def test_int8_detections_match_ultralytics(int8_engine, trt_dir, ultralytics_model, assets_dir, varied_images):
-    from app.pipeline.detector import open_detector
+    from app.runtime import open_detector
 
-    em = load_engine_meta(trt_dir / "sample", "int8")
+    em = load_engine_meta(export_onnx("sample", artifacts_dir=trt_dir).model_dir, "int8")
     assert em.source_onnx == "model.int8.onnx" and em.builder_options["strongly_typed"]
-    with open_detector("sample", backend="tensorrt", precision="int8", engines_dir=trt_dir, max_batch=4) as det:
+    with open_detector("sample", backend="tensorrt", precision="int8", artifacts_dir=trt_dir, max_batch=4) as det:
         assert det.info()["precision"] == "int8"
         assert agreement(det, ultralytics_model, photo_paths(assets_dir, varied_images)) >= 0.90
 

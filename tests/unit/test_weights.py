@@ -9,19 +9,31 @@ from app.weights import SAMPLE_SHA256, resolve_weights, sha256_file
 
 
 def test_sample_is_real_and_verified():
-    path = resolve_weights("sample")
-    assert path.is_file() and sha256_file(path) == SAMPLE_SHA256
+    sample = resolve_weights("sample")
+    assert sample.path.is_file() and sha256_file(sample.path) == SAMPLE_SHA256 == sample.sha256
+    assert sample.name == "sample"
 
 
 def test_local_path(tmp_path):
-    src = resolve_weights("sample")
-    assert resolve_weights(str(src)) == src.resolve()
+    src = resolve_weights("sample").path
+    local = resolve_weights(str(src))
+    assert local.path == src.resolve() and local.name == "best" and local.sha256 == SAMPLE_SHA256
     txt = tmp_path / "model.txt"
     txt.write_text("x")
     with pytest.raises(WeightsError):
         resolve_weights(str(txt))
     with pytest.raises(WeightsError, match="not found"):
         resolve_weights(str(tmp_path / "missing.pt"))
+    with pytest.raises(WeightsError, match="is a folder"):
+        resolve_weights(str(tmp_path))
+
+
+def test_a_missing_relative_path_is_not_found_not_a_download(monkeypatch, tmp_path):
+    """Only names Ultralytics publishes are downloaded; anything else is a missing file."""
+    monkeypatch.chdir(tmp_path)
+    for spec in ("nothere.pt", "my_model.pt", "yolov8n_custom.pt"):
+        with pytest.raises(WeightsError, match=f"weights file not found: {spec}"):
+            resolve_weights(spec)
 
 
 def test_named_model_offline_points_to_sample(monkeypatch, tmp_path):
@@ -37,5 +49,4 @@ def test_corrupt_cached_sample_is_replaced(monkeypatch, tmp_path):
     monkeypatch.setenv("YOLOPIPE_CACHE_DIR", str(tmp_path))
     (tmp_path / "sample").mkdir()
     (tmp_path / "sample" / "best.pt").write_bytes(b"not weights")
-    path = resolve_weights("sample")
-    assert sha256_file(path) == SAMPLE_SHA256
+    assert sha256_file(resolve_weights("sample").path) == SAMPLE_SHA256

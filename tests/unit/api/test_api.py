@@ -14,8 +14,8 @@ from app.config import Settings
 
 
 @pytest.fixture(scope="module")
-def client(engines_dir):
-    app = create_app(Settings(backend="onnxruntime", engines_dir=engines_dir, max_wait_ms=2))
+def client(artifacts_dir):
+    app = create_app(Settings(backend="onnxruntime", artifacts_dir=artifacts_dir, max_wait_ms=2))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 

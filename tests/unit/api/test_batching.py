@@ -17,14 +17,14 @@ import pytest
 
 from app.api.main import create_app
 from app.config import Settings
-from app.pipeline.detector import open_detector
+from app.runtime import open_detector
 
 JPEG = {"content-type": "image/jpeg"}
 
 
 @pytest.fixture(scope="module")
-def detector(engines_dir):
-    with open_detector("sample", backend="onnxruntime", engines_dir=engines_dir) as det:
+def detector(artifacts_dir):
+    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir) as det:
         yield det
 
 
@@ -34,9 +34,9 @@ def bus(assets_dir) -> bytes:
 
 
 @asynccontextmanager
-async def serving(detector, engines_dir, **settings) -> AsyncIterator[tuple[httpx.AsyncClient, object]]:
+async def serving(detector, artifacts_dir, **settings) -> AsyncIterator[tuple[httpx.AsyncClient, object]]:
     """The app with its lifespan running, and an async client talking to it in-process."""
-    app = create_app(Settings(backend="onnxruntime", engines_dir=engines_dir, **settings), detector=detector)
+    app = create_app(Settings(backend="onnxruntime", artifacts_dir=artifacts_dir, **settings), detector=detector)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as client:
@@ -92,9 +92,9 @@ def metric(text: str, prefix: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 
-def test_full_queue_answers_503_with_retry_after_at_once(detector, engines_dir, bus):
+def test_full_queue_answers_503_with_retry_after_at_once(detector, artifacts_dir, bus):
     async def scenario():
-        async with serving(detector, engines_dir, max_queue=2, max_batch=1) as (client, app):
+        async with serving(detector, artifacts_dir, max_queue=2, max_batch=1) as (client, app):
             batcher = app.state.batcher
             with gated(detector) as (gate, entered):
                 held = [asyncio.create_task(client.post("/v1/detect", content=bus, headers=JPEG)) for _ in range(2)]
@@ -117,9 +117,9 @@ def test_full_queue_answers_503_with_retry_after_at_once(detector, engines_dir, 
     assert "yolopipe_queue_depth 0.0" in metrics
 
 
-def test_request_timeout_gives_504_and_frees_its_place(detector, engines_dir, bus):
+def test_request_timeout_gives_504_and_frees_its_place(detector, artifacts_dir, bus):
     async def scenario():
-        async with serving(detector, engines_dir, request_timeout_s=0.5) as (client, app):
+        async with serving(detector, artifacts_dir, request_timeout_s=0.5) as (client, app):
             with gated(detector) as (gate, _):
                 late = await client.post("/v1/detect", content=bus, headers=JPEG)
                 gate.set()
@@ -133,9 +133,9 @@ def test_request_timeout_gives_504_and_frees_its_place(detector, engines_dir, bu
     assert after.status_code == 200 and after.json()["detections"]
 
 
-def test_device_failure_fails_that_batch_with_503_and_keeps_serving(detector, engines_dir, bus):
+def test_device_failure_fails_that_batch_with_503_and_keeps_serving(detector, artifacts_dir, bus):
     async def scenario():
-        async with serving(detector, engines_dir) as (client, _):
+        async with serving(detector, artifacts_dir) as (client, _):
             with failing_once(detector, RuntimeError("CUDA error: out of memory")) as calls:
                 failed = await client.post("/v1/detect", content=bus, headers=JPEG)
                 ok = await client.post("/v1/detect", content=bus, headers=JPEG)
@@ -155,9 +155,9 @@ def test_device_failure_fails_that_batch_with_503_and_keeps_serving(detector, en
     assert metric(metrics, "yolopipe_device_errors_total") == 2
 
 
-def test_waiting_requests_coalesce_by_parameters(detector, engines_dir, bus):
+def test_waiting_requests_coalesce_by_parameters(detector, artifacts_dir, bus):
     async def scenario():
-        async with serving(detector, engines_dir, max_batch=16) as (client, app):
+        async with serving(detector, artifacts_dir, max_batch=16) as (client, app):
             batcher = app.state.batcher
             with gated(detector) as (gate, entered):
                 first = asyncio.create_task(client.post("/v1/detect", content=bus, headers=JPEG))
@@ -180,9 +180,9 @@ def test_waiting_requests_coalesce_by_parameters(detector, engines_dir, bus):
     assert results[-1].json()["detections"] == expected.to_json("image", detector.names)["detections"]
 
 
-def test_shutdown_finishes_queued_work_and_refuses_new(detector, engines_dir, bus):
+def test_shutdown_finishes_queued_work_and_refuses_new(detector, artifacts_dir, bus):
     async def scenario():
-        async with serving(detector, engines_dir) as (client, app):
+        async with serving(detector, artifacts_dir) as (client, app):
             batcher = app.state.batcher
             with gated(detector) as (gate, entered):
                 held = [asyncio.create_task(client.post("/v1/detect", content=bus, headers=JPEG)) for _ in range(3)]
@@ -202,9 +202,9 @@ def test_shutdown_finishes_queued_work_and_refuses_new(detector, engines_dir, bu
     assert ready.status_code == 503
 
 
-def test_pixel_limit_from_settings(engines_dir, bus):
+def test_pixel_limit_from_settings(artifacts_dir, bus):
     async def scenario():
-        app = create_app(Settings(backend="onnxruntime", engines_dir=engines_dir, max_pixels=500_000))
+        app = create_app(Settings(backend="onnxruntime", artifacts_dir=artifacts_dir, max_pixels=500_000))
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:

@@ -28,8 +28,8 @@ BODY_LIMIT = 20 * 1024 * 1024  # the default; the corpus sends bodies just over 
 
 
 @pytest.fixture(scope="module")
-def client(engines_dir):
-    app = create_app(Settings(backend="onnxruntime", engines_dir=engines_dir, max_body_bytes=BODY_LIMIT))
+def client(artifacts_dir):
+    app = create_app(Settings(backend="onnxruntime", artifacts_dir=artifacts_dir, max_body_bytes=BODY_LIMIT))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 

@@ -3,8 +3,6 @@ every response (status, content type, body) conforms to the documented schema.""
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -24,8 +22,7 @@ from app.config import Settings
 # schemathesis starts on the first call (and stops after each test). The schema comes from
 # the app object itself, and calls go to it over ASGI. (``schemathesis.pytest.from_fixture``
 # would be the natural loader, but it fails under pytest 9: "'Function' object has no attribute '_nodeid'".)
-_engines_dir = Path(tempfile.mkdtemp(prefix="yolopipe-fuzz-engines-"))
-_app = create_app(Settings(backend="onnxruntime", engines_dir=_engines_dir))
+_app = create_app(Settings(backend="onnxruntime"))  # artifacts: pytest's temp folder (tests/conftest.py)
 schema = schemathesis.openapi.from_dict(_app.openapi())
 schema.app = _app
 schema.location = "/openapi.json"

@@ -241,7 +241,7 @@ def test_build_engine_without_tensorrt_fails_before_exporting(tmp_path, precisio
 
     engines = tmp_path / "engines"
     with pytest.raises(BackendUnavailable) as info:
-        build_engine("sample", precision=precision, engines_dir=engines)  # int8 without images too
+        build_engine("sample", precision=precision, artifacts_dir=engines)  # int8 without images too
     assert "TensorRT is not installed" in info.value.message
     assert "yolopipe[tensorrt-cu13]" in info.value.hint
     assert not engines.exists()  # nothing exported, calibrated or written
@@ -251,11 +251,11 @@ def test_build_engine_checks_arguments_first(tmp_path):
     from app.builder.trt_build import build_engine
 
     with pytest.raises(InvalidParameter, match="max batch 300"):
-        build_engine("sample", precision="fp16", max_batch=300, engines_dir=tmp_path)
+        build_engine("sample", precision="fp16", max_batch=300, artifacts_dir=tmp_path)
     with pytest.raises(InvalidParameter, match="unknown precision"):
-        build_engine("sample", precision="int4", engines_dir=tmp_path)
+        build_engine("sample", precision="int4", artifacts_dir=tmp_path)
     with pytest.raises(InvalidParameter, match="workspace"):
-        build_engine("sample", precision="fp16", workspace_gib=0, engines_dir=tmp_path)
+        build_engine("sample", precision="fp16", workspace_gib=0, artifacts_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 

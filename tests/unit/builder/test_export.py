@@ -6,7 +6,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from app.builder.export import export_onnx, load_export
+from app.artifacts.exports import load_export
+from app.builder.export import export_onnx
 from app.types import ModelMeta
 
 
@@ -31,6 +32,6 @@ def test_dynamic_batch_runs(sample_model_dir):
     np.testing.assert_allclose(out[1:2], single, rtol=1e-4, atol=1e-3)
 
 
-def test_reexport_only_when_weights_change(engines_dir):
-    again = export_onnx("sample", engines_dir=engines_dir)
+def test_reexport_only_when_weights_change(artifacts_dir):
+    again = export_onnx("sample", artifacts_dir=artifacts_dir)
     assert again.reused

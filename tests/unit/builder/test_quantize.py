@@ -53,9 +53,10 @@ def engines_dir(tmp_path_factory) -> Path:
 
     exported = export_onnx("sample")
     out = tmp_path_factory.mktemp("engines")
-    (out / "sample").mkdir()
-    for f in ("model.onnx", "meta.json"):
-        shutil.copyfile(exported.onnx_path.parent / f, out / "sample" / f)
+    private = out / exported.model_dir.relative_to(exported.model_dir.parent.parent)
+    private.mkdir(parents=True)
+    for f in ("model.onnx", "meta.json", "weights.pt"):
+        shutil.copyfile(exported.model_dir / f, private / f)
     return out
 
 
@@ -69,7 +70,7 @@ def calibrated(image_dir, engines_dir, calib_root) -> qz.CalibrationResult:
     # 3 held-out images hold ~8 boxes: one box more or less moves F1 by ~0.06, so the gate
     # here is looser than the default 0.90 meant for real held-out sets.
     return qz.calibrate("sample", image_dir, num_images=512, method="entropy", holdout=3, min_f1=0.8,
-                        engines_dir=engines_dir, calibration_root=calib_root)
+                        artifacts_dir=engines_dir, calibration_root=calib_root)
 
 
 def _graph(path: Path):
@@ -147,7 +148,7 @@ def test_report_agrees_with_fp32_and_is_saved(calibrated, image_dir):
 
 def test_rerun_uses_the_calibration_cache(calibrated, image_dir, engines_dir, calib_root):
     assert calibrated.cache_path.is_file() and calibrated.cache_path.is_relative_to(calib_root / "cache")
-    again = qz.calibrate("sample", image_dir, method="entropy", holdout=3, min_f1=0.8, engines_dir=engines_dir,
+    again = qz.calibrate("sample", image_dir, method="entropy", holdout=3, min_f1=0.8, artifacts_dir=engines_dir,
                          calibration_root=calib_root)
     assert again.cache_hit and not calibrated.cache_hit
     assert again.report.f1 == calibrated.report.f1 and again.report.matched == calibrated.report.matched
@@ -157,7 +158,7 @@ def test_quantizing_the_head_tail_fails_the_gate(calibrated, image_dir, engines_
     """The known failure: one scale for box pixels and scores → (almost) no detections."""
     before = calibrated.int8_path.stat().st_mtime_ns
     with pytest.raises(CalibrationError, match="below the required 0.80"):
-        qz.calibrate("sample", image_dir, method="entropy", holdout=3, min_f1=0.8, engines_dir=engines_dir,
+        qz.calibrate("sample", image_dir, method="entropy", holdout=3, min_f1=0.8, artifacts_dir=engines_dir,
                      calibration_root=calib_root, exclude_head_tail=False)
     assert calibrated.int8_path.stat().st_mtime_ns == before  # the good model stays installed
     assert not list(calibrated.model_dir.glob("*.new.onnx"))
@@ -252,7 +253,7 @@ def test_unreadable_images_are_skipped_then_refused(tmp_path, engines_dir, calib
     for i in range(12):
         (tmp_path / f"broken{i}.jpg").write_bytes(good.read_bytes()[:200])
     with pytest.raises(CalibrationError, match="could be read"):
-        qz.calibrate("sample", tmp_path, engines_dir=engines_dir, calibration_root=calib_root)
+        qz.calibrate("sample", tmp_path, artifacts_dir=engines_dir, calibration_root=calib_root)
 
 
 def test_unknown_method():

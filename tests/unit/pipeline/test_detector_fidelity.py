@@ -7,13 +7,13 @@ import pytest
 from app.boxes import box_iou, f1, match_counts
 
 from app.errors import InvalidParameter
-from app.pipeline.detector import open_detector
+from app.runtime import open_detector
 from app.pipeline.folder import list_images
 
 
 @pytest.fixture(scope="module")
-def detector(engines_dir):
-    with open_detector("sample", backend="onnxruntime", engines_dir=engines_dir, max_batch=4) as det:
+def detector(artifacts_dir):
+    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=4) as det:
         yield det
 
 

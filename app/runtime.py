@@ -1,0 +1,132 @@
+"""The composition root: open a detector from the model's artifacts, for the CLI, the service
+and the benchmarks alike.
+
+It exports the weights only when their artifacts are missing or stale, resolves ``auto`` for
+the backend and the precision (the one place that does), and wires a backend into its
+pipeline. The Detector it returns owns the pipeline and, through it, every GPU resource.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.artifacts.engines import find_engine
+from app.config import BACKENDS, MAX_PIXELS, PRECISIONS, Settings, check_choice
+from app.errors import BackendUnavailable, EngineMismatch, InvalidParameter
+from app.pipeline.detector import Detector
+from app.types import ModelMeta
+
+CPU_MAX_BATCH = 16  # ONNX Runtime on a CPU gains nothing from larger batches, and holds more memory
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    backend: str  # onnxruntime | torch-cuda | tensorrt
+    precision: str  # fp32 | fp16 | int8
+    engine_path: Path | None = None  # tensorrt: the engine file
+
+
+def choose_backend(backend: str, precision: str, model_dir: Path, *, gpus: int) -> BackendChoice:
+    """``auto`` → what this machine runs best; explicit choices are checked, never changed.
+
+    backend auto: a TensorRT engine built for this precision (any, fastest first, when
+    ``auto``), else torch-cuda on a GPU, else ONNX Runtime. precision auto: the backend's
+    fastest exact-enough mode: fp32 on ONNX Runtime (int8 needs ``yolopipe calibrate``), fp16
+    on torch-cuda, the best built engine on TensorRT.
+    """
+    check_choice("backend", backend, BACKENDS)
+    check_choice("precision", precision, PRECISIONS)
+    wanted = None if precision == "auto" else precision
+    if backend == "auto":
+        if gpus == 0:
+            backend = "onnxruntime"
+        elif find_engine(model_dir, wanted) is not None:
+            backend = "tensorrt"
+        else:
+            backend = "torch-cuda"
+    if backend == "onnxruntime":
+        if precision == "fp16":
+            raise InvalidParameter("onnxruntime runs fp32 or int8 on the CPU; fp16 needs a GPU backend")
+        return BackendChoice(backend, wanted or "fp32")
+    if gpus == 0:
+        raise BackendUnavailable(f"backend {backend} needs an NVIDIA GPU and none was found",
+                                 hint="use --backend onnxruntime (or auto)")
+    if backend == "torch-cuda":
+        if precision == "int8":
+            raise InvalidParameter("torch-cuda runs fp16 or fp32; int8 needs a TensorRT engine or --backend onnxruntime")
+        return BackendChoice(backend, wanted or "fp16")
+    engine_path = find_engine(model_dir, wanted)
+    if engine_path is None:
+        raise BackendUnavailable(f"no TensorRT engine{f' for {wanted}' if wanted else ''} in {model_dir}",
+                                 hint="run `yolopipe build-engine` first")
+    return BackendChoice(backend, engine_path.name.split(".")[1], engine_path)
+
+
+def open_detector(
+    weights: str = "sample",
+    *,
+    backend: str = "auto",
+    precision: str = "auto",
+    imgsz: int = 640,
+    artifacts_dir: Path | None = None,
+    max_batch: int = 32,
+    device: int = 0,
+    max_pixels: int = MAX_PIXELS,
+    compile: bool = True,
+    ort_threads: int = 0,
+) -> Detector:
+    """Export if needed, pick the backend, build its pipeline. The one place that wires them."""
+    from app.builder.export import export_onnx
+    from app.gpu.probe import cuda_device_count
+
+    check_choice("backend", backend, BACKENDS)
+    check_choice("precision", precision, PRECISIONS)
+    exported = export_onnx(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
+    model_dir, meta = exported.model_dir, exported.meta
+    choice = choose_backend(backend, precision, model_dir, gpus=cuda_device_count())
+    if choice.backend == "onnxruntime":
+        return Detector(_cpu_pipeline(exported.onnx_path, meta, choice.precision, max_batch, ort_threads),
+                        max_pixels=max_pixels)
+
+    engine = None
+    if choice.backend == "tensorrt":
+        from app.backends.tensorrt import TensorRTEngine
+
+        try:
+            engine = TensorRTEngine(choice.engine_path, meta, device=device)
+        except (EngineMismatch, BackendUnavailable) as exc:
+            if backend != "auto":
+                raise
+            # auto: an engine built for another GPU/TensorRT must not stop the service from starting
+            warnings.warn(f"TensorRT engine unusable here ({exc}); falling back to torch-cuda", stacklevel=2)
+            choice = BackendChoice("torch-cuda", "fp16" if choice.precision == "int8" else choice.precision)
+    if engine is None:
+        from app.backends.torch_cuda import TorchCudaEngine
+
+        engine = TorchCudaEngine(model_dir, meta, precision=choice.precision, max_batch=max_batch,
+                                 device=device, compile=compile)
+    from app.gpu.pipeline import GpuPipeline
+
+    return Detector(GpuPipeline(engine, meta, max_batch=max_batch, device=device), max_pixels=max_pixels)
+
+
+def open_detector_from(settings: Settings) -> Detector:
+    """The service's detector, from its settings."""
+    return open_detector(
+        settings.weights, backend=settings.backend, precision=settings.precision, imgsz=settings.imgsz,
+        artifacts_dir=settings.artifacts_dir, max_batch=settings.max_batch, device=settings.device,
+        max_pixels=settings.max_pixels, compile=settings.compile, ort_threads=settings.ort_threads,
+    )
+
+
+def _cpu_pipeline(onnx_path: Path, meta: ModelMeta, precision: str, max_batch: int, ort_threads: int):
+    from app.artifacts.int8 import int8_cpu_model_path
+    from app.backends.onnxruntime import OnnxRuntimeBackend
+    from app.pipeline.cpu import CpuPipeline
+
+    if precision == "int8":
+        onnx_path = int8_cpu_model_path(onnx_path.parent)
+    host = OnnxRuntimeBackend(onnx_path, precision=precision, threads=ort_threads or None)
+    return CpuPipeline(host, meta, max_batch=min(max_batch, CPU_MAX_BATCH))

@@ -1,0 +1,97 @@
+"""Every command of ``yolopipe`` end to end, as a user runs it: output, exit status, no traceback.
+
+The exit-status table is ``app.cli.ExitCode``; each status is reached here by a real mistake.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from app.cli import ExitCode
+
+CLI = [sys.executable, "-m", "app.cli"]
+
+
+def run_cli(*args, cwd, env=None, timeout=600):
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env)
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    return proc
+
+
+def test_version(tmp_path):
+    from importlib.metadata import version
+
+    proc = run_cli("--version", cwd=tmp_path)
+    assert proc.returncode == ExitCode.OK and proc.stdout.strip() == f"yolopipe {version('yolopipe')}"
+
+
+def test_help_explains_every_command_and_the_exit_statuses(tmp_path):
+    proc = run_cli("--help", cwd=tmp_path)
+    assert proc.returncode == ExitCode.OK
+    text = " ".join(proc.stdout.split())
+    for cmd in ("export", "calibrate", "build-engine", "serve", "predict", "bench"):
+        assert cmd in text
+    assert "Exit status: 0 success" in text and "130 interrupted" in text
+    for cmd, option in [("predict", "--resume"), ("predict", "--coco"), ("export", "--artifacts-dir"),
+                        ("calibrate", "--images"), ("build-engine", "--precision"), ("serve", "--port")]:
+        proc = run_cli(cmd, "--help", cwd=tmp_path)
+        assert proc.returncode == ExitCode.OK and option in proc.stdout, (cmd, proc.stdout)
+
+
+@pytest.mark.parametrize("args, code, says", [
+    (["predict", "missing-folder"], ExitCode.USAGE, "no images found"),
+    (["predict", "samples", "--backend", "foo"], ExitCode.USAGE, "unknown backend 'foo'"),
+    (["predict", "samples", "--precision", "int4"], ExitCode.USAGE, "unknown precision 'int4'"),
+    (["predict", "samples", "--conf", "2"], ExitCode.USAGE, "conf must be within"),
+    (["predict", "samples", "--max-det", "301"], ExitCode.USAGE, "max_det must be within [1, 300]"),
+    (["predict", "samples", "--weights", "nothere.pt"], ExitCode.USAGE, "weights file not found: nothere.pt"),
+    (["export", "--imgsz", "100"], ExitCode.USAGE, "multiple of 32"),
+    (["build-engine", "--precision", "fp16"], ExitCode.UNAVAILABLE, "TensorRT is not installed"),
+    (["serve", "--max-batch", "0"], ExitCode.USAGE, "--max-batch"),
+    (["predict"], ExitCode.USAGE, "Missing argument"),  # Click's own usage error: 2 as well
+])
+def test_each_mistake_has_its_exit_status_and_one_clear_line(tmp_path, args, code, says):
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == code, proc.stderr
+    assert says in " ".join(proc.stderr.split()), proc.stderr
+
+
+def test_an_empty_folder_is_a_usage_error_not_success(tmp_path):
+    (tmp_path / "empty").mkdir()
+    proc = run_cli("predict", str(tmp_path / "empty"), cwd=tmp_path)
+    assert proc.returncode == ExitCode.USAGE and "no images found" in proc.stderr
+
+
+def test_a_file_that_is_not_a_checkpoint(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"\x00not a checkpoint" * 64)
+    for cmd in (["export"], ["predict", "samples"]):
+        proc = run_cli(*cmd, "--weights", str(bad), "--artifacts-dir", str(tmp_path / "a"), cwd=tmp_path)
+        assert proc.returncode == ExitCode.USAGE and "not an Ultralytics YOLO checkpoint" in proc.stderr
+    assert not [p for p in (tmp_path / "a").rglob("*") if p.is_file()]
+
+
+def test_gpu_backend_on_a_machine_without_one(tmp_path, artifacts_dir):
+    from app.gpu.probe import cuda_device_count
+
+    if cuda_device_count():
+        pytest.skip("this machine has a GPU")
+    proc = run_cli("predict", "samples", "--backend", "torch-cuda", "--artifacts-dir", str(artifacts_dir), cwd=tmp_path)
+    assert proc.returncode == ExitCode.UNAVAILABLE and "needs an NVIDIA GPU" in proc.stderr
+
+
+def test_export_then_predict_samples_from_any_folder(tmp_path, artifacts_dir, assets_dir):
+    """Artifacts are found wherever the command runs; 'samples' names Ultralytics' example images."""
+    (tmp_path / "elsewhere").mkdir()
+    proc = run_cli("export", "--artifacts-dir", str(artifacts_dir), cwd=tmp_path / "elsewhere")
+    assert proc.returncode == ExitCode.OK and "up to date" in proc.stderr
+    out = tmp_path / "p.jsonl"
+    proc = run_cli("predict", "samples", "--artifacts-dir", str(artifacts_dir), "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    names = sorted(json.loads(line)["image"] for line in out.read_text().splitlines())
+    assert names == sorted(p.name for p in assets_dir.iterdir() if p.suffix == ".jpg")
+    assert list((tmp_path / "elsewhere").iterdir()) == []  # nothing written where it ran
