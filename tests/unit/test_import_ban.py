@@ -1,44 +1,107 @@
-"""The CPU request path never loads GPU libraries (start-up time and memory on CPU machines).
+"""What may import what.
 
-Checked in a fresh interpreter, since this test session itself has torch loaded.
+1. The CPU request path, the service's modules and the CLI never load a GPU library (start-up
+   time and memory on CPU machines), checked in a fresh interpreter since this test session
+   itself has torch loaded.
+2. Build-time code (``app/builder``) and run-time code never import each other; both may use
+   the neutral layers (artifacts, imaging, boxes, types, errors, config, weights) and the GPU
+   facts build and run share (``app.gpu.probe``, ``app.gpu.tensorrt_lib``). Read from the source.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
-
-BANNED = ("torch", "numba.cuda", "cupy", "tensorrt", "ultralytics", "modelopt")
-
-SCRIPT = """
-import json, sys
 from pathlib import Path
-from app.runtime import open_detector
-engines, image = Path(sys.argv[1]), Path(sys.argv[2])
-with open_detector("sample", backend=sys.argv[3], artifacts_dir=engines) as det:
-    (res,) = det.detect([image.read_bytes()], det.params())
-    assert res.error is None and len(res.detections) > 0, res
-print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {"torch", "cupy", "tensorrt", "ultralytics", "modelopt"} or m.startswith("numba.cuda"))))
+
+import pytest
+
+import app
+
+BANNED = ("torch", "numba.cuda", "cupy", "tensorrt", "ultralytics", "modelopt", "nvidia.nvimgcodec")
+APP = Path(app.__file__).parent
+BUILD_TIME = ("app.builder",)
+RUN_TIME = ("app.pipeline", "app.backends", "app.gpu", "app.api", "app.serving", "app.distributed")
+SHARED_GPU_FACTS = ("app.gpu.probe", "app.gpu.tensorrt_lib")
+
+LOADED = """
+import json, sys
+{body}
+print(json.dumps(sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in {banned!r}))))
 """
 
 
-def loaded_modules(artifacts_dir, image, backend):
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(artifacts_dir), str(image), backend],
-                          capture_output=True, text=True, timeout=300)
+def banned_modules_after(body: str, *args: str) -> list[str]:
+    code = LOADED.format(body=body, banned=BANNED)
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_onnxruntime_path_imports_no_gpu_library(artifacts_dir, assets_dir):
-    assert loaded_modules(artifacts_dir, assets_dir / "bus.jpg", "onnxruntime") == []
+@pytest.mark.parametrize("module", ["app.api.main", "app.api.serve", "app.cli", "app.runtime", "app.artifacts.engines",
+                                    "app.pipeline.folder"])
+def test_importing_loads_no_gpu_library(module):
+    assert banned_modules_after(f"import {module}") == []
+
+
+DETECT = """
+from pathlib import Path
+from app.runtime import open_detector
+image = Path(sys.argv[1])
+with open_detector("sample", backend=sys.argv[2]) as det:
+    (res,) = det.detect([image.read_bytes()], det.params())
+    assert res.error is None and len(res.detections) > 0, res
+"""
+
+
+def test_onnxruntime_path_loads_no_gpu_library(artifacts_dir, assets_dir):
+    assert banned_modules_after(DETECT, str(assets_dir / "bus.jpg"), "onnxruntime") == []
 
 
 def test_auto_backend_on_a_cpu_machine_stays_light(artifacts_dir, assets_dir):
     from app.gpu.probe import cuda_device_count
 
     if cuda_device_count():
-        import pytest
-
         pytest.skip("this machine has a GPU: auto picks a GPU backend")
-    assert loaded_modules(artifacts_dir, assets_dir / "bus.jpg", "auto") == []
+    assert banned_modules_after(DETECT, str(assets_dir / "bus.jpg"), "auto") == []
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every ``app.*`` module a source file imports, at any depth (lazy imports count too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m == "app" or m.startswith("app.")}
+
+
+def module_name(path: Path) -> str:
+    return ".".join(("app", *path.relative_to(APP).with_suffix("").parts)).removesuffix(".__init__")
+
+
+def within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def test_build_time_and_run_time_never_import_each_other():
+    crossings = []
+    for path in sorted(APP.rglob("*.py")):
+        here = module_name(path)
+        for target in imports_of(path):
+            if within(here, BUILD_TIME) and within(target, RUN_TIME) and not within(target, SHARED_GPU_FACTS):
+                crossings.append(f"{here} (build time) imports {target}")
+            if within(here, RUN_TIME) and within(target, BUILD_TIME):
+                crossings.append(f"{here} (run time) imports {target}")
+    assert crossings == []
+
+
+def test_the_layering_check_sees_a_crossing(tmp_path):
+    """The check above reads real import statements, lazy ones included."""
+    src = tmp_path / "m.py"
+    src.write_text("def f():\n    from app.builder.export import export_onnx\n    import app.gpu.nms\n")
+    assert imports_of(src) == {"app.builder.export", "app.builder.export.export_onnx", "app.gpu.nms"}
