@@ -87,10 +87,14 @@ def offset_boxes(boxes: np.ndarray, class_ids: np.ndarray, agnostic: bool) -> np
     return boxes + class_ids.astype(np.float32)[:, None] * MAX_WH
 
 
-def nms_numpy(pred: np.ndarray, params: DetectParams) -> np.ndarray:
-    """One image's head output → ``[K, 6]`` rows (x1, y1, x2, y2, score, class) in input pixels."""
+def nms_numpy(pred: np.ndarray, params: DetectParams, keep_indices=nms_keep_indices) -> np.ndarray:
+    """One image's head output → ``[K, 6]`` rows (x1, y1, x2, y2, score, class) in input pixels.
+
+    ``keep_indices(boxes, scores, iou)``: the greedy NMS itself; the CPU path passes a compiled
+    one with the same keep set (``app.pipeline.nms_cpu``), the default is the readable reference.
+    """
     boxes, scores, class_ids, _ = head_candidates(pred, params.conf, params.classes)
-    keep = nms_keep_indices(offset_boxes(boxes, class_ids, params.agnostic), scores, params.iou)
+    keep = keep_indices(offset_boxes(boxes, class_ids, params.agnostic), scores, params.iou)
     keep = keep[: params.max_det]
     rows = np.empty((len(keep), 6), np.float32)
     rows[:, :4] = boxes[keep]

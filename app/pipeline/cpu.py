@@ -1,4 +1,4 @@
-"""The CPU request path: letterbox → host backend → NumPy NMS. Also the reference path."""
+"""The CPU request path: letterbox → host backend → NMS (compiled; the NumPy reference's keep set)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from app.backends.base import HostBackend, PipelineInput
 from app.errors import YolopipeError
 from app.boxes import nms_numpy
 from app.imaging.letterbox import letterbox, to_input
+from app.pipeline.nms_cpu import nms_keep_indices_compiled
 from app.types import DetectParams, Letterbox, ModelMeta
 
 
@@ -34,7 +35,7 @@ class CpuPipeline:
         t1 = time.perf_counter()
         head = self._engine.infer(batch)
         t2 = time.perf_counter()
-        rows = [nms_numpy(h, params) for h in head]
+        rows = [nms_numpy(h, params, nms_keep_indices_compiled) for h in head]
         t3 = time.perf_counter()
         self.last_timings = {"preprocess_ms": (t1 - t0) * 1e3, "engine_ms": (t2 - t1) * 1e3, "nms_ms": (t3 - t2) * 1e3}
         return [(r, p[1]) for r, p in zip(rows, placed)]
