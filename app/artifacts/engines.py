@@ -36,7 +36,6 @@ from app.errors import ArtifactError, EngineMismatch, InvalidParameter, Yolopipe
 ENGINE_META_NAME = "engine.json"
 ENGINE_META_FORMAT = 1
 ENGINE_PRECISIONS = ("int8", "fp16", "fp32")
-MAX_PROFILE_BATCH = 256
 PREFERENCE = ("int8", "fp16", "fp32")  # fastest first
 
 
@@ -181,84 +180,3 @@ def check_engine_meta(meta: EngineMeta, *, trt_version: str, gpu_name: str, comp
             f"TensorRT engine {meta.engine_file} does not match this machine: " + "; ".join(problems),
             hint=_rebuild_hint(meta.weights or None, meta.precision),
         )
-
-
-# --- optimization profile and batch buckets ---------------------------------------------
-def select_profile(min_batch: int, opt_batch: int, max_batch: int) -> tuple[int, int, int]:
-    """Validated ``(min, opt, max)`` batch of the engine's optimization profile."""
-    values = (min_batch, opt_batch, max_batch)
-    if any(isinstance(v, bool) or int(v) != v for v in values):
-        raise InvalidParameter(f"batch sizes must be integers, got min={min_batch} opt={opt_batch} max={max_batch}")
-    lo, opt, hi = (int(v) for v in values)
-    if not 1 <= lo <= opt <= hi:
-        raise InvalidParameter(f"batch profile needs 1 <= min <= opt <= max, got min={lo} opt={opt} max={hi}")
-    if hi > MAX_PROFILE_BATCH:
-        raise InvalidParameter(f"max batch {hi} is over the limit of {MAX_PROFILE_BATCH}")
-    return lo, opt, hi
-
-
-def engine_buckets(min_batch: int, max_batch: int) -> list[int]:
-    """Batch sizes to warm up and capture: powers of two inside the profile, plus its two ends.
-
-    Every batch ``b`` in ``[min_batch, max_batch]`` has a bucket ``>= b`` (``pick_bucket``), so a
-    batch is padded at most to the next power of two (or to ``max_batch``).
-    """
-    lo, _, hi = select_profile(min_batch, min_batch, max_batch)
-    buckets = {lo, hi}
-    p = 1
-    while p <= hi:
-        if p >= lo:
-            buckets.add(p)
-        p *= 2
-    return sorted(buckets)
-
-
-def pick_bucket(batch: int, buckets: list[int]) -> int:
-    """The smallest bucket that holds ``batch``."""
-    for b in buckets:
-        if b >= batch:
-            return b
-    raise InvalidParameter(f"batch {batch} is larger than the largest bucket {buckets[-1] if buckets else 0}")
-
-
-# --- how each TensorRT version builds each precision --------------------------------------
-@dataclass(frozen=True)
-class BuildRecipe:
-    """What ``build_engine`` feeds TensorRT and which switches it sets, per precision and version."""
-
-    source: str  # "fp32" (model.onnx) | "int8_qdq" (model.int8.onnx) | "fp16_autocast" (model.fp16.onnx)
-    strongly_typed: bool  # network precision comes from the ONNX types (Q/DQ, fp16 casts)
-    fp16_flag: bool  # weak typing: BuilderFlag.FP16 lets TensorRT pick fp16 kernels (10.x only)
-    disable_tf32: bool  # fp32 means fp32: clear BuilderFlag.TF32, which TensorRT enables by default
-
-
-def trt_major(version: str) -> int:
-    try:
-        return int(str(version).split(".")[0])
-    except ValueError as exc:
-        raise ArtifactError(f"cannot read the TensorRT version {version!r}") from exc
-
-
-def build_recipe(precision: str, *, trt_version: str, has_fp16_flag: bool) -> BuildRecipe:
-    """The documented route for ``precision`` on this TensorRT.
-
-    * int8, 10.x and 11.x: the entropy-calibrated Q/DQ ONNX model, strongly typed network. No
-      INT8 flag, no calibrator (deprecated in 10.1, removed in 11.0). The unquantized parts
-      (head tail) stay fp32, exactly as in the Q/DQ model checked on the CPU.
-    * fp16, 10.x (``BuilderFlag.FP16`` exists): the fp32 ONNX model, weakly typed network,
-      ``BuilderFlag.FP16`` (NVIDIA's "Before (TensorRT 10.x)" migration example).
-    * fp16, 11.x (the flag is gone): ModelOpt AutoCast converts the ONNX model to fp16 with fp32
-      I/O, then a strongly typed build (NVIDIA's "After (TensorRT 11.x)" migration example).
-    * fp32: the fp32 ONNX model; no precision flag on 10.x, strong typing on 11.x (the only mode).
-    """
-    if precision not in ENGINE_PRECISIONS:
-        raise InvalidParameter(f"unknown precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
-    major = trt_major(trt_version)
-    weak_typing_available = major < 11
-    if precision == "int8":
-        return BuildRecipe("int8_qdq", strongly_typed=True, fp16_flag=False, disable_tf32=False)
-    if precision == "fp16":
-        if weak_typing_available and has_fp16_flag:
-            return BuildRecipe("fp32", strongly_typed=False, fp16_flag=True, disable_tf32=False)
-        return BuildRecipe("fp16_autocast", strongly_typed=True, fp16_flag=False, disable_tf32=False)
-    return BuildRecipe("fp32", strongly_typed=not weak_typing_available, fp16_flag=False, disable_tf32=True)

@@ -1,7 +1,7 @@
 """ONNX → TensorRT engine (build time only): ``engines/<name>/model.<precision>.engine`` + ``engine.json``.
 
 One function, ``build_engine``, for TensorRT 10.x and 11.x. What differs between them is only how
-a precision is expressed (``app.artifacts.engines.build_recipe`` decides, and is unit tested):
+a precision is expressed (``app.builder.trt_recipe.build_recipe`` decides, and is unit tested):
 
 * 10.x has weak typing: fp16 is ``BuilderFlag.FP16`` on a network made by ``create_network(0)``.
 * 11.x is strongly typed only: the precision flags and INT8 calibrators are gone, fp16 comes
@@ -24,16 +24,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from app.artifacts.engines import (
-    ENGINE_PRECISIONS,
-    BuildRecipe,
-    EngineMeta,
-    build_recipe,
-    engine_file_name,
-    now_iso,
-    save_engine_meta,
-    select_profile,
-)
+from app.artifacts.engines import ENGINE_PRECISIONS, EngineMeta, engine_file_name, now_iso, save_engine_meta
+from app.builder.trt_recipe import BuildRecipe, build_recipe, select_profile
 from app.errors import ArtifactError, BackendUnavailable, CalibrationError, InvalidParameter
 from app.weights import sha256_file
 

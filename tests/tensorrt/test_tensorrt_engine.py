@@ -3,8 +3,8 @@ with ONNX Runtime (raw head) and with Ultralytics' own predictions (through the 
 CUDA-graph capture of ``forward`` and the refusal of mismatched engines.
 
 Skipped cleanly without NVIDIA TensorRT or a CUDA GPU. Not ``pytest.importorskip("tensorrt")``:
-pytest's ``pythonpath = ["tests"]`` makes this very folder importable as a namespace package named
-``tensorrt`` when the library is absent, so the guard asks ``import_tensorrt`` for the real one.
+a folder named ``tensorrt`` on ``sys.path`` (or PyPI's placeholder package) can be importable without
+being NVIDIA's library, so the guard asks ``import_tensorrt`` for the real one.
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU", allow_module_level=True)
 
 import cv2  # noqa: E402
-from matching import f1, match_counts  # noqa: E402
 
+from app.artifacts.engines import ENGINE_META_NAME, find_engine, load_engine_meta  # noqa: E402
 from app.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
-from app.artifacts.engines import find_engine  # noqa: E402
 from app.backends.tensorrt import TensorRTEngine  # noqa: E402
-from app.artifacts.engines import ENGINE_META_NAME, load_engine_meta  # noqa: E402
+from app.boxes import f1, match_pairs  # noqa: E402
 from app.builder.export import export_onnx  # noqa: E402
 from app.builder.trt_build import build_engine  # noqa: E402
 from app.errors import ArtifactError, DeviceError, EngineMismatch  # noqa: E402
@@ -106,8 +105,8 @@ def agreement(detector, ultralytics_model, paths):
     for path, res in zip(paths, results):
         assert res.error is None, path
         ref_boxes, ref_cls = ultralytics_predict(ultralytics_model, path)
-        t, r, p = match_counts(ref_boxes, ref_cls, res.detections.boxes, res.detections.class_ids)
-        tp, n_ref, n_pred = tp + t, n_ref + r, n_pred + p
+        pairs = match_pairs(ref_boxes, ref_cls, res.detections.boxes, res.detections.class_ids)
+        tp, n_ref, n_pred = tp + len(pairs), n_ref + len(ref_cls), n_pred + len(res.detections)
     assert n_ref >= 10
     return f1(tp, n_ref, n_pred)
 
