@@ -1,7 +1,7 @@
 # yolopipe: YOLOv8 detection over HTTP on an NVIDIA GPU (TensorRT, torch-cuda fallback).
 #
 #   docker build -t yolopipe .
-#   docker run --gpus '"device=0"' -p 8000:8000 -v yolopipe-engines:/engines \
+#   docker run --gpus '"device=0"' -p 8000:8000 -v yolopipe-artifacts:/artifacts \
 #       -v "$PWD/weights:/weights:ro" -e YOLOPIPE_WEIGHTS=/weights/best.pt yolopipe
 #
 # One container (one process) per GPU; see docker/compose.yaml.
@@ -19,7 +19,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     YOLO_OFFLINE=1 \
     YOLOPIPE_HOST=0.0.0.0 \
     YOLOPIPE_PORT=8000 \
-    YOLOPIPE_ENGINES_DIR=/engines
+    YOLOPIPE_ARTIFACTS_DIR=/artifacts
 
 # A virtual environment that still sees the image's TensorRT Python bindings.
 RUN python3 -m venv --system-site-packages /opt/yolopipe
@@ -35,13 +35,13 @@ RUN pip install ".[cuda13]" "uvloop==0.23.0" "httptools==0.9.0" \
     && (python -c "import tensorrt" || pip install "tensorrt-cu13>=10.13")
 
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin yolopipe \
-    && mkdir -p /engines \
-    && chown 10001:10001 /engines
+    && mkdir -p /artifacts \
+    && chown 10001:10001 /artifacts
 USER 10001:10001
 WORKDIR /home/yolopipe
 
-# Exported models and built engines (engine files are specific to a GPU and TensorRT version).
-VOLUME ["/engines"]
+# Exported models, INT8 models and built engines (engine files are specific to a GPU and TensorRT version).
+VOLUME ["/artifacts"]
 EXPOSE 8000
 
 HEALTHCHECK --interval=15s --timeout=3s --start-period=300s --retries=3 \
