@@ -20,6 +20,7 @@ DecodeName = Literal["auto", "gpu", "cpu"]  # auto: the GPU decoder where the ba
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DECODERS: tuple[str, ...] = get_args(DecodeName)
+ENGINE_PRECISIONS = ("int8", "fp16", "fp32")  # what "auto" resolves to, fastest first
 
 # --- limits: one ceiling each, shared by the CLI, the HTTP schema and the pipelines -----------
 MAX_DET = 300  # most detections per image; GPU result buffers are sized for it (Ultralytics' default too)

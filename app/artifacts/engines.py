@@ -31,12 +31,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from app.errors import ArtifactError, EngineMismatch, InvalidParameter, YolopipeError
+from app.config import ENGINE_PRECISIONS, check_choice
+from app.errors import ArtifactError, EngineMismatch, YolopipeError
 
 ENGINE_META_NAME = "engine.json"
 ENGINE_META_FORMAT = 1
-ENGINE_PRECISIONS = ("int8", "fp16", "fp32")
-PREFERENCE = ("int8", "fp16", "fp32")  # fastest first
 
 
 def engine_file_name(precision: str) -> str:
@@ -139,10 +138,10 @@ def find_engine(model_dir: Path, precision: str | None) -> Path | None:
     ``engine.json`` describes it, because without that entry it cannot be checked against this
     GPU and TensorRT version before deserializing.
     """
-    if precision is not None and precision not in ENGINE_PRECISIONS:
-        raise InvalidParameter(f"unknown precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
+    if precision is not None:
+        check_choice("precision", precision, ENGINE_PRECISIONS)
     model_dir = Path(model_dir)
-    for candidate in (precision,) if precision else PREFERENCE:
+    for candidate in (precision,) if precision else ENGINE_PRECISIONS:
         path = model_dir / engine_file_name(candidate)
         if not path.is_file():
             continue

@@ -24,8 +24,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from app.artifacts.engines import ENGINE_PRECISIONS, EngineMeta, engine_file_name, now_iso, save_engine_meta
+from app.artifacts.engines import EngineMeta, engine_file_name, now_iso, save_engine_meta
 from app.builder.trt_recipe import BuildRecipe, build_recipe, select_profile
+from app.config import ENGINE_PRECISIONS, check_choice
 from app.errors import ArtifactError, BackendUnavailable, CalibrationError, InvalidParameter
 from app.weights import sha256_file
 
@@ -62,8 +63,7 @@ def build_engine(
     calibration images for int8), so a machine that cannot build says so before any export.
     """
     # 1. arguments and the machine: nothing is written before these pass
-    if precision not in ENGINE_PRECISIONS:
-        raise InvalidParameter(f"unknown precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
+    check_choice("precision", precision, ENGINE_PRECISIONS)
     min_batch, opt_batch, max_batch = select_profile(min_batch, opt_batch, max_batch)
     if not 0 < workspace_gib <= 1024:
         raise InvalidParameter(f"workspace must be within (0, 1024] GiB, got {workspace_gib}")
@@ -80,7 +80,8 @@ def build_engine(
     if recipe.source == "fp16_autocast" and importlib.util.find_spec("modelopt") is None:
         raise BackendUnavailable(f"TensorRT {trt.__version__} builds fp16 only from an fp16 ONNX model", hint=MODELOPT_HINT)
 
-    from app.artifacts.store import artifacts_root, model_dir as model_dir_of
+    from app.artifacts.store import artifacts_root
+    from app.artifacts.store import model_dir as model_dir_of
     from app.weights import resolve_weights
 
     resolved = resolve_weights(weights)

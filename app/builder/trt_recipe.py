@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.artifacts.engines import ENGINE_PRECISIONS
-from app.config import MAX_BATCH
+from app.config import ENGINE_PRECISIONS, MAX_BATCH, check_choice
 from app.errors import ArtifactError, InvalidParameter
 
 
@@ -54,8 +53,7 @@ def build_recipe(precision: str, *, trt_version: str, has_fp16_flag: bool) -> Bu
       I/O, then a strongly typed build (NVIDIA's "After (TensorRT 11.x)" migration example).
     * fp32: the fp32 ONNX model; no precision flag on 10.x, strong typing on 11.x (the only mode).
     """
-    if precision not in ENGINE_PRECISIONS:
-        raise InvalidParameter(f"unknown precision {precision!r}; choose one of {', '.join(ENGINE_PRECISIONS)}")
+    check_choice("precision", precision, ENGINE_PRECISIONS)
     major = trt_major(trt_version)
     weak_typing_available = major < 11
     if precision == "int8":
