@@ -17,7 +17,7 @@ python3 -c "from nvidia import nvimgcodec; print('nvimgcodec', nvimgcodec.__vers
 for part in "$@"; do
   case "$part" in
     tests)
-      timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest tests/kernels tests/gpu tests/tensorrt -q -rs -m "not slow" \
+      timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest ${TEST_PATHS:-tests/kernels tests/gpu tests/tensorrt} -q -rs -m "not slow" \
         -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -60 ;;
     bench)
       timeout "${BENCH_TIMEOUT:-300}" python3 -m app.benchmark --images "$YOLOPIPE_IMAGES" --out "$OUT/latency.json" \

@@ -23,7 +23,7 @@ def _configs():
     """``(label, make decoder)`` for every decoder that can start here."""
     from app.gpu.decode import NVIMGCODEC_OPTIONS, NvImageCodecDecoder, NvJpegDecoder
 
-    configs = [(f"nvimgcodec hw-first {NVIMGCODEC_OPTIONS} (the pipeline's)", lambda: NvImageCodecDecoder(0)),
+    configs = [(f"nvimgcodec hw, then chain {NVIMGCODEC_OPTIONS} (the pipeline's)", lambda: NvImageCodecDecoder(0)),
                (f"nvimgcodec default chain {NVIMGCODEC_OPTIONS}", lambda: _chain(None)),
                ("nvimgcodec hw-only", lambda: _chain("hw")),
                ("nvjpeg (torchvision)", lambda: NvJpegDecoder(0))]
@@ -38,7 +38,8 @@ def _chain(kind: str | None):
 
     dec = NvImageCodecDecoder(0)
     backends = None if kind is None else [nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)]
-    dec._decoder = nvimgcodec.Decoder(device_id=0, backends=backends, options=NVIMGCODEC_OPTIONS)
+    dec._hw = None  # one decoder, no second pass: what it refuses goes to OpenCV
+    dec._chain = nvimgcodec.Decoder(device_id=0, backends=backends, options=NVIMGCODEC_OPTIONS)
     return dec
 
 

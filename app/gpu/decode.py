@@ -5,10 +5,11 @@
 =============  ===========================================================================
 ``gpu``        nvImageCodec when installed (``nvidia-nvimgcodec-cu12/13``, the ``cuda12`` /
                ``cuda13`` extras), else torchvision's nvJPEG
-``nvimgcodec`` nvImageCodec: the hardware JPEG decoder for every image it takes, CUDA for the
-               rest, chroma upsampled as libjpeg-turbo does: baseline JPEGs equal OpenCV's
-               pixels to a level in one pixel of 50,000; progressive and 4:1:1 ones differ
-               in ~2 % of their values, by at most 3 levels (measured on the H200)
+``nvimgcodec`` nvImageCodec: its hardware JPEG decoder for every image it takes, then its
+               default chain (CUDA, hybrid) for the rest, chroma upsampled as libjpeg-turbo
+               does: baseline JPEGs equal OpenCV's pixels but for one value in ~75,000 (off
+               by one level); progressive and 4:1:1 ones differ in ~2 % of their values, by
+               at most 3 levels (measured on the H200)
 ``nvjpeg``     torchvision ``decode_jpeg(device="cuda")``: no fancy upsampling, so about 16 %
                of the pixels differ from OpenCV's by a level or more
 ``cpu``        OpenCV in the pipeline's host threads: bit-exact with Ultralytics
@@ -145,26 +146,29 @@ class NvImageCodecDecoder(GpuJpegDecoder):
         super().__init__(device)
         self._nv = nvimgcodec
         try:
-            self._decoder = self._make(nvimgcodec, threads, options)
             self._params = nvimgcodec.DecodeParams(
                 apply_exif_orientation=True, color_spec=nvimgcodec.ColorSpec.SRGB, allow_any_depth=False
             )
+            self._chain = nvimgcodec.Decoder(device_id=self.device, max_num_cpu_threads=threads, options=options)
         except Exception as exc:  # e.g. no nvJPEG library: the caller falls back
             raise BackendUnavailable(f"nvImageCodec could not start a decoder: {type(exc).__name__}: {exc}") from exc
+        self._hw = self._hardware_decoder(nvimgcodec, options)
 
-    def _make(self, nv, threads: int, options: str):
-        """The hardware JPEG decoder takes every image it can (measured on the H200: its pixels
-        equal libjpeg-turbo's, it uses no SMs, and it decodes faster than the CUDA decoder); the
-        CUDA, hybrid and CPU decoders take the rest (progressive, 4:1:1, ...). If this build
-        refuses that list, nvImageCodec's own default chain."""
-        kinds = nv.BackendKind
+    def _hardware_decoder(self, nv, options: str):
+        """The hardware JPEG decoder alone, or None where there is none.
+
+        Measured on the H200 (bench ``decoders`` rows): alone it decodes baseline JPEGs at
+        11,800 img/s with libjpeg-turbo's pixels (one value in 75,000 off by one level) and no
+        CPU or SM time, while nvImageCodec's default chain (which hands part of a batch to its
+        CUDA and hybrid decoders) did 7,400 img/s and competed with the engine for the SMs and
+        with the host for the CPU. So it gets every image first; what it refuses (progressive,
+        4:1:1, ...) goes to the default chain, image by image.
+        """
         try:
-            backends = [nv.Backend(kinds.HW_GPU_ONLY, load_hint=1.0, load_hint_policy=nv.LoadHintPolicy.FIXED)]
-            backends += [nv.Backend(k) for k in (kinds.GPU_ONLY, kinds.HYBRID_CPU_GPU, kinds.CPU_ONLY)]
-            return nv.Decoder(device_id=self.device, max_num_cpu_threads=threads, backends=backends, options=options)
-        except Exception as exc:  # noqa: BLE001 - the default chain decodes the same images
-            log.warning("nvImageCodec: hardware-first backends refused (%s); using its default chain", exc)
-            return nv.Decoder(device_id=self.device, max_num_cpu_threads=threads, options=options)
+            return nv.Decoder(device_id=self.device, backends=[nv.Backend(nv.BackendKind.HW_GPU_ONLY)], options=options)
+        except Exception as exc:  # noqa: BLE001 - no hardware decoder here: the chain does it all
+            log.info("nvImageCodec: no hardware JPEG decoder (%s)", exc)
+            return None
 
     def _decode_gpu(self, datas: list[bytes], headers: list[JpegHeader]) -> list[DeviceImage | None]:
         streams: list[Any] = []
@@ -173,24 +177,35 @@ class NvImageCodecDecoder(GpuJpegDecoder):
                 streams.append(self._nv.CodeStream(data))
             except Exception:  # noqa: BLE001 - unparseable: OpenCV says what is wrong
                 streams.append(None)
-        ok = [k for k, s in enumerate(streams) if s is not None]
         images: list[Any] = [None] * len(datas)
-        try:
-            got = self._call([streams[k] for k in ok])
-            if len(got) != len(ok):  # a version that drops failures instead of leaving None
-                raise RuntimeError(f"{len(got)} images back for {len(ok)}")
-            for k, img in zip(ok, got):
+        todo = [k for k, s in enumerate(streams) if s is not None]
+        for decoder in (self._hw, self._chain):
+            if decoder is None or not todo:
+                continue
+            for k, img in zip(todo, self._batch(decoder, [streams[k] for k in todo])):
                 images[k] = img
-        except Exception:  # noqa: BLE001 - one bad image must not fail its batch: one by one
-            for k in ok:
-                try:
-                    (images[k],) = self._call([streams[k]])
-                except Exception:  # noqa: BLE001 - this one goes to OpenCV
-                    images[k] = None
+            todo = [k for k in todo if images[k] is None]  # refused: the next decoder, then OpenCV
         return [self._device_image(img) for img in images]
 
-    def _call(self, streams: list[Any]) -> list[Any]:
-        return self._decoder.decode(streams, params=self._params, cuda_stream=self.stream.cuda_stream)
+    def _batch(self, decoder, streams: list[Any]) -> list[Any]:
+        """One batched call; if it fails as a whole, one call per image (a bad one fails alone)."""
+        try:
+            got = self._call(decoder, streams)
+            if len(got) == len(streams):
+                return got
+        except Exception:  # noqa: BLE001 - retried image by image below
+            pass
+        out = []
+        for stream in streams:
+            try:
+                (img,) = self._call(decoder, [stream])
+            except Exception:  # noqa: BLE001 - this one goes on to the next decoder
+                img = None
+            out.append(img)
+        return out
+
+    def _call(self, decoder, streams: list[Any]) -> list[Any]:
+        return decoder.decode(streams, params=self._params, cuda_stream=self.stream.cuda_stream)
 
     @staticmethod
     def _device_image(img: Any) -> DeviceImage | None:
