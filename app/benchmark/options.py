@@ -18,7 +18,7 @@ def _opt(default: Any, help: str, **kw: Any) -> Any:
 
 @dataclass
 class BenchOptions:
-    out: Path | None = _opt(None, "result JSON (default: ./yolopipe-bench-<date>-<gpu|cpu>.json in the current "
+    out: Path | None = _opt(None, "result JSON (default: ./yolopipe-bench-<date>-<gpu-name or cpu>.json in the current "
                                   "directory)")
     images: Path | None = _opt(None, "folder of JPEGs to time (default: Ultralytics' bus.jpg and zidane.jpg plus "
                                      "resized and flipped variants)")
