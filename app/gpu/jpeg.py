@@ -36,18 +36,6 @@ class JpegHeader:
         """8-bit, gray or three-component, Huffman-coded, not lossless: the GPU decoders' ground."""
         return self.precision == 8 and self.components in (1, 3) and not (self.arithmetic or self.lossless)
 
-    @property
-    def subsampling(self) -> str:
-        """``4:4:4``, ``4:2:2``, ``4:2:0``, ``4:1:1``, ``4:4:0``, ``gray`` or ``HxV,...`` otherwise."""
-        if self.components == 1:
-            return "gray"
-        (h0, v0), *rest = self.sampling
-        if any(s != (1, 1) for s in rest):
-            return ",".join(f"{h}x{v}" for h, v in self.sampling)
-        return {(1, 1): "4:4:4", (2, 1): "4:2:2", (2, 2): "4:2:0", (4, 1): "4:1:1", (1, 2): "4:4:0"}.get(
-            (h0, v0), f"{h0}x{v0}"
-        )
-
 
 def read_jpeg_header(data: bytes) -> JpegHeader | None:
     """The frame header (and EXIF orientation) of a JPEG; None if it is not one or is cut short."""
@@ -90,12 +78,6 @@ def read_jpeg_header(data: bytes) -> JpegHeader | None:
             )
         i += 2 + length
     return None
-
-
-def exif_orientation(data: bytes) -> int:
-    """The EXIF orientation (1..8) of a JPEG, 1 when absent or unreadable."""
-    header = read_jpeg_header(data)
-    return header.orientation if header is not None else 1
 
 
 def _tiff_orientation(tiff: bytes) -> int:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from app.benchmark.workloads import VARIANTS, encode_variant, with_exif_orientation
-from app.gpu.jpeg import apply_orientation, exif_orientation, read_jpeg_header
+from app.gpu.jpeg import apply_orientation, read_jpeg_header
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +20,7 @@ def asymmetric() -> np.ndarray:
     return img
 
 
+SUBSAMPLING = {(1, 1): "4:4:4", (2, 1): "4:2:2", (2, 2): "4:2:0", (4, 1): "4:1:1", (1, 2): "4:4:0"}
 EXPECTED = {  # variant → (components, progressive, subsampling, orientation, GPU decodable)
     "420": (3, False, "4:2:0", 1, True),
     "444": (3, False, "4:4:4", 1, True),
@@ -40,7 +41,9 @@ def test_header_of_every_variant(asymmetric, variant):
     data = encode_variant(asymmetric, variant)
     header = read_jpeg_header(data)
     assert header is not None
-    got = (header.components, header.progressive, header.subsampling, header.orientation, header.gpu_decodable)
+    assert all(s == (1, 1) for s in header.sampling[1:])  # chroma at 1x1: the luma factor names it
+    sub = "gray" if header.components == 1 else SUBSAMPLING[header.sampling[0]]
+    got = (header.components, header.progressive, sub, header.orientation, header.gpu_decodable)
     assert got == EXPECTED[variant]
     assert (header.height, header.width) == asymmetric.shape[:2]
     assert header.precision == 8 and not header.arithmetic and not header.lossless
@@ -50,7 +53,7 @@ def test_not_a_jpeg_or_cut_short():
     assert read_jpeg_header(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40) is None
     assert read_jpeg_header(b"\xff\xd8\xff\xe0\x00\x10JFIF") is None
     assert read_jpeg_header(b"") is None
-    assert exif_orientation(b"\xff\xd8\xff\xe1\x00") == 1  # truncated header: no crash
+    assert read_jpeg_header(b"\xff\xd8\xff\xe1\x00") is None  # truncated header: no crash
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))
@@ -58,7 +61,7 @@ def test_apply_orientation_matches_opencv(asymmetric, orientation):
     """Our EXIF reading + turning of an un-oriented decode equals cv2.imdecode (which applies EXIF)."""
     torch = pytest.importorskip("torch")
     data = with_exif_orientation(encode_variant(asymmetric, "444", quality=98), orientation)
-    assert exif_orientation(data) == orientation
+    assert read_jpeg_header(data).orientation == orientation
     raw = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
     chw = torch.from_numpy(np.ascontiguousarray(raw[..., ::-1].transpose(2, 0, 1)))
     ours = apply_orientation(chw, orientation).permute(1, 2, 0).numpy()[..., ::-1]
