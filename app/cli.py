@@ -7,7 +7,6 @@ Every command turns a ``YolopipeError`` into one red line (plus a hint) and an e
 from __future__ import annotations
 
 import functools
-import sys
 import importlib.util
 import os
 import traceback
@@ -59,6 +58,8 @@ ArtifactsDir = Annotated[Optional[Path], typer.Option(
     help="Where exports, INT8 models and engines are kept [default: ~/.cache/yolopipe/artifacts].")]
 Backend = Annotated[str, typer.Option(help="auto | onnxruntime | torch-cuda | tensorrt. auto: a TensorRT engine "
                                            "built for this GPU, else torch-cuda on a GPU, else onnxruntime.")]
+DECODE_HELP = ("JPEG decoder of the GPU backends: gpu (nvImageCodec, else nvJPEG) | nvimgcodec | nvjpeg | cpu "
+               "(OpenCV threads: pixels exactly as Ultralytics reads them). The CPU backend always uses OpenCV.")
 Precision = Annotated[str, typer.Option(help="auto | fp32 | fp16 | int8. auto: fp32 on onnxruntime, fp16 on "
                                              "torch-cuda, the best built engine on tensorrt.")]
 
@@ -209,6 +210,7 @@ def serve(
     device: Annotated[Optional[int], typer.Option(help="CUDA device index; run one process per GPU.")] = None,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile",
                                                     help="torch-cuda: torch.compile each batch size at start-up.")] = None,
+    decode: Annotated[Optional[str], typer.Option(help=DECODE_HELP)] = None,
     artifacts_dir: ArtifactsDir = None,
 ) -> None:
     """Serve POST /v1/detect over HTTP. Every option can also come from YOLOPIPE_<OPTION> variables."""
@@ -216,7 +218,7 @@ def serve(
 
     run_server(settings_from(weights=weights, backend=backend, precision=precision, host=host, port=port,
                              max_batch=max_batch, max_wait_ms=max_wait_ms, device=device, compile=compile,
-                             artifacts_dir=artifacts_dir))
+                             decode=decode, artifacts_dir=artifacts_dir))
 
 
 SAMPLE_IMAGES = "samples"
@@ -246,9 +248,10 @@ def predict(
     iou: Annotated[float, typer.Option(help="NMS IoU threshold.")] = 0.7,
     max_det: Annotated[int, typer.Option(help=f"Most detections per image (at most {MAX_DET}).")] = MAX_DET,
     imgsz: Imgsz = 640,
-    batch: Annotated[int, typer.Option(help="Images per batch.", min=1)] = 8,
+    batch: Annotated[int, typer.Option(help="Images per batch (ONNX Runtime takes at most 16).", min=1)] = 64,
     backend: Backend = "auto",
     precision: Precision = "auto",
+    decode: Annotated[str, typer.Option(help=DECODE_HELP)] = "gpu",
     classes: Annotated[Optional[list[int]], typer.Option("--classes", help="Keep only these class ids (repeatable).")] = None,
     agnostic: Annotated[bool, typer.Option(help="Class-agnostic NMS.")] = False,
     save_images: Annotated[Optional[Path], typer.Option(help="Also write annotated images here.")] = None,
@@ -271,7 +274,7 @@ def predict(
         raise InvalidParameter(f"no images found at {source!r} (a folder, an image file, or a glob pattern)")
     make_params(conf=conf, iou=iou, max_det=max_det, agnostic=agnostic)  # bad values fail before the model loads
     with console.status("loading model…"):
-        detector = open_detector(weights, backend=backend, precision=precision, imgsz=imgsz,
+        detector = open_detector(weights, backend=backend, precision=precision, decode=decode, imgsz=imgsz,
                                  artifacts_dir=artifacts_dir, max_batch=batch, device=device)
     with detector:
         params = detector.params(conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic)
@@ -295,20 +298,15 @@ def predict(
         raise typer.Exit(ExitCode.INCOMPLETE)
 
 
-@cli.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@cli.command(add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 @_friendly
 def bench(ctx: typer.Context) -> None:
-    """Latency benchmark: Ultralytics vs yolopipe in one run (options: yolopipe bench --help-bench)."""
-    script = Path(__file__).resolve().parent.parent / "bench" / "latency.py"
-    if not script.is_file():
-        from app.errors import ArtifactError
+    """Benchmark: Ultralytics and yolopipe on the same model and images in one run, one JSON of rows
+    (yolopipe bench --help lists its options)."""
+    from app.benchmark.cli import main as run_bench
 
-        raise ArtifactError("bench/latency.py not found", hint="run `yolopipe bench` from a yolopipe source checkout")
-    import runpy
-
-    args = ["--help" if a == "--help-bench" else a for a in ctx.args]
-    sys.argv = [str(script), *args]
-    runpy.run_path(str(script), run_name="__main__")
+    run_bench(list(ctx.args), prog="yolopipe bench")
 
 
 def main() -> None:

@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BackendName = Literal["auto", "onnxruntime", "torch-cuda", "tensorrt"]
 Precision = Literal["auto", "fp32", "fp16", "int8"]
-DecodeName = Literal["auto", "gpu", "cpu"]  # auto: the GPU decoder where the backend has one
+DecodeName = Literal["gpu", "nvimgcodec", "nvjpeg", "cpu"]  # GPU backends; gpu: nvImageCodec, else nvJPEG
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DECODERS: tuple[str, ...] = get_args(DecodeName)
@@ -45,7 +45,7 @@ class Settings(BaseSettings):
     imgsz: int = Field(640, ge=32, le=4096)
     backend: BackendName = "auto"
     precision: Precision = "auto"
-    decode: DecodeName = "auto"
+    decode: DecodeName = "gpu"  # GPU backends only; the CPU backend decodes with OpenCV
     device: int = Field(0, ge=0)
     compile: bool = True  # torch-cuda: torch.compile each batch bucket (~20 s each, cached on disk)
     ort_threads: int = Field(0, ge=0)  # onnxruntime intra-op threads; 0: its default

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.artifacts.engines import find_engine
-from app.config import BACKENDS, MAX_PIXELS, PRECISIONS, Settings, check_choice
+from app.config import BACKENDS, DECODERS, MAX_PIXELS, PRECISIONS, Settings, check_choice
 from app.errors import BackendUnavailable, EngineMismatch, InvalidParameter
 from app.pipeline.detector import Detector
 from app.types import ModelMeta
@@ -69,6 +69,7 @@ def open_detector(
     *,
     backend: str = "auto",
     precision: str = "auto",
+    decode: str = "gpu",
     imgsz: int = 640,
     artifacts_dir: Path | None = None,
     max_batch: int = 32,
@@ -83,6 +84,7 @@ def open_detector(
 
     check_choice("backend", backend, BACKENDS)
     check_choice("precision", precision, PRECISIONS)
+    check_choice("decoder", decode, DECODERS)
     exported = export_onnx(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
     model_dir, meta = exported.model_dir, exported.meta
     choice = choose_backend(backend, precision, model_dir, gpus=cuda_device_count())
@@ -109,13 +111,14 @@ def open_detector(
                                  device=device, compile=compile)
     from app.gpu.pipeline import GpuPipeline
 
-    return Detector(GpuPipeline(engine, meta, max_batch=max_batch, device=device), max_pixels=max_pixels)
+    return Detector(GpuPipeline(engine, meta, max_batch=max_batch, device=device, decode=decode), max_pixels=max_pixels)
 
 
 def open_detector_from(settings: Settings) -> Detector:
     """The service's detector, from its settings."""
     return open_detector(
-        settings.weights, backend=settings.backend, precision=settings.precision, imgsz=settings.imgsz,
+        settings.weights, backend=settings.backend, precision=settings.precision, decode=settings.decode,
+        imgsz=settings.imgsz,
         artifacts_dir=settings.artifacts_dir, max_batch=settings.max_batch, device=settings.device,
         max_pixels=settings.max_pixels, compile=settings.compile, ort_threads=settings.ort_threads,
     )

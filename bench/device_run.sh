@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite and benchmarks on the lent H200, in one call of the device tool:
-#   carry: [".whl", ".cache", ".data"]   (wheels the image lacks, the sample weights, photos)
+#   carry: [".whl", ".cache", ".data"]   (wheels the image lacks, the sample weights, photos;
+#   for GPU JPEG decode add nvidia-nvimgcodec-cu13 to the wheels: ../shared/device/wheels.sh)
 #   bash bench/device_run.sh tests|bench|http|soak ...
 # Everything it writes goes under $OUT (the device tool brings it back).
 set -uo pipefail
@@ -11,14 +12,15 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 YOLO_OFFLINE=1 YOLOPIPE_CACH
 export YOLOPIPE_IMAGES=${YOLOPIPE_IMAGES:-$PWD/.data/images}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/nvidia-smi.txt"
 python3 -c "import torch, torchvision, numba, numpy, cv2; print('torch', torch.__version__, 'tv', torchvision.__version__, 'numba', numba.__version__, 'numpy', numpy.__version__, 'cv2', cv2.__version__)"
+python3 -c "from nvidia import nvimgcodec; print('nvimgcodec', nvimgcodec.__version__)" 2>&1 | tail -1
 
 for part in "$@"; do
   case "$part" in
     tests)
-      timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest tests/kernels tests/gpu tests/tensorrt -q -rs -m "not slow" \
+      timeout "${TESTS_TIMEOUT:-300}" python3 -m pytest ${TEST_PATHS:-tests/kernels tests/gpu tests/tensorrt} -q -rs -m "not slow" \
         -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -60 ;;
     bench)
-      timeout "${BENCH_TIMEOUT:-300}" python3 bench/latency.py --images "$YOLOPIPE_IMAGES" --out "$OUT/latency.json" \
+      timeout "${BENCH_TIMEOUT:-300}" python3 -m app.benchmark --images "$YOLOPIPE_IMAGES" --out "$OUT/latency.json" \
         ${BENCH_ARGS:-} 2>&1 | tee "$OUT/latency.log" | tail -60 ;;
     http)
       timeout "${HTTP_TIMEOUT:-300}" python3 bench/http_load.py ${HTTP_ARGS:-} --images "$YOLOPIPE_IMAGES" \

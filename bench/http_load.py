@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # `python bench/http_load.py`: make the repo importable
     sys.path.insert(0, str(ROOT))
 
-from bench.machine import machine_info as common_machine_info
-from bench.machine import versions
+from app.benchmark.machine import machine_info as common_machine_info
+from app.benchmark.machine import versions
 
 RESULTS = ROOT / "bench" / "results"
 

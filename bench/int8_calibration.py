@@ -30,7 +30,7 @@ from app.builder import quantize as qz
 from app.builder.export import export_onnx
 from app.builder.int8_report import compare_models, detect_all
 from app.imaging.decode import decode_image
-from bench.machine import machine_info, versions
+from app.benchmark.machine import machine_info, versions
 
 ASSETS = Path(__import__("ultralytics").__file__).parent / "assets"
 

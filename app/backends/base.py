@@ -9,6 +9,8 @@ Two shapes, because where the data lives decides everything:
   run on the GPU (``app.gpu.pipeline``), and the output never leaves the device.
 
 And one shape for the whole image→rows path, which the ``Detector`` drives: ``Pipeline``.
+These are the whole contract: every attribute and method named here exists on every
+implementation, so callers never probe for them.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class DeviceEngine(Protocol):
     precision: str  # "fp32" | "fp16" | "int8"
     input_dtype: str  # "float32" | "float16": what ``forward`` expects
     max_batch: int
+    compiled: bool  # torch-cuda: running a torch.compile'd model; TensorRT: False (built ahead)
 
     def forward(self, images: Any) -> Any:
         """Enqueue the model on torch's current CUDA stream.
@@ -45,10 +48,9 @@ class DeviceEngine(Protocol):
         Returns an object with ``__cuda_array_interface__`` holding ``[B, 4 + nc, anchors]``
         (float16 or float32). No host sync, and after one warm-up call per batch size the
         addresses it reads and writes stay fixed, so the call can be captured in a CUDA graph.
+        The pipeline calls it only while capturing, one call at a time, and replays the graphs
+        on one stream, so one execution state serves every batch in flight.
         """
-
-    # Optional: ``for_lane(i) -> DeviceEngine``, an engine for the i-th concurrent pipeline lane
-    # (shared weights, its own execution state). Engines without it run one lane.
 
     def close(self) -> None: ...
 
@@ -64,12 +66,19 @@ class Pipeline(Protocol):
     backend: str
     precision: str
     max_batch: int
+    max_det: int  # the most rows per image ``run`` can return: the ceiling of a request's max_det
+    max_in_flight: int  # ``run`` calls (each from its own thread) that overlap usefully; 1: serial
     meta: ModelMeta
     decodes_jpeg: bool  # True: JPEG bytes may be passed and are decoded by the pipeline
+    last_timings: dict[str, float]  # stage times of the last ``run`` (``*_ms``, ``*_us``), for metrics
 
     def run(
         self, images: Sequence[PipelineInput], params: DetectParams
     ) -> list[tuple[np.ndarray, Letterbox] | YolopipeError]:
         """At most ``max_batch`` images; a per-image error (e.g. a corrupt JPEG) stands in its slot."""
+
+    def warmup(self, batches: Sequence[int] | None = None) -> None:
+        """Do now the one-time work of these batch sizes (all by default), not on first use:
+        the GPU pipeline captures their CUDA graphs; a CPU pipeline has nothing to do."""
 
     def close(self) -> None: ...

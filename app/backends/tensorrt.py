@@ -31,7 +31,6 @@ from app.errors import ArtifactError, DeviceError, InvalidParameter
 from app.types import ModelMeta
 
 
-
 def _numpy_dtype_name(trt: Any, trt_dtype: Any) -> str:
     import numpy as np
 
@@ -54,6 +53,7 @@ class TensorRTEngine:
     """
 
     name = "tensorrt"
+    compiled = False  # built ahead of time by `yolopipe build-engine`
 
     def __init__(self, engine_path: Path, meta: ModelMeta, *, device: int = 0) -> None:
         self._runtime = self._engine = self._context = self._output = None

@@ -14,13 +14,12 @@ Two details of Ultralytics' ``Detect`` head matter for graphs:
   do not depend on the batch, so the engine builds them once and, before each call, sets the
   head's remembered shape to the incoming one: no rebuild, one anchor tensor forever.
 
-Lanes (``GpuPipeline(..., lanes=N)``): every lane uses this one engine (``for_lane`` returns
-``self``). That is safe because ``forward`` only runs while the pipeline captures or warms up
-a graph, and the pipeline does that with every other lane idle, so the head's ``shape``
-attribute is never set by two threads at once. Replays of several lanes then run
-concurrently and share only what is read-only: the weights and the one anchor tensor (built
-by the eager probe below, outside every graph pool). Activations and the head output live in
-each lane's own graph memory pool.
+Batches in flight (``GpuPipeline(..., slots=N)``) all use this one engine. That is safe
+because ``forward`` only runs while the pipeline captures or warms up a graph, with nothing
+else running, so the head's ``shape`` attribute is never set by two threads at once; the
+graphs then replay one after another on the pipeline's compute stream. They share the weights
+and the one anchor tensor (built by the eager probe below, outside every graph pool);
+activations and the head output live in the pipeline's graph memory pool.
 """
 
 from __future__ import annotations
@@ -190,10 +189,6 @@ class TorchCudaEngine:
                     self._forward = self._model
                     self.compiled = False
             return self._call(self._model, images)
-
-    def for_lane(self, index: int) -> TorchCudaEngine:
-        """The engine lane ``index`` of a ``GpuPipeline`` uses: this one (see the module doc)."""
-        return self
 
     def close(self) -> None:
         if self._model is None:

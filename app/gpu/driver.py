@@ -1,10 +1,12 @@
-"""The two CUDA driver calls of the hot path, made straight through ``libcuda.so.1`` (ctypes).
+"""The CUDA driver calls of the hot path, made straight through ``libcuda.so.1`` (ctypes).
 
-Why: per batch the GPU pipeline enqueues one H2D copy of its staging buffer and one graph
-launch. Through torch that is ``Tensor.copy_(non_blocking=True)`` + ``CUDAGraph.replay()``,
+Why: per batch the GPU pipeline enqueues one H2D copy of its staging buffer (on the copy
+stream), one graph launch (on the compute stream) and the events that order them. Through
+torch that is ``Tensor.copy_(non_blocking=True)`` + ``CUDAGraph.replay()`` + event calls,
 about 60 µs of host time at batch 1 (dispatcher, stream guards, Python hooks). The driver
 calls themselves cost about a microsecond each from ctypes, with every pointer and handle
-computed once beforehand.
+computed once beforehand. ctypes releases the GIL around each call, so a thread blocked in
+``cuEventSynchronize`` lets the others run.
 
 Only the driver is touched: the handles come from torch (``Tensor.data_ptr()``,
 ``Stream.cuda_stream``, ``CUDAGraph.raw_cuda_graph_exec()``), whose runtime types
@@ -39,8 +41,12 @@ _SIGNATURES: dict[str, tuple] = {
     "cuDevicePrimaryCtxRelease_v2": (ctypes.c_int,),
     "cuCtxSetCurrent": (_c_handle,),
     "cuMemcpyHtoDAsync_v2": (_c_devptr, _c_handle, ctypes.c_size_t, _c_handle),
+    "cuMemcpyDtoDAsync_v2": (_c_devptr, _c_devptr, ctypes.c_size_t, _c_handle),
     "cuGraphLaunch": (_c_handle, _c_handle),
     "cuStreamSynchronize": (_c_handle,),
+    "cuEventRecord": (_c_handle, _c_handle),
+    "cuEventSynchronize": (_c_handle,),
+    "cuStreamWaitEvent": (_c_handle, _c_handle, ctypes.c_uint),
 }
 
 
@@ -103,36 +109,76 @@ def cuda_driver() -> CudaDriver:
         return _driver
 
 
-class RawLauncher:
-    """One lane's hot path: upload ``[0, nbytes)`` of its staging, then launch a graph, on its
-    stream, with two driver calls.
+class RawDispatch:
+    """One batch slot's hot path, in driver calls with every handle prepared beforehand:
+
+    ``upload``: H2D of ``[0, nbytes)`` of the slot's pinned staging on the copy stream, then
+    record ``uploaded`` (or, with nothing else in flight, straight on the compute stream);
+    ``wait_inputs``: the compute stream waits for ``uploaded`` and for the decoder's event when
+    the batch holds GPU-decoded JPEGs; ``launch`` the bucket's graph there; ``record_done``;
+    ``wait``: block (without the GIL) until ``done``.
 
     The calling thread's current context is set first (a thread the pipeline has never seen
     has none, and the driver API needs one); ``cuCtxSetCurrent`` of the context already
     current is a cheap no-op.
     """
 
-    def __init__(self, driver: CudaDriver, context: int, stream: int, dst: int, src: int) -> None:
+    def __init__(
+        self, driver: CudaDriver, context: int, *, copy_stream: int, compute_stream: int, dst: int, src: int,
+        uploaded: int, done: int,
+    ) -> None:
         self._driver = driver
         self._context = _c_handle(context)
-        self._stream = _c_handle(stream)
+        self._copy = _c_handle(copy_stream)
+        self._compute = _c_handle(compute_stream)
         self._dst = int(dst)
         self._src = _c_handle(src)
+        self._uploaded = _c_handle(uploaded)
+        self._done = _c_handle(done)
         self._set_current = driver.cuCtxSetCurrent
         self._memcpy = driver.cuMemcpyHtoDAsync_v2
+        self._record = driver.cuEventRecord
+        self._wait_event = driver.cuStreamWaitEvent
         self._launch = driver.cuGraphLaunch
+        self._sync_event = driver.cuEventSynchronize
+
+    def _check(self, r: int, what: str) -> None:
+        if r:
+            self._driver.check(r, what)
 
     def make_current(self) -> None:
-        r = self._set_current(self._context)
-        if r:
-            self._driver.check(r, "cuCtxSetCurrent")
+        self._check(self._set_current(self._context), "cuCtxSetCurrent")
 
-    def upload(self, nbytes: int) -> None:
-        r = self._memcpy(self._dst, self._src, nbytes, self._stream)
-        if r:
-            self._driver.check(r, "cuMemcpyHtoDAsync")
+    def upload(self, nbytes: int, *, on_compute: bool = False) -> None:
+        """H2D of the staging's first ``nbytes``: on the copy stream (then ``uploaded`` is
+        recorded), or straight on the compute stream when nothing else is in flight."""
+        if on_compute:
+            self._check(self._memcpy(self._dst, self._src, nbytes, self._compute), "cuMemcpyHtoDAsync")
+            return
+        self._check(self._memcpy(self._dst, self._src, nbytes, self._copy), "cuMemcpyHtoDAsync")
+        self._check(self._record(self._uploaded, self._copy), "cuEventRecord")
 
-    def launch(self, graph_exec: int) -> None:
-        r = self._launch(graph_exec, self._stream)
+    def wait_inputs(self, uploaded: bool, decoded: int | None = None) -> None:
+        """The compute stream waits for the copy stream's upload and/or the decoder's copies."""
+        if uploaded:
+            self._check(self._wait_event(self._compute, self._uploaded, 0), "cuStreamWaitEvent")
+        if decoded is not None:
+            self._check(self._wait_event(self._compute, decoded, 0), "cuStreamWaitEvent")
+
+    def launch(self, graph_exec) -> None:
+        self._check(self._launch(graph_exec, self._compute), "cuGraphLaunch")
+
+    def record_done(self) -> None:
+        self._check(self._record(self._done, self._compute), "cuEventRecord")
+
+    def wait(self) -> None:
+        self._check(self._sync_event(self._done), "cuEventSynchronize")
+
+
+def copy_device_to_device(driver: CudaDriver, copies: list[tuple[int, int, int]], stream: int) -> None:
+    """``(dst, src, nbytes)`` device copies enqueued on ``stream`` (one driver call each)."""
+    memcpy, handle = driver.cuMemcpyDtoDAsync_v2, _c_handle(stream)
+    for dst, src, nbytes in copies:
+        r = memcpy(dst, src, nbytes, handle)
         if r:
-            self._driver.check(r, "cuGraphLaunch")
+            driver.check(r, "cuMemcpyDtoDAsync")

@@ -2,7 +2,7 @@
 ``free()``.
 
 =====================  ======================================================================
-``StreamPair``         a lane's non-default torch stream and its Numba alias
+``StreamPair``         a non-default torch stream and its Numba alias (the compute stream)
 ``Staging``            pinned host + device ``uint8`` staging: ``[params header | images]``;
                        one H2D copy moves both the per-image params and the pixels
 ``InputBuffer``        the engine input ``[max_batch, 3, S, S]``; bucket ``b`` is its first
@@ -12,8 +12,10 @@
 ``CapturedGraphs``     the CUDA graphs per bucket and the tensors they must keep alive
 =====================  ======================================================================
 
-The pipeline holds one set of these per *lane* (``app.gpu.pipeline``): lanes run at the same
-time, so nothing here is shared between lanes, the graphs' memory pool included.
+The pipeline holds a ``Staging``, ``HostResults`` and ``CapturedGraphs`` per *batch slot*
+(``app.gpu.slot``): slots are batches in flight, so these are never shared between them. The
+engine input and the graphs' memory pool are shared: every graph runs on the one compute
+stream, so two graphs never run at the same time.
 
 Why the staging is grown instead of sized for the worst case: image sizes are unbounded, and a
 worst-case pinned buffer (128 × 4K frames) would be gigabytes. Growing means the graphs that
@@ -86,10 +88,6 @@ class Staging:
         self.nb_staging = cuda.as_cuda_array(self.dev, sync=False)
         self.nb_params = cuda.as_cuda_array(dev_params, sync=False)
 
-    @property
-    def total_bytes(self) -> int:
-        return self.header_bytes + self.capacity
-
     def free(self) -> None:
         self.nb_staging = self.nb_params = None
         self.host_np = self.host_params = None
@@ -160,14 +158,11 @@ class CapturedBatch:
 
 
 class CapturedGraphs:
-    """One lane's captured graphs, per bucket, and the lane's own memory pool. The graphs of
-    one lane never run concurrently (a lane runs one batch at a time and every batch ends with
-    a stream sync), so they may share a pool; graphs of two lanes do run concurrently, so each
-    lane has its own pool and their activations never alias. Each graph's output is held here."""
+    """One slot's captured graphs, per bucket; each graph's output is held here. Their memory
+    comes from the pipeline's one graph pool, safe because all graphs replay on one stream."""
 
     def __init__(self) -> None:
         self.by_batch: dict[int, CapturedBatch] = {}
-        self.pool = None
 
     def get(self, batch: int) -> CapturedBatch | None:
         return self.by_batch.get(batch)
@@ -179,4 +174,3 @@ class CapturedGraphs:
         for captured in self.by_batch.values():
             captured.free()
         self.by_batch.clear()
-        self.pool = None

@@ -1,53 +1,37 @@
-"""The GPU request path: images → boxes with one CUDA-graph launch per batch.
+"""The GPU request path: images → boxes, with the stages of consecutive batches overlapped.
 
-Per batch the host does only this:
+One batch, stage by stage (the module that does each):
 
-1. decode JPEG bytes with nvJPEG (batched, default) or with OpenCV in a host thread pool
-   (``jpeg_decode="cpu"``), or take decoded BGR frames;
-2. pack frames into the pinned staging buffer after the per-image params header (large
-   batches: in the host thread pool); JPEGs decoded on the GPU are already on the device and
-   are packed there with one ``torch.cat(..., out=...)``;
-3. if the request parameters changed, write them to the NMS's device params (rare);
-4. **dispatch**: one H2D copy of ``[params header | frames]`` and one graph launch, two CUDA
-   driver calls (``app.gpu.driver``; ``Tensor.copy_`` + ``CUDAGraph.replay()`` if the driver
-   path is unavailable);
-5. one stream sync, then slice each image's rows by its count.
+1. **decode** (``app.gpu.decode``): JPEG bytes on the decoder's own stream (nvImageCodec by
+   default), or by OpenCV in the host threads (``decode="cpu"``); frames are taken as they are;
+2. **staging** (``app.gpu.pack``): the params header and the frames into the slot's pinned
+   staging (several host threads), decoded JPEGs device-to-device into its device staging,
+   then an event on the decoder's stream;
+3. **upload**: one H2D copy of ``[header | frames]`` on the copy stream, then an event;
+4. **graph** (``app.gpu.capture``): letterbox → engine → NMS → D2H of the rows, one graph
+   launch on the compute stream once both events have fired, then the slot's ``done`` event;
+5. **unpack**: rows per image, once ``done`` has fired.
 
-The graph of a bucket (1, 2, 4, ... ``max_batch``; a batch is padded up to its bucket with
-empty slots) holds, all on one non-default stream:
+``run`` is thread-safe and takes one of ``slots`` batch slots (``app.gpu.slot``) for the
+whole batch, so up to ``slots`` threads calling it keep that many batches in flight: while
+batch N's graph runs, batch N+1 is decoded and uploaded into its own slot and batch N−1's rows
+are unpacked from theirs. Every wait releases the GIL (nvImageCodec, NumPy copies, the event
+wait), so the compute stream is fed as long as the host work of a batch takes less time than
+its graph. ``app.pipeline.overlap`` drives a stream of batches that way (folder inference,
+the benchmark); ``max_in_flight`` says how many are worth having in flight.
 
-    letterbox kernel → engine.forward(input) → GpuNms.run(head) → D2H of rows + counts
-
-The NMS reads the engine's output where the engine wrote it (``__cuda_array_interface__``,
-no copy); the only device→host traffic is the final copy into pinned memory.
-
-**Lanes.** A lane owns everything one batch in flight needs: a stream, staging (pinned +
-device), the engine input, a ``GpuNms``, pinned results and its graphs (with their own
-memory pool). The engine's weights are shared. ``run`` takes a free lane, so with
-``lanes=2`` two threads calling ``run`` overlap the host work of one batch (decode, pack) with
-the GPU work of the other. Captures (which call ``engine.forward``) run with every other lane
-idle (``_Gate``), so an engine's forward is never called concurrently and a capture never
-sees another thread's CUDA calls. An engine runs on several lanes only if it says how:
-``engine.for_lane(i)`` returns the engine object lane ``i`` uses (``TorchCudaEngine``:
-itself); without it the pipeline has one lane.
-
-Profiling (``run(..., profile=True)``): CUDA events cannot be recorded between the nodes of
-one graph, so that path replays four graphs captured per stage (preprocess, engine, NMS, D2H)
-with events between them. The stages run the same kernels on the same buffers as the full
-graph; only the engine's head lives in a second tensor.
+Graph launches are made straight through the CUDA driver (``app.gpu.driver.RawDispatch``;
+``Tensor.copy_`` + ``CUDAGraph.replay()`` if that is unavailable). Captures run with the gate
+held exclusively (``app.gpu.gate``): no other thread makes CUDA calls while one is captured.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import itertools
-import logging
 import os
 import queue
 import threading
 import time
-import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -56,154 +40,28 @@ import numpy as np
 from numba import cuda
 
 from app.backends.base import DeviceEngine, PipelineInput
+from app.config import DECODERS, MAX_DET, check_choice
 from app.errors import DeviceError, InvalidImage, InvalidParameter, YolopipeError
-from app.gpu.memory import (
-    CapturedBatch,
-    CapturedGraphs,
-    HostResults,
-    InputBuffer,
-    Staging,
-    StreamPair,
-    align_up,
-)
-from app.gpu.preprocess import (
-    LAYOUT_CHW_RGB,
-    LAYOUT_HWC_BGR,
-    _cpu_decode,
-    decode_jpegs,
-    fill_params,
-    launch_letterbox,
-    letterbox_placement,
-)
+from app.gpu.capture import GraphBuilder
+from app.gpu.decode import Decoded, GpuJpegDecoder, cpu_decode, make_decoder
+from app.gpu.dispatch import Dispatcher
+from app.gpu.gate import Gate
+from app.gpu.memory import CapturedBatch, InputBuffer, StreamPair
+from app.gpu.pack import bucket_sizes, copy_frames, plan_batch, write_header
+from app.gpu.slot import BatchSlot
+from app.gpu.timeline import Timeline
 from app.types import DetectParams, Letterbox, ModelMeta
 
-log = logging.getLogger(__name__)
-
-WARMUP_RUNS = 2  # eager runs per bucket before capture (kernel loading, cuDNN autotune, compile)
-IMAGE_ALIGN = 16  # byte alignment of each frame in the staging buffer
-STAGES = ("preprocess", "engine", "nms", "d2h")
-JPEG_DECODERS = ("gpu", "cpu")
-PARALLEL_PACK_MIN = 16  # frames in a batch from which the pinned copies go to the host pool
-
-
-def bucket_sizes(max_batch: int) -> list[int]:
-    """1, 2, 4, ... up to ``max_batch`` (which is always the last bucket)."""
-    sizes, b = [], 1
-    while b < max_batch:
-        sizes.append(b)
-        b *= 2
-    sizes.append(max_batch)
-    return sizes
-
-
-def split_even(n: int, parts: int) -> list[range]:
-    """``range(n)`` cut into at most ``parts`` contiguous, non-empty pieces of near-equal size."""
-    parts = max(1, min(int(parts), n))
-    base, extra = divmod(n, parts)
-    out, start = [], 0
-    for k in range(parts):
-        stop = start + base + (1 if k < extra else 0)
-        if stop > start:
-            out.append(range(start, stop))
-        start = stop
-    return out
-
-
-class _Gate:
-    """Many runs at once (``shared``), or one capture with nothing else running (``exclusive``).
-
-    A waiting exclusive holder goes before new shared ones, so a capture is not starved by a
-    steady stream of batches. A shared holder that needs a capture releases its share first
-    (``exclusive`` is not an upgrade), so two of them can never wait for each other.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._shared = 0
-        self._exclusive = False
-        self._waiting = 0
-
-    def acquire_shared(self) -> None:
-        with self._cond:
-            while self._exclusive or self._waiting:
-                self._cond.wait()
-            self._shared += 1
-
-    def release_shared(self) -> None:
-        with self._cond:
-            self._shared -= 1
-            if self._shared == 0:
-                self._cond.notify_all()
-
-    def acquire_exclusive(self) -> None:
-        with self._cond:
-            self._waiting += 1
-            try:
-                while self._exclusive or self._shared:
-                    self._cond.wait()
-            finally:
-                self._waiting -= 1
-            self._exclusive = True
-
-    def release_exclusive(self) -> None:
-        with self._cond:
-            self._exclusive = False
-            self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def shared(self):
-        self.acquire_shared()
-        try:
-            yield
-        finally:
-            self.release_shared()
-
-    @contextlib.contextmanager
-    def exclusive(self):
-        self.acquire_exclusive()
-        try:
-            yield
-        finally:
-            self.release_exclusive()
-
-
-class _Lane:
-    """One batch in flight: its stream, buffers, NMS, results and graphs (see the module doc)."""
-
-    def __init__(self, index: int, engine: DeviceEngine, pipe: GpuPipeline, staging_bytes: int) -> None:
-        from app.gpu.nms import GpuNms
-
-        self.index = index
-        self.engine = engine
-        self.stream = StreamPair(pipe.device)
-        self.staging = pipe._new_staging(staging_bytes)
-        self.inputs = InputBuffer(pipe.max_batch, pipe.size, engine.input_dtype, pipe.device)
-        self.nms = GpuNms(pipe.max_batch, pipe.meta.num_classes, pipe.meta.num_anchors, max_det=pipe.max_det)
-        self.results = HostResults(pipe.max_batch, pipe.max_det)
-        self.graphs = CapturedGraphs()
-        self.nms_params_key: tuple | None = None
-        self.launcher = None  # app.gpu.driver.RawLauncher, or None: the torch path
-
-    def free(self) -> None:
-        with contextlib.suppress(Exception):
-            if self.stream.torch is not None:
-                self.stream.synchronize()
-        self.launcher = None
-        self.graphs.free()
-        self.nms.free()
-        self.results.free()
-        self.inputs.free()
-        self.staging.free()
-        self.stream.free()
+RunResult = tuple[np.ndarray, Letterbox] | YolopipeError
 
 
 class GpuPipeline:
     """Implements ``app.backends.base.Pipeline`` for a ``DeviceEngine`` (torch-cuda, TensorRT).
 
-    ``lanes``: batches that may be in flight at once (each needs its own thread calling
-    ``run``); ``jpeg_decode``: "gpu" (nvJPEG) or "cpu" (OpenCV in ``host_threads`` threads),
-    may be changed between calls; ``raw_launch``: dispatch with the CUDA driver directly when
-    possible (else, or on any failure setting it up, ``Tensor.copy_`` + ``CUDAGraph.replay``).
+    ``slots``: batches in flight at once; ``decode``: ``gpu`` | ``nvimgcodec`` | ``nvjpeg`` |
+    ``cpu`` (``app.gpu.decode``), changeable between calls; ``host_threads``: the pool that packs
+    frames and decodes with OpenCV; ``raw_launch``: dispatch through the CUDA driver directly
+    when possible.
     """
 
     decodes_jpeg = True
@@ -215,10 +73,10 @@ class GpuPipeline:
         *,
         max_batch: int = 32,
         device: int = 0,
-        max_det: int = 300,
+        max_det: int = MAX_DET,
         staging_bytes: int | None = None,
-        lanes: int = 1,
-        jpeg_decode: str = "gpu",
+        slots: int = 3,
+        decode: str = "gpu",
         host_threads: int | None = None,
         raw_launch: bool = True,
     ) -> None:
@@ -228,138 +86,70 @@ class GpuPipeline:
             raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
         if max_batch > engine.max_batch:
             raise InvalidParameter(f"max_batch {max_batch} is over the engine's max_batch {engine.max_batch}")
-        if lanes < 1:
-            raise InvalidParameter(f"lanes must be >= 1, got {lanes}")
+        if slots < 1:
+            raise InvalidParameter(f"slots must be >= 1, got {slots}")
         self._torch = torch
         self.engine = engine
         self.backend = engine.name
         self.precision = engine.precision
         self.meta = meta
         self.max_batch = int(max_batch)
+        self.max_in_flight = int(slots)
         self.device = int(device)
         self.max_det = int(max_det)
         self.size = int(meta.imgsz)
         self.buckets = bucket_sizes(self.max_batch)
-        self.jpeg_decode = jpeg_decode
-        self.host_threads = int(host_threads or min(8, os.cpu_count() or 1))
+        self.host_threads = int(host_threads or min(16, os.cpu_count() or 1))
         self.last_timings: dict[str, float] = {}
         self.last_launch_path = ""  # "driver" | "torch": how the last batch was dispatched
-        self.raw_launch_error: str | None = None  # why the driver path is off, if it is
-        self._gate = _Gate()
+        self._gate = Gate()
         self._closed = False
         self._host_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self._driver = None
-        self._context: int | None = None
+        self._decoders: dict[str, GpuJpegDecoder | None] = {}
+        self._timeline: Timeline | None = None
 
         torch.cuda.set_device(self.device)
-        staging_bytes = staging_bytes or self.max_batch * self.size * self.size * 3
-        self.lanes: list[_Lane] = []
         with self._numba_device():
-            self.lanes.append(_Lane(0, engine, self, staging_bytes))  # lane 0 failing is fatal, as before
-            for i in range(1, lanes):
-                try:
-                    self.lanes.append(self._extra_lane(i, staging_bytes))
-                except Exception as exc:  # noqa: BLE001 - fewer lanes is slower, never wrong
-                    warnings.warn(
-                        f"GPU pipeline: lane {i} unavailable ({type(exc).__name__}: {exc}); "
-                        f"running {len(self.lanes)} lane(s)",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
-                    break
-        self._free_lanes: queue.SimpleQueue[_Lane] = queue.SimpleQueue()
-        for lane in self.lanes:
-            self._free_lanes.put(lane)
-        if raw_launch:
-            self._setup_raw_launch()
-        else:
-            self.raw_launch_error = "disabled (raw_launch=False)"
+            self.compute = StreamPair(self.device)
+            self.copy_stream = torch.cuda.Stream(device=self.device)
+            self.inputs = InputBuffer(self.max_batch, self.size, engine.input_dtype, self.device)
+            staging_bytes = staging_bytes or self.max_batch * self.size * self.size * 3
+            self.slots = [
+                BatchSlot(i, max_batch=self.max_batch, max_det=self.max_det, meta=meta, device=self.device,
+                          staging_bytes=staging_bytes)
+                for i in range(slots)
+            ]
+            self.graphs = GraphBuilder(engine, self.inputs, self.compute, self.slots)
+        self._free_slots: queue.SimpleQueue[BatchSlot] = queue.SimpleQueue()
+        for slot in self.slots:
+            self._free_slots.put(slot)
+        self.decode = decode  # creates the decoder now, so a missing library shows at start-up
+        self.dispatcher = Dispatcher(self.device, self.compute, self.copy_stream, raw_launch=raw_launch)
+        self.dispatcher.setup(self.slots)
 
     # ------------------------------------------------------------------------- set-up
     @property
-    def jpeg_decode(self) -> str:
-        return self._jpeg_decode
+    def decode(self) -> str:
+        return self._decode
 
-    @jpeg_decode.setter
-    def jpeg_decode(self, value: str) -> None:
-        if value not in JPEG_DECODERS:
-            raise InvalidParameter(f"jpeg_decode must be one of {', '.join(JPEG_DECODERS)}, got {value!r}")
-        self._jpeg_decode = value
-
-    @property
-    def num_lanes(self) -> int:
-        return len(self.lanes)
-
-    # Lane 0's resources under their historical names (single-lane callers, tests).
-    @property
-    def stream(self) -> StreamPair:
-        return self.lanes[0].stream
+    @decode.setter
+    def decode(self, value: str) -> None:
+        check_choice("decoder", value, DECODERS)
+        if value not in self._decoders:
+            self._decoders[value] = make_decoder(value, self.device, self.host_threads)
+        self._decode = value
 
     @property
-    def staging(self) -> Staging:
-        return self.lanes[0].staging
+    def raw_launch_error(self) -> str | None:
+        """Why graphs are not launched through the CUDA driver directly, or None if they are."""
+        return self.dispatcher.raw_launch_error
 
     @property
-    def inputs(self) -> InputBuffer:
-        return self.lanes[0].inputs
-
-    @property
-    def nms(self):
-        return self.lanes[0].nms
-
-    @property
-    def results(self) -> HostResults:
-        return self.lanes[0].results
-
-    @property
-    def graphs(self) -> CapturedGraphs:
-        return self.lanes[0].graphs
-
-    def _extra_lane(self, index: int, staging_bytes: int) -> _Lane:
-        for_lane = getattr(self.engine, "for_lane", None)
-        if for_lane is None:
-            raise InvalidParameter(f"the {self.engine.name} engine cannot serve several lanes (no for_lane)")
-        return _Lane(index, for_lane(index), self, staging_bytes)
-
-    def _setup_raw_launch(self) -> None:
-        """The driver path, or the reason it is off. Never raises: torch's path always works."""
-        try:
-            from app.gpu.driver import cuda_driver
-
-            self._driver = cuda_driver()
-            self._context = self._driver.primary_context(self.device)
-            if not hasattr(self._torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
-                raise DeviceError("this torch has no CUDAGraph.raw_cuda_graph_exec")
-            for lane in self.lanes:
-                self._attach_launcher(lane)
-        except Exception as exc:  # noqa: BLE001 - an optimisation, never a requirement
-            self.raw_launch_error = f"{type(exc).__name__}: {exc}"
-            log.warning("GPU pipeline: raw CUDA driver dispatch off (%s); using torch", self.raw_launch_error)
-            for lane in self.lanes:
-                lane.launcher = None
-            self._release_context()
-
-    def _attach_launcher(self, lane: _Lane) -> None:
-        """(Re)build the lane's launcher for its current staging buffers."""
-        lane.launcher = None
-        if self._driver is None or self._context is None:
-            return
-        from app.gpu.driver import RawLauncher
-
-        lane.launcher = RawLauncher(
-            self._driver,
-            self._context,
-            stream=lane.stream.torch.cuda_stream,
-            dst=lane.staging.dev.data_ptr(),
-            src=lane.staging.host.data_ptr(),
-        )
-
-    def _release_context(self) -> None:
-        if self._driver is not None and self._context is not None:
-            with contextlib.suppress(Exception):
-                self._driver.release_primary_context(self.device)
-        self._context = None
+    def decoder_name(self) -> str:
+        """What decodes JPEG now: ``nvimgcodec``, ``nvjpeg`` or ``cpu``."""
+        decoder = self._decoders[self._decode]
+        return decoder.name if decoder is not None else "cpu"
 
     def _numba_device(self):
         """Numba's current context must be this device's (it is device 0 unless told)."""
@@ -371,35 +161,10 @@ class GpuPipeline:
         with self._gate.exclusive(), self._torch.cuda.device(self.device), self._numba_device():
             yield
 
-    def _new_staging(self, capacity: int) -> Staging:
-        staging = Staging(self.max_batch, capacity, self.device)
-        # A graph is captured (and warmed up) with whatever params the header holds: zeros mean
-        # "empty slot", so a capture before the first batch never reads outside the buffer.
-        staging.host_params[:] = 0
-        staging.dev[: staging.header_bytes].zero_()
-        self._torch.cuda.synchronize(self.device)
-        return staging
-
-    def _grow_staging(self, lane: _Lane, needed: int) -> None:
-        """Bigger staging: new addresses, so the lane's graphs are dropped (re-captured lazily)."""
-        lane.stream.synchronize()
-        lane.graphs.free()
-        old = lane.staging.capacity
-        lane.staging.free()
-        lane.staging = self._new_staging(max(needed, 2 * old))
-        if lane.launcher is not None:
-            try:
-                self._attach_launcher(lane)
-            except Exception as exc:  # noqa: BLE001 - this lane goes on through torch
-                log.warning("GPU pipeline: driver dispatch off on lane %d (%s)", lane.index, exc)
-                lane.launcher = None
-
     def _pool(self) -> ThreadPoolExecutor:
         with self._pool_lock:
             if self._host_pool is None:
-                self._host_pool = ThreadPoolExecutor(
-                    max_workers=self.host_threads, thread_name_prefix="yolopipe-host"
-                )
+                self._host_pool = ThreadPoolExecutor(max_workers=self.host_threads, thread_name_prefix="yolopipe-host")
             return self._host_pool
 
     def bucket_for(self, n: int) -> int:
@@ -408,134 +173,28 @@ class GpuPipeline:
                 return b
         raise InvalidParameter(f"batch of {n} images is over max_batch {self.max_batch}")
 
-    def warmup(self, buckets: Sequence[int] | None = None, *, profile: bool = False) -> None:
-        """Capture the graphs of ``buckets`` (all by default) on every lane now, not on first use."""
+    def warmup(self, batches: Sequence[int] | None = None, *, profile: bool = False) -> None:
+        """Capture the graphs of the buckets of ``batches`` (all by default) on every slot now."""
         if self._closed:
             raise DeviceError("the GPU pipeline was closed")
         with self._exclusive():
-            for lane in self.lanes:
-                for b in buckets or self.buckets:
-                    self._captured(lane, self.bucket_for(b), profile=profile)
+            for slot in self.slots:
+                for b in sorted({self.bucket_for(b) for b in (batches or self.buckets)}):
+                    self.graphs.captured(slot, b, profile=profile, raw_exec=slot.dispatch is not None)
 
-    # -------------------------------------------------------------------- the steps
-    def _stage_preprocess(self, lane: _Lane, batch: int) -> None:
-        _, input_nb = lane.inputs.bucket(batch)
-        launch_letterbox(
-            lane.staging.nb_staging, lane.staging.nb_params, input_nb, batch, stream=lane.stream.numba
-        )
+    # ---------------------------------------------------------------------- timeline
+    def start_timeline(self) -> Timeline:
+        """Record CUDA events per stage for every batch from now on (``app.gpu.timeline``)."""
+        self._timeline = Timeline(self.compute.torch)
+        return self._timeline
 
-    def _stage_engine(self, lane: _Lane, batch: int):
-        input_t, _ = lane.inputs.bucket(batch)
-        return lane.engine.forward(input_t)
-
-    def _stage_nms(self, lane: _Lane, head, batch: int) -> None:
-        lane.nms.run(head, batch, stream=lane.stream.numba)
-
-    def _stage_d2h(self, lane: _Lane, batch: int) -> None:
-        lane.results.enqueue_copy(lane.nms.out_rows, lane.nms.out_count, batch, lane.stream.numba)
-
-    def _all_stages(self, lane: _Lane, batch: int):
-        self._stage_preprocess(lane, batch)
-        head = self._stage_engine(lane, batch)
-        self._stage_nms(lane, head, batch)
-        self._stage_d2h(lane, batch)
-        return head
-
-    def _captured(self, lane: _Lane, batch: int, *, profile: bool = False) -> CapturedBatch:
-        """The bucket's graph on ``lane``, captured if missing. Call inside ``_exclusive``."""
-        captured = lane.graphs.get(batch)
-        if captured is None:
-            captured = self._capture(lane, batch)
-            lane.graphs.add(captured)
-        if profile and not captured.stage_graphs:
-            self._capture_stages(lane, captured)
-        return captured
-
-    def _capture(self, lane: _Lane, batch: int) -> CapturedBatch:
-        torch = self._torch
-        stream = lane.stream.torch
-        try:
-            with torch.cuda.stream(stream):
-                for _ in range(WARMUP_RUNS):
-                    self._all_stages(lane, batch)
-            stream.synchronize()
-            if lane.graphs.pool is None:
-                lane.graphs.pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=lane.graphs.pool, stream=stream):
-                head = self._all_stages(lane, batch)
-            stream.synchronize()
-        except YolopipeError:
-            raise
-        except Exception as exc:
-            raise DeviceError(
-                f"capturing the CUDA graph of batch {batch} failed: {type(exc).__name__}: {exc}"
-            ) from exc
-        return CapturedBatch(batch=batch, graph=graph, head=head, graph_exec=self._graph_exec(lane, graph))
-
-    def _graph_exec(self, lane: _Lane, graph) -> ctypes.c_void_p | None:
-        """The graph's ``CUgraphExec`` for ``cuGraphLaunch``; None keeps this graph on ``replay()``.
-
-        Launching the exec handle directly skips what ``CUDAGraph.replay()`` adds around
-        ``cudaGraphLaunch``: Python replay hooks and the RNG prologue, which advances the
-        Philox offsets of generators used inside the graph. These graphs use no RNG (letterbox,
-        inference-mode model, NMS, copies), so nothing is skipped that they need.
-        """
-        if lane.launcher is None:
-            return None
-        try:
-            handle = int(graph.raw_cuda_graph_exec())
-        except Exception as exc:  # noqa: BLE001 - this graph goes through replay() instead
-            log.warning(
-                "GPU pipeline: no raw graph exec handle (%s: %s); replaying through torch",
-                type(exc).__name__,
-                exc,
-            )
-            return None
-        return ctypes.c_void_p(handle) if handle else None
-
-    def _capture_stages(self, lane: _Lane, captured: CapturedBatch) -> None:
-        torch = self._torch
-        stream = lane.stream.torch
-        batch = captured.batch
-        pool = lane.graphs.pool
-        graphs = {name: torch.cuda.CUDAGraph() for name in STAGES}
-        with torch.cuda.graph(graphs["preprocess"], pool=pool, stream=stream):
-            self._stage_preprocess(lane, batch)
-        with torch.cuda.graph(graphs["engine"], pool=pool, stream=stream):
-            head = self._stage_engine(lane, batch)
-        with torch.cuda.graph(graphs["nms"], pool=pool, stream=stream):
-            self._stage_nms(lane, head, batch)
-        with torch.cuda.graph(graphs["d2h"], pool=pool, stream=stream):
-            self._stage_d2h(lane, batch)
-        stream.synchronize()
-        captured.stage_graphs = graphs
-        captured.stage_head = head
-
-    def _set_nms_params(self, lane: _Lane, params: DetectParams) -> None:
-        if params.max_det > self.max_det:
-            raise InvalidParameter(
-                f"max_det {params.max_det} is over this pipeline's {self.max_det}",
-                hint="start the GPU pipeline with a larger max_det",
-            )
-        key = (params.conf, params.iou, params.max_det, params.classes, params.agnostic)
-        if key != lane.nms_params_key:  # device params persist: rewrite only on change
-            with self._numba_device():
-                lane.nms.set_params(
-                    conf=params.conf,
-                    iou=params.iou,
-                    max_det=params.max_det,
-                    classes=params.classes,
-                    agnostic=params.agnostic,
-                    stream=lane.stream.numba,
-                )
-            lane.nms_params_key = key
+    def stop_timeline(self) -> Timeline | None:
+        timeline, self._timeline = self._timeline, None
+        return timeline
 
     # --------------------------------------------------------------------------- run
-    def run(
-        self, images: Sequence[PipelineInput], params: DetectParams, *, profile: bool = False
-    ) -> list[tuple[np.ndarray, Letterbox] | YolopipeError]:
-        """One batch. Thread-safe: up to ``num_lanes`` calls run at once, more wait for a lane."""
+    def run(self, images: Sequence[PipelineInput], params: DetectParams, *, profile: bool = False) -> list[RunResult]:
+        """One batch; thread-safe: up to ``max_in_flight`` calls overlap, more wait for a slot."""
         if self._closed:
             raise DeviceError("the GPU pipeline was closed")
         n = len(images)
@@ -543,13 +202,18 @@ class GpuPipeline:
             return []
         if n > self.max_batch:
             raise InvalidParameter(f"batch of {n} images is over max_batch {self.max_batch}")
-        lane = self._free_lanes.get()
+        if params.max_det > self.max_det:
+            raise InvalidParameter(
+                f"max_det {params.max_det} is over this pipeline's {self.max_det}",
+                hint="start the GPU pipeline with a larger max_det",
+            )
+        slot = self._free_slots.get()
         try:
             self._gate.acquire_shared()
             try:
                 if self._closed:
                     raise DeviceError("the GPU pipeline was closed")
-                return self._run(lane, images, params, profile)
+                return self._run(slot, images, params, profile)
             except YolopipeError:
                 raise
             except Exception as exc:  # a CUDA failure: say which, keep the type family
@@ -557,229 +221,157 @@ class GpuPipeline:
             finally:
                 self._gate.release_shared()
         finally:
-            self._free_lanes.put(lane)
+            self._free_slots.put(slot)
 
-    def _capture_while_shared(self, lane: _Lane, bucket: int, profile: bool) -> CapturedBatch:
+    def _run(self, slot: BatchSlot, images: Sequence[PipelineInput], params: DetectParams, profile: bool):
+        timings: dict[str, float] = {}
+        t_start = time.perf_counter()
+        results: list[Any] = [None] * len(images)
+        byte_slots = [i for i, x in enumerate(images) if isinstance(x, (bytes, bytearray, memoryview))]
+        frames = _checked_frames(images, set(byte_slots), results)
+        decoder = self._decoders[self._decode] if byte_slots else None
+        timeline = self._timeline
+        marks = timeline.begin(len(images), ("decode", "upload", "compute") if decoder else ("upload", "compute")) \
+            if timeline is not None else None
+
+        # 1-2. decode, plan, and the device half of the staging (under the decoder's lock).
+        with decoder.lock if decoder is not None else contextlib.nullcontext():
+            if marks is not None and decoder is not None:
+                marks.record("decode", False, decoder.stream)
+            decoded = self._decode_bytes(decoder, [bytes(images[i]) for i in byte_slots]) if byte_slots else []
+            device_images = []
+            for i, d in zip(byte_slots, decoded):
+                if isinstance(d, YolopipeError):
+                    results[i] = d
+                elif isinstance(d, np.ndarray):
+                    frames.append((i, d))  # decoded by OpenCV: packed as a frame
+                else:
+                    device_images.append((i, d))
+            decoded = d = None
+            n_ok = len(frames) + len(device_images)
+            if n_ok == 0:
+                self.last_timings = {"decode_ms": (time.perf_counter() - t_start) * 1e3}
+                return results
+            bucket = self.bucket_for(n_ok)
+            plan = plan_batch(slot.staging.header_bytes, self.size, frames, device_images)
+            device_images = frames = None  # the plan holds them; device ones go after the gather
+            if plan.end - slot.staging.header_bytes > slot.staging.capacity:
+                self._grow(slot, plan.end - slot.staging.header_bytes)
+            if plan.device_copies:
+                base = slot.staging.dev.data_ptr()
+                decoder.gather([(base + offset, img) for offset, img in plan.device_copies])
+                slot.decoded.record(decoder.stream)
+                if marks is not None:
+                    marks.record("decode", True, decoder.stream)
+            waits_decoder = bool(plan.device_copies)
+            # Freed in the decoder's stream order, after the copies, and before any capture below.
+            plan.device_copies = []
+        t_decoded = time.perf_counter()
+        timings["decode_ms"] = (t_decoded - t_start) * 1e3
+
+        # 2. the host half of the staging, the NMS parameters, the graph.
+        write_header(slot.staging.host_params, plan, bucket)
+        copy_frames(slot.staging.host_np, plan.frame_copies, self._pool().map, self.host_threads)
+        self._set_nms_params(slot, params)
+        captured = slot.graphs.get(bucket)
+        if captured is None or (profile and not captured.stage_graphs):
+            captured = self._capture_while_shared(slot, bucket, profile)
+        t_packed = time.perf_counter()
+        timings["pack_ms"] = (t_packed - t_decoded) * 1e3
+
+        # 3-4. upload and graph launch, then wait for the slot's done event.
+        if profile:
+            timings.update(self.dispatcher.profiled(slot, captured, plan.host_end, waits_decoder))
+            path = "torch"
+        else:
+            path = self.dispatcher.submit(slot, captured, plan.host_end, waits_decoder, marks, timings)
+            t_enqueued = time.perf_counter()
+            self.dispatcher.wait(slot, path)
+            timings["wait_ms"] = (time.perf_counter() - t_enqueued) * 1e3
+        t_done = time.perf_counter()
+
+        # 5. rows per image.
+        counts, rows = slot.results.counts, slot.results.rows
+        for j, (i, lb, _, _) in enumerate(plan.placed):
+            results[i] = (rows[j, : int(counts[j])].copy(), lb)
+        t_end = time.perf_counter()
+        if marks is not None:
+            timeline.finish(marks)
+        timings.update(unpack_ms=(t_end - t_done) * 1e3, total_ms=(t_end - t_start) * 1e3, batch=float(len(plan)),
+                       bucket=float(bucket), slot=float(slot.index), raw_launch=1.0 if path == "driver" else 0.0)
+        self.last_timings = timings
+        self.last_launch_path = path
+        return results
+
+    def _decode_bytes(self, decoder: GpuJpegDecoder | None, datas: list[bytes]) -> list[Decoded]:
+        if decoder is not None:
+            return decoder.decode(datas)
+        if len(datas) == 1:
+            return [cpu_decode(datas[0])]
+        return list(self._pool().map(cpu_decode, datas))
+
+    def _grow(self, slot: BatchSlot, needed: int) -> None:
+        slot.grow(needed)
+        self.dispatcher.attach(slot)
+
+    def _set_nms_params(self, slot: BatchSlot, params: DetectParams) -> None:
+        key = (params.conf, params.iou, params.max_det, params.classes, params.agnostic)
+        if key != slot.nms_params_key:  # device params persist: rewrite only on change
+            with self._numba_device():
+                slot.nms.set_params(conf=params.conf, iou=params.iou, max_det=params.max_det,
+                                    classes=params.classes, agnostic=params.agnostic, stream=self.compute.numba)
+            slot.nms_params_key = key
+
+    def _capture_while_shared(self, slot: BatchSlot, bucket: int, profile: bool) -> CapturedBatch:
         """Capture from inside a run: give up the share, capture alone, take the share back."""
         self._gate.release_shared()
         try:
             with self._exclusive():
                 if self._closed:
                     raise DeviceError("the GPU pipeline was closed")
-                return self._captured(lane, bucket, profile=profile)
+                return self.graphs.captured(slot, bucket, profile=profile, raw_exec=slot.dispatch is not None)
         finally:
             self._gate.acquire_shared()
 
-    def _decode(self, lane: _Lane, datas: list[bytes]) -> list:
-        if self._jpeg_decode == "cpu":
-            if len(datas) == 1:
-                return [_cpu_decode(datas[0])]
-            return list(self._pool().map(_cpu_decode, datas))
-        with self._torch.cuda.stream(lane.stream.torch):  # nvJPEG and its copies on this lane's stream
-            return decode_jpegs(datas, self.device)
-
-    def _copy_frames(self, host_np: np.ndarray, copies: list[tuple[int, np.ndarray]]) -> None:
-        """Frames into the pinned staging at their offsets; a large batch in the host pool."""
-
-        def copy(indices: range) -> None:
-            for k in indices:
-                offset, img = copies[k]
-                np.copyto(host_np[offset : offset + img.nbytes].reshape(img.shape), img)
-
-        if len(copies) >= PARALLEL_PACK_MIN and self.host_threads > 1:
-            list(self._pool().map(copy, split_even(len(copies), self.host_threads)))
-        else:
-            copy(range(len(copies)))
-
-    def _run(self, lane: _Lane, images: Sequence[PipelineInput], params: DetectParams, profile: bool):
-        torch = self._torch
-        stream = lane.stream.torch
-        timings: dict[str, float] = {}
-        t_start = time.perf_counter()
-        results: list[Any] = [None] * len(images)
-
-        # 1. decode: JPEG bytes on the GPU (nvJPEG) or the CPU, anything else taken as a BGR frame.
-        ev_decode = None
-        if profile:
-            ev_decode = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
-            ev_decode[0].record(stream)
-        byte_slots = [i for i, x in enumerate(images) if isinstance(x, (bytes, bytearray, memoryview))]
-        decoded = self._decode(lane, [bytes(images[i]) for i in byte_slots]) if byte_slots else []
-        if profile:
-            ev_decode[1].record(stream)  # nvJPEG work was made to precede this on our stream
-        host_items: list[tuple[int, np.ndarray]] = []  # (result slot, BGR HWC uint8)
-        dev_items: list[tuple[int, Any]] = []  # (result slot, RGB CHW uint8 CUDA tensor)
-        by_slot = dict(zip(byte_slots, decoded))
-        for i, item in enumerate(images):
-            value = by_slot.get(i, item)
-            if isinstance(value, YolopipeError):
-                results[i] = value
-            elif isinstance(value, np.ndarray):
-                if value.ndim != 3 or value.shape[2] != 3 or value.dtype != np.uint8 or 0 in value.shape:
-                    results[i] = InvalidImage(
-                        f"frames must be BGR uint8 [H, W, 3], got {value.dtype} {value.shape}"
-                    )
-                else:
-                    host_items.append((i, value))
-            else:
-                dev_items.append((i, value))
-        t_decoded = time.perf_counter()
-        timings["decode_ms"] = (t_decoded - t_start) * 1e3
-        n_ok = len(host_items) + len(dev_items)
-        if n_ok == 0:
-            self.last_timings = timings
-            return results
-        bucket = self.bucket_for(n_ok)
-
-        # 2. placement and staging layout: [header | frames (host) | decoded JPEGs (device)].
-        host_sizes = [align_up(img.nbytes, IMAGE_ALIGN) for _, img in host_items]
-        dev_sizes = [int(t.numel()) for _, t in dev_items]
-        host_end = lane.staging.header_bytes + sum(host_sizes)
-        dev_start = align_up(host_end)
-        needed = dev_start + sum(dev_sizes) - lane.staging.header_bytes
-        if needed > lane.staging.capacity:
-            self._grow_staging(lane, needed)
-        staging = lane.staging
-        host_params = staging.host_params
-        placed: list[tuple[int, Letterbox]] = []  # batch slot j → (result slot, placement)
-        copies: list[tuple[int, np.ndarray]] = []
-        offset = staging.header_bytes
-        for (i, img), nbytes in zip(host_items, host_sizes):
-            h, w = img.shape[:2]
-            lb = letterbox_placement(h, w, self.size)
-            copies.append((offset, img))
-            fill_params(host_params[len(placed)], lb, offset, LAYOUT_HWC_BGR)
-            placed.append((i, lb))
-            offset += nbytes
-        self._copy_frames(staging.host_np, copies)
-        offset = dev_start
-        for (i, t), nbytes in zip(dev_items, dev_sizes):
-            lb = letterbox_placement(int(t.shape[1]), int(t.shape[2]), self.size)
-            fill_params(host_params[len(placed)], lb, offset, LAYOUT_CHW_RGB)
-            placed.append((i, lb))
-            offset += nbytes
-        for j in range(len(placed), bucket):
-            fill_params(host_params[j], None, 0, 0)  # padding slots: all pad, never read pixels
-        self._set_nms_params(lane, params)
-        captured = lane.graphs.get(bucket)
-        if captured is None or (profile and not captured.stage_graphs):
-            captured = self._capture_while_shared(lane, bucket, profile)
-        ev_pack = None
-        if dev_items:
-            # Decoded JPEGs are packed on the device, on the lane's stream, before the upload and
-            # the launch: host work of the pack step, not of the dispatch.
-            t0 = time.perf_counter()
-            if profile:
-                ev_pack = torch.cuda.Event(enable_timing=True)
-                ev_pack.record(stream)
-            with torch.cuda.stream(stream):
-                torch.cat([t.reshape(-1) for _, t in dev_items], out=staging.dev[dev_start:offset])
-            timings["device_pack_us"] = (time.perf_counter() - t0) * 1e6
-        t_packed = time.perf_counter()
-        timings["pack_ms"] = (t_packed - t_decoded) * 1e3
-
-        # 3. dispatch: H2D of [header | frames] and one graph launch.
-        if profile:
-            timings.update(self._profiled_replay(lane, captured, host_end, ev_decode, ev_pack))
-            path = "torch"
-        else:
-            t0 = time.perf_counter()
-            path = self._dispatch(lane, captured, host_end)
-            timings["dispatch_us"] = (time.perf_counter() - t0) * 1e6
-        timings["raw_launch"] = 1.0 if path == "driver" else 0.0
-        t_enqueued = time.perf_counter()
-        stream.synchronize()
-        t_done = time.perf_counter()
-        timings["wait_ms"] = (t_done - t_enqueued) * 1e3
-
-        # 4. rows per image.
-        counts = lane.results.counts
-        rows = lane.results.rows
-        for j, (i, lb) in enumerate(placed):
-            k = int(counts[j])
-            results[i] = (rows[j, :k].copy(), lb)
-        t_end = time.perf_counter()
-        timings["unpack_ms"] = (t_end - t_done) * 1e3
-        timings["total_ms"] = (t_end - t_start) * 1e3
-        timings["batch"] = float(len(placed))
-        timings["bucket"] = float(bucket)
-        timings["lane"] = float(lane.index)
-        self.last_timings = timings
-        self.last_launch_path = path
-        return results
-
-    def _dispatch(self, lane: _Lane, captured: CapturedBatch, host_end: int) -> str:
-        """Enqueue the upload and the graph on the lane's stream; returns the path taken."""
-        launcher = lane.launcher
-        if launcher is not None and captured.graph_exec is not None:
-            try:
-                launcher.make_current()
-                launcher.upload(host_end)
-                launcher.launch(captured.graph_exec)
-                return "driver"
-            except DeviceError as exc:
-                # Conservative: this lane goes back to torch for good, and the batch is enqueued
-                # again that way (re-uploading the same bytes is harmless; a failed launch ran
-                # nothing). A real device fault will fail there too, as a DeviceError.
-                log.warning(
-                    "GPU pipeline: driver dispatch failed on lane %d (%s); using torch", lane.index, exc
-                )
-                lane.launcher = None
-        torch = self._torch
-        staging = lane.staging
-        with torch.cuda.stream(lane.stream.torch):
-            staging.dev[:host_end].copy_(staging.host[:host_end], non_blocking=True)
-            captured.graph.replay()  # replays on the current stream: the lane's
-        return "torch"
-
-    def _profiled_replay(self, lane: _Lane, captured, host_end, ev_decode, ev_pack) -> dict[str, float]:
-        """The same work as one replay, stage by stage with CUDA events between the stages."""
-        torch = self._torch
-        stream = lane.stream.torch
-        staging = lane.staging
-        ev = {name: torch.cuda.Event(enable_timing=True) for name in ("h2d", *STAGES, "end")}
-        t0 = time.perf_counter()
-        with torch.cuda.stream(stream):
-            ev["h2d"].record(stream)
-            staging.dev[:host_end].copy_(staging.host[:host_end], non_blocking=True)
-            for name in STAGES:
-                ev[name].record(stream)
-                captured.stage_graphs[name].replay()
-            ev["end"].record(stream)
-        t1 = time.perf_counter()
-        stream.synchronize()
-        order = ["h2d", *STAGES, "end"]
-        out = {"dispatch_us": (t1 - t0) * 1e6, "gpu_decode_ms": ev_decode[0].elapsed_time(ev_decode[1])}
-        if ev_pack is not None:
-            out["gpu_pack_ms"] = ev_pack.elapsed_time(ev["h2d"])
-        for a, b in itertools.pairwise(order):
-            out[f"gpu_{a}_ms"] = ev[a].elapsed_time(ev[b])
-        out["gpu_total_ms"] = ev["h2d"].elapsed_time(ev["end"])
-        return out
-
     # ----------------------------------------------------------------------- lifetime
     def close(self) -> None:
-        """Free every device resource (idempotent), then the engine(s)."""
+        """Free every device resource (idempotent), then the engine."""
         if self._closed:
             return
         self._closed = True
         with self._gate.exclusive():  # waits for the batches in flight
-            engines = []
-            for lane in self.lanes:
-                lane.free()
-                if lane.engine is not self.engine and all(lane.engine is not e for e in engines):
-                    engines.append(lane.engine)
-            for extra in engines:
-                with contextlib.suppress(Exception):
-                    extra.close()
+            for slot in self.slots:
+                slot.free()
+            for decoder in self._decoders.values():
+                if decoder is not None:
+                    with contextlib.suppress(Exception):
+                        decoder.close()
+            self._decoders.clear()
+            self.inputs.free()
+            self.compute.free()
             self.engine.close()
             if self._host_pool is not None:
                 self._host_pool.shutdown(wait=True)
                 self._host_pool = None
-            self._release_context()
+            self.dispatcher.close()
 
     def __enter__(self) -> GpuPipeline:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _checked_frames(images: Sequence[PipelineInput], byte_slots: set[int], results: list[Any]) -> list:
+    """``(index, frame)`` of the valid BGR frames; an invalid one gets its error in ``results``."""
+    frames = []
+    for i, value in enumerate(images):
+        if i in byte_slots:
+            continue
+        if not isinstance(value, np.ndarray) or value.ndim != 3 or value.shape[2] != 3 or value.dtype != np.uint8 \
+                or 0 in value.shape:
+            shape = getattr(value, "shape", type(value).__name__)
+            results[i] = InvalidImage(f"frames must be BGR uint8 [H, W, 3], got {getattr(value, 'dtype', '')} {shape}")
+        else:
+            frames.append((i, value))
+    return frames

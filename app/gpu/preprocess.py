@@ -1,4 +1,4 @@
-"""GPU preprocessing: batched nvJPEG decode, then one fused letterbox kernel per batch.
+"""GPU preprocessing: one fused letterbox kernel per batch (decoding lives in ``app.gpu.decode``).
 
 The letterbox kernel does what ``app.imaging.letterbox.letterbox`` + ``to_input`` do on the
 CPU, in one pass and straight into the engine's input buffer ``[B, 3, S, S]``:
@@ -21,25 +21,20 @@ tests check.
 from __future__ import annotations
 
 import math
-import re
-import warnings
-from collections.abc import Sequence
 
 import numpy as np
 from numba import cuda
 
-from app.errors import InvalidImage, YolopipeError
 from app.gpu.rounding import dmul, dsub
 from app.imaging.letterbox import PAD_VALUE, letterbox_params
-from app.imaging.decode import decode_image
-from app.imaging.headers import sniff_format
 from app.types import Letterbox
 
 # Columns of the per-image params array (int64 [B, PARAMS_PER_IMAGE]).
 P_OFFSET, P_SRC_H, P_SRC_W, P_NEW_H, P_NEW_W, P_PAD_TOP, P_PAD_LEFT, P_LAYOUT = range(8)
 PARAMS_PER_IMAGE = 8
 LAYOUT_HWC_BGR = 0  # OpenCV frames: [H, W, 3] BGR
-LAYOUT_CHW_RGB = 1  # nvJPEG output: [3, H, W] RGB
+LAYOUT_CHW_RGB = 1  # torchvision nvJPEG output: [3, H, W] RGB
+LAYOUT_HWC_RGB = 2  # nvImageCodec output: [H, W, 3] RGB
 
 LETTERBOX_TPB = 128  # threads per block; one thread per output pixel (all 3 channels)
 
@@ -121,16 +116,16 @@ def letterbox_kernel(staging, params, out):
     base = params[b, P_OFFSET]
     sy0, sy1, by0, by1 = _taps(y, src_h, new_h, False)
     sx0, sx1, ax0, ax1 = _taps(x, src_w, new_w, True)
-    chw = params[b, P_LAYOUT] == LAYOUT_CHW_RGB
+    layout = params[b, P_LAYOUT]
     for c in range(3):  # c: output channel, RGB order
-        if chw:  # [3, H, W] RGB
+        if layout == LAYOUT_CHW_RGB:  # [3, H, W] RGB
             plane = base + c * src_h * src_w
             p00 = plane + sy0 * src_w + sx0
             p01 = plane + sy0 * src_w + sx1
             p10 = plane + sy1 * src_w + sx0
             p11 = plane + sy1 * src_w + sx1
-        else:  # [H, W, 3] BGR: channel 2 - c
-            ch = 2 - c
+        else:  # [H, W, 3]: BGR reads channel 2 - c, RGB channel c
+            ch = 2 - c if layout == LAYOUT_HWC_BGR else c
             p00 = base + (sy0 * src_w + sx0) * 3 + ch
             p01 = base + (sy0 * src_w + sx1) * 3 + ch
             p10 = base + (sy1 * src_w + sx0) * 3 + ch
@@ -171,114 +166,3 @@ def fill_params(row: np.ndarray, lb: Letterbox | None, offset: int, layout: int)
 def letterbox_placement(src_h: int, src_w: int, size: int) -> Letterbox:
     """The placement the kernel uses: Ultralytics' rounding, from the CPU module."""
     return letterbox_params(src_h, src_w, size)
-
-
-# ------------------------------------------------------------------------------ JPEG decode
-_EXIF_ORIENTATION_TAG = 0x0112
-
-
-def exif_orientation(data: bytes) -> int:
-    """The EXIF orientation (1..8) of a JPEG, 1 when absent or unreadable.
-
-    nvJPEG ignores EXIF, while ``cv2.imdecode`` (the CPU path, Ultralytics' reader) applies it,
-    so the GPU path reads the tag itself and turns the decoded image the same way.
-    """
-    i = 2
-    n = len(data)
-    while i + 4 <= n and data[i] == 0xFF:
-        marker = data[i + 1]
-        if marker in (0xD9, 0xDA):  # end of image / start of scan: no more headers
-            break
-        length = int.from_bytes(data[i + 2 : i + 4], "big")
-        if marker == 0xE1 and data[i + 4 : i + 10] == b"Exif\x00\x00":
-            return _tiff_orientation(data[i + 10 : i + 2 + length])
-        i += 2 + length
-    return 1
-
-
-def _tiff_orientation(tiff: bytes) -> int:
-    if len(tiff) < 8 or tiff[:2] not in (b"II", b"MM"):
-        return 1
-    order = "little" if tiff[:2] == b"II" else "big"
-    ifd = int.from_bytes(tiff[4:8], order)
-    if ifd + 2 > len(tiff):
-        return 1
-    count = int.from_bytes(tiff[ifd : ifd + 2], order)
-    for k in range(count):
-        entry = ifd + 2 + 12 * k
-        if entry + 12 > len(tiff):
-            break
-        if int.from_bytes(tiff[entry : entry + 2], order) == _EXIF_ORIENTATION_TAG:
-            value = int.from_bytes(tiff[entry + 8 : entry + 10], order)  # SHORT, left-justified
-            return value if 1 <= value <= 8 else 1
-    return 1
-
-
-def apply_orientation(chw, orientation: int):
-    """Turn a ``[C, H, W]`` tensor as EXIF ``orientation`` says (PIL's ``exif_transpose``)."""
-    if orientation == 2:
-        return chw.flip(2)
-    if orientation == 3:
-        return chw.flip(1).flip(2)
-    if orientation == 4:
-        return chw.flip(1)
-    if orientation == 5:
-        return chw.transpose(1, 2)
-    if orientation == 6:  # rotate 90° clockwise
-        return chw.transpose(1, 2).flip(2)
-    if orientation == 7:
-        return chw.transpose(1, 2).flip(1).flip(2)
-    if orientation == 8:  # rotate 90° counter-clockwise
-        return chw.transpose(1, 2).flip(1)
-    return chw
-
-
-def decode_jpegs(datas: Sequence[bytes], device: int = 0) -> list:
-    """JPEG bytes → ``[3, H, W]`` RGB uint8 CUDA tensors, or the error of each bad one.
-
-    One batched nvJPEG call (``torchvision.io.decode_jpeg``) on torch's current stream; when
-    the batch fails, each image is retried alone so one corrupt file fails only its own slot.
-    An image nvJPEG cannot decode falls back to the CPU decoder (which also reports corrupt
-    data as ``InvalidImage``) and comes back as a ``[H, W, 3]`` BGR ``np.ndarray``.
-    """
-    import torch
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    encoded = [torch.frombuffer(bytearray(d), dtype=torch.uint8) if d else None for d in datas]
-    out: list = [None] * len(datas)
-    todo = [i for i, e in enumerate(encoded) if e is not None and sniff_format(datas[i]) == "jpeg"]
-    todo_set = set(todo)
-    for i in range(len(datas)):
-        if i not in todo_set:
-            out[i] = _cpu_decode(datas[i])
-    if not todo:
-        return out
-    target = torch.device("cuda", device)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torchvision's deprecation notice about decode_jpeg
-        try:
-            decoded = decode_jpeg([encoded[i] for i in todo], mode=ImageReadMode.RGB, device=target)
-        except RuntimeError:
-            decoded = []
-            for i in todo:
-                try:
-                    decoded.append(decode_jpeg(encoded[i], mode=ImageReadMode.RGB, device=target))
-                except RuntimeError:
-                    decoded.append(None)
-    for i, img in zip(todo, decoded):
-        if img is None or img.ndim != 3 or img.shape[0] != 3:
-            out[i] = _cpu_decode(datas[i])
-            continue
-        orientation = exif_orientation(datas[i])
-        out[i] = apply_orientation(img, orientation) if orientation != 1 else img
-    return out
-
-
-def _cpu_decode(data: bytes) -> np.ndarray | YolopipeError:
-    try:
-        return decode_image(data)
-    except YolopipeError as exc:
-        return exc
-    except Exception as exc:  # noqa: BLE001 - any decoder failure is this image's fault
-        detail = re.sub(r"\s+", " ", str(exc))[:200]
-        return InvalidImage(f"cannot decode image: {detail}")

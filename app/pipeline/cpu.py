@@ -16,15 +16,23 @@ from app.types import DetectParams, Letterbox, ModelMeta
 
 
 class CpuPipeline:
-    decodes_jpeg = False
+    """Implements ``app.backends.base.Pipeline`` for a ``HostBackend``. One batch at a time
+    (``max_in_flight = 1``): the backend's own threads already use every core."""
 
-    def __init__(self, backend: HostBackend, meta: ModelMeta, *, max_batch: int = 8) -> None:
+    decodes_jpeg = False
+    max_in_flight = 1
+
+    def __init__(self, backend: HostBackend, meta: ModelMeta, *, max_batch: int = 8, max_det: int = 1000) -> None:
         self.backend = backend.name
         self.precision = backend.precision
         self.meta = meta
         self.max_batch = max_batch
+        self.max_det = max_det  # the NumPy NMS has no buffers to size: any limit the caller sets
         self._engine = backend
         self.last_timings: dict[str, float] = {}
+
+    def warmup(self, batches: Sequence[int] | None = None) -> None:
+        """Nothing to prepare ahead: ONNX Runtime plans a shape on its first run."""
 
     def run(
         self, images: Sequence[PipelineInput], params: DetectParams

@@ -7,7 +7,7 @@ NMS rows in input pixels into detections in original pixels.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from app.config import MAX_DET, MAX_PIXELS
 from app.errors import InvalidParameter, YolopipeError
 from app.imaging.decode import decode_image
 from app.imaging.headers import image_size, sniff_format
+from app.pipeline.overlap import run_overlapped
 from app.types import Detections, DetectParams, ModelMeta
 
 
@@ -68,7 +69,12 @@ class ImageResult:
 
 
 class Detector:
-    """Owns one pipeline (and through it the backend and every GPU resource)."""
+    """Owns one pipeline (and through it the backend and every GPU resource).
+
+    ``detect`` and ``detect_batches`` keep up to ``pipeline.max_in_flight`` batches in flight
+    (``app.pipeline.overlap``): on the GPU, the decode and upload of one batch overlap with the
+    graph of the one before.
+    """
 
     def __init__(self, pipeline: Pipeline, *, max_pixels: int = MAX_PIXELS) -> None:
         self.pipeline = pipeline
@@ -122,9 +128,13 @@ class Detector:
             except YolopipeError as exc:
                 results[i].error = exc
         step = self.pipeline.max_batch
-        for start in range(0, len(ready), step):
-            chunk = ready[start : start + step]
-            outs = self.pipeline.run([x for _, x in chunk], params)
+        chunks = [ready[start : start + step] for start in range(0, len(ready), step)]
+
+        def run(chunk: list[tuple[int, PipelineInput]]) -> list:
+            return self.pipeline.run([x for _, x in chunk], params)
+
+        depth = self.pipeline.max_in_flight if len(chunks) > 1 else 1
+        for chunk, outs in zip(chunks, run_overlapped(run, chunks, depth)):
             for (i, _), out in zip(chunk, outs):
                 if isinstance(out, YolopipeError):
                     results[i].error = out
@@ -132,6 +142,12 @@ class Detector:
                 rows, lb = out
                 results[i] = ImageResult(lb.src_w, lb.src_h, rows_to_detections(rows, lb))
         return results
+
+    def detect_batches(
+        self, batches: Iterable[Sequence[bytes | np.ndarray]], params: DetectParams | None = None
+    ) -> Iterator[list[ImageResult]]:
+        """``detect`` on each batch, up to ``pipeline.max_in_flight`` at once; results in order."""
+        return run_overlapped(lambda items: self.detect(items, params), batches, self.pipeline.max_in_flight)
 
     def close(self) -> None:
         self.pipeline.close()

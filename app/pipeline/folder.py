@@ -1,7 +1,10 @@
 """Offline batch inference: a folder, a file or a glob → one JSON line per image.
 
-Reading and decoding run in a small thread pool ahead of the detector (bounded, so memory
-stays flat on any folder size) while the detector works on the previous batch.
+Four stages overlap: file reads (and, for a pipeline that does not decode JPEG itself, OpenCV
+decodes) in a thread pool running a few batches ahead, bounded so memory stays flat on any
+folder size; up to ``pipeline.max_in_flight`` batches in the detector at once (on the GPU:
+decode on the decoder's stream, upload, graph; ``app.pipeline.overlap``); and the JSON lines,
+written by this thread while the next batches run.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import numpy as np
 
 from app.errors import InvalidParameter, YolopipeError
 from app.pipeline.detector import Detector, ImageResult
+from app.pipeline.overlap import run_overlapped
 from app.types import DetectParams
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
@@ -97,13 +101,13 @@ def _prepared(detector: Detector, img: SourceImage) -> Any:
 
 
 def _batches(
-    detector: Detector, images: list[SourceImage], batch: int, workers: int
+    detector: Detector, images: list[SourceImage], batch: int, workers: int, ahead_batches: int
 ) -> Iterator[list[tuple[SourceImage, Any]]]:
-    """Batches of prepared images, decoded up to two batches ahead of the consumer."""
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="decode") as pool:
+    """Batches of prepared images, read (and decoded) up to ``ahead_batches`` batches ahead."""
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="read") as pool:
         pending: list[tuple[SourceImage, Future]] = []
         it = iter(images)
-        ahead = 3 * batch
+        ahead = ahead_batches * batch
         for img in it:
             pending.append((img, pool.submit(_prepared, detector, img)))
             if len(pending) >= ahead:
@@ -174,7 +178,7 @@ def predict_folder(
     resume: bool = False,
     save_images: Path | None = None,
     coco: Path | None = None,
-    workers: int = 4,
+    workers: int = 8,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> FolderSummary:
     """Run the detector over every image of ``source``; JSON lines go to ``out`` as they finish."""
@@ -189,16 +193,20 @@ def predict_folder(
         on_progress(0, len(todo))
     out.parent.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = []
+    in_flight = detector.pipeline.max_in_flight
+
+    def detect_chunk(chunk: list[tuple[SourceImage, Any]]) -> tuple[list, list[ImageResult]]:
+        results = [ImageResult(error=x) if isinstance(x, YolopipeError) else None for _, x in chunk]
+        ok = [i for i, res in enumerate(results) if res is None]
+        if ok:
+            for i, res in zip(ok, detector.detect([chunk[i][1] for i in ok], params)):
+                results[i] = res
+        return chunk, results
+
+    chunks = _batches(detector, todo, batch, workers, ahead_batches=in_flight + 2)
     with open(out, "a" if resume else "w") as fh:
-        for chunk in _batches(detector, todo, batch, workers):
-            errors = {i: x for i, (_, x) in enumerate(chunk) if isinstance(x, YolopipeError)}
-            ok = [(i, x) for i, (_, x) in enumerate(chunk) if i not in errors]
-            results: dict[int, ImageResult] = {i: ImageResult(error=e) for i, e in errors.items()}
-            if ok:
-                for (i, _), res in zip(ok, detector.detect([x for _, x in ok], params)):
-                    results[i] = res
-            for i, (img, _) in enumerate(chunk):
-                res = results[i]
+        for chunk, results in run_overlapped(detect_chunk, chunks, in_flight):
+            for (img, _), res in zip(chunk, results):
                 rec = res.to_json(img.name, detector.names)
                 fh.write(json.dumps(rec) + "\n")
                 summary.images += 1

@@ -20,6 +20,7 @@ cuda = pytest.importorskip("numba.cuda")
 from app.gpu.preprocess import (
     LAYOUT_CHW_RGB,
     LAYOUT_HWC_BGR,
+    LAYOUT_HWC_RGB,
     PARAMS_PER_IMAGE,
     fill_params,
     launch_letterbox,
@@ -42,7 +43,12 @@ def _run_kernel(images, layouts, size, dtype, *, extra_empty_slots=0, misalign=0
     chunks, rows, offset = [], [], misalign
     chunks.append(np.full(misalign, 7, np.uint8))  # bytes before the first image: never read
     for img, layout in zip(images, layouts):
-        data = img if layout == LAYOUT_HWC_BGR else np.ascontiguousarray(img[..., ::-1].transpose(2, 0, 1))
+        if layout == LAYOUT_HWC_BGR:
+            data = img
+        elif layout == LAYOUT_HWC_RGB:
+            data = np.ascontiguousarray(img[..., ::-1])
+        else:
+            data = np.ascontiguousarray(img[..., ::-1].transpose(2, 0, 1))
         row = np.zeros(PARAMS_PER_IMAGE, np.int64)
         fill_params(row, letterbox_placement(img.shape[0], img.shape[1], size), offset, layout)
         rows.append(row)
@@ -101,11 +107,14 @@ def test_letterbox_kernel_matches_cpu_reference(size, shapes, dtype):
     assert (out[len(images) + 1] == -1).all(), "the kernel wrote past the launched batch"
 
 
-def test_same_image_both_layouts_is_identical():
+def test_same_image_every_layout_is_identical():
     rng = np.random.default_rng(1)
     img = _image(rng, 45, 61)
-    out = _run_kernel([img, img], [LAYOUT_HWC_BGR, LAYOUT_CHW_RGB], 40, np.float32)
+    out = _run_kernel([img, img, img], [LAYOUT_HWC_BGR, LAYOUT_CHW_RGB, LAYOUT_HWC_RGB], 40, np.float32)
     np.testing.assert_array_equal(out[0], out[1])
+    np.testing.assert_array_equal(out[0], out[2])
+    ref = _reference(img, 40, np.float32)
+    assert np.abs(out[0] - ref).max() <= ONE_LEVEL + 1e-7
 
 
 def test_placement_is_ultralytics_rounding():

@@ -95,3 +95,21 @@ def test_export_then_predict_samples_from_any_folder(tmp_path, artifacts_dir, as
     names = sorted(json.loads(line)["image"] for line in out.read_text().splitlines())
     assert names == sorted(p.name for p in assets_dir.iterdir() if p.suffix == ".jpg")
     assert list((tmp_path / "elsewhere").iterdir()) == []  # nothing written where it ran
+
+
+def test_bench_lists_its_options_and_runs_from_any_folder(tmp_path, artifacts_dir):
+    """The benchmark ships in the package: no source checkout needed, results where --out says."""
+    proc = run_cli("bench", "--help", cwd=tmp_path)
+    assert proc.returncode == ExitCode.OK and proc.stdout.startswith("usage: yolopipe bench")
+    for option in ("--batches", "--decoders", "--folder-images", "--artifacts-dir", "--skip"):
+        assert option in proc.stdout
+    assert run_cli("bench", "--batches", "x", cwd=tmp_path).returncode == ExitCode.USAGE
+    out = tmp_path / "bench.json"
+    proc = run_cli("bench", "--cpu", "--quick", "--batches", "1", "--skip", "ultralytics,nms,folder,bare,fidelity",
+                   "--artifacts-dir", str(artifacts_dir), "--out", str(out), cwd=tmp_path)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    result = json.loads(out.read_text())
+    rows = {(r["backend"], r["input"], r["batch"]) for r in result["rows"]}
+    assert rows == {("onnxruntime", "frames", 1), ("onnxruntime", "jpeg", 1)}
+    assert result["machine"]["cpu"] and result["versions"]["onnxruntime"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]

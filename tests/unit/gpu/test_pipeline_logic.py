@@ -1,15 +1,17 @@
-"""CPU-side logic of the GPU pipeline: batch splitting, the lane/capture gate, driver loading."""
+"""CPU-side logic of the GPU pipeline: buckets, batch splitting, the capture gate, driver loading."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from app.errors import DeviceError
 from app.gpu.driver import CudaDriver
-from app.gpu.pipeline import _Gate, bucket_sizes, split_even
+from app.gpu.gate import Gate
+from app.gpu.pack import bucket_sizes, split_even
 
 
 def test_bucket_sizes():
@@ -34,7 +36,7 @@ def _started(target) -> threading.Thread:
 
 
 def test_gate_shared_holders_run_together():
-    gate = _Gate()
+    gate = Gate()
     inside = threading.Barrier(3, timeout=5)  # fails (BrokenBarrierError) unless all 3 hold it at once
 
     def run():
@@ -49,7 +51,7 @@ def test_gate_shared_holders_run_together():
 
 
 def test_gate_exclusive_waits_for_shared_and_blocks_new_shared():
-    gate = _Gate()
+    gate = Gate()
     events: list[str] = []
     gate.acquire_shared()
 
@@ -75,7 +77,7 @@ def test_gate_exclusive_waits_for_shared_and_blocks_new_shared():
 
 def test_gate_two_runs_that_both_need_a_capture_do_not_deadlock():
     """The pattern of GpuPipeline._capture_while_shared, in two threads at once."""
-    gate = _Gate()
+    gate = Gate()
     both_shared = threading.Barrier(2, timeout=5)
     captures: list[int] = []
 
@@ -107,3 +109,28 @@ def test_driver_missing_library_is_a_device_error():
 def test_driver_library_without_cuda_symbols_is_a_device_error():
     with pytest.raises(DeviceError, match="has no cuGetErrorName"):
         CudaDriver("libc.so.6")
+
+
+@pytest.mark.parametrize("parts", [1, 3, 8])
+@pytest.mark.parametrize("shapes", [[(480, 640)], [(7, 5), (480, 640), (1, 1), (300, 200)], [(1080, 1920)] * 3])
+def test_copy_frames_packs_every_byte_at_its_offset(parts, shapes):
+    """Frames split by rows over host threads land exactly where the params say, and nothing
+    outside them is written (views of non-contiguous frames included)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.gpu.pack import copy_frames
+
+    rng = np.random.default_rng(len(shapes) * 10 + parts)
+    frames = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in shapes]
+    frames[0] = frames[0][:, ::-1]  # a flipped view: not contiguous
+    copies, offset = [], 64
+    for img in frames:
+        copies.append((offset, img))
+        offset += img.nbytes + 16
+    host = np.full(offset + 64, 7, np.uint8)
+    with ThreadPoolExecutor(4) as pool:
+        copy_frames(host, copies, pool.map, parts)
+    expected = np.full_like(host, 7)
+    for off, img in copies:
+        expected[off : off + img.nbytes] = np.ascontiguousarray(img).reshape(-1)
+    np.testing.assert_array_equal(host, expected)

@@ -13,7 +13,8 @@ from app.versions import package_versions
 PACKAGES = (
     "yolopipe", "torch", "torchvision", "ultralytics", "onnx", "onnxruntime", "numba", "numba-cuda", "numpy",
     "opencv-python-headless", "opencv-python", "tensorrt", "tensorrt-cu12", "tensorrt-cu13",
-    "cupy-cuda12x", "cupy-cuda13x", "fastapi", "uvicorn", "starlette", "httpx",
+    "cupy-cuda12x", "cupy-cuda13x", "nvidia-nvimgcodec-cu12", "nvidia-nvimgcodec-cu13", "fastapi", "uvicorn",
+    "starlette", "httpx",
 )
 
 
@@ -39,8 +40,8 @@ def nvidia_smi(fields: str = "name,driver_version,memory.total") -> list[str]:
     return out.stdout.strip().splitlines() if out.returncode == 0 else []
 
 
-def machine_info() -> dict:
-    return {
+def machine_info(gpu: bool = False) -> dict:
+    info = {
         "host": platform.node(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -48,6 +49,12 @@ def machine_info() -> dict:
         "cpu_count": os.cpu_count(),
         "gpus": nvidia_smi(),
     }
+    if gpu:
+        import torch
+
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    return info
 
 
 def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:

@@ -1,0 +1,140 @@
+"""The CUDA graph of one bucket: letterbox → engine → NMS → D2H of rows and counts.
+
+All on the compute stream. The NMS reads the engine's output where the engine wrote it
+(``__cuda_array_interface__``, no copy); the only device→host traffic is the final copy into
+the slot's pinned results. A bucket's graph is captured once per slot (its staging, NMS and
+results addresses are the slot's); the engine input and the graph memory pool are shared by
+every slot, which is safe because all graphs replay on the one compute stream.
+
+Profiling (``run(..., profile=True)``): CUDA events cannot be recorded between the nodes of
+one graph, so that path replays four graphs captured per stage (preprocess, engine, NMS, D2H)
+with events between them. They run the same kernels on the same buffers as the full graph;
+only the engine's head lives in a second tensor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Any
+
+from app.backends.base import DeviceEngine
+from app.errors import DeviceError, YolopipeError
+from app.gpu.memory import CapturedBatch, InputBuffer, StreamPair
+from app.gpu.preprocess import launch_letterbox
+from app.gpu.slot import BatchSlot
+
+log = logging.getLogger(__name__)
+
+WARMUP_RUNS = 2  # eager runs per bucket before capture (kernel loading, cuDNN autotune, compile)
+STAGES = ("preprocess", "engine", "nms", "d2h")
+
+
+class GraphBuilder:
+    """Captures the graphs of every slot; call only with the pipeline's gate held exclusively."""
+
+    def __init__(self, engine: DeviceEngine, inputs: InputBuffer, compute: StreamPair, slots: list[BatchSlot]) -> None:
+        import torch
+
+        self._torch = torch
+        self.engine = engine
+        self.inputs = inputs
+        self.compute = compute
+        self.slots = slots
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def _live_pool(self):
+        """The graph pool, new if every graph that used it is gone: torch releases a private
+        pool with its last graph, and a capture into a released pool's handle fails."""
+        if not any(slot.graphs.by_batch for slot in self.slots):
+            self.pool = self._torch.cuda.graph_pool_handle()
+        return self.pool
+
+    # -------------------------------------------------------------------- the steps
+    def _preprocess(self, slot: BatchSlot, batch: int) -> None:
+        _, input_nb = self.inputs.bucket(batch)
+        launch_letterbox(
+            slot.staging.nb_staging, slot.staging.nb_params, input_nb, batch, stream=self.compute.numba
+        )
+
+    def _engine(self, batch: int):
+        input_t, _ = self.inputs.bucket(batch)
+        return self.engine.forward(input_t)
+
+    def _nms(self, slot: BatchSlot, head, batch: int) -> None:
+        slot.nms.run(head, batch, stream=self.compute.numba)
+
+    def _d2h(self, slot: BatchSlot, batch: int) -> None:
+        slot.results.enqueue_copy(slot.nms.out_rows, slot.nms.out_count, batch, self.compute.numba)
+
+    def _all(self, slot: BatchSlot, batch: int):
+        self._preprocess(slot, batch)
+        head = self._engine(batch)
+        self._nms(slot, head, batch)
+        self._d2h(slot, batch)
+        return head
+
+    # ----------------------------------------------------------------------- capture
+    def captured(self, slot: BatchSlot, batch: int, *, profile: bool, raw_exec: bool) -> CapturedBatch:
+        """The bucket's graph on ``slot``, captured if missing (and its stage graphs if asked)."""
+        captured = slot.graphs.get(batch)
+        if captured is None:
+            captured = self._capture(slot, batch, raw_exec)
+            slot.graphs.add(captured)
+        if profile and not captured.stage_graphs:
+            self._capture_stages(slot, captured)
+        return captured
+
+    def _capture(self, slot: BatchSlot, batch: int, raw_exec: bool) -> CapturedBatch:
+        torch = self._torch
+        stream = self.compute.torch
+        try:
+            with torch.cuda.stream(stream):
+                for _ in range(WARMUP_RUNS):
+                    self._all(slot, batch)
+            stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._live_pool(), stream=stream):
+                head = self._all(slot, batch)
+            stream.synchronize()
+        except YolopipeError:
+            raise
+        except Exception as exc:
+            raise DeviceError(
+                f"capturing the CUDA graph of batch {batch} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        graph_exec = self._graph_exec(graph) if raw_exec else None
+        return CapturedBatch(batch=batch, graph=graph, head=head, graph_exec=graph_exec)
+
+    @staticmethod
+    def _graph_exec(graph) -> ctypes.c_void_p | None:
+        """The graph's ``CUgraphExec`` for ``cuGraphLaunch``; None keeps this graph on ``replay()``.
+
+        Launching the exec handle directly skips what ``CUDAGraph.replay()`` adds around
+        ``cudaGraphLaunch``: Python replay hooks and the RNG prologue, which advances the
+        Philox offsets of generators used inside the graph. These graphs use no RNG (letterbox,
+        inference-mode model, NMS, copies), so nothing is skipped that they need.
+        """
+        try:
+            handle = int(graph.raw_cuda_graph_exec())
+        except Exception as exc:  # noqa: BLE001 - this graph goes through replay() instead
+            log.warning("GPU pipeline: no raw graph exec handle (%s: %s); replaying through torch", type(exc).__name__, exc)
+            return None
+        return ctypes.c_void_p(handle) if handle else None
+
+    def _capture_stages(self, slot: BatchSlot, captured: CapturedBatch) -> None:
+        torch = self._torch
+        stream = self.compute.torch
+        batch = captured.batch
+        graphs: dict[str, Any] = {name: torch.cuda.CUDAGraph() for name in STAGES}
+        with torch.cuda.graph(graphs["preprocess"], pool=self.pool, stream=stream):
+            self._preprocess(slot, batch)
+        with torch.cuda.graph(graphs["engine"], pool=self.pool, stream=stream):
+            head = self._engine(batch)
+        with torch.cuda.graph(graphs["nms"], pool=self.pool, stream=stream):
+            self._nms(slot, head, batch)
+        with torch.cuda.graph(graphs["d2h"], pool=self.pool, stream=stream):
+            self._d2h(slot, batch)
+        stream.synchronize()
+        captured.stage_graphs = graphs
+        captured.stage_head = head

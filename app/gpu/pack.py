@@ -1,0 +1,135 @@
+"""Laying one batch out in a slot's staging buffer, and the bucket it runs in.
+
+Staging layout (``app.gpu.memory.Staging``)::
+
+    [ params header | frames (BGR HWC, packed on the host) | decoded JPEGs (on the device) ]
+      \\_________ one H2D copy per batch _________/            \\_ one D2D copy per image _/
+
+Frames are copied into the pinned buffer by several host threads at once, split by rows so
+that even one large frame is spread (NumPy releases the GIL for the copies); JPEGs decoded on
+the GPU never touch the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from app.gpu.decode import DeviceImage
+from app.gpu.memory import align_up
+from app.gpu.preprocess import LAYOUT_HWC_BGR, fill_params, letterbox_placement
+from app.types import Letterbox
+
+IMAGE_ALIGN = 16  # byte alignment of each image in the staging buffer
+PARALLEL_PACK_MIN_BYTES = 256 * 1024  # bytes per host thread below which splitting a copy costs more
+
+
+def bucket_sizes(max_batch: int) -> list[int]:
+    """1, 2, 4, ... up to ``max_batch`` (which is always the last bucket)."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    sizes.append(max_batch)
+    return sizes
+
+
+def split_even(n: int, parts: int) -> list[range]:
+    """``range(n)`` cut into at most ``parts`` contiguous, non-empty pieces of near-equal size."""
+    parts = max(1, min(int(parts), n))
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for k in range(parts):
+        stop = start + base + (1 if k < extra else 0)
+        if stop > start:
+            out.append(range(start, stop))
+        start = stop
+    return out
+
+
+@dataclass
+class BatchPlan:
+    """Where each image of a batch goes; batch position ``j`` is ``placed[j]``."""
+
+    placed: list[tuple[int, Letterbox, int, int]] = field(default_factory=list)  # (result index, lb, offset, layout)
+    frame_copies: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (offset, BGR frame)
+    device_copies: list[tuple[int, DeviceImage]] = field(default_factory=list)  # (offset, decoded image)
+    host_end: int = 0  # bytes [0, host_end) travel in the H2D copy
+    end: int = 0  # bytes of the staging buffer in use
+
+    def __len__(self) -> int:
+        return len(self.placed)
+
+
+def plan_batch(
+    header_bytes: int, size: int, frames: list[tuple[int, np.ndarray]], images: list[tuple[int, DeviceImage]]
+) -> BatchPlan:
+    """Offsets of ``frames`` (host) then ``images`` (device) after the params header."""
+    plan = BatchPlan()
+    offset = header_bytes
+    for i, img in frames:
+        h, w = img.shape[:2]
+        plan.placed.append((i, letterbox_placement(h, w, size), offset, LAYOUT_HWC_BGR))
+        plan.frame_copies.append((offset, img))
+        offset += align_up(img.nbytes, IMAGE_ALIGN)
+    plan.host_end = offset
+    offset = align_up(offset)
+    for i, dev in images:
+        plan.placed.append((i, letterbox_placement(dev.height, dev.width, size), offset, dev.layout))
+        plan.device_copies.append((offset, dev))
+        offset += align_up(dev.nbytes, IMAGE_ALIGN)
+    plan.end = offset
+    return plan
+
+
+def write_header(host_params: np.ndarray, plan: BatchPlan, bucket: int) -> None:
+    """Each image's params into the pinned header; the bucket's padding slots read no pixels."""
+    for j, (_, lb, offset, layout) in enumerate(plan.placed):
+        fill_params(host_params[j], lb, offset, layout)
+    for j in range(len(plan.placed), bucket):
+        fill_params(host_params[j], None, 0, 0)
+
+
+def copy_frames(
+    host_np: np.ndarray, copies: list[tuple[int, np.ndarray]], parallel_map: Callable[..., Iterable] | None, parts: int
+) -> None:
+    """Frames into the pinned staging at their offsets, split by rows over ``parts`` host threads
+    once there is enough to copy: one thread writes pinned memory at only a few GB/s."""
+    pieces = _row_pieces(host_np, copies, parts if parallel_map is not None else 1)
+    if len(pieces) > 1:
+        list(parallel_map(_copy_rows, pieces))
+    elif pieces:
+        _copy_rows(pieces[0])
+
+
+def _row_pieces(
+    host_np: np.ndarray, copies: list[tuple[int, np.ndarray]], parts: int
+) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """``(destination view, source rows)`` pairs in ``parts`` groups of about equal bytes."""
+    total = sum(img.nbytes for _, img in copies)
+    parts = max(1, min(parts, total // PARALLEL_PACK_MIN_BYTES))
+    per_part = -(-total // parts)
+    pieces: list[list[tuple[np.ndarray, np.ndarray]]] = [[]]
+    filled = 0
+    for offset, img in copies:
+        row_bytes = img.nbytes // img.shape[0]
+        r = 0
+        while r < img.shape[0]:
+            room = max(1, (per_part - filled) // row_bytes)
+            r1 = min(img.shape[0], r + room)
+            start = offset + r * row_bytes
+            dst = host_np[start : start + (r1 - r) * row_bytes].reshape((r1 - r, *img.shape[1:]))
+            pieces[-1].append((dst, img[r:r1]))
+            filled += (r1 - r) * row_bytes
+            r = r1
+            if filled >= per_part and len(pieces) < parts:
+                pieces.append([])
+                filled = 0
+    return [p for p in pieces if p]
+
+
+def _copy_rows(piece: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    for dst, src in piece:
+        np.copyto(dst, src)  # NumPy releases the GIL for the copy

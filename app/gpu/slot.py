@@ -1,0 +1,78 @@
+"""A batch slot: everything one batch in flight owns while it is decoded, uploaded, run and read.
+
+The pipeline keeps a few slots (``GpuPipeline(slots=3)``); a ``run`` takes a free one and
+gives it back once the batch's results are on the host. So with three runs in flight, batch
+N+1 is decoded and uploaded into its slot while batch N's graph runs and batch N−1's rows are
+unpacked from theirs, and no buffer is ever written while the GPU may still read it.
+
+Per slot: pinned + device staging, the NMS (its request parameters live in device memory the
+graph reads), pinned results, the captured graphs of each bucket (their addresses are this
+slot's), three events (``uploaded`` on the copy stream, ``decoded`` on the decoder's stream,
+``done`` on the compute stream) and the prepared driver calls (``RawDispatch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from app.gpu.memory import CapturedGraphs, HostResults, Staging
+from app.types import ModelMeta
+
+
+class BatchSlot:
+    def __init__(
+        self, index: int, *, max_batch: int, max_det: int, meta: ModelMeta, device: int, staging_bytes: int
+    ) -> None:
+        import torch
+
+        from app.gpu.nms import GpuNms
+
+        self.index = index
+        self.device = device
+        self.max_batch = max_batch
+        self.staging = new_staging(max_batch, staging_bytes, device)
+        self.nms = GpuNms(max_batch, meta.num_classes, meta.num_anchors, max_det=max_det)
+        self.results = HostResults(max_batch, max_det)
+        self.graphs = CapturedGraphs()
+        self.nms_params_key: tuple | None = None
+        self.dispatch: Any = None  # app.gpu.driver.RawDispatch, or None: the torch path
+        # Events exist (and have a driver handle) only once recorded: record each once now.
+        self.uploaded, self.decoded, self.done = (torch.cuda.Event() for _ in range(3))
+        stream = torch.cuda.current_stream(device)
+        for ev in (self.uploaded, self.decoded, self.done):
+            ev.record(stream)
+        stream.synchronize()
+
+    def handles(self) -> dict[str, int]:
+        """Raw ``CUevent`` handles for the driver path."""
+        return {"uploaded": int(self.uploaded.cuda_event), "done": int(self.done.cuda_event)}
+
+    def grow(self, needed: int) -> None:
+        """Bigger staging: new addresses, so this slot's graphs and driver calls are dropped."""
+        self.graphs.free()
+        self.dispatch = None
+        old = self.staging.capacity
+        self.staging.free()
+        self.staging = new_staging(self.max_batch, max(needed, 2 * old), self.device)
+
+    def free(self) -> None:
+        with contextlib.suppress(Exception):
+            self.done.synchronize()
+        self.dispatch = None
+        self.graphs.free()
+        self.nms.free()
+        self.results.free()
+        self.staging.free()
+
+
+def new_staging(max_batch: int, capacity: int, device: int) -> Staging:
+    import torch
+
+    staging = Staging(max_batch, capacity, device)
+    # A graph is captured (and warmed up) with whatever params the header holds: zeros mean
+    # "empty slot", so a capture before the first batch never reads outside the buffer.
+    staging.host_params[:] = 0
+    staging.dev[: staging.header_bytes].zero_()
+    torch.cuda.synchronize(device)
+    return staging

@@ -1,0 +1,98 @@
+"""Fixtures of the GPU tests: the sample model's pipelines (fp32, fp16), frames, and the
+helpers every GPU test module uses (the ``gpu`` fixture). Each test module skips itself at
+import when there is no CUDA GPU (or the Numba simulator is on), so nothing here runs in CI.
+"""
+
+from __future__ import annotations
+
+import types
+
+import cv2
+import numpy as np
+import pytest
+
+from app.errors import YolopipeError
+from app.types import DetectParams, ModelMeta
+
+CONF, IOU = 0.25, 0.7
+MAX_BATCH = 8
+
+
+@pytest.fixture(scope="session")
+def meta(sample_model_dir) -> ModelMeta:
+    return ModelMeta.load(sample_model_dir / "meta.json")
+
+
+def make_pipeline(model_dir, meta, precision, *, compile=False, max_batch=MAX_BATCH, **kwargs):
+    from app.backends.torch_cuda import TorchCudaEngine
+    from app.gpu.pipeline import GpuPipeline
+
+    engine = TorchCudaEngine(model_dir, meta, precision=precision, max_batch=max_batch, compile=compile)
+    return GpuPipeline(engine, meta, max_batch=max_batch, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def pipe32(sample_model_dir, meta):
+    p = make_pipeline(sample_model_dir, meta, "fp32")
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="session")
+def pipe16(sample_model_dir, meta):
+    p = make_pipeline(sample_model_dir, meta, "fp16")
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="session")
+def frames(assets_dir) -> dict[str, np.ndarray]:
+    """bus, zidane, and generated variants: downscaled, upscaled, flipped, gray, stacked."""
+    bus = cv2.imread(str(assets_dir / "bus.jpg"))
+    zidane = cv2.imread(str(assets_dir / "zidane.jpg"))
+    gray = cv2.cvtColor(cv2.cvtColor(zidane, cv2.COLOR_BGR2GRAY), cv2.COLOR_GRAY2BGR)
+    stacked = np.concatenate([cv2.resize(bus, (640, 853)), cv2.resize(zidane, (640, 360))], axis=0)
+    return {
+        "bus": bus,
+        "zidane": zidane,
+        "bus_small": cv2.resize(bus, (317, 423), interpolation=cv2.INTER_AREA),
+        "zidane_tiny_upscaled": cv2.resize(zidane, (300, 169), interpolation=cv2.INTER_AREA),
+        "bus_flipped": np.ascontiguousarray(bus[:, ::-1]),
+        "zidane_gray": gray,
+        "stacked": stacked,
+        "zidane_huge": cv2.resize(zidane, (2560, 1440)),
+    }
+
+
+def ultralytics_predict(model, frame, half):
+    r = model.predict(frame, imgsz=640, rect=False, conf=CONF, iou=IOU, quantize="fp16" if half else "fp32",
+                      device=0, verbose=False)[0]
+    b = r.boxes
+    return b.xyxy.cpu().numpy(), b.conf.cpu().numpy(), b.cls.cpu().numpy().astype(int)
+
+
+def detect(pipe, items, params=None):
+    """Detections (original pixels) per item, or the item's error."""
+    from app.boxes import rows_to_detections
+
+    out = pipe.run(items, params or DetectParams(conf=CONF, iou=IOU))
+    return [o if isinstance(o, YolopipeError) else rows_to_detections(*o) for o in out]
+
+
+def rows_of(out):
+    assert not any(isinstance(o, YolopipeError) for o in out), out
+    return [rows for rows, _ in out]
+
+
+def last_slot(pipe):
+    """The batch slot the pipeline's last run used."""
+    return pipe.slots[int(pipe.last_timings["slot"])]
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    """The helpers above, for test modules (they cannot import this conftest)."""
+    return types.SimpleNamespace(
+        CONF=CONF, IOU=IOU, MAX_BATCH=MAX_BATCH, make_pipeline=make_pipeline, ultralytics_predict=ultralytics_predict,
+        detect=detect, rows_of=rows_of, last_slot=last_slot,
+    )

@@ -1,0 +1,177 @@
+"""The GPU JPEG decoders against OpenCV (Ultralytics' reader), and the default GPU path's
+detections against Ultralytics' on generated varied JPEGs (sizes 160–1920 px, progressive,
+gray, CMYK, every chroma subsampling, every EXIF orientation).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import cv2
+import numpy as np
+import pytest
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    pytest.skip("the Numba CUDA simulator is on: these tests need a real GPU", allow_module_level=True)
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+
+from app.benchmark.fidelity import agreement, pixel_diff, summarize_diffs
+from app.benchmark.workloads import varied_jpegs
+from app.errors import InvalidImage, UnsupportedMediaType, YolopipeError
+from app.gpu.decode import DeviceImage, NvImageCodecDecoder, NvJpegDecoder, to_host_bgr
+from app.gpu.jpeg import read_jpeg_header
+from app.types import DetectParams
+
+try:
+    import nvidia.nvimgcodec  # noqa: F401
+
+    HAS_NVIMGCODEC = True
+except ImportError:
+    HAS_NVIMGCODEC = False
+
+DECODERS = [pytest.param("nvimgcodec", marks=pytest.mark.skipif(not HAS_NVIMGCODEC, reason="no nvImageCodec")),
+            "nvjpeg"]
+# Mean |difference| from OpenCV's pixels over the varied set, in levels: nvImageCodec measured
+# 0.0065 on photos (its hardware decoder matches libjpeg-turbo); torchvision's nvJPEG ~0.34.
+MEAN_ABS_LIMIT = {"nvimgcodec": 0.05, "nvjpeg": 1.0}
+
+
+@pytest.fixture(scope="module")
+def varied():
+    return varied_jpegs()
+
+
+def _decoder(name):
+    return NvImageCodecDecoder(0) if name == "nvimgcodec" else NvJpegDecoder(0)
+
+
+def _opencv(data):
+    return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_decoder_pixels_match_opencv(name, varied):
+    """Every image has OpenCV's shape (EXIF applied); what went to OpenCV (CMYK) is OpenCV's
+    exactly; the rest is within the decoder's measured distance of OpenCV's pixels."""
+    decoder = _decoder(name)
+    try:
+        with decoder.lock:
+            decoded = decoder.decode([d for _, d in varied])
+        by_kind: dict[str, list] = defaultdict(list)
+        for (file, data), img in zip(varied, decoded):
+            ref = _opencv(data)
+            kind = file.split("-", 1)[1].rsplit("-", 1)[0]
+            if isinstance(img, np.ndarray):  # routed to OpenCV
+                assert read_jpeg_header(data).components == 4, f"{file} should have been decoded on the GPU"
+                np.testing.assert_array_equal(img, ref, err_msg=file)
+                continue
+            assert isinstance(img, DeviceImage), (file, img)
+            ours = to_host_bgr(img, decoder.stream)
+            diff = pixel_diff(ours, ref)
+            assert diff["shape_ok"], (file, diff)
+            by_kind[kind].append(diff)
+        per_kind = {k: summarize_diffs(v) for k, v in by_kind.items()}
+        for k, s in sorted(per_kind.items()):
+            print(f"{name} {k}: {s}")
+        overall = summarize_diffs([d for v in by_kind.values() for d in v])
+        print(f"{name} overall: {overall}")
+        assert overall["mean_abs"] <= MEAN_ABS_LIMIT[name], overall
+    finally:
+        decoder.close()
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_decoder_bad_inputs_fail_alone(name, assets_dir):
+    good = (assets_dir / "bus.jpg").read_bytes()
+    header = read_jpeg_header(good)
+    _, png = cv2.imencode(".png", np.full((20, 30, 3), 99, np.uint8))
+    rng = np.random.default_rng(0)
+    garbage_scan = good[:700] + rng.integers(0, 255, 4000, dtype=np.uint8).tobytes() + b"\xff\xd9"
+    datas = [good, good[: len(good) // 3], garbage_scan, b"\xff\xd8\xff\xe0 not really a jpeg", png.tobytes(),
+             b"hello", b"", good]
+    decoder = _decoder(name)
+    try:
+        with decoder.lock:
+            out = decoder.decode(datas)
+        assert isinstance(out[0], DeviceImage) and isinstance(out[7], DeviceImage)
+        for k in (1, 2):  # cut short / garbage after valid headers: an error, or the header's size
+            if not isinstance(out[k], InvalidImage):
+                shape = out[k].shape[:2] if isinstance(out[k], np.ndarray) else (out[k].height, out[k].width)
+                assert shape == (header.height, header.width), (k, out[k])
+        assert isinstance(out[3], InvalidImage)
+        assert isinstance(out[4], np.ndarray) and out[4].shape == (20, 30, 3)  # PNG: OpenCV
+        assert isinstance(out[5], UnsupportedMediaType)
+        assert isinstance(out[6], InvalidImage)
+        np.testing.assert_array_equal(to_host_bgr(out[0], decoder.stream), to_host_bgr(out[7], decoder.stream))
+    finally:
+        decoder.close()
+
+
+def test_bad_jpeg_in_a_batch_fails_alone(gpu, pipe32, assets_dir):
+    """A corrupt JPEG in a GPU-decoded batch gets its own error; the others get their boxes."""
+    good = [(assets_dir / n).read_bytes() for n in ("bus.jpg", "zidane.jpg")]
+    assert pipe32.decoder_name in ("nvimgcodec", "nvjpeg")
+    batch = [good[0], b"\xff\xd8\xff\xe0 corrupt", good[1], b"\xff\xd8" + b"\x00" * 64]
+    out = pipe32.run(batch, DetectParams())
+    assert isinstance(out[1], InvalidImage) and isinstance(out[3], YolopipeError)
+    alone = gpu.rows_of(pipe32.run(good, DetectParams()))
+    np.testing.assert_array_equal(out[0][0], alone[0])
+    np.testing.assert_array_equal(out[2][0], alone[1])
+    assert len(alone[0]) > 0 and len(alone[1]) > 0
+
+
+def _agreement_with_ultralytics(gpu, pipe, model, varied, half):
+    from app.imaging.decode import decode_image
+
+    pairs = []
+    datas = [d for _, d in varied]
+    for start in range(0, len(datas), pipe.max_batch):
+        chunk = datas[start : start + pipe.max_batch]
+        for data, det in zip(chunk, gpu.detect(pipe, chunk)):
+            assert not isinstance(det, YolopipeError), det
+            # Ultralytics reads a file with cv2.imdecode(IMREAD_COLOR): decode_image is that.
+            ref = gpu.ultralytics_predict(model, decode_image(data), half=half)
+            pairs.append((ref, (det.boxes, det.scores, det.class_ids)))
+    return agreement(pairs)
+
+
+def test_default_gpu_decode_agrees_with_ultralytics_fp32(gpu, pipe32, ultralytics_model, varied):
+    """The goal of issue 9 in fp32, where the decoder is the only difference from Ultralytics:
+    F1 ≥ 0.995 and every matched score within 0.02 of Ultralytics'."""
+    assert pipe32.decode == "gpu"
+    got = _agreement_with_ultralytics(gpu, pipe32, ultralytics_model, varied, half=False)
+    print(f"{pipe32.decoder_name} fp32: {got}")
+    assert got["n_ref"] >= 100, got
+    assert got["f1"] >= 0.995 and got["max_abs_dscore"] <= 0.02, got
+
+
+def test_default_gpu_decode_agrees_with_ultralytics_fp16(gpu, pipe16, ultralytics_model, varied):
+    """fp16 against Ultralytics' fp16: the two models' fp16 roundings differ (cuDNN picks other
+    kernels per batch size), which moves scores by ~1e-3 and flips boxes that sit at the
+    confidence threshold whichever decoder is used: with OpenCV's own pixels (decode="cpu")
+    the first H200 run measured F1 0.9948. So the goal is checked on the boxes a 0.01 score
+    change cannot flip, and the raw F1 is held to what OpenCV's pixels reach."""
+    assert pipe16.decode == "gpu"
+    got = _agreement_with_ultralytics(gpu, pipe16, ultralytics_model, varied, half=True)
+    pipe16.decode = "cpu"
+    try:
+        cpu = _agreement_with_ultralytics(gpu, pipe16, ultralytics_model, varied, half=True)
+    finally:
+        pipe16.decode = "gpu"
+    print(f"{pipe16.decoder_name} fp16: {got}\ncpu fp16: {cpu}")
+    assert got["f1_outside_margin"] >= 0.995 and got["max_abs_dscore"] <= 0.02, got
+    assert got["f1"] >= min(0.99, cpu["f1"] - 0.005), (got, cpu)
+
+
+def test_cpu_decode_agrees_with_ultralytics_exactly(gpu, pipe32, ultralytics_model, varied):
+    """decode="cpu" sees OpenCV's pixels, so only the fp32 arithmetic differs from Ultralytics."""
+    pipe32.decode = "cpu"
+    try:
+        got = _agreement_with_ultralytics(gpu, pipe32, ultralytics_model, varied, half=False)
+    finally:
+        pipe32.decode = "gpu"
+    print(f"cpu fp32: {got}")
+    assert got["f1"] >= 0.995 and got["max_abs_dscore"] <= 2e-3, got
