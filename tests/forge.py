@@ -49,12 +49,12 @@ def bmp_rle8(width: int, height: int) -> bytes:
     return b"BM" + struct.pack("<IHHI", offset + len(pixels), 0, 0, offset) + info + palette + pixels
 
 
-def bmp(width: int, height: int, *, header_size: int = 40, bpp: int = 24) -> bytes:
-    """*Real* when the pixel rows fit: an uncompressed BMP with any DIB header size (12 = the
-    16-bit core header; 40, 52, 56, 64, 108, 124 = INFO and its successors). A negative height
-    stores rows top-down."""
+def bmp(width: int, height: int, *, header_size: int = 40, bpp: int = 24, rows: int | None = None) -> bytes:
+    """An uncompressed BMP with any DIB header size (12 = the 16-bit core header; 40, 52, 56,
+    64, 108, 124 = INFO and its successors); a negative height stores rows top-down. *Real*
+    when ``rows`` is None (every row stored), else only that many rows follow the header."""
     stride = ((abs(width) * bpp + 31) // 32) * 4
-    pixels = b"\x00" * (stride * abs(height))
+    pixels = b"\x00" * (stride * (abs(height) if rows is None else rows))
     palette = b"\x00\x00\x00\x00" * (1 << bpp) if bpp <= 8 else b""
     if header_size == 12:
         palette = b"\x00\x00\x00" * (1 << bpp) if bpp <= 8 else b""
