@@ -267,6 +267,6 @@ def _error_for(exc: httptools.HttpParserError, data: bytes) -> YolopipeError:
     reason = str(exc) or "malformed request"
     if isinstance(exc, httptools.HttpParserInvalidMethodError) and _TOKEN_METHOD.match(data):
         return MethodNotImplemented(f"request method {data.split(b' ', 1)[0][:32].decode('latin-1')!r} is not implemented")
-    if "version" in reason.lower() or "PRI" in reason:
+    if reason in ("Invalid HTTP version", "Pause on PRI/Upgrade"):
         return HttpVersionNotSupported(f"only HTTP/1.0 and HTTP/1.1 are served here ({reason})")
     return BadRequest(f"malformed HTTP request: {reason}")
