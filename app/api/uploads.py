@@ -25,27 +25,31 @@ from app.imaging.headers import ImageHeader
 
 # Decoded pixels one request may hold: ~600 MB of BGR if all are alive at once, ~2 s of decoding.
 DEFAULT_MAX_REQUEST_PIXELS = 4 * DEFAULT_MAX_PIXELS
-MAX_PART_HEADER_BYTES = 16 * 1024  # Starlette grows a part header by concatenation: keep it short
 _EXTENDED_FILENAME = re.compile(r"""(?:^|;)\s*filename\*\s*=\s*("?)([^";]*)\1""", re.IGNORECASE)
 
 
 async def read_form_images(
-    request: Request, field: str, *, max_parts: int, max_part_bytes: int
+    request: Request, field: str, *, max_parts: int, max_body_bytes: int
 ) -> list[tuple[str, bytes]]:
     """The parts named ``field`` of a multipart body, as (file name, bytes), in order.
+
+    ``max_parts`` bounds the number of parts; ``max_body_bytes`` is the body limit that
+    ``BodyLimitMiddleware`` enforces while the body streams in: parts up to it stay in memory.
 
     A part without a file name is named ``field[i]``. Malformed multipart → ``BadRequest``
     (400); no part named ``field`` → ``InvalidParameter`` (422). The body limit
     (``ImageTooLarge``) and a client hanging up (``ClientDisconnect``) propagate.
     """
-    parser = _BytesPartsParser(
-        request.headers, request.stream(), max_files=max_parts, max_fields=max_parts, max_part_size=max_part_bytes
-    )
+    parser = _BytesPartsParser(request.headers, request.stream(), max_files=max_parts, max_fields=max_parts,
+                               spool_max_size=max_body_bytes)
     try:
         form = await parser.parse()
     except (MultiPartException, KeyError) as exc:  # KeyError: no Content-Type with a boundary
         detail = getattr(exc, "message", None) or "missing boundary"
         raise BadRequest(f"malformed multipart body: {detail}") from None
+    if not parser.closed:
+        await form.close()
+        raise BadRequest("malformed multipart body: it ends before its closing boundary")
     try:
         images = []
         for i, value in enumerate(form.getlist(field)):
@@ -88,23 +92,16 @@ def check_request_images(
 
 
 class _BytesPartsParser(MultiPartParser):
-    """Starlette's parser with every part read as an in-memory file and short part headers."""
+    """Starlette's parser with every part read as an in-memory file, and a body that must end
+    with its closing boundary (Starlette accepts one cut short and drops its last part)."""
 
-    def __init__(self, *args: Any, max_part_size: int, **kwargs: Any) -> None:
-        super().__init__(*args, max_part_size=max_part_size, **kwargs)
-        self.spool_max_size = max_part_size
+    def __init__(self, *args: Any, spool_max_size: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.spool_max_size = spool_max_size
+        self.closed = False
 
-    def on_header_field(self, data: bytes, start: int, end: int) -> None:
-        super().on_header_field(data, start, end)
-        self._check_header_size()
-
-    def on_header_value(self, data: bytes, start: int, end: int) -> None:
-        super().on_header_value(data, start, end)
-        self._check_header_size()
-
-    def _check_header_size(self) -> None:
-        if len(self._current_partial_header_name) + len(self._current_partial_header_value) > MAX_PART_HEADER_BYTES:
-            raise MultiPartException(f"a part header is over {MAX_PART_HEADER_BYTES:,} bytes")
+    def on_end(self) -> None:  # the closing boundary was read
+        self.closed = True
 
     def on_headers_finished(self) -> None:
         disposition = self._current_part.content_disposition
