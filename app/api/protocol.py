@@ -75,7 +75,7 @@ def uvicorn_options(settings: Any, limits: HttpLimits | None = None) -> dict[str
         "http": partial(JsonHttpToolsProtocol, limits=limits),
         "ws": "none",  # no WebSocket route: an Upgrade request is served as plain HTTP
         "timeout_keep_alive": limits.keep_alive_s,
-        # Used only if the h11 protocol is chosen instead (no httptools): its header-size limit.
+        # The same header limit for anyone who overrides "http" with uvicorn's h11 (text/plain answers).
         "h11_max_incomplete_event_size": limits.max_head_bytes,
     }
 
