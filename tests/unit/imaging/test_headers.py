@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import struct
-import zlib
 
 import cv2
 import numpy as np
@@ -56,6 +55,7 @@ VARIANTS = {
     "jpeg_fill_bytes_before_sof": (lambda f, b: f.jpeg_with_size(cv(b, ".jpg"), 203, 271, fill=5), ".jpg"),
     "jpeg_garbage_before_sof": (lambda f, b: f.jpeg_with_size(cv(b, ".jpg"), 203, 271, garbage=b"\x00junk"), ".jpg"),
     "png_rgb": (lambda f, b: cv(b, ".png"), ".png"),
+    "png_rgba": (lambda f, b: cv(cv2.cvtColor(b, cv2.COLOR_BGR2BGRA), ".png"), ".png"),
     "png_rgba_16bit": (lambda f, b: cv(cv2.cvtColor(b, cv2.COLOR_BGR2BGRA).astype(np.uint16) * 257, ".png"), ".png"),
     "png_gray_16bit": (lambda f, b: cv(cv2.cvtColor(b, cv2.COLOR_BGR2GRAY).astype(np.uint16) * 257, ".png"), ".png"),
     "png_1bit": (lambda f, b: pil(rgb(b).convert("1"), "PNG"), ".png"),
