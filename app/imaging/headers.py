@@ -15,8 +15,6 @@ from dataclasses import dataclass
 
 from app.errors import InvalidImage, UnsupportedMediaType
 
-FORMATS = ("jpeg", "png", "bmp", "tiff", "webp")
-
 _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\xff\xd8\xff", "jpeg"),
     (b"\x89PNG\r\n\x1a\n", "png"),
@@ -206,10 +204,9 @@ def _tiff(data: bytes) -> ImageHeader | None:
         return None
     width, height = tags[256], tags[257]
     spp, bits = tags.get(277, 1), tags.get(258, 1)
-    if tags.get(339, 1) >= _FLOAT_SAMPLES:
-        raise UnsupportedMediaType(
-            "floating-point TIFF samples are not supported: send 8- or 16-bit integer samples"
-        )
+    if tags.get(339, 1) >= _FLOAT_SAMPLES or bits > 16:  # Ultralytics would hand these on unscaled
+        kind = "floating-point" if tags.get(339, 1) >= _FLOAT_SAMPLES else f"{bits}-bit"
+        raise UnsupportedMediaType(f"{kind} TIFF samples are not supported: send 8- or 16-bit integer samples")
     # OpenCV reads one tile or strip at a time into a buffer of that size (RGBA for most
     # layouts). A tile may be far larger than the image: 100 × 100 pixels in one 16,384 ×
     # 16,000 tile took 1 GB.

@@ -282,6 +282,8 @@ def test_formats_opencv_knows_but_we_refuse(data, no_decode):
         decode_image(data)
 
 
-def test_float_tiff_is_refused_with_a_clear_message(forge, no_decode):
-    with pytest.raises(UnsupportedMediaType, match="floating-point TIFF"):
-        decode_image(forge.tiff(64, 48, bits=32, sample_format=3))
+@pytest.mark.parametrize("bits,sample_format,message", [(32, 3, "floating-point TIFF"), (16, 3, "floating-point TIFF"),
+                                                        (32, 1, "32-bit TIFF"), (64, 2, "64-bit TIFF")])
+def test_tiff_samples_we_cannot_scale_are_refused_with_a_clear_message(bits, sample_format, message, forge, no_decode):
+    with pytest.raises(UnsupportedMediaType, match=message):
+        decode_image(forge.tiff(64, 48, bits=bits, sample_format=sample_format))
