@@ -123,7 +123,8 @@ def main() -> None:
                              "estimate_mb": round(decode_bytes(header) / 1e6, 1), "peak_rss_delta_mb": round(rss / 1e6, 1),
                              "seconds": round(seconds, 3), "outcome": outcome})
                 print(json.dumps(rows[-1]), flush=True)
-    record = {"what": "peak RSS and time of one decode, each row in a fresh subprocess, rows run one after another",
+    record = {"what": "peak RSS (VmHWM) and time of one decode, each row in a fresh subprocess, rows run one "
+                      "after another; the memory is the point: times on a shared machine are indicative only",
               "machine": machine_info(), "versions": versions(), "rows": rows}
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out}")
