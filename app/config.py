@@ -26,6 +26,10 @@ ENGINE_PRECISIONS = ("int8", "fp16", "fp32")  # what "auto" resolves to, fastest
 MAX_DET = 300  # most detections per image; GPU result buffers are sized for it (Ultralytics' default too)
 MAX_PIXELS = 50_000_000  # per image, read from the header before decoding (decompression-bomb guard)
 MAX_BATCH = 256  # largest batch a pipeline or engine profile is built for
+# What one decode may hold at its peak: a 50 MP 8-bit image of any format (~300 MB) or a 50 MP
+# 16-bit TIFF in strips (~700 MB); an image whose tiles or strips need more is refused.
+MAX_DECODE_BYTES = 768 * 2**20
+MAX_REQUEST_PIXELS = 4 * MAX_PIXELS  # summed over the images of one batch request, from their headers
 
 
 def check_choice(kind: str, value: str, choices: tuple[str, ...]) -> str:

@@ -98,3 +98,42 @@ class DeviceError(YolopipeError):
     """The accelerator failed (e.g. out of memory) while running a batch."""
 
     code = "device_error"
+
+
+# --- the HTTP protocol: answered before (or instead of) a route ---------------------------
+class BadRequest(YolopipeError):
+    """A request that is not well-formed HTTP (bad framing, bad chunk size, NUL in a header)."""
+
+    code = "bad_request"
+
+
+class ReadTimeout(YolopipeError):
+    """The client stopped sending its request (headers or body) for longer than the read timeout."""
+
+    code = "read_timeout"
+
+
+class UriTooLong(YolopipeError):
+    code = "uri_too_long"
+
+
+class HeadersTooLarge(YolopipeError):
+    code = "headers_too_large"
+
+
+class MethodNotImplemented(YolopipeError):
+    """A request method the HTTP parser does not know (``FOO / HTTP/1.1``)."""
+
+    code = "not_implemented"
+
+
+class HttpVersionNotSupported(YolopipeError):
+    """HTTP/1.2, HTTP/3.0, or an HTTP/2 connection preface on the HTTP/1.1 port."""
+
+    code = "http_version_not_supported"
+
+
+class ClientDisconnected(YolopipeError):
+    """The client hung up before its request was read; nobody receives an answer."""
+
+    code = "client_disconnected"

@@ -100,3 +100,16 @@ def varied_images(tmp_path_factory, assets_dir) -> Path:
     cv2.imwrite(str(out / "bus_gray.png"), cv2.cvtColor(bus, cv2.COLOR_BGR2GRAY))
     cv2.imwrite(str(out / "zidane_alpha.png"), cv2.cvtColor(zidane, cv2.COLOR_BGR2BGRA))
     return out
+
+
+@pytest.fixture(scope="session")
+def forge():
+    """tests/forge.py: hand-made image files (decompression bombs, header variants), shared by
+    the imaging and the API tests. Loaded by path: the tests folder is not a package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("yolopipe_test_forge", TESTS / "forge.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

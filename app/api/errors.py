@@ -16,13 +16,20 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.errors import (
+    BadRequest,
+    ClientDisconnected,
     DeviceError,
+    HeadersTooLarge,
+    HttpVersionNotSupported,
     ImageTooLarge,
     InvalidImage,
     InvalidParameter,
+    MethodNotImplemented,
     Overloaded,
+    ReadTimeout,
     RequestTimeout,
     UnsupportedMediaType,
+    UriTooLong,
     YolopipeError,
 )
 
@@ -37,6 +44,15 @@ STATUS_BY_ERROR: dict[type[YolopipeError], int] = {
     Overloaded: 503,
     RequestTimeout: 504,
     DeviceError: 503,
+    # HTTP itself (app/api/protocol.py answers these before a route runs)
+    BadRequest: 400,
+    ReadTimeout: 408,
+    UriTooLong: 414,
+    HeadersTooLarge: 431,
+    MethodNotImplemented: 501,
+    HttpVersionNotSupported: 505,
+    # nginx's "client closed request": never sent (nobody is listening), only counted in /metrics
+    ClientDisconnected: 499,
 }
 
 # Seconds a client should wait before retrying an error that is about load, not its request.

@@ -1,11 +1,18 @@
-"""The body size limit, enforced while the body streams in (never after buffering it)."""
+"""The body size limit, enforced while the body streams in (never after buffering it), and a
+client that hangs up mid-body answered quietly (no 500, no traceback)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from app.api.errors import error_response
-from app.errors import ImageTooLarge
+from starlette.requests import ClientDisconnect
+
+from app.api.errors import error_response, status_for
+from app.api.protocol import ANSWERED_STATUS
+from app.errors import ClientDisconnected, ImageTooLarge
+
+log = logging.getLogger("yolopipe.api")
 
 
 class BodyLimitMiddleware:
@@ -14,7 +21,14 @@ class BodyLimitMiddleware:
     A declared ``Content-Length`` over the limit is answered with 413 before any byte is
     read. Otherwise (chunked uploads, lying headers) ``receive`` counts bytes and raises
     ``ImageTooLarge`` once past the limit; the handler reading the body lets it propagate to
-    the error mapping, so at most ``limit`` plus one chunk is ever held.
+    the error mapping, so at most ``limit`` plus one chunk is ever held. A response that
+    starts before the body was read to its end says ``connection: close``: the rest of the
+    body is not worth reading.
+
+    A client that goes away while its body is read makes Starlette raise ``ClientDisconnect``.
+    Nobody is left to answer, so nothing is logged above debug level; the response "sent" to
+    the gone client carries 499 (or the status ``JsonHttpToolsProtocol`` already answered, e.g.
+    408 or 400) so that /metrics counts it as what it was, not as a 500.
     """
 
     def __init__(self, app: Any, max_body_bytes: int) -> None:
@@ -33,24 +47,47 @@ class BodyLimitMiddleware:
             await response(scope, receive, send)
             return
         received = 0
+        body_unread = bool(declared) or _header(scope, b"transfer-encoding") is not None
+        started = False
 
         async def limited_receive() -> dict:
-            nonlocal received
+            nonlocal received, body_unread
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                body_unread = body_unread and message.get("more_body", False)
                 if received > self.limit:
                     raise ImageTooLarge(f"request body is over the limit of {self.limit:,} bytes")
             return message
 
-        await self.app(scope, limited_receive, send)
+        async def closing_send(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                if body_unread:
+                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, closing_send)
+        except ClientDisconnect:
+            status = scope.get("extensions", {}).get(ANSWERED_STATUS) or status_for(ClientDisconnected("gone"))
+            log.debug("%s %s: the client went away while sending its body (%d)", scope["method"], scope["path"], status)
+            if not started:
+                await send({"type": "http.response.start", "status": status, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
+
+
+def _header(scope: dict, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value
+    return None
 
 
 def _content_length(scope: dict) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
+    value = _header(scope, b"content-length")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None

@@ -1,16 +1,50 @@
-"""What an image is and how large it is, read from its first bytes, before any pixel is decoded."""
+"""What an image is and how large it is, read from its header, before any pixel is decoded.
+
+Every format we accept (JPEG, PNG, BMP, TIFF, WebP) has a parser here that reads the size the
+decoder (OpenCV: libjpeg-turbo, libpng, its own BMP reader, libtiff, libwebp) will allocate
+for, the way that decoder reads it: libjpeg skips fill bytes and garbage before a marker, so
+do we; OpenCV reads BMP heights as signed and TIFF's first directory only, so do we. A header
+we cannot read is refused (``InvalidImage``) rather than handed to a decoder whose size we do
+not know: that is what keeps a 1 KB file from allocating gigabytes.
+"""
 
 from __future__ import annotations
 
-# Magic numbers of the formats OpenCV decodes for us; anything else is not an image we take.
+import struct
+from dataclasses import dataclass
+
+from app.errors import InvalidImage, UnsupportedMediaType
+
 _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\xff\xd8\xff", "jpeg"),
     (b"\x89PNG\r\n\x1a\n", "png"),
     (b"BM", "bmp"),
     (b"II*\x00", "tiff"),
     (b"MM\x00*", "tiff"),
+    (b"II+\x00", "tiff"),  # BigTIFF
+    (b"MM\x00+", "tiff"),
     (b"RIFF", "webp"),
 )
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """The size and sample layout an image declares."""
+
+    format: str
+    height: int
+    width: int
+    channels: int  # samples per pixel as stored (a palette index counts as one)
+    bits: int  # bits per sample as stored
+    work_bytes: int = 0  # decoder buffers besides the image itself (TIFF tiles, APNG canvases, BGRA staging)
+
+    @property
+    def pixels(self) -> int:
+        return self.height * self.width
+
+
+# File suffixes of the formats read_header accepts: what a folder of images is listed by.
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".dib", ".tif", ".tiff", ".webp"})
 
 
 def sniff_format(data: bytes) -> str | None:
@@ -23,22 +57,187 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
-def image_size(data: bytes) -> tuple[int, int] | None:
-    """(height, width) read from the header alone, before any pixel is decoded; None if unknown."""
+def read_header(data: bytes) -> ImageHeader:
+    """The header of an image in a format we accept.
+
+    Raises ``UnsupportedMediaType`` for anything else (or a variant we refuse, such as a
+    floating-point TIFF) and ``InvalidImage`` for a header that is truncated or inconsistent.
+    """
     fmt = sniff_format(data)
-    if fmt == "png" and len(data) >= 24:
-        return int.from_bytes(data[20:24], "big"), int.from_bytes(data[16:20], "big")
-    if fmt == "jpeg":
-        i = 2
-        while i + 9 < len(data):
-            if data[i] != 0xFF:
+    if fmt is None:
+        raise UnsupportedMediaType("not an image in a supported format (JPEG, PNG, BMP, TIFF, WebP)")
+    try:
+        header = _PARSERS[fmt](data)
+    except (IndexError, struct.error):  # a read past the end of the bytes
+        header = None
+    if header is None or header.height <= 0 or header.width <= 0:
+        raise InvalidImage(f"cannot read the size of this {fmt.upper()} image (truncated or corrupt header)")
+    return header
+
+
+# --- JPEG -----------------------------------------------------------------------------------
+# Start-of-frame markers of every coding process (baseline, extended, progressive, lossless,
+# hierarchical, arithmetic); C4 (DHT), C8 (JPG) and CC (DAC) share the range but are not frames.
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}  # RSTn, TEM: markers without a length
+
+
+def _jpeg(data: bytes) -> ImageHeader | None:
+    """Walk the markers up to the first SOFn as libjpeg's ``next_marker`` does: any bytes up to
+    an 0xFF are skipped, any number of 0xFF fill bytes may precede a marker, FF00 is not one."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    n, i = len(data), 2
+    while True:
+        while True:  # find the next marker
+            j = data.find(b"\xff", i)
+            if j < 0:
                 return None
-            marker = data[i + 1]
-            if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-                i += 2
-                continue
-            length = int.from_bytes(data[i + 2 : i + 4], "big")
-            if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-                return int.from_bytes(data[i + 5 : i + 7], "big"), int.from_bytes(data[i + 7 : i + 9], "big")
-            i += 2 + length
+            k = j + 1
+            while k < n and data[k] == 0xFF:
+                k += 1
+            if k >= n:
+                return None
+            if data[k] != 0x00:
+                break
+            i = k + 1
+        marker, i = data[k], k + 1
+        if marker in _SOF:
+            length, bits, height, width, comps = struct.unpack_from(">HBHHB", data, i)
+            if length < 8 + 3 * comps or comps == 0:
+                return None
+            return ImageHeader("jpeg", height, width, comps, bits)
+        if marker in (0xD8, 0xD9, 0xDA):  # a second SOI, EOI or a scan before any frame
+            return None
+        if marker not in _STANDALONE:
+            (length,) = struct.unpack_from(">H", data, i)
+            if length < 2:
+                return None
+            i += length
+
+
+# --- PNG ------------------------------------------------------------------------------------
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # colour type → samples per pixel
+_PNG_MAX_CHUNKS_BEFORE_IDAT = 10_000
+
+
+def _png(data: bytes) -> ImageHeader | None:
+    length, kind, width, height, bits, color = struct.unpack_from(">I4sIIBB", data, 8)
+    if length != 13 or kind != b"IHDR" or color not in _PNG_CHANNELS or width >= 2**31 or height >= 2**31:
+        return None
+    if bits not in (1, 2, 4, 8, 16):
+        return None
+    # APNG: OpenCV composes frames on canvases of the full size; frame 0 (read by imdecode) must
+    # fit the canvas. acTL and the first fcTL come before the first IDAT.
+    work, i = 0, 8
+    for _ in range(_PNG_MAX_CHUNKS_BEFORE_IDAT):
+        length, kind = struct.unpack_from(">I4s", data, i)
+        if kind == b"IDAT":
+            return ImageHeader("png", height, width, _PNG_CHANNELS[color], bits, work)
+        if kind == b"acTL":
+            work = 2 * height * width * 4  # the RGBA canvas and the frame being composed on it
+        if kind == b"fcTL":
+            fw, fh, fx, fy = struct.unpack_from(">IIII", data, i + 12)
+            if fx + fw > width or fy + fh > height:
+                return None
+        i += 12 + length
     return None
+
+
+# --- BMP ------------------------------------------------------------------------------------
+def _bmp(data: bytes) -> ImageHeader | None:
+    """OpenCV's reader: a 12-byte core header has 16-bit sizes; any header of 36 bytes or more
+    (INFO, V2–V5, OS/2 v2) has signed 32-bit ones, a negative height meaning top-down rows."""
+    (size,) = struct.unpack_from("<I", data, 14)
+    if size == 12:
+        width, height, _, bpp = struct.unpack_from("<HHHH", data, 18)
+    elif size >= 36:
+        width, height, _, bpp = struct.unpack_from("<iiHH", data, 18)
+        height = abs(height)
+    else:
+        return None
+    # 32-bit images with bit fields decode through a BGRA image first.
+    return ImageHeader("bmp", height, width, 1, bpp, height * width * 4 if bpp == 32 else 0)
+
+
+# --- TIFF -----------------------------------------------------------------------------------
+_TIFF_TYPES = {1: "B", 3: "H", 4: "I", 16: "Q"}  # BYTE, SHORT, LONG, LONG8
+# ImageWidth, ImageLength, BitsPerSample, RowsPerStrip, SamplesPerPixel, TileWidth, TileLength, SampleFormat
+_TIFF_LAYOUT_TAGS = frozenset({256, 257, 258, 278, 277, 322, 323, 339})
+_FLOAT_SAMPLES = 3  # SampleFormat: IEEE floating point (4 and up: undefined, complex)
+
+
+def _tiff(data: bytes) -> ImageHeader | None:
+    """The first directory (the page imdecode reads), classic or BigTIFF, either byte order."""
+    end = "<" if data[:2] == b"II" else ">"
+    (version,) = struct.unpack_from(end + "H", data, 2)
+    if version == 43:
+        offset_size, (ifd,) = 8, struct.unpack_from(end + "Q", data, 8)
+        count_fmt, entry_size = "Q", 20
+    else:
+        offset_size, (ifd,) = 4, struct.unpack_from(end + "I", data, 4)
+        count_fmt, entry_size = "H", 12
+    (count,) = struct.unpack_from(end + count_fmt, data, ifd)
+    tags: dict[int, int] = {}
+    pos = ifd + struct.calcsize(count_fmt)
+    for _ in range(count):
+        tag, kind = struct.unpack_from(end + "HH", data, pos)
+        (n,) = struct.unpack_from(end + ("Q" if offset_size == 8 else "I"), data, pos + 4)
+        value_at = pos + 4 + offset_size
+        pos += entry_size
+        if tag not in _TIFF_LAYOUT_TAGS:
+            continue
+        # libtiff keeps the first of duplicate tags and reads signed or other types too: rather
+        # than follow every such rule, refuse what a well-formed writer never produces.
+        if tag in tags or kind not in _TIFF_TYPES or n == 0:
+            return None
+        item = struct.calcsize(_TIFF_TYPES[kind])
+        if n * item > offset_size:  # the values live elsewhere; the first one is what we need
+            (value_at,) = struct.unpack_from(end + ("Q" if offset_size == 8 else "I"), data, value_at)
+        (tags[tag],) = struct.unpack_from(end + _TIFF_TYPES[kind], data, value_at)
+    if 256 not in tags or 257 not in tags:
+        return None
+    width, height = tags[256], tags[257]
+    spp, bits = tags.get(277, 1), tags.get(258, 1)
+    if tags.get(339, 1) >= _FLOAT_SAMPLES or bits > 16:  # Ultralytics would hand these on unscaled
+        kind = "floating-point" if tags.get(339, 1) >= _FLOAT_SAMPLES else f"{bits}-bit"
+        raise UnsupportedMediaType(f"{kind} TIFF samples are not supported: send 8- or 16-bit integer samples")
+    # OpenCV reads one tile or strip at a time into a buffer of that size (RGBA for most
+    # layouts). A tile may be far larger than the image: 100 × 100 pixels in one 16,384 ×
+    # 16,000 tile took 1 GB.
+    if 322 in tags:
+        tile_w, tile_h = tags[322], tags.get(323, height)
+    else:
+        tile_w, tile_h = width, min(tags.get(278, height), height)
+    work = tile_w * tile_h * max(spp, 4) * max(1, (bits + 7) // 8)
+    return ImageHeader("tiff", height, width, spp, bits, work)
+
+
+# --- WebP -----------------------------------------------------------------------------------
+def _webp(data: bytes) -> ImageHeader | None:
+    """VP8 (lossy), VP8L (lossless) or VP8X (extended: the canvas; libwebp refuses a still
+    image whose bitstream differs from it, and animation frames that do not fit it). libwebp
+    decodes into a BGRA (or BGR) buffer that OpenCV then converts."""
+    kind = data[12:16]
+    if kind == b"VP8 ":
+        if data[23:26] != b"\x9d\x01\x2a":
+            return None
+        width, height = struct.unpack_from("<HH", data, 26)
+        width, height = width & 0x3FFF, height & 0x3FFF
+        return ImageHeader("webp", height, width, 3, 8, height * width * 4)
+    if kind == b"VP8L":
+        if data[20] != 0x2F:
+            return None
+        (bits,) = struct.unpack_from("<I", data, 21)
+        width, height = (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+        return ImageHeader("webp", height, width, 4, 8, height * width * 4)
+    if kind == b"VP8X":
+        flags = data[20]
+        width = int.from_bytes(data[24:27], "little") + 1
+        height = int.from_bytes(data[27:30], "little") + 1
+        canvases = 3 if flags & 0x02 else 1  # animation: the canvas, the previous one and a frame
+        return ImageHeader("webp", height, width, 4, 8, canvases * height * width * 4)
+    return None
+
+
+_PARSERS = {"jpeg": _jpeg, "png": _png, "bmp": _bmp, "tiff": _tiff, "webp": _webp}

@@ -17,8 +17,7 @@ from app.backends.base import Pipeline, PipelineInput
 from app.boxes import rows_to_detections
 from app.config import MAX_DET, MAX_PIXELS
 from app.errors import InvalidParameter, YolopipeError
-from app.imaging.decode import decode_image
-from app.imaging.headers import image_size, sniff_format
+from app.imaging.decode import check_image, decode_image
 from app.pipeline.overlap import run_overlapped
 from app.types import Detections, DetectParams, ModelMeta
 
@@ -111,10 +110,9 @@ class Detector:
                 raise InvalidParameter(f"arrays must be BGR uint8 [H, W, 3], got {item.dtype} {item.shape}")
             return item
         data = bytes(item)
-        if self.pipeline.decodes_jpeg and sniff_format(data) == "jpeg":
-            size = image_size(data)
-            if size is not None and size[0] * size[1] <= self.max_pixels:
-                return data  # the GPU decodes it; a corrupt one comes back as an error in its slot
+        header = check_image(data, max_pixels=self.max_pixels)  # format, size and memory, before any pixel
+        if self.pipeline.decodes_jpeg and header.format == "jpeg":
+            return data  # the GPU decodes it; a corrupt one comes back as an error in its slot
         return decode_image(data, max_pixels=self.max_pixels)
 
     def detect(self, items: Sequence[bytes | np.ndarray], params: DetectParams | None = None) -> list[ImageResult]:

@@ -21,11 +21,10 @@ import cv2
 import numpy as np
 
 from app.errors import InvalidParameter, YolopipeError
+from app.imaging.headers import IMAGE_SUFFIXES
 from app.pipeline.detector import Detector, ImageResult
 from app.pipeline.overlap import run_overlapped
 from app.types import DetectParams
-
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,272 @@
+"""HTTP/1.1 defences that uvicorn leaves to the application, answered in the JSON error shape.
+
+Uvicorn's httptools protocol has no limit on the request line or headers (httptools builds a
+header by repeated concatenation: a 64 MB header stalled every connection for 2.6 s), no read
+timeout (a client that stops mid-headers or mid-body is waited on forever) and answers
+malformed requests with a ``text/plain`` 400. ``JsonHttpToolsProtocol`` subclasses it and adds:
+
+- 414 when the request target passes ``max_url_bytes``, 431 when the request line and headers
+  (or a chunked body's trailers) pass ``max_head_bytes``; at most one socket read (256 KB) is
+  parsed past the limit, so the cost is bounded;
+- 408 when the headers are not complete ``head_timeout_s`` after the request began (or the
+  connection opened), or when no body bytes arrived for ``body_idle_timeout_s`` while the
+  application waits for them; a connection that never sent a byte is closed without a word;
+- 400 for malformed framing (bad chunk size, Content-Length with chunked, a negative or
+  duplicate Content-Length, NUL in a header), 501 for an unknown method, 505 for an HTTP
+  version other than 1.x (an HTTP/2 preface included); TLS on the plain port is closed.
+
+Each answer is ``{"error": {"code", "message"}}`` with ``connection: close``. When the
+application is already running for the request (a bad chunk mid-body), it is told the client
+went away; ``BodyLimitMiddleware`` then counts the status answered here (or 499) in /metrics.
+Everything else is uvicorn's. ``uvicorn_options(settings)`` is what the server passes to uvicorn.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from app.api.errors import error_body, status_for
+from app.errors import (
+    BadRequest,
+    HeadersTooLarge,
+    HttpVersionNotSupported,
+    MethodNotImplemented,
+    ReadTimeout,
+    UriTooLong,
+    YolopipeError,
+)
+
+log = logging.getLogger("yolopipe.api.protocol")
+
+# Where the status answered by the protocol is left for the middleware (ASGI scope extensions).
+ANSWERED_STATUS = "yolopipe.answered_status"
+_TOKEN_METHOD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ ")
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Limits on what one request may make the server read and wait for."""
+
+    max_url_bytes: int = 8 * 1024  # the request target (path and query): 414 beyond
+    max_head_bytes: int = 64 * 1024  # request line and headers, or a chunked body's trailers: 431 beyond
+    head_timeout_s: float = 10.0  # from the first byte of a request (or the connection) to its last header
+    body_idle_timeout_s: float = 15.0  # longest silence while the application waits for body bytes
+    keep_alive_s: int = 30  # idle time between requests on one connection (uvicorn's own timer)
+
+
+def uvicorn_options(settings: Any, limits: HttpLimits | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``uvicorn.Config``/``uvicorn.run`` that put these defences in place.
+
+    ``settings`` is accepted so that limits can move into ``Settings`` without changing callers;
+    today every limit comes from ``limits`` (defaults: ``HttpLimits()``).
+    """
+    del settings  # the HTTP limits are not settings yet
+    limits = limits or HttpLimits()
+    return {
+        # A partial of a module-level class stays picklable for uvicorn's worker processes.
+        "http": partial(JsonHttpToolsProtocol, limits=limits),
+        "ws": "none",  # no WebSocket route: an Upgrade request is served as plain HTTP
+        "timeout_keep_alive": limits.keep_alive_s,
+        # The same header limit for anyone who overrides "http" with uvicorn's h11 (text/plain answers).
+        "h11_max_incomplete_event_size": limits.max_head_bytes,
+    }
+
+
+class _Refuse(Exception):
+    """Raised inside a parser callback to stop parsing and answer ``error``."""
+
+    def __init__(self, error: YolopipeError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class JsonHttpToolsProtocol(HttpToolsProtocol):
+    """Uvicorn's httptools protocol with limits, read timeouts and JSON protocol errors."""
+
+    def __init__(self, *args: Any, limits: HttpLimits, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self._in_head = True  # reading a request line and headers (or waiting for the next request)
+        self._in_trailer = False  # after a chunk header, before its data: a last chunk's trailers
+        self._head_bytes = 0
+        self._request_begun = False  # a request line has started (else the connection is idle)
+        self._received_any = False
+        self._deferred: YolopipeError | None = None  # refused behind a request still being answered
+        self._head_timer: Any = None
+        self._body_timer: Any = None
+        self._last_body_at = 0.0
+
+    # --- connection -------------------------------------------------------------------------
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._on_head_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        if not self._received_any:
+            self._received_any = True
+            if data[:1] == b"\x16":  # a TLS ClientHello: the client cannot read an HTTP answer
+                log.debug("TLS handshake on the plain HTTP port from %s; closing", self.client)
+                self.transport.close()
+                return
+        if self._in_head or self._in_trailer:
+            self._head_bytes += len(data)
+            if self._head_timer is None and self._in_head:
+                self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._on_head_timeout)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:  # served as plain HTTP; uvicorn would log two warnings for each one
+                log.debug("ignored an Upgrade request from %s", self.client)
+            return
+        except httptools.HttpParserError as exc:
+            self._refuse(_error_for(exc, data))
+            return
+        if (self._in_head or self._in_trailer) and self._head_bytes > self.limits.max_head_bytes:
+            self._refuse(HeadersTooLarge(f"request headers are over {self.limits.max_head_bytes:,} bytes"))
+
+    # --- parser callbacks -------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._request_begun = True, True
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        if len(self.url) > self.limits.max_url_bytes:
+            raise _Refuse(UriTooLong(f"the request target is over {self.limits.max_url_bytes:,} bytes"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._in_head:
+            super().on_header(name, value)
+            return
+        # A trailer after a chunked body: counted against the header limit, not kept (uvicorn
+        # would append it to the headers the application already holds).
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > self.limits.max_head_bytes:
+            raise _Refuse(HeadersTooLarge(f"request trailers are over {self.limits.max_head_bytes:,} bytes"))
+
+    def on_headers_complete(self) -> None:
+        size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
+        if size > self.limits.max_head_bytes:
+            raise _Refuse(HeadersTooLarge(f"request headers are over {self.limits.max_head_bytes:,} bytes"))
+        self._in_head = False
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().on_headers_complete()
+        self._last_body_at = self.loop.time()
+        self._body_timer = self.loop.call_later(self.limits.body_idle_timeout_s, self._on_body_timeout)
+
+    def on_chunk_header(self) -> None:
+        self._in_trailer, self._head_bytes = True, 0
+
+    def on_chunk_complete(self) -> None:
+        self._in_trailer = False
+
+    def on_body(self, body: bytes) -> None:
+        self._in_trailer = False
+        self._last_body_at = self.loop.time()
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        self._in_head, self._in_trailer, self._request_begun, self._head_bytes = True, False, False, 0
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is None:
+            super().on_response_complete()
+            return
+        self.server_state.total_requests += 1
+        self._refuse(deferred)
+
+    # --- timeouts ---------------------------------------------------------------------------
+    def _on_head_timeout(self) -> None:
+        self._head_timer = None
+        if not self._in_head or self.transport.is_closing():
+            return
+        if not self._request_begun:  # nothing of a request arrived: an idle connection
+            self.transport.close()
+            return
+        self._refuse(ReadTimeout(f"request headers not complete within {self.limits.head_timeout_s:g} s"))
+
+    def _on_body_timeout(self) -> None:
+        self._body_timer = None
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or self.transport.is_closing():
+            return
+        idle = self.loop.time() - self._last_body_at
+        # Reading is paused while the application has not consumed what came: not the client's fault.
+        if self.flow.read_paused or idle < self.limits.body_idle_timeout_s:
+            wait = self.limits.body_idle_timeout_s - (0.0 if self.flow.read_paused else idle)
+            self._body_timer = self.loop.call_later(max(wait, 0.05), self._on_body_timeout)
+            return
+        self._refuse(ReadTimeout(f"no request body bytes for {self.limits.body_idle_timeout_s:g} s"))
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._head_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._body_timer = None
+
+    # --- answering --------------------------------------------------------------------------
+    def _refuse(self, error: YolopipeError) -> None:
+        """Answer ``error`` as JSON and close, unless a response is already on the wire."""
+        self._cancel_timers()
+        if self.transport.is_closing():
+            return
+        status = status_for(error)
+        cycle = self.cycle
+        if cycle is not None and not self._in_head and cycle.response_started:
+            self.transport.close()  # the request was answered (or is being answered) already
+            return
+        if cycle is not None and not cycle.response_complete:
+            if self._in_head:  # a pipelined request behind one still being answered: answer after it
+                self._deferred = error
+                self.flow.pause_reading()
+                return
+            # The application is reading this request's body: it sees a disconnect, sends nothing.
+            cycle.scope.setdefault("extensions", {})[ANSWERED_STATUS] = status  # type: ignore[typeddict-item]
+            cycle.disconnected = True
+            cycle.message_event.set()
+        log.debug("refused a request from %s: %s %s", self.client, status, error.message)
+        body = json.dumps(error_body(error.code, error.message)).encode()
+        head = [STATUS_LINE[status]]
+        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+        head += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
+                 b"connection: close\r\n\r\n"]
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
+
+
+def _error_for(exc: httptools.HttpParserError, data: bytes) -> YolopipeError:
+    """The answer to a parser error: ours when a callback refused, else from llhttp's reason."""
+    if isinstance(exc.__context__, _Refuse):
+        return exc.__context__.error
+    if isinstance(exc.__context__, httptools.HttpParserInvalidURLError):  # raised by uvicorn parsing the URL
+        return BadRequest("malformed HTTP request: invalid request target")
+    if exc.__context__ is not None:
+        log.warning("HTTP parser callback failed: %r", exc.__context__)
+    reason = str(exc) or "malformed request"
+    if isinstance(exc, httptools.HttpParserInvalidMethodError) and _TOKEN_METHOD.match(data):
+        return MethodNotImplemented(f"request method {data.split(b' ', 1)[0][:32].decode('latin-1')!r} is not implemented")
+    if reason in ("Invalid HTTP version", "Pause on PRI/Upgrade"):
+        return HttpVersionNotSupported(f"only HTTP/1.0 and HTTP/1.1 are served here ({reason})")
+    return BadRequest(f"malformed HTTP request: {reason}")

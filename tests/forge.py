@@ -1,0 +1,187 @@
+"""Hand-made image files: decompression bombs and header variants that encoders do not write.
+
+Shared by the imaging and the API tests through the ``forge`` fixture (tests/conftest.py).
+Each function returns the bytes of one file; those marked *real* decode to what they declare.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+
+# --- PNG ------------------------------------------------------------------------------------
+def png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+
+
+def png(width: int, height: int, *, bits: int = 8, color: int = 2, rows: int | None = None,
+        before_idat: tuple[bytes, ...] = ()) -> bytes:
+    """A PNG of zero-valued scanlines. *Real* when ``rows`` is None (all rows present); otherwise
+    only the first ``rows`` rows are stored (enough for a header test, cheap to build at any size)."""
+    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[color]
+    row = 1 + (width * channels * bits + 7) // 8
+    stored = height if rows is None else rows
+    idat = zlib.compress(b"\x00" * (row * stored), 9)
+    chunks = [png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, bits, color, 0, 0, 0))]
+    if color == 3:
+        chunks.append(png_chunk(b"PLTE", b"\x00\x00\x00" * 2))
+    chunks += list(before_idat)
+    chunks += [png_chunk(b"IDAT", idat), png_chunk(b"IEND", b"")]
+    return b"\x89PNG\r\n\x1a\n" + b"".join(chunks)
+
+
+def apng_chunks(width: int, height: int, x: int = 0, y: int = 0) -> tuple[bytes, bytes]:
+    """acTL (one frame) and an fcTL for frame 0 of the given size and offset."""
+    actl = png_chunk(b"acTL", struct.pack(">II", 1, 0))
+    fctl = png_chunk(b"fcTL", struct.pack(">IIIIIHHBB", 0, width, height, x, y, 1, 10, 0, 0))
+    return actl, fctl
+
+
+# --- BMP ------------------------------------------------------------------------------------
+def bmp_rle8(width: int, height: int) -> bytes:
+    """*Real*: an 8-bit RLE BMP whose data is one end-of-bitmap code (the decoder fills the rest);
+    about 1 KB for any size."""
+    palette = b"\x00\x00\x00\x00" * 256
+    pixels = b"\x00\x01"
+    offset = 14 + 40 + len(palette)
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 8, 1, len(pixels), 2835, 2835, 256, 0)
+    return b"BM" + struct.pack("<IHHI", offset + len(pixels), 0, 0, offset) + info + palette + pixels
+
+
+def bmp(width: int, height: int, *, header_size: int = 40, bpp: int = 24, rows: int | None = None) -> bytes:
+    """An uncompressed BMP with any DIB header size (12 = the 16-bit core header; 40, 52, 56,
+    64, 108, 124 = INFO and its successors); a negative height stores rows top-down. *Real*
+    when ``rows`` is None (every row stored), else only that many rows follow the header."""
+    stride = ((abs(width) * bpp + 31) // 32) * 4
+    pixels = b"\x00" * (stride * (abs(height) if rows is None else rows))
+    palette = b"\x00\x00\x00\x00" * (1 << bpp) if bpp <= 8 else b""
+    if header_size == 12:
+        palette = b"\x00\x00\x00" * (1 << bpp) if bpp <= 8 else b""
+        info = struct.pack("<IHHHH", 12, width, height, 1, bpp)
+    else:
+        info = struct.pack("<IiiHHIIiiII", header_size, width, height, 1, bpp, 0, len(pixels), 2835, 2835, 0, 0)
+        info += b"\x00" * (header_size - 40)
+    offset = 14 + len(info) + len(palette)
+    return b"BM" + struct.pack("<IHHI", offset + len(pixels), 0, 0, offset) + info + palette + pixels
+
+
+# --- TIFF -----------------------------------------------------------------------------------
+_SHORT, _LONG, _LONG8 = 3, 4, 16
+
+
+def tiff(width: int, height: int, *, bits: int = 8, spp: int = 3, compression: int = 1,
+         sample_format: int | None = None, tile: tuple[int, int] | None = None,
+         rows_per_strip: int | None = None, strip: bytes | None = None, big_endian: bool = False,
+         bigtiff: bool = False, pages: int = 1) -> bytes:
+    """A TIFF with one strip per page, or tiles that all share one block of data. *Real* when
+    ``strip`` is None: zero samples, uncompressed. ``pages`` repeats the directory (a multi-page
+    file)."""
+    end = ">" if big_endian else "<"
+    photometric = 2 if spp >= 3 else (0 if compression in (3, 4) else 1)
+    tiles = 1
+    if tile:
+        tiles = -(-width // tile[0]) * -(-height // tile[1])
+        if strip is None:
+            strip = b"\x00" * (((tile[0] * spp * bits + 7) // 8) * tile[1])
+    elif strip is None:
+        strip = b"\x00" * (((width * spp * bits + 7) // 8) * height)
+    off_fmt, count_fmt, entry_size, head = ("Q", "Q", 20, 16) if bigtiff else ("I", "H", 12, 8)
+    out = bytearray(b"\x00" * head)
+    out[:2] = b"MM" if big_endian else b"II"
+    data_at = len(out)
+    out += strip
+    ifd_offsets: list[int] = []
+    for page in range(pages):
+        extra = bytearray()
+        entries = [(256, _LONG, [width]), (257, _LONG, [height]), (258, _SHORT, [bits] * spp),
+                   (259, _SHORT, [compression]), (262, _SHORT, [photometric]), (277, _SHORT, [spp])]
+        if tile:
+            entries += [(322, _LONG, [tile[0]]), (323, _LONG, [tile[1]]),
+                        (324, _LONG8 if bigtiff else _LONG, [data_at] * tiles), (325, _LONG, [len(strip)] * tiles)]
+        else:
+            entries += [(273, _LONG8 if bigtiff else _LONG, [data_at]), (279, _LONG, [len(strip)]),
+                        (278, _LONG, [rows_per_strip or height])]
+        if sample_format is not None:
+            entries.append((339, _SHORT, [sample_format] * spp))
+        entries.sort()
+        ifd_at = len(out)
+        ifd_offsets.append(ifd_at)
+        body_size = struct.calcsize(end + count_fmt) + entry_size * len(entries) + struct.calcsize(end + off_fmt)
+        extra_at = ifd_at + body_size
+        ifd = bytearray(struct.pack(end + count_fmt, len(entries)))
+        for tag, kind, values in entries:
+            fmt = {_SHORT: "H", _LONG: "I", _LONG8: "Q"}[kind]
+            packed = struct.pack(end + fmt * len(values), *values)
+            slot = struct.calcsize(off_fmt)
+            if len(packed) > slot:
+                ref = struct.pack(end + off_fmt, extra_at + len(extra))
+                extra += packed
+                packed = ref
+            ifd += struct.pack(end + "HH" + ("Q" if bigtiff else "I"), tag, kind, len(values)) + packed.ljust(slot, b"\x00")
+        ifd += struct.pack(end + off_fmt, 0)
+        out += ifd + extra
+        if page > 0:  # link the previous directory to this one
+            prev = ifd_offsets[page - 1]
+            prev_next = prev + struct.calcsize(end + count_fmt) + entry_size * len(entries)
+            out[prev_next : prev_next + struct.calcsize(off_fmt)] = struct.pack(end + off_fmt, ifd_at)
+    if bigtiff:
+        out[2:8] = struct.pack(end + "HHH", 43, 8, 0)
+        out[8:16] = struct.pack(end + "Q", ifd_offsets[0])
+    else:
+        out[2:4] = struct.pack(end + "H", 42)
+        out[4:8] = struct.pack(end + "I", ifd_offsets[0])
+    return bytes(out)
+
+
+def tiff_g4_white(width: int, height: int) -> bytes:
+    """*Real*: a CCITT Group 4 bilevel TIFF of white rows. Against a white reference line each
+    row codes as one V0 bit, so 30,000 × 30,000 pixels take under 4 KB."""
+    rows = b"\xff" * ((height + 7) // 8)
+    eofb = b"\x00\x10\x01"  # 000000000001 000000000001, padded
+    return tiff(width, height, bits=1, spp=1, compression=4, strip=rows + eofb)
+
+
+# --- WebP -----------------------------------------------------------------------------------
+def riff_webp(*chunks: bytes) -> bytes:
+    body = b"WEBP" + b"".join(chunks)
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def webp_chunk(kind: bytes, body: bytes) -> bytes:
+    return kind + struct.pack("<I", len(body)) + body + (b"\x00" if len(body) % 2 else b"")
+
+
+def vp8l(width: int, height: int, payload: bytes = b"\x00" * 16) -> bytes:
+    """A VP8L chunk declaring width × height (the bitstream after the header is arbitrary)."""
+    return webp_chunk(b"VP8L", b"\x2f" + struct.pack("<I", (width - 1) | (height - 1) << 14) + payload)
+
+
+def vp8(width: int, height: int, payload: bytes = b"\x00" * 16) -> bytes:
+    """A lossy VP8 key-frame chunk declaring width × height."""
+    return webp_chunk(b"VP8 ", b"\x10\x02\x00\x9d\x01\x2a" + struct.pack("<HH", width, height) + payload)
+
+
+def vp8x(width: int, height: int, flags: int = 0) -> bytes:
+    return webp_chunk(b"VP8X", bytes([flags, 0, 0, 0]) + (width - 1).to_bytes(3, "little")
+                      + (height - 1).to_bytes(3, "little"))
+
+
+# --- JPEG -----------------------------------------------------------------------------------
+def jpeg_sof(jpeg: bytes) -> int:
+    """The offset of the first SOFn marker of a well-formed JPEG."""
+    i = 2
+    while i < len(jpeg):
+        marker, length = jpeg[i + 1], int.from_bytes(jpeg[i + 2 : i + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            return i
+        i += 2 + length
+    raise AssertionError("no SOF marker")
+
+
+def jpeg_with_size(jpeg: bytes, width: int, height: int, *, fill: int = 0, garbage: bytes = b"") -> bytes:
+    """The same JPEG with its SOF declaring another size; ``fill`` 0xFF bytes and ``garbage``
+    (bytes libjpeg skips with a warning) placed before the SOF marker."""
+    i = jpeg_sof(jpeg)
+    sof = jpeg[i : i + 5] + struct.pack(">HH", height, width)
+    return jpeg[:i] + garbage + b"\xff" * fill + sof + jpeg[i + 9 :]
