@@ -160,6 +160,8 @@ def plan_actors(ray: Any, backend: str, num_gpus: int | None, num_cpu_actors: in
     if cpu:
         nodes = sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1)
         return ActorPlan(num_cpu_actors or max(1, nodes), gpu=False, backend="onnxruntime")
+    if num_gpus == 0:
+        raise InvalidParameter(f"backend {backend} runs on GPUs and num_gpus is 0", hint="use --backend onnxruntime")
     if cluster_gpus == 0:
         raise BackendUnavailable(f"backend {backend} needs GPUs and the Ray cluster has none",
                                  hint="use --backend onnxruntime (or auto)")

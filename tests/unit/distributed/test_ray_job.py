@@ -119,6 +119,8 @@ def test_uri_source_parquet_output_and_resume(cluster, photos, engines_dir, refe
 def test_user_mistakes_are_clear_errors(cluster, photos, engines_dir, tmp_path):
     with pytest.raises(BackendUnavailable, match="GPU"):
         predict_with_ray(str(photos), tmp_path / "x.jsonl", engines_dir=engines_dir, backend="torch-cuda")
+    with pytest.raises(InvalidParameter, match="num_gpus is 0"):
+        predict_with_ray(str(photos), tmp_path / "x.jsonl", engines_dir=engines_dir, backend="tensorrt", num_gpus=0)
     with pytest.raises(InvalidParameter, match="conf"):
         predict_with_ray(str(photos), tmp_path / "x.jsonl", engines_dir=engines_dir, conf=2.0)
     # raised inside the actors: comes back as the same yolopipe error, not a Ray traceback
