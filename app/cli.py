@@ -6,10 +6,12 @@ Every command turns a ``YolopipeError`` into one red line (plus a hint) and an e
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 import traceback
+from collections.abc import Callable, Iterator
 from enum import IntEnum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -259,34 +261,50 @@ def predict(
     resume: Annotated[bool, typer.Option(help="Skip images already in --out and append.")] = False,
     artifacts_dir: ArtifactsDir = None,
     device: Annotated[int, typer.Option(help="CUDA device index.")] = 0,
+    ray: Annotated[bool, typer.Option("--ray", help="Run on a Ray cluster: one detector actor per GPU, ONNX Runtime "
+                                                    "actors where there is none. SOURCE may then be a URI (s3://, gs://, "
+                                                    "file://). Needs the ray extra: pip install 'yolopipe[ray]'.")] = False,
+    ray_address: Annotated[Optional[str], typer.Option(help="With --ray: the cluster to join (auto, host:port, "
+                                                            "ray://host:10001) [default: start Ray here].")] = None,
+    gpus: Annotated[Optional[int], typer.Option(help="With --ray: GPU actors [default: every GPU].", min=0)] = None,
+    cpu_actors: Annotated[Optional[int], typer.Option(help="With --ray: ONNX Runtime actors when there is no GPU "
+                                                           "[default: one per node].", min=0)] = None,
+    output_format: Annotated[Optional[str], typer.Option("--format", help="With --ray: jsonl | parquet (a folder of "
+                                                                          "part files) [default: from --out's suffix].")] = None,
 ) -> None:
     """Detect objects in every image of SOURCE and write JSON Lines. Unreadable files get an error line
     and the run goes on (exit status 1 at the end)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     from app.errors import InvalidParameter
-    from app.pipeline.folder import list_images, predict_folder
     from app.pipeline.detector import make_params
-    from app.runtime import open_detector
 
     source = resolve_source(source)
-    if not list_images(source):  # fail fast, before loading a model
-        raise InvalidParameter(f"no images found at {source!r} (a folder, an image file, or a glob pattern)")
     make_params(conf=conf, iou=iou, max_det=max_det, agnostic=agnostic)  # bad values fail before the model loads
-    with console.status("loading model…"):
-        detector = open_detector(weights, backend=backend, precision=precision, decode=decode, imgsz=imgsz,
-                                 artifacts_dir=artifacts_dir, max_batch=batch, device=device)
-    with detector:
-        params = detector.params(conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic)
-        info = detector.info()
-        console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']}", highlight=False)
-        columns = (TextColumn("predict"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-        with Progress(*columns, console=console, transient=False) as progress:
-            task = progress.add_task("predict", total=None)
+    if ray:
+        if save_images or coco:
+            raise InvalidParameter("--save-images and --coco are not available with --ray")
+        from app.distributed import predict_with_ray
 
-            def on_progress(advance: int, total: int) -> None:
-                progress.update(task, total=total, advance=advance)
+        with _progress_bar() as on_progress:
+            summary = predict_with_ray(
+                source, out, address=ray_address, weights=weights, backend=backend, precision=precision, imgsz=imgsz,
+                artifacts_dir=artifacts_dir, conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic,
+                batch=batch, num_gpus=gpus, num_cpu_actors=cpu_actors, resume=resume, output_format=output_format,
+                on_progress=on_progress)
+    else:
+        if any(v is not None for v in (ray_address, gpus, cpu_actors, output_format)):
+            raise InvalidParameter("--ray-address, --gpus, --cpu-actors and --format need --ray")
+        from app.pipeline.folder import list_images, predict_folder
+        from app.runtime import open_detector
 
+        if not list_images(source):  # fail fast, before loading a model
+            raise InvalidParameter(f"no images found at {source!r} (a folder, an image file, or a glob pattern)")
+        with console.status("loading model…"):
+            detector = open_detector(weights, backend=backend, precision=precision, decode=decode, imgsz=imgsz,
+                                     artifacts_dir=artifacts_dir, max_batch=batch, device=device)
+        with detector, _progress_bar() as on_progress:
+            info = detector.info()
+            console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']}", highlight=False)
+            params = detector.params(conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic)
             summary = predict_folder(detector, source, out, params, batch=batch, resume=resume,
                                      save_images=save_images, coco=coco, on_progress=on_progress)
     for line in summary.error_files[:20]:
@@ -296,6 +314,17 @@ def predict(
                   highlight=False)
     if summary.errors:
         raise typer.Exit(ExitCode.INCOMPLETE)
+
+
+@contextlib.contextmanager
+def _progress_bar() -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on stderr; yields its ``on_progress(advance, total)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (TextColumn("predict"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("predict", total=None)
+        yield lambda advance, total: progress.update(task, total=total, advance=advance)
 
 
 @cli.command(add_help_option=False,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.artifacts.engines import find_engine
+from app.artifacts.exports import load_export
 from app.config import BACKENDS, DECODERS, MAX_PIXELS, PRECISIONS, Settings, check_choice
 from app.errors import BackendUnavailable, EngineMismatch, InvalidParameter
 from app.pipeline.detector import Detector
@@ -64,32 +65,46 @@ def choose_backend(backend: str, precision: str, model_dir: Path, *, gpus: int) 
     return BackendChoice(backend, engine_path.name.split(".")[1], engine_path)
 
 
+def export_model(weights: str = "sample", *, imgsz: int = 640, artifacts_dir: Path | None = None) -> Path:
+    """The weights' artifacts folder, exported now only when missing or stale."""
+    from app.builder.export import export_onnx
+
+    return export_onnx(weights, imgsz=imgsz, artifacts_dir=artifacts_dir).model_dir
+
+
 def open_detector(
     weights: str = "sample",
+    *,
+    imgsz: int = 640,
+    artifacts_dir: Path | None = None,
+    **options,
+) -> Detector:
+    """Export if needed, then ``open_model_dir`` (its keyword options are the run options)."""
+    check_choice("backend", options.get("backend", "auto"), BACKENDS)  # before a slow export
+    check_choice("precision", options.get("precision", "auto"), PRECISIONS)
+    return open_model_dir(export_model(weights, imgsz=imgsz, artifacts_dir=artifacts_dir), **options)
+
+
+def open_model_dir(
+    model_dir: Path,
     *,
     backend: str = "auto",
     precision: str = "auto",
     decode: str = "gpu",
-    imgsz: int = 640,
-    artifacts_dir: Path | None = None,
     max_batch: int = 32,
     device: int = 0,
     max_pixels: int = MAX_PIXELS,
     compile: bool = True,
     ort_threads: int = 0,
 ) -> Detector:
-    """Export if needed, pick the backend, build its pipeline. The one place that wires them."""
-    from app.builder.export import export_onnx
+    """A detector on an existing export: pick the backend, build its pipeline. The one place that wires them."""
     from app.gpu.probe import cuda_device_count
 
-    check_choice("backend", backend, BACKENDS)
-    check_choice("precision", precision, PRECISIONS)
     check_choice("decoder", decode, DECODERS)
-    exported = export_onnx(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
-    model_dir, meta = exported.model_dir, exported.meta
+    onnx_path, meta = load_export(model_dir)
     choice = choose_backend(backend, precision, model_dir, gpus=cuda_device_count())
     if choice.backend == "onnxruntime":
-        return Detector(_cpu_pipeline(exported.onnx_path, meta, choice.precision, max_batch, ort_threads),
+        return Detector(_cpu_pipeline(onnx_path, meta, choice.precision, max_batch, ort_threads),
                         max_pixels=max_pixels)
 
     engine = None
