@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from app.api.main import create_app
 from app.api.schemas import BatchResponse, ErrorResponse, ImageDetections, ModelInfo
 from app.config import Settings
+from app.pipeline.detector import open_detector
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +22,10 @@ def client(engines_dir):
 
 
 @pytest.fixture(scope="module")
-def detector(client):
-    return client.app.state.detector
+def detector(engines_dir):
+    """The same model opened in this process: the reference for every HTTP answer."""
+    with open_detector("sample", backend="onnxruntime", engines_dir=engines_dir) as det:
+        yield det
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +50,7 @@ def without_timings(body: dict) -> dict:
 
 def test_import_loads_no_gpu_library():
     code = (
-        "import sys, app.api.main, app.api.serve\n"
+        "import sys, app.api.main, app.api.serve, app.serving.supervisor\n"
         "banned = ('torch', 'numba.cuda', 'cupy', 'tensorrt', 'modelopt', 'ultralytics')\n"
         "print(','.join(m for m in banned if m in sys.modules))\n"
     )
@@ -143,7 +146,7 @@ def test_health_ready_model_docs(client, detector):
     assert "multipart/form-data" in body and "image/jpeg" in body
 
 
-def test_metrics_count_requests_batches_and_stages(client, bus):
+def test_metrics_count_requests_batches_and_stages_across_processes(client, bus):
     before = client.get("/metrics").text
     client.post("/v1/detect", content=bus, headers={"content-type": "image/jpeg"})
     client.post("/v1/detect", content=b"", headers={"content-type": "image/jpeg"})
@@ -157,7 +160,8 @@ def test_metrics_count_requests_batches_and_stages(client, bus):
     assert value(text, "yolopipe_batch_size_count") == value(before, "yolopipe_batch_size_count") + 1
     for stage in ("decode", "queue", "batch", "preprocess", "engine", "nms"):
         assert f'yolopipe_stage_latency_seconds_count{{stage="{stage}"}}' in text
-    assert "yolopipe_queue_depth 0.0" in text
+    assert 'yolopipe_queue_depth{worker="0"} 0.0' in text
+    assert value(text, 'yolopipe_images_total{outcome="ok"') == value(before, 'yolopipe_images_total{outcome="ok"') + 1
     assert "yolopipe_gpu_memory_bytes" not in text  # the CPU backend reports no GPU memory
 
 
