@@ -36,7 +36,7 @@ from app.imaging.headers import image_size, sniff_format
 from app.pipeline.detector import make_params
 from app.serving.client import SERVER_SIDE, InferenceClient
 from app.serving.settings import ServingSettings
-from app.serving.wire import READY, Outcome
+from app.serving.wire import Outcome
 from app.types import DetectParams
 
 router = APIRouter()
@@ -243,13 +243,10 @@ async def model_info(inference: InferenceDep, settings: SettingsDep) -> dict[str
             "request_timeout_s": settings.request_timeout_s,
             "max_body_bytes": settings.max_body_bytes,
             "max_pixels": info.pop("max_pixels"),
-            "inference_workers": [
-                {"worker": i, "ready": load is not None and load.state == READY, "queued_images": load.pending if load else 0}
-                for i, load in enumerate(inference.loads())
-            ],
+            "inference_workers": inference.workers(),
         },
     )
-    for key in ("worker", "generation", "pid", "lanes"):
+    for key in ("worker", "generation", "pid", "lanes", "device"):
         info.pop(key, None)
     return info
 

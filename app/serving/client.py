@@ -89,6 +89,7 @@ class _Link(asyncio.Protocol):
         self.reader = wire.FrameReader()
         self.waiting: dict[tuple[int, int], tuple[_Request, int]] = {}  # (req, index) → (request, ring offset)
         self.connected = False
+        self.info: dict | None = None  # this worker's hello
         self._hello: asyncio.Future | None = None
         self._lost: asyncio.Future | None = None
         self._serial = itertools.count()
@@ -104,7 +105,7 @@ class _Link(asyncio.Protocol):
             try:
                 info = await asyncio.wait_for(asyncio.shield(self._hello), 30.0)
                 self.ring.unlink()  # mapped on both sides now: nothing to leave behind
-                self.client.info = info
+                self.client.info = self.info = info
                 self.connected = True
                 await self._lost
             except (asyncio.TimeoutError, ConnectionError):
@@ -198,8 +199,16 @@ class InferenceClient:
     def ready(self) -> bool:
         return any(link.connected and link.status.read().state == wire.READY for link in self._links)
 
-    def loads(self) -> list[wire.Load | None]:
-        return [link.status.read() if link.connected else None for link in self._links]
+    def workers(self) -> list[dict]:
+        """Each inference worker as an operator sees it: ready, queued images, pid, device."""
+        out = []
+        for i, link in enumerate(self._links):
+            load = link.status.read() if link.connected else None
+            info = link.info or {}
+            out.append({"worker": i, "ready": load is not None and load.state == wire.READY,
+                        "queued_images": load.pending if load else 0, "pid": info.get("pid"),
+                        "device": info.get("device"), "restarts": info.get("generation", 0)})
+        return out
 
     def pick(self) -> _Link:
         """The connected worker with the least queued work; Overloaded when even it is over budget."""

@@ -46,9 +46,9 @@ def serve(settings: Settings) -> None:
     pool = InferencePool(serving, layout, devices)
     http = HttpWorkers(serving, layout, n_http)
     try:
-        log.info("starting %d inference worker(s) (%s) and %d HTTP worker(s) on %s:%d", len(devices),
-                 ", ".join(f"cuda:{d}" if d is not None else "cpu" for d in devices), n_http,
-                 serving.host, serving.port)
+        log.info("starting %d inference worker(s) (%s) and %d HTTP worker(s) on %s:%d; run folder %s",
+                 len(devices), ", ".join(f"cuda:{d}" if d is not None else "cpu" for d in devices), n_http,
+                 serving.host, serving.port, layout.root)
         pool.start()
         if stop.is_set():
             return
