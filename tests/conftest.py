@@ -82,3 +82,22 @@ def varied_images(tmp_path_factory, assets_dir) -> Path:
     cv2.imwrite(str(out / "bus_gray.png"), cv2.cvtColor(bus, cv2.COLOR_BGR2GRAY))
     cv2.imwrite(str(out / "zidane_alpha.png"), cv2.cvtColor(zidane, cv2.COLOR_BGR2BGRA))
     return out
+
+
+@pytest.fixture(scope="session")
+def cpu_detector(engines_dir):
+    """The sample model on ONNX Runtime, in this process: the reference the served answers must equal."""
+    from app.pipeline.detector import open_detector
+
+    with open_detector("sample", backend="onnxruntime", engines_dir=engines_dir) as det:
+        yield det
+
+
+@pytest.fixture(scope="session")
+def bus(assets_dir) -> bytes:
+    return (assets_dir / "bus.jpg").read_bytes()
+
+
+@pytest.fixture(scope="session")
+def zidane(assets_dir) -> bytes:
+    return (assets_dir / "zidane.jpg").read_bytes()

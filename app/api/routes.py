@@ -12,7 +12,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.formparsers import MultiPartException
 
-from app.api.errors import error_body, image_error_json
+from app.api.errors import error_body, error_response, image_error_json
 from app.api.metrics import Metrics
 from app.api.schemas import (
     DETECT_ERRORS,
@@ -141,9 +141,14 @@ def check_header(data: bytes, max_pixels: int) -> None:
 
 
 async def _detect(inference: InferenceClient, metrics: Metrics, images: list[bytes],
-                  params: DetectParams) -> list[Outcome]:
+                  params: DetectParams) -> list[Outcome] | JSONResponse:
+    """Outcomes, or the 503 for a request refused under load: answered here, unlogged (under
+    overload there are thousands a second; /metrics counts them)."""
     try:
         return await inference.detect(images, params)
+    except Overloaded as exc:
+        metrics.rejected.labels(exc.code).inc()
+        return error_response(exc)
     except SERVER_SIDE as exc:
         metrics.rejected.labels(exc.code).inc()
         raise
@@ -170,7 +175,10 @@ async def detect(request: Request, params: ParamsDep, inference: InferenceDep, s
     start = time.perf_counter()
     name, data = await _read_single_image(request, settings)
     check_header(data, inference.info["max_pixels"])
-    (outcome,) = await _detect(inference, metrics, [data], params)
+    outcomes = await _detect(inference, metrics, [data], params)
+    if isinstance(outcomes, JSONResponse):
+        return outcomes
+    (outcome,) = outcomes
     if outcome.error is not None:
         raise outcome.error
     names = inference.info["class_names"]
@@ -201,7 +209,10 @@ async def detect_batch(request: Request, params: ParamsDep, inference: Inference
         except YolopipeError as exc:
             refused[i] = exc
     sent = [i for i in range(len(images)) if i not in refused]
-    outcomes = dict(zip(sent, await _detect(inference, metrics, [images[i][1] for i in sent], params))) if sent else {}
+    answered = await _detect(inference, metrics, [images[i][1] for i in sent], params) if sent else []
+    if isinstance(answered, JSONResponse):
+        return answered
+    outcomes = dict(zip(sent, answered))
     total_ms = (time.perf_counter() - start) * 1e3
     names = inference.info["class_names"]
     results = []

@@ -40,8 +40,8 @@ class WorkerMetrics:
         self._images = Counter("yolopipe_images", "Images answered by the inference workers, by outcome",
                                ["outcome", "worker"], registry=r)
         self.device_errors = Counter("yolopipe_device_errors", "Batches failed by the accelerator", registry=r)
-        self._pending = Gauge("yolopipe_queue_depth", "Images admitted and not yet answered, per inference worker",
-                              ["worker"], multiprocess_mode="livesum", registry=r)
+        self._pending = Gauge("yolopipe_queue_depth", "Images admitted and not yet answered, summed over the "
+                              "inference workers (each one's own: /v1/model)", multiprocess_mode="livesum", registry=r)
         self.restarts = Counter("yolopipe_worker_restarts", "Inference workers started again after one died",
                                 ["worker"], registry=r)
         self._gpu_memory = Gauge(
@@ -52,7 +52,7 @@ class WorkerMetrics:
         return self._images.labels(outcome, self.worker)
 
     def set_pending(self, n: int) -> None:
-        self._pending.labels(self.worker).set(n)
+        self._pending.set(n)
 
     def sample_gpu_memory(self, readers: dict[str, Callable[[], float | None]], every_s: float,
                           stop: threading.Event) -> threading.Thread | None:

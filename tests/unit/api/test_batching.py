@@ -17,11 +17,6 @@ from app.serving.settings import ServingSettings
 JPEG = {"content-type": "image/jpeg"}
 
 
-@pytest.fixture(scope="module")
-def bus(assets_dir) -> bytes:
-    return (assets_dir / "bus.jpg").read_bytes()
-
-
 @asynccontextmanager
 async def serving(engines_dir, **settings) -> AsyncIterator[httpx.AsyncClient]:
     """The app with its lifespan running (which starts its inference worker), and a client."""

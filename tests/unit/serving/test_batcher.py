@@ -15,7 +15,6 @@ from contextlib import contextmanager
 import pytest
 
 from app.errors import DeviceError, Overloaded, RequestTimeout
-from app.pipeline.detector import open_detector
 from app.serving.batcher import Batcher, Job
 from app.serving.metrics import WorkerMetrics
 from app.serving.ring import Ring, map_ring
@@ -24,19 +23,8 @@ from app.types import DetectParams
 
 
 @pytest.fixture(scope="module")
-def detector(engines_dir):
-    with open_detector("sample", backend="onnxruntime", engines_dir=engines_dir) as det:
-        yield det
-
-
-@pytest.fixture(scope="module")
-def bus(assets_dir) -> bytes:
-    return (assets_dir / "bus.jpg").read_bytes()
-
-
-@pytest.fixture(scope="module")
-def zidane(assets_dir) -> bytes:
-    return (assets_dir / "zidane.jpg").read_bytes()
+def detector(cpu_detector):
+    return cpu_detector
 
 
 class Harness:

@@ -6,16 +6,13 @@ import pytest
 
 from app.api.errors import status_for
 from app.errors import DeviceError, ImageTooLarge, Overloaded, UnsupportedMediaType
-from app.pipeline.detector import open_detector
 from app.serving import wire
 from app.types import DetectParams
 
 
 @pytest.fixture(scope="module")
-def detected(engines_dir, assets_dir):
-    with open_detector("sample", backend="onnxruntime", engines_dir=engines_dir) as det:
-        images = [(assets_dir / n).read_bytes() for n in ("bus.jpg", "zidane.jpg")]
-        yield det, det.detect(images, det.params(conf=0.1))
+def detected(cpu_detector, bus, zidane):
+    return cpu_detector, cpu_detector.detect([bus, zidane], cpu_detector.params(conf=0.1))
 
 
 def test_images_round_trip_with_their_parameters():
