@@ -1,18 +1,18 @@
 """HTTP load benchmark: yolopipe's server against the naive Ultralytics server, in one run, with wrk.
 
-Parts (``--parts``, in this order):
+Parts (``--parts``, in this order, on one yolopipe server):
 
 * ``load``: closed loop at each ``--clients`` count (wrk, one connection per thread, multipart
   640×480 JPEGs): req/s, p50/p99/p99.9 of the 200s, answers by status, socket errors, and
   the server's CPU (its whole process tree). Then the naive server at the same counts.
-* ``kill``: closed loop at the first client count; the inference worker is killed (SIGKILL)
-  a third of the way in: answers must stay 200/503 with no socket error, and the time until
-  the service serves again is measured.
-* ``soak``: open loop at ``--soak-rate`` (default: twice the 64-client capacity of ``load``)
+* ``soak``: open loop at ``--soak-rate`` (default: twice the capacity ``load`` measured)
   for ``--soak-minutes``, RSS (PSS) of the server's processes and GPU memory sampled; pass
   fields: only 200/503, memory flat within 5 %, served ≥ 90 % of capacity.
+* ``kill``: closed loop at the first client count; the inference worker is killed (SIGKILL)
+  a third of the way in: answers must stay 200/503 with no socket error, and the time until
+  the service serves again is measured. Last, since it replaces the worker.
 
-    python bench/http_load.py --images .data/images --parts load,kill,soak --out bench/results/x.json
+    python bench/http_load.py --images .data/images --parts load,soak,kill --out bench/results/x.json
     python bench/http_load.py --smoke   # a few seconds each, to prove it runs (CPU)
 
 Results: one JSON file with the machine, versions, configuration, rows and checks.
@@ -245,7 +245,7 @@ def checks(rows: list[dict]) -> dict:
 # ----------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="load", help="load,kill,soak (in that order)")
+    p.add_argument("--parts", default="load", help="load,soak,kill (run in that order)")
     p.add_argument("--images", type=Path, default=None, help="photos to send (default: Ultralytics' assets)")
     p.add_argument("--image-size", default="640x480", help="WxH the photos are cropped and resized to")
     p.add_argument("--max-images", type=int, default=20)
@@ -278,6 +278,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--soak-threads", type=int, default=16)
     p.add_argument("--sample-s", type=float, default=10.0, help="memory sampling interval in the soak")
     p.add_argument("--smoke", action="store_true", help="seconds, not minutes: prove the script runs")
+    p.add_argument("--note", default="", help="recorded in the result file")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
@@ -296,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     w, h = (int(v) for v in args.image_size.lower().split("x"))
     listing, images = prepare_images(args.images, (w, h), args.max_images, workdir)
     result: dict = {
-        "benchmark": "http_load", "smoke": args.smoke,
+        "benchmark": "http_load", "smoke": args.smoke, "note": args.note,
         "when": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": machine_info(), "versions": versions(), "images": images,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -314,14 +315,14 @@ def main(argv: list[str] | None = None) -> None:
         result["yolopipe_model"] = model
         if "load" in args.parts:
             rows += [measure(server, listing, c, args) for c in args.clients]
-        if "kill" in args.parts:
-            rows.append(part_kill(server, listing, args))
         if "soak" in args.parts:
             capacity = args.capacity or next((r["req_per_s"] for r in rows if r.get("part") is None), None)
             rate = args.soak_rate or 2 * (capacity or 0)
             if not rate:
                 raise SystemExit("--soak needs --soak-rate, --capacity or the load part")
             rows.append(part_soak(server, listing, rate, capacity, args))
+        if "kill" in args.parts:
+            rows.append(part_kill(server, listing, args))
         result["yolopipe_exit_code"] = server.stop()
     finally:
         server.stop()

@@ -49,7 +49,9 @@ def create_app(settings: Settings | None = None, *, layout: RunLayout | None = N
                 raise
         app.state.metrics.workers_dir = run.metrics_dir
         client = InferenceClient(serving, run)
-        await client.start(wait_s=30.0)
+        # Not long: this worker's socket already listens, so a client would wait; until a worker is
+        # connected requests get an immediate 503 (and /readyz says not ready).
+        await client.start(wait_s=2.0)
         app.state.inference = client
         app.state.draining = False
         try:
