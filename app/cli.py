@@ -209,17 +209,22 @@ def serve(
     port: Annotated[Optional[int], typer.Option(help="Port (default 8000).")] = None,
     max_batch: Annotated[Optional[int], typer.Option(help="Largest GPU batch the batcher forms.")] = None,
     max_wait_ms: Annotated[Optional[float], typer.Option(help="Longest wait to fill a batch.")] = None,
-    device: Annotated[Optional[int], typer.Option(help="CUDA device index; run one process per GPU.")] = None,
+    workers: Annotated[Optional[int], typer.Option(help="HTTP worker processes [default: from the core count].")] = None,
+    gpus: Annotated[Optional[str], typer.Option(help="'all' visible GPUs, or CUDA indices like 0,1: one inference "
+                                                     "worker per GPU, each request to the least loaded [default: all].")] = None,
+    cpu_workers: Annotated[Optional[int], typer.Option(help="Inference workers when the model runs on the CPU.")] = None,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile",
                                                     help="torch-cuda: torch.compile each batch size at start-up.")] = None,
     decode: Annotated[Optional[str], typer.Option(help=DECODE_HELP)] = None,
     artifacts_dir: ArtifactsDir = None,
 ) -> None:
-    """Serve POST /v1/detect over HTTP. Every option can also come from YOLOPIPE_<OPTION> variables."""
+    """Serve POST /v1/detect over HTTP: HTTP worker processes in front of one inference worker per GPU.
+    Every option can also come from YOLOPIPE_<OPTION> variables."""
     from app.api.serve import serve as run_server
 
     run_server(settings_from(weights=weights, backend=backend, precision=precision, host=host, port=port,
-                             max_batch=max_batch, max_wait_ms=max_wait_ms, device=device, compile=compile,
+                             max_batch=max_batch, max_wait_ms=max_wait_ms, workers=workers, gpus=gpus,
+                             cpu_workers=cpu_workers, compile=compile,
                              decode=decode, artifacts_dir=artifacts_dir))
 
 

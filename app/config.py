@@ -59,7 +59,13 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     max_batch: int = Field(32, ge=1, le=MAX_BATCH)
     max_wait_ms: float = Field(2.0, ge=0, le=1000)
-    max_queue: int = Field(512, ge=1)
+    max_images_per_request: int = Field(256, ge=1)  # files in one /v1/detect/batch body
     request_timeout_s: float = Field(30.0, gt=0)
     max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024)
     max_pixels: int = Field(MAX_PIXELS, ge=1)
+    workers: int = Field(0, ge=0, le=256)  # HTTP worker processes; 0: from the core count
+    gpus: str = "all"  # 'all' visible GPUs, or CUDA indices like '0,1': one inference worker each
+    cpu_workers: int = Field(1, ge=1, le=16)  # inference workers when the model runs on the CPU
+    queue_budget_s: float | None = Field(None, gt=0)  # refuse work past this many seconds (default: the timeout)
+    request_window: int = Field(0, ge=0)  # images of one request admitted at once (0: max_batch)
+    ring_mb: int = Field(32, ge=1)  # shared memory per HTTP worker and inference worker for image bytes

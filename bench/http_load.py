@@ -1,488 +1,343 @@
-"""HTTP load benchmark: yolopipe's server vs the naive Ultralytics-per-request server, same run.
+"""HTTP load benchmark: yolopipe's server against the naive Ultralytics server, in one run, with wrk.
 
-Closed loop (default): N concurrent asyncio clients, spread over P client processes (one
-Python process tops out at a few thousand requests/s; use several at high rates), each
-POSTing real JPEGs from a folder as raw ``image/jpeg`` bodies for a fixed duration or until
-a request budget is spent. Reports req/s, p50/p95/p99 latency and errors by status.
+Parts (``--parts``, in this order, on one yolopipe server):
 
-Soak (``--soak MINUTES --rate R``): open loop at a fixed rate for N minutes (a rate above
-capacity should give only 503s beyond it), sampling the server's RSS and GPU memory at
-intervals; memory must stay flat within 5 %.
+* ``load``: closed loop at each ``--clients`` count (wrk, one connection per thread, multipart
+  640×480 JPEGs): req/s, p50/p99/p99.9 of the 200s, answers by status, socket errors, and
+  the server's CPU (its whole process tree). Then the naive server at the same counts.
+* ``soak``: open loop at ``--soak-rate`` (default: twice the capacity ``load`` measured)
+  for ``--soak-minutes``, RSS (PSS) of the server's processes and GPU memory sampled; pass
+  fields: only 200/503, memory flat within 5 %, served ≥ 90 % of capacity.
+* ``kill``: closed loop at the first client count; the inference worker is killed (SIGKILL)
+  a third of the way in: answers must stay 200/503 with no socket error, and the time until
+  the service serves again is measured. Last, since it replaces the worker.
 
-    python bench/http_load.py --images /data/photos --clients 64 --procs 4 --duration 30 \\
-        --backend tensorrt --naive-workers 1,4
-    python bench/http_load.py --target http://127.0.0.1:8000 --no-naive --clients 8 --duration 5
-    python bench/http_load.py --soak 10 --rate 3000 --backend tensorrt --no-naive
+    python bench/http_load.py --images .data/images --parts load,soak,kill --out bench/results/x.json
+    python bench/http_load.py --smoke   # a few seconds each, to prove it runs (CPU)
 
-Results: JSON under bench/results/ (``--out``), with the machine and library versions.
+Results: one JSON file with the machine, versions, configuration, rows and checks.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime as dt
 import json
-import math
-import multiprocessing
 import os
 import platform
-import shutil
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if __package__ in (None, ""):  # `python bench/http_load.py`: make the repo importable
+if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-from app.benchmark.machine import machine_info as common_machine_info
-from app.benchmark.machine import versions
+from bench.machine import machine_info, versions  # noqa: E402
+from bench.wrk_client import run_wrk  # noqa: E402
+from bench.server_meter import ServerMeter, free_port, wait_ready  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
 
+# ----------------------------------------------------------------------------- inputs
+def prepare_images(folder: Path | None, size: tuple[int, int], limit: int, out: Path) -> tuple[Path, dict]:
+    """JPEGs of exactly ``size`` (centre crop to its aspect, then resize; quality 95) and a list file."""
+    import cv2
+
+    if folder is None:
+        import importlib.util
+
+        folder = Path(importlib.util.find_spec("ultralytics").origin).parent / "assets"
+    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png"))[:limit]
+    if not files:
+        raise SystemExit(f"no images in {folder}")
+    w, h = size
+    paths = []
+    for i, f in enumerate(files):
+        img = cv2.imread(str(f))
+        ih, iw = img.shape[:2]
+        crop_w, crop_h = min(iw, round(ih * w / h)), min(ih, round(iw * h / w))
+        x, y = (iw - crop_w) // 2, (ih - crop_h) // 2
+        img = cv2.resize(img[y : y + crop_h, x : x + crop_w], (w, h), interpolation=cv2.INTER_AREA)
+        path = out / f"img{i:03d}.jpg"
+        cv2.imwrite(str(path), img, [cv2.IMWRITE_JPEG_QUALITY, 95])
+        paths.append(path)
+    listing = out / "images.txt"
+    listing.write_text("\n".join(str(p) for p in paths) + "\n")
+    sizes = [p.stat().st_size for p in paths]
+    return listing, {"folder": str(folder), "count": len(paths), "size": f"{w}x{h}",
+                     "mean_bytes": round(sum(sizes) / len(sizes))}
+
+
 # ----------------------------------------------------------------------------- servers
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
-    """A server subprocess we started (or an existing URL we only target)."""
+    def __init__(self, name: str, cmd: list[str], env: dict, log: Path) -> None:
+        self.name, self.log = name, log
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [c.replace("{port}", str(self.port)) for c in cmd]
+        self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.meter = ServerMeter(self.proc.pid)
 
-    def __init__(self, name: str, url: str, proc: subprocess.Popen | None = None, log: Path | None = None):
-        self.name, self.url, self.proc, self.log = name, url, proc, log
-
-    def wait_ready(self, timeout: float = 600.0) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                tail = self.log.read_text()[-2000:] if self.log else ""
-                raise SystemExit(f"{self.name} server exited with {self.proc.returncode}:\n{tail}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        raise SystemExit(f"{self.name} server not ready within {timeout:.0f} s")
+    def wait_ready(self, timeout: float = 900.0) -> None:
+        wait_ready(self.url, self.proc, self.log, timeout)
 
     def stop(self) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
+        if self.proc.poll() is not None:
+            return self.proc.returncode
         self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(60)
+            return self.proc.wait(120)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
 
 
 def start_yolopipe(args: argparse.Namespace, logdir: Path) -> Server:
-    port = free_port()
-    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLOPIPE_ENGINES_DIR": str(args.engines_dir),
-           "YOLOPIPE_MAX_QUEUE": str(args.max_queue)}
+    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLOPIPE_ARTIFACTS_DIR": str(args.artifacts_dir)}
+    # Serving settings the CLI has no option for (yet) travel as YOLOPIPE_* variables.
+    for name in ("workers", "gpus", "queue_budget_s", "request_window", "ring_mb", "cpu_workers"):
+        value = getattr(args, name)
+        if value not in (None, ""):
+            env[f"YOLOPIPE_{name.upper()}"] = str(value)
     cmd = [sys.executable, "-m", "app.cli", "serve", "--weights", args.weights, "--backend", args.backend,
-           "--precision", args.precision, "--host", "127.0.0.1", "--port", str(port),
-           "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms), "--device", str(args.device)]
-    log = logdir / "yolopipe_server.log"
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    return Server("yolopipe", f"http://127.0.0.1:{port}", proc, log)
+           "--precision", args.precision, "--host", "127.0.0.1", "--port", "{port}",
+           "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms)]
+    return Server("yolopipe", cmd, env, logdir / "yolopipe_server.log")
 
 
-def start_naive(args: argparse.Namespace, workers: int, logdir: Path) -> Server:
+def start_naive(args: argparse.Namespace, logdir: Path) -> Server:
     from app.weights import resolve_weights
 
-    port = free_port()
-    device = "cpu" if args.backend == "onnxruntime" or not has_gpu() else str(args.device)
+    device = "cpu" if args.backend == "onnxruntime" or not machine_info()["gpus"] else "0"
     cmd = [sys.executable, str(ROOT / "bench" / "naive_server.py"), "--weights", str(resolve_weights(args.weights)),
-           "--port", str(port), "--workers", str(workers), "--device", device]
-    log = logdir / f"naive_server_w{workers}.log"
-    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "YOLO_OFFLINE": "1"}, cwd=ROOT)
-    return Server(f"naive-ultralytics-{workers}w", f"http://127.0.0.1:{port}", proc, log)
+           "--port", "{port}", "--workers", str(args.naive_workers), "--device", device]
+    return Server(f"naive-ultralytics-{args.naive_workers}w", cmd, {**os.environ, "YOLO_OFFLINE": "1"},
+                  logdir / "naive_server.log")
 
 
-# ----------------------------------------------------------------------------- clients
-def load_images(folder: Path, limit: int) -> list[bytes]:
-    files = sorted(p for p in folder.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))[:limit]
-    if not files:
-        raise SystemExit(f"no JPEG files in {folder}")
-    return [p.read_bytes() for p in files]
+def measure(server: Server, listing: Path, clients: int, args: argparse.Namespace) -> dict:
+    url = f"{server.url}/v1/detect"
+    if args.warmup > 0:
+        run_wrk(url, listing, connections=clients, duration_s=args.warmup, wrk=args.wrk)
+    with server.meter.cpu() as cpu:
+        row = run_wrk(url, listing, connections=clients, duration_s=args.duration, wrk=args.wrk)
+    row = {"system": server.name, "input": "http-multipart", **row, **cpu.result}
+    print(f"{server.name:>24} c={clients:<4} {row['req_per_s']:>8.1f} req/s  p50 {row['p50_ms']} ms  "
+          f"p99 {row['p99_ms']} ms  p99.9 {row['p999_ms']} ms  {row['statuses']}  cpu {row['server_cpu_cores']} cores",
+          flush=True)
+    return row
 
 
-async def _closed_loop(url: str, images: list[bytes], clients: int, start_at: float, stop_at: float,
-                       budget: int, timeout: float) -> tuple[list[float], Counter]:
+# ----------------------------------------------------------------------------- parts
+def part_kill(server: Server, listing: Path, args: argparse.Namespace) -> dict:
+    """SIGKILL the inference worker a third of the way into a closed-loop run."""
     import httpx
 
-    latencies: list[float] = []
-    statuses: Counter = Counter()
-    sent = 0
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        await asyncio.sleep(max(0.0, start_at - time.time()))
+    clients = args.clients[0]
+    workers = httpx.get(f"{server.url}/v1/model", timeout=10).json()["serving"]["inference_workers"]
+    victim = workers[0]["pid"]
+    body = Path(listing.read_text().split()[0]).read_bytes()
+    probe: dict = {}
 
-        async def one_client(k: int) -> None:
-            nonlocal sent
-            i = k
-            while time.time() < stop_at and sent < budget:
-                sent += 1
-                body = images[i % len(images)]
-                i += clients
-                t0 = time.perf_counter()
-                try:
-                    r = await client.post(url, content=body, headers={"content-type": "image/jpeg"})
-                    outcome = str(r.status_code)
-                except httpx.HTTPError as exc:
-                    outcome = type(exc).__name__
-                if time.time() > stop_at:
-                    break  # finished after the window: not part of the measurement
-                statuses[outcome] += 1
-                if outcome == "200":
-                    latencies.append(time.perf_counter() - t0)
+    def kill_and_probe() -> None:
+        time.sleep(args.duration / 3)
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        not_ready = None
+        while time.monotonic() - killed < args.duration:
+            if not_ready is None and httpx.get(f"{server.url}/readyz", timeout=5).status_code == 503:
+                not_ready = time.monotonic() - killed
+            r = httpx.post(f"{server.url}/v1/detect", content=body, headers={"content-type": "image/jpeg"},
+                           timeout=60)
+            if r.status_code == 200:
+                probe.update(serving_again_s=round(time.monotonic() - killed, 2))
+                break
+            time.sleep(0.05)
+        probe.update(readyz_false_seen_after_s=None if not_ready is None else round(not_ready, 3))
 
-        await asyncio.gather(*(one_client(k) for k in range(clients)))
-    return latencies, statuses
-
-
-async def _open_loop(url: str, images: list[bytes], rate: float, max_inflight: int, start_at: float,
-                     stop_at: float, timeout: float) -> tuple[list[float], Counter]:
-    """Requests at a fixed rate regardless of answers; beyond max_inflight a send counts as 'client_saturated'."""
-    import httpx
-
-    latencies: list[float] = []
-    statuses: Counter = Counter()
-    inflight = 0
-    limits = httpx.Limits(max_connections=max_inflight, max_keepalive_connections=max_inflight)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        await asyncio.sleep(max(0.0, start_at - time.time()))
-
-        async def one(body: bytes) -> None:
-            nonlocal inflight
-            inflight += 1
-            t0 = time.perf_counter()
-            try:
-                r = await client.post(url, content=body, headers={"content-type": "image/jpeg"})
-                statuses[str(r.status_code)] += 1
-                if r.status_code == 200:
-                    latencies.append(time.perf_counter() - t0)
-            except httpx.HTTPError as exc:
-                statuses[type(exc).__name__] += 1
-            finally:
-                inflight -= 1
-
-        tasks = set()
-        n = 0
-        t_start = time.time()
-        while time.time() < stop_at:
-            due = t_start + n / rate
-            await asyncio.sleep(max(0.0, due - time.time()))
-            if inflight >= max_inflight:
-                statuses["client_saturated"] += 1
-            else:
-                task = asyncio.create_task(one(images[n % len(images)]))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            n += 1
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout)
-    return latencies, statuses
+    killer = threading.Thread(target=kill_and_probe)
+    killer.start()
+    row = run_wrk(f"{server.url}/v1/detect", listing, connections=clients, duration_s=args.duration, wrk=args.wrk)
+    killer.join()
+    row = {"system": server.name, "input": "http-multipart", "part": "kill", "killed_pid": victim, **row, **probe}
+    row["serving_again_within_30s"] = probe.get("serving_again_s") is not None and probe["serving_again_s"] <= 30
+    print(f"kill: serving again after {probe.get('serving_again_s')} s; {row['statuses']} "
+          f"socket errors {row['socket_errors']}", flush=True)
+    return row
 
 
-def client_process(job: dict) -> tuple[list[float], dict]:
-    """Runs in a client process (spawned): one event loop, many clients."""
-    images = [Path(p).read_bytes() for p in job["image_paths"]]
-    if job["mode"] == "closed":
-        lat, st = asyncio.run(_closed_loop(job["url"], images, job["clients"], job["start_at"], job["stop_at"],
-                                           job["budget"], job["timeout"]))
-    else:
-        lat, st = asyncio.run(_open_loop(job["url"], images, job["rate"], job["clients"], job["start_at"],
-                                         job["stop_at"], job["timeout"]))
-    return lat, dict(st)
+def part_soak(server: Server, listing: Path, rate: float, capacity: float | None, args: argparse.Namespace) -> dict:
+    samples: list[dict] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        t0 = time.monotonic()
+        while not stop.wait(args.sample_s):
+            samples.append({"t_s": round(time.monotonic() - t0, 1), **server.meter.memory()})
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with server.meter.cpu() as cpu:
+            row = run_wrk(f"{server.url}/v1/detect", listing, connections=args.soak_connections,
+                          threads=args.soak_threads, duration_s=args.soak_minutes * 60, rate=rate, wrk=args.wrk)
+    finally:
+        stop.set()
+        sampler.join()
+    row = {"system": server.name, "input": "http-multipart", "part": "soak", **row, **cpu.result,
+           "memory": flatness(samples), "samples": samples, "capacity_req_per_s": capacity}
+    if capacity:
+        row["served_vs_capacity"] = round(row["req_per_s"] / capacity, 3)
+        row["served_ge_90pct_of_capacity"] = row["served_vs_capacity"] >= 0.9
+        row["offered_over_capacity"] = round(row["answered_per_s"] / capacity, 2)
+    row["pass"] = bool(row["only_200_and_503"] and row["memory"].get("flat_within_5pct")
+                       and row.get("served_ge_90pct_of_capacity", False))
+    print(f"soak: {row['req_per_s']} req/s served of {rate} offered; {row['statuses']}; memory {row['memory']}",
+          flush=True)
+    return row
 
 
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    k = min(len(sorted_values) - 1, max(0, math.ceil(q / 100 * len(sorted_values)) - 1))
-    return sorted_values[k]
-
-
-def summarize(latencies: list[float], statuses: Counter, seconds: float) -> dict:
-    lat = sorted(latencies)
-    total = sum(statuses.values())
-    ms = lambda v: None if v is None else round(v * 1e3, 2)
-    return {
-        "seconds": round(seconds, 2),
-        "requests": total,
-        "ok": statuses.get("200", 0),
-        "req_per_s": round(statuses.get("200", 0) / seconds, 1),
-        "attempted_per_s": round(total / seconds, 1),
-        "p50_ms": ms(percentile(lat, 50)),
-        "p95_ms": ms(percentile(lat, 95)),
-        "p99_ms": ms(percentile(lat, 99)),
-        "max_ms": ms(lat[-1] if lat else None),
-        "by_status": dict(sorted(statuses.items())),
-        "errors": {k: v for k, v in sorted(statuses.items()) if k != "200"},
-    }
-
-
-def run_load(url: str, image_paths: list[str], *, mode: str, clients: int, procs: int, duration: float,
-             max_requests: int, rate: float = 0.0, timeout: float = 60.0, label: str = "",
-             sampler=None) -> dict:
-    """Spread the clients over ``procs`` processes, all starting at the same instant."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    procs = max(1, min(procs, clients))
-    start_at = time.time() + 2.0  # time for the processes to spawn and connect
-    stop_at = start_at + duration
-    jobs = [{
-        "url": url, "image_paths": image_paths, "mode": mode, "start_at": start_at, "stop_at": stop_at,
-        "clients": clients // procs + (1 if i < clients % procs else 0),
-        "budget": max_requests // procs + (1 if i < max_requests % procs else 0),
-        "rate": rate / procs, "timeout": timeout,
-    } for i in range(procs)]
-    spawn = multiprocessing.get_context("spawn")  # no fork of a parent with threads running
-    with ProcessPoolExecutor(max_workers=procs, mp_context=spawn) as pool, Progress(
-        TextColumn(f"[bold]{label}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"), TimeRemainingColumn(),
-        transient=True,
-    ) as progress:
-        futures = [pool.submit(client_process, job) for job in jobs]
-        task = progress.add_task(label, total=duration)
-        while not all(f.done() for f in futures):
-            now = time.time()
-            progress.update(task, completed=min(duration, max(0.0, now - start_at)))
-            if sampler is not None and now >= start_at:
-                sampler.maybe_sample(now - start_at)
-            time.sleep(0.2)
-        latencies: list[float] = []
-        statuses: Counter = Counter()
-        for f in futures:
-            lat, st = f.result()
-            latencies.extend(lat)
-            statuses.update(st)
-    seconds = min(time.time(), stop_at) - start_at if max_requests else duration
-    out = summarize(latencies, statuses, max(seconds, 1e-9))
-    out.update(clients=clients, client_processes=procs, mode=mode)
-    if mode == "open":
-        out["target_rate"] = rate
+def flatness(samples: list[dict], warmup_fraction: float = 0.1) -> dict:
+    """Spread of each memory series after the first 10 % of the run: (max - min) / min."""
+    out: dict = {}
+    if not samples:
+        return out
+    horizon = samples[-1]["t_s"]
+    steady = [s for s in samples if s["t_s"] >= warmup_fraction * horizon]
+    flat = True
+    for key in ("pss_bytes", "rss_bytes", "gpu_bytes"):
+        vals = [s[key] for s in steady if s.get(key)]
+        if len(vals) >= 2:
+            spread = (max(vals) - min(vals)) / min(vals)
+            out[key] = {"first": vals[0], "min": min(vals), "max": max(vals), "last": vals[-1],
+                        "spread_pct": round(100 * spread, 2)}
+            if key != "rss_bytes":  # RSS counts shared ring pages once per process mapping them; PSS does not
+                flat &= spread <= 0.05
+    out["flat_within_5pct"] = flat
     return out
 
 
-# ----------------------------------------------------------------------------- soak sampling
-class MemorySampler:
-    """RSS of the server process tree (psutil) and its GPU memory (nvidia-smi) every ``every_s``."""
-
-    def __init__(self, pid: int | None, metrics_url: str, every_s: float):
-        self.pid, self.metrics_url, self.every_s = pid, metrics_url, every_s
-        self.samples: list[dict] = []
-        self._next = 0.0
-
-    def maybe_sample(self, t: float) -> None:
-        if t < self._next:
-            return
-        self._next = t + self.every_s
-        self.samples.append({"t_s": round(t, 1), "rss_bytes": self._rss(), "gpu_bytes": self._gpu()})
-
-    def _rss(self) -> int | None:
-        if self.pid is None:
-            return None
-        import psutil
-
-        try:
-            proc = psutil.Process(self.pid)
-            return proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
-        except psutil.Error:
-            return None
-
-    def _gpu(self) -> int | None:
-        if self.pid is not None and shutil.which("nvidia-smi"):
-            out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, check=False).stdout
-            used = [int(line.split(",")[1]) for line in out.splitlines()
-                    if line.strip() and line.split(",")[0].strip() == str(self.pid)]
-            if used:
-                return used[0] * 1024 * 1024
-        try:  # the server's own gauge (device-wide, from NVML)
-            import httpx
-
-            text = httpx.get(self.metrics_url, timeout=2).text
-            vals = [float(line.split()[-1]) for line in text.splitlines()
-                    if line.startswith('yolopipe_gpu_memory_bytes{source="device"}')]
-            return int(vals[0]) if vals else None
-        except Exception:  # noqa: BLE001 (a missed sample is recorded as None, the soak goes on)
-            return None
-
-    def report(self, warmup_fraction: float = 0.1) -> dict:
-        """Growth after warm-up: (max - first) / first over the samples past the first 10 %."""
-        out: dict = {"samples": self.samples}
-        if not self.samples:
-            return out
-        horizon = self.samples[-1]["t_s"]
-        steady = [s for s in self.samples if s["t_s"] >= warmup_fraction * horizon]
-        for key in ("rss_bytes", "gpu_bytes"):
-            vals = [s[key] for s in steady if s[key]]
-            if len(vals) >= 2:
-                growth = (max(vals) - vals[0]) / vals[0]
-                spread = (max(vals) - min(vals)) / min(vals)
-                out[key.replace("_bytes", "")] = {
-                    "first": vals[0], "min": min(vals), "max": max(vals), "last": vals[-1],
-                    "growth_pct": round(100 * growth, 2), "spread_pct": round(100 * spread, 2),
-                    "flat_within_5pct": spread <= 0.05,
-                }
-        return out
-
-
-# ----------------------------------------------------------------------------- the machine
-def has_gpu() -> bool:
-    try:
-        from app.gpu.probe import cuda_device_count
-
-        return cuda_device_count() > 0
-    except Exception:  # noqa: BLE001 (no GPU probe means no GPU for the baseline)
-        return False
-
-
-def machine_info() -> dict:
-    return {**common_machine_info(), "versions": versions()}
+def checks(rows: list[dict]) -> dict:
+    """The issue's goals, where the rows measured them (64 and 256 clients)."""
+    ours = {r["clients"]: r for r in rows if r["system"] == "yolopipe" and r.get("part") is None}
+    naive = {r["clients"]: r for r in rows if r["system"].startswith("naive") and r.get("part") is None}
+    out: dict = {}
+    if 64 in ours:
+        r = ours[64]
+        out["c64_ge_3000_req_per_s"] = r["req_per_s"] >= 3000
+        out["c64_p99_le_50ms"] = r["p99_ms"] is not None and r["p99_ms"] <= 50
+        if 64 in naive and naive[64]["req_per_s"]:
+            out["c64_speedup_vs_naive"] = round(r["req_per_s"] / naive[64]["req_per_s"], 1)
+            out["c64_ge_20x_naive"] = out["c64_speedup_vs_naive"] >= 20
+    if 256 in ours:
+        r = ours[256]
+        out["c256_only_200_and_503"] = r["only_200_and_503"]
+        out["c256_p99_of_200s_le_100ms"] = r["p99_ms"] is not None and r["p99_ms"] <= 100
+    return out
 
 
 # ----------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--images", type=Path, default=None, help="folder of JPEGs (default: Ultralytics' assets)")
+    p.add_argument("--parts", default="load", help="load,soak,kill (run in that order)")
+    p.add_argument("--images", type=Path, default=None, help="photos to send (default: Ultralytics' assets)")
+    p.add_argument("--image-size", default="640x480", help="WxH the photos are cropped and resized to")
     p.add_argument("--max-images", type=int, default=20)
-    p.add_argument("--target", default=None, help="URL of a running yolopipe server (else one is started)")
-    p.add_argument("--clients", type=int, default=64)
-    p.add_argument("--procs", type=int, default=1, help="client processes")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds per measured server")
-    p.add_argument("--max-requests", type=int, default=1_000_000, help="request budget per measured server")
-    p.add_argument("--warmup", type=float, default=3.0, help="seconds of unmeasured load first")
-    p.add_argument("--timeout", type=float, default=60.0, help="client timeout per request")
-    # the yolopipe server we start
+    p.add_argument("--clients", default="64,256", help="closed-loop client counts (connections)")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds per measured row")
+    p.add_argument("--warmup", type=float, default=5.0, help="seconds of unmeasured load before each row")
+    p.add_argument("--wrk", default=None, help="wrk binary (default: .wrk/ from wrk.sh, else PATH)")
+    # the yolopipe server
     p.add_argument("--weights", default="sample")
     p.add_argument("--backend", default="auto")
     p.add_argument("--precision", default="auto")
-    p.add_argument("--device", type=int, default=0)
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=2.0)
-    p.add_argument("--max-queue", type=int, default=512)
-    p.add_argument("--engines-dir", type=Path, default=ROOT / "engines")
+    p.add_argument("--workers", type=int, default=None, help="HTTP workers (default: the server's, from the cores)")
+    p.add_argument("--gpus", default=None, help="'all' or '0,1' (default: the server's, all)")
+    p.add_argument("--cpu-workers", type=int, default=None, help="inference workers on a CPU-only run")
+    p.add_argument("--queue-budget-s", type=float, default=None)
+    p.add_argument("--request-window", type=int, default=None)
+    p.add_argument("--ring-mb", type=int, default=None)
+    p.add_argument("--artifacts-dir", type=Path, default=ROOT / "engines")
     # the baseline
-    p.add_argument("--no-naive", action="store_true", help="skip the naive Ultralytics baseline")
-    p.add_argument("--naive-workers", default="1", help="uvicorn worker counts for the baseline, e.g. 1,4")
-    p.add_argument("--naive-duration", type=float, default=None, help="seconds for the baseline (default: --duration)")
+    p.add_argument("--no-naive", action="store_true")
+    p.add_argument("--naive-workers", type=int, default=4, help="uvicorn workers of the naive server")
+    p.add_argument("--naive-clients", default=None, help="client counts for the naive server (default: --clients)")
     # soak
-    p.add_argument("--soak", type=float, default=0.0, help="minutes of open-loop load at --rate")
-    p.add_argument("--rate", type=float, default=0.0, help="requests/s for --soak")
-    p.add_argument("--sample-s", type=float, default=10.0, help="memory sampling interval in --soak")
-    p.add_argument("--out", type=Path, default=None, help="results JSON (default: bench/results/http_load-...json)")
-    return p.parse_args(argv)
-
-
-def measure(server: Server, args: argparse.Namespace, image_paths: list[str], duration: float) -> dict:
-    url = f"{server.url}/v1/detect"
-    if args.warmup > 0:
-        run_load(url, image_paths, mode="closed", clients=args.clients, procs=args.procs, duration=args.warmup,
-                 max_requests=args.max_requests, timeout=args.timeout, label=f"{server.name} warm-up")
-    return run_load(url, image_paths, mode="closed", clients=args.clients, procs=args.procs, duration=duration,
-                    max_requests=args.max_requests, timeout=args.timeout, label=server.name)
+    p.add_argument("--soak-minutes", type=float, default=10.0)
+    p.add_argument("--soak-rate", type=float, default=0.0, help="requests/s (default: 2x the load part's capacity)")
+    p.add_argument("--capacity", type=float, default=0.0, help="req/s the soak compares with (default: load part)")
+    p.add_argument("--soak-connections", type=int, default=2048)
+    p.add_argument("--soak-threads", type=int, default=16)
+    p.add_argument("--sample-s", type=float, default=10.0, help="memory sampling interval in the soak")
+    p.add_argument("--smoke", action="store_true", help="seconds, not minutes: prove the script runs")
+    p.add_argument("--note", default="", help="recorded in the result file")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    args.clients = [int(c) for c in str(args.clients).split(",")]
+    args.naive_clients = [int(c) for c in str(args.naive_clients).split(",")] if args.naive_clients else args.clients
+    if args.smoke:
+        args.duration, args.warmup, args.soak_minutes, args.sample_s = min(args.duration, 8.0), 2.0, 0.5, 3.0
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("YOLO_OFFLINE", "1")
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    folder = args.images
-    if folder is None:
-        import importlib.util
-
-        spec = importlib.util.find_spec("ultralytics")
-        folder = Path(spec.origin).parent / "assets"
-    image_paths = [str(p) for p in sorted(q for q in folder.rglob("*") if q.suffix.lower() in (".jpg", ".jpeg"))
-                   ][: args.max_images]
-    if not image_paths:
-        raise SystemExit(f"no JPEG files in {folder}")
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    logdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"yolopipe-http-load-{stamp}"
-    logdir.mkdir(parents=True, exist_ok=True)
-
+    workdir = Path(tempfile.mkdtemp(prefix=f"yolopipe-http-load-{stamp}-"))
+    w, h = (int(v) for v in args.image_size.lower().split("x"))
+    listing, images = prepare_images(args.images, (w, h), args.max_images, workdir)
     result: dict = {
-        "benchmark": "http_load" if not args.soak else "http_soak",
+        "benchmark": "http_load", "smoke": args.smoke, "note": args.note,
         "when": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine_info(),
-        "images": {"folder": str(folder), "count": len(image_paths)},
+        "machine": machine_info(), "versions": versions(), "images": images,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "servers": {},
+        "rows": [],
     }
-    started: list[Server] = []
+    rows = result["rows"]
+    server = start_yolopipe(args, workdir)
     try:
-        server = Server("yolopipe", args.target) if args.target else start_yolopipe(args, logdir)
-        if server.proc is not None:
-            started.append(server)
         server.wait_ready()
         import httpx
 
-        result["yolopipe_model"] = httpx.get(f"{server.url}/v1/model", timeout=10).json()
-        result["yolopipe_model"].pop("class_names", None)
-        result["yolopipe_model"].get("meta", {}).pop("names", None)
-
-        if args.soak:
-            sampler = MemorySampler(server.proc.pid if server.proc else None, f"{server.url}/metrics", args.sample_s)
-            run = run_load(f"{server.url}/v1/detect", image_paths, mode="open", clients=args.clients,
-                           procs=args.procs, duration=args.soak * 60, max_requests=0, rate=args.rate,
-                           timeout=args.timeout, label="soak", sampler=sampler)
-            run["memory"] = sampler.report()
-            # 'client_saturated' is the load generator's own limit (--clients in flight), not a server
-            # answer: raise --clients above the server's queue so that overload reaches the server.
-            bad = {k: v for k, v in run["by_status"].items() if k not in ("200", "503", "client_saturated")}
-            run["only_200_and_503"] = not bad
-            if run["by_status"].get("client_saturated"):
-                print("note: the client hit its in-flight limit; use --clients above the server's --max-queue")
-            result["servers"]["yolopipe"] = run
-        else:
-            result["servers"]["yolopipe"] = measure(server, args, image_paths, args.duration)
-        if server.proc is not None:
-            result["servers"]["yolopipe"]["shutdown_exit_code"] = server.stop()
-
-        if not args.no_naive and not args.soak:
-            for workers in [int(w) for w in str(args.naive_workers).split(",") if w.strip()]:
-                naive = start_naive(args, workers, logdir)
-                started.append(naive)
-                naive.wait_ready()
-                result["servers"][naive.name] = measure(naive, args, image_paths, args.naive_duration or args.duration)
-                naive.stop()
-            ours = result["servers"]["yolopipe"]["req_per_s"]
-            result["speedup_vs_naive"] = {
-                name: round(ours / r["req_per_s"], 2) if r["req_per_s"] else None
-                for name, r in result["servers"].items() if name != "yolopipe"
-            }
+        model = httpx.get(f"{server.url}/v1/model", timeout=10).json()
+        model.pop("class_names", None)
+        model.get("meta", {}).pop("names", None)
+        result["yolopipe_model"] = model
+        if "load" in args.parts:
+            rows += [measure(server, listing, c, args) for c in args.clients]
+        if "soak" in args.parts:
+            capacity = args.capacity or next((r["req_per_s"] for r in rows if r.get("part") is None), None)
+            rate = args.soak_rate or 2 * (capacity or 0)
+            if not rate:
+                raise SystemExit("--soak needs --soak-rate, --capacity or the load part")
+            rows.append(part_soak(server, listing, rate, capacity, args))
+        if "kill" in args.parts:
+            rows.append(part_kill(server, listing, args))
+        result["yolopipe_exit_code"] = server.stop()
     finally:
-        for s in started:
-            s.stop()
-
-    out = args.out or RESULTS / f"http_{'soak' if args.soak else 'load'}-{stamp}-{platform.node()}.json"
+        server.stop()
+    if "load" in args.parts and not args.no_naive:
+        naive = start_naive(args, workdir)
+        try:
+            naive.wait_ready()
+            rows += [measure(naive, listing, c, args) for c in args.naive_clients]
+        finally:
+            naive.stop()
+    result["checks"] = checks(rows)
+    out = args.out or RESULTS / f"{dt.date.today()}-http-load-{platform.node()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    for name, r in result["servers"].items():
-        print(f"{name:>24}: {r['req_per_s']:>8.1f} req/s  p50 {r['p50_ms']} ms  p95 {r['p95_ms']} ms  "
-              f"p99 {r['p99_ms']} ms  errors {r['errors']}")
-    if "speedup_vs_naive" in result:
-        print(f"speed-up vs naive: {result['speedup_vs_naive']}")
-    if args.soak:
-        mem = result["servers"]["yolopipe"]["memory"]
-        print(f"memory: rss {mem.get('rss')}  gpu {mem.get('gpu')}")
-    print(f"wrote {out}")
+    print(f"checks: {result['checks']}\nwrote {out}")
 
 
 if __name__ == "__main__":

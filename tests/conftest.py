@@ -113,3 +113,22 @@ def forge():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def cpu_detector(artifacts_dir):
+    """The sample model on ONNX Runtime, in this process: the reference the served answers must equal."""
+    from app.runtime import open_detector
+
+    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir) as det:
+        yield det
+
+
+@pytest.fixture(scope="session")
+def bus(assets_dir) -> bytes:
+    return (assets_dir / "bus.jpg").read_bytes()
+
+
+@pytest.fixture(scope="session")
+def zidane(assets_dir) -> bytes:
+    return (assets_dir / "zidane.jpg").read_bytes()

@@ -1,7 +1,9 @@
-"""The FastAPI application: ``create_app(settings)``.
+"""The FastAPI application of one HTTP worker: ``create_app(settings)``.
 
-Nothing is loaded at import: the lifespan opens (or adopts) the detector, warms it on the
-batcher's worker thread, serves, then drains the batcher and releases the detector.
+An HTTP worker parses and checks requests and hands image bytes to the inference workers
+(``app.serving``); it never decodes an image or loads a model. Under ``yolopipe serve`` the
+supervisor started those workers and passes their run folder (``layout``); without one, the
+app starts its own for its lifetime (tests, embedding), through the same code.
 Importing this module never loads torch, numba.cuda, CuPy or TensorRT.
 """
 
@@ -14,60 +16,54 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api.batching import DynamicBatcher, warmup_detector
+from app.api.docs import install_docs
 from app.api.errors import install_error_handlers
 from app.api.limits import BodyLimitMiddleware
-from app.api.metrics import Metrics, MetricsMiddleware, gpu_memory_readers
+from app.api.metrics import Metrics, MetricsMiddleware
 from app.api.routes import router
 from app.config import Settings
-from app.pipeline.detector import Detector
-from app.runtime import open_detector_from
+from app.serving.client import InferenceClient
+from app.serving.processes import RunLayout
+from app.serving.settings import ServingSettings
 
 log = logging.getLogger("yolopipe.api")
 
 
-def create_app(settings: Settings | None = None, *, detector: Detector | None = None) -> FastAPI:
-    """The service. ``detector``: one the caller opened and keeps owning (the app will not close
-    it); without it the lifespan opens one from ``settings`` and closes it on shutdown."""
-    settings = settings or Settings()
-    metrics = Metrics()
+def create_app(settings: Settings | None = None, *, layout: RunLayout | None = None) -> FastAPI:
+    """The service. ``layout``: inference workers someone else runs (the supervisor)."""
+    serving = ServingSettings.from_settings(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        owned = detector is None
-        det = await asyncio.to_thread(open_detector_from, settings) if owned else detector
-        assert det is not None
-        batcher = DynamicBatcher(
-            det,
-            max_batch=settings.max_batch,
-            max_wait_ms=settings.max_wait_ms,
-            max_queue=settings.max_queue,
-            request_timeout_s=settings.request_timeout_s,
-            metrics=metrics,
-        )
-        # A GPU pipeline sets up per batch size (CUDA graphs): pay for the common sizes now.
-        sizes = (1,) if det.pipeline.backend == "onnxruntime" else tuple(sorted({1, batcher.max_batch}))
-        try:
-            await batcher.start(warmup=lambda d: warmup_detector(d, sizes))
-        except BaseException:
-            await batcher.close()
-            if owned:
-                det.close()
-            raise
-        metrics.add_gpu_memory(gpu_memory_readers(det, settings.device))
-        app.state.detector = det
-        app.state.batcher = batcher
-        app.state.ready = True
-        log.info("ready: %s on %s/%s, max batch %d", det.meta.name, det.pipeline.backend,
-                 det.pipeline.precision, batcher.max_batch)
+        pool = None
+        run = layout
+        if run is None:  # our own inference workers, for as long as the app lives
+            from app.serving.pool import InferencePool
+
+            devices = serving.inference_devices()
+            run = RunLayout.create(len(devices))
+            pool = InferencePool(serving, run, devices)
+            try:
+                await asyncio.to_thread(pool.start)
+            except BaseException:
+                run.remove()
+                raise
+        app.state.metrics.workers_dir = run.metrics_dir
+        client = InferenceClient(serving, run)
+        # Not long: this worker's socket already listens, so a client would wait; until a worker is
+        # connected requests get an immediate 503 (and /readyz says not ready).
+        await client.start(wait_s=2.0)
+        app.state.inference = client
+        app.state.draining = False
         try:
             yield
         finally:
-            # Uvicorn has stopped accepting and waited for in-flight requests; drain what is left.
-            app.state.ready = False
-            await batcher.close()
-            if owned:
-                det.close()
+            # Uvicorn has stopped accepting and waited for in-flight requests.
+            app.state.draining = True
+            await client.close()
+            if pool is not None:
+                await asyncio.to_thread(pool.stop, serving.request_timeout_s)
+                run.remove()
             log.info("stopped")
 
     app = FastAPI(
@@ -75,13 +71,17 @@ def create_app(settings: Settings | None = None, *, detector: Detector | None = 
         version="0.1.0",
         description="YOLOv8 object detection. Errors are `{\"error\": {\"code\", \"message\"}}`.",
         lifespan=lifespan,
+        docs_url=None,  # install_docs serves Swagger UI from the package: /docs works offline
+        redoc_url=None,  # ReDoc loads from a CDN
     )
-    app.state.settings = settings
-    app.state.metrics = metrics
-    app.state.ready = False
+    app.state.settings = serving
+    app.state.metrics = Metrics()
+    app.state.inference = None
+    app.state.draining = False
     install_error_handlers(app)
+    install_docs(app)
     app.include_router(router)
     # Outermost last: metrics see every response, including a 413 from the body limit.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=serving.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app

@@ -1,19 +1,16 @@
-"""Thin HTTP handlers: read the body and the parameters, hand images to the batcher, shape the JSON."""
+"""Thin HTTP handlers: read the body and the parameters, check each image's header, hand the
+bytes to the inference workers, shape the JSON. No image is decoded here."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.formparsers import MultiPartException
 
-from app.api.batching import DynamicBatcher, SlotResult
-from app.api.errors import error_body, image_error_json, status_for
+from app.api.errors import error_body, error_response, image_error_json
+from app.api.metrics import Metrics
 from app.api.schemas import (
     DETECT_ERRORS,
     BatchResponse,
@@ -24,32 +21,50 @@ from app.api.schemas import (
     batch_request_body,
     detect_request_body,
 )
-from app.config import Settings
-from app.errors import InvalidParameter, UnsupportedMediaType, YolopipeError
-from app.pipeline.detector import Detector
+from app.api.uploads import check_request_images, read_form_images
+from app.config import MAX_DET
+from app.errors import (
+    InvalidParameter,
+    Overloaded,
+    UnsupportedMediaType,
+    YolopipeError,
+)
+from app.imaging.decode import check_image
+from app.pipeline.detector import make_params
+from app.serving.client import SERVER_SIDE, InferenceClient
+from app.serving.settings import ServingSettings
+from app.serving.wire import Outcome
 from app.types import DetectParams
 
 router = APIRouter()
 
 
 # --- dependencies ----------------------------------------------------------------------
-def get_detector(request: Request) -> Detector:
-    return request.app.state.detector
+def get_inference(request: Request) -> InferenceClient:
+    client: InferenceClient | None = request.app.state.inference
+    if client is None or client.info is None:
+        raise Overloaded("the service is starting; retry shortly")
+    return client
 
 
-def get_batcher(request: Request) -> DynamicBatcher:
-    return request.app.state.batcher
-
-
-def get_settings(request: Request) -> Settings:
+def get_settings(request: Request) -> ServingSettings:
     return request.app.state.settings
 
 
+def get_metrics(request: Request) -> Metrics:
+    return request.app.state.metrics
+
+
+InferenceDep = Annotated[InferenceClient, Depends(get_inference)]
+SettingsDep = Annotated[ServingSettings, Depends(get_settings)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+
+
 def detect_params(
-    detector: Annotated[Detector, Depends(get_detector)],
+    inference: InferenceDep,
     conf: Annotated[float, Query(ge=0.0, le=1.0, description="confidence threshold")] = 0.25,
     iou: Annotated[float, Query(ge=0.0, le=1.0, description="NMS IoU threshold")] = 0.7,
-    max_det: Annotated[int, Query(ge=1, le=1000, description="most detections per image")] = 300,
+    max_det: Annotated[int, Query(ge=1, le=MAX_DET, description="most detections per image")] = MAX_DET,
     classes: Annotated[
         list[str] | None,
         Query(description="class ids to keep: comma-separated (classes=0,2) or repeated (classes=0&classes=2)"),
@@ -62,12 +77,10 @@ def detect_params(
             class_ids = [int(c) for part in classes for c in part.split(",") if c.strip()]
         except ValueError:
             raise InvalidParameter(f"classes must be integer class ids, got {','.join(classes)!r}") from None
-    return detector.params(conf=conf, iou=iou, max_det=max_det, classes=class_ids or None, agnostic=agnostic)
+    info = inference.info
+    return make_params(conf, iou, max_det, class_ids or None, agnostic, num_classes=len(info["class_names"]))
 
 
-DetectorDep = Annotated[Detector, Depends(get_detector)]
-BatcherDep = Annotated[DynamicBatcher, Depends(get_batcher)]
-SettingsDep = Annotated[Settings, Depends(get_settings)]
 ParamsDep = Annotated[DetectParams, Depends(detect_params)]
 
 
@@ -76,31 +89,11 @@ def _media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
-async def _read_form_images(request: Request, field: str, settings: Settings) -> list[tuple[str, bytes]]:
-    """The files (or plain values) of ``field`` in a multipart body, with their file names."""
-    try:
-        async with request.form(max_files=settings.max_queue, max_fields=settings.max_queue,
-                                max_part_size=settings.max_body_bytes) as form:
-            images = []
-            for i, value in enumerate(form.getlist(field)):
-                if isinstance(value, UploadFile):
-                    images.append((value.filename or f"{field}[{i}]", await value.read()))
-                else:  # a plain form field: take its text as the image bytes (it will not decode)
-                    images.append((f"{field}[{i}]", value.encode()))
-    except YolopipeError:  # the body limit, raised while the body streams in
-        raise
-    except (StarletteHTTPException, MultiPartException) as exc:
-        detail = getattr(exc, "detail", None) or getattr(exc, "message", "")
-        raise StarletteHTTPException(400, f"malformed multipart body: {detail}") from None
-    if not images:
-        raise InvalidParameter(f"the multipart body has no field {field!r}")
-    return images
-
-
-async def _read_single_image(request: Request, settings: Settings) -> tuple[str, bytes]:
+async def _read_single_image(request: Request, settings: ServingSettings) -> tuple[str, bytes]:
     media = _media_type(request)
     if media == "multipart/form-data":
-        images = await _read_form_images(request, "image", settings)
+        images = await read_form_images(request, "image", max_parts=settings.max_images_per_request,
+                                        max_body_bytes=settings.max_body_bytes)
         if len(images) != 1:
             raise InvalidParameter(f"send one file in field 'image' (got {len(images)}); use /v1/detect/batch for more")
         return images[0]
@@ -112,10 +105,26 @@ async def _read_single_image(request: Request, settings: Settings) -> tuple[str,
     )
 
 
-def _image_json(name: str, slot: SlotResult, names: list[str], total_ms: float) -> dict[str, Any]:
-    out = slot.result.to_json(name, names)
-    out["timings"] = {**slot.timings, "total_ms": round(total_ms, 3)}
-    return out
+async def _detect(inference: InferenceClient, metrics: Metrics, images: list[bytes],
+                  params: DetectParams) -> list[Outcome] | JSONResponse:
+    """Outcomes, or the 503 for a request refused under load: answered here, unlogged (under
+    overload there are thousands a second; /metrics counts them)."""
+    try:
+        return await inference.detect(images, params)
+    except Overloaded as exc:
+        metrics.rejected.labels(exc.code).inc()
+        return error_response(exc)
+    except SERVER_SIDE as exc:
+        metrics.rejected.labels(exc.code).inc()
+        raise
+
+
+def _image_json(name: str, outcome: Outcome, names: list[str], total_ms: float) -> dict[str, Any]:
+    assert outcome.detections is not None
+    timings = {"decode_ms": round(outcome.decode_ms, 3), "queue_ms": round(outcome.queue_ms, 3),
+               **(outcome.batch or {}), "total_ms": round(total_ms, 3)}
+    return {"image": name, "width": outcome.width, "height": outcome.height,
+            "detections": outcome.detections.to_json(names), "timings": timings}
 
 
 # --- endpoints -------------------------------------------------------------------------
@@ -126,15 +135,19 @@ def _image_json(name: str, slot: SlotResult, names: list[str], total_ms: float) 
     responses={200: {"model": ImageDetections}, **DETECT_ERRORS},
     openapi_extra=detect_request_body(),
 )
-async def detect(
-    request: Request, params: ParamsDep, batcher: BatcherDep, detector: DetectorDep, settings: SettingsDep
-) -> JSONResponse:
+async def detect(request: Request, params: ParamsDep, inference: InferenceDep, settings: SettingsDep,
+                 metrics: MetricsDep) -> JSONResponse:
     start = time.perf_counter()
     name, data = await _read_single_image(request, settings)
-    (slot,) = await batcher.submit([data], params)
-    if slot.result.error is not None:
-        raise slot.result.error
-    return JSONResponse(_image_json(name, slot, detector.names, (time.perf_counter() - start) * 1e3))
+    check_image(data, max_pixels=settings.max_pixels)  # format, size and memory from the header, before any decode
+    outcomes = await _detect(inference, metrics, [data], params)
+    if isinstance(outcomes, JSONResponse):
+        return outcomes
+    (outcome,) = outcomes
+    if outcome.error is not None:
+        raise outcome.error
+    names = inference.info["class_names"]
+    return JSONResponse(_image_json(name, outcome, names, (time.perf_counter() - start) * 1e3))
 
 
 @router.post(
@@ -144,29 +157,32 @@ async def detect(
     responses={200: {"model": BatchResponse}, **DETECT_ERRORS},
     openapi_extra=batch_request_body(),
 )
-async def detect_batch(
-    request: Request, params: ParamsDep, batcher: BatcherDep, detector: DetectorDep, settings: SettingsDep
-) -> JSONResponse:
+async def detect_batch(request: Request, params: ParamsDep, inference: InferenceDep, settings: SettingsDep,
+                       metrics: MetricsDep) -> JSONResponse:
     start = time.perf_counter()
     media = _media_type(request)
     if media != "multipart/form-data":
         raise UnsupportedMediaType(
             f"content type {media or '(none)'!r} is not accepted: send multipart/form-data with repeated field 'images'"
         )
-    images = await _read_form_images(request, "images", settings)
-    slots = await batcher.submit([data for _, data in images], params)
+    images = await read_form_images(request, "images", max_parts=settings.max_images_per_request,
+                                    max_body_bytes=settings.max_body_bytes)
+    # Each header is checked (format, size, memory, the request's pixel budget) before anything is
+    # decoded; images that fail are answered here, in their slots, the rest go to the inference workers.
+    checked = check_request_images([data for _, data in images], max_pixels=settings.max_pixels)
+    refused = {i: c for i, c in enumerate(checked) if isinstance(c, YolopipeError)}
+    sent = [i for i in range(len(images)) if i not in refused]
+    answered = await _detect(inference, metrics, [images[i][1] for i in sent], params) if sent else []
+    if isinstance(answered, JSONResponse):
+        return answered
+    outcomes = dict(zip(sent, answered))
     total_ms = (time.perf_counter() - start) * 1e3
-    # A server-side failure (the device) fails the whole request, so the client retries it;
-    # only the images' own problems are reported inline.
-    for slot in slots:
-        if slot.result.error is not None and status_for(slot.result.error) >= 500:
-            raise slot.result.error
+    names = inference.info["class_names"]
     results = []
-    for (name, _), slot in zip(images, slots):
-        if slot.result.error is not None:
-            results.append(image_error_json(name, slot.result.error))
-        else:
-            results.append(_image_json(name, slot, detector.names, total_ms))
+    for i, (name, _) in enumerate(images):
+        error = refused.get(i) or outcomes[i].error
+        results.append(image_error_json(name, error) if error is not None
+                       else _image_json(name, outcomes[i], names, total_ms))
     return JSONResponse({"results": results, "timings": {"total_ms": round(total_ms, 3)}})
 
 
@@ -177,35 +193,35 @@ async def healthz() -> dict[str, str]:
 
 @router.get(
     "/readyz",
-    summary="The detector is loaded and warmed, and the server is not draining",
+    summary="An inference worker is ready and this HTTP worker is not draining",
     response_model=Health,
     responses={503: {"model": ErrorResponse}},
 )
 async def readyz(request: Request) -> Any:
-    batcher: DynamicBatcher | None = getattr(request.app.state, "batcher", None)
-    if not getattr(request.app.state, "ready", False) or batcher is None or batcher.closing:
-        return JSONResponse(error_body("not_ready", "the detector is not ready"), status_code=503)
+    client: InferenceClient | None = request.app.state.inference
+    if client is None or request.app.state.draining or not client.ready:
+        return JSONResponse(error_body("not_ready", "no inference worker is ready"), status_code=503)
     return {"status": "ready"}
 
 
 @router.get("/v1/model", summary="The served model, backend and serving limits", response_model=ModelInfo)
-async def model_info(detector: DetectorDep, batcher: BatcherDep, settings: SettingsDep) -> dict[str, Any]:
-    info = detector.info()
+async def model_info(inference: InferenceDep, settings: SettingsDep) -> dict[str, Any]:
+    info = dict(inference.info)
     info.update(
         weights=settings.weights,
-        meta=asdict(detector.meta),
         serving={
-            "max_batch": batcher.max_batch,
+            "max_batch": info.pop("batch_limit"),
             "max_wait_ms": settings.max_wait_ms,
-            "max_queue": settings.max_queue,
+            "queue_budget_s": settings.budget_s,
+            "request_window": settings.window,
             "request_timeout_s": settings.request_timeout_s,
             "max_body_bytes": settings.max_body_bytes,
-            "max_pixels": detector.max_pixels,
+            "max_pixels": info.pop("max_pixels"),
+            "inference_workers": inference.workers(),
         },
     )
-    engine_info = getattr(detector.pipeline, "engine_info", None)  # a GPU pipeline may describe its engine
-    if callable(engine_info):
-        info["engine"] = engine_info()
+    for key in ("worker", "generation", "pid", "lanes", "device"):
+        info.pop(key, None)
     return info
 
 

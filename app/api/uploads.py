@@ -19,8 +19,8 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
-from app.errors import BadRequest, ImageTooLarge, InvalidParameter, YolopipeError
 from app.config import MAX_DECODE_BYTES, MAX_PIXELS, MAX_REQUEST_PIXELS
+from app.errors import BadRequest, ImageTooLarge, InvalidParameter, YolopipeError
 from app.imaging.decode import check_image
 from app.imaging.headers import ImageHeader
 

@@ -32,7 +32,7 @@ import sys, uvicorn
 from app.api.main import create_app
 from app.api.protocol import HttpLimits, uvicorn_options
 from app.config import Settings
-settings = Settings(backend="onnxruntime", engines_dir=sys.argv[1], max_wait_ms=5, max_body_bytes={BODY_LIMIT})
+settings = Settings(backend="onnxruntime", artifacts_dir=sys.argv[1], max_wait_ms=5, max_body_bytes={BODY_LIMIT})
 limits = HttpLimits(head_timeout_s=1.0, body_idle_timeout_s=1.0, keep_alive_s=5)
 uvicorn.run(create_app(settings), host="127.0.0.1", port=int(sys.argv[2]), log_level="info",
             access_log=False, **uvicorn_options(settings, limits))
@@ -270,13 +270,13 @@ def batch_statuses(reply: Reply) -> list[int | None]:
 
 
 @pytest.fixture(scope="module")
-def server(engines_dir, tmp_path_factory):
+def server(artifacts_dir, tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = tmp_path_factory.mktemp("hostile") / "server.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(engines_dir), str(port)], stdout=out,
+        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(artifacts_dir), str(port)], stdout=out,
                                 stderr=subprocess.STDOUT, env={**os.environ, "YOLO_OFFLINE": "1"})
     try:
         deadline = time.monotonic() + 180
@@ -386,14 +386,12 @@ def test_after_the_corpus_no_server_error_no_traceback_and_memory_flat(server):
     assert _peak_rss(proc.pid) - rss_at_start < 1 << 30
 
 
-@pytest.mark.xfail(strict=True, reason="routes.py must read bodies with app.api.uploads.read_form_images")
 def test_a_part_named_only_by_filename_star_is_read_as_a_file(server, ctx):
     port, _, _, _ = server
     reply = exchange(port, [multipart([("name=\"image\"; filename*=UTF-8''b%C3%BCs.jpg", ctx["jpeg"])])])
     assert reply.status == 200 and json.loads(reply.body)["image"] == "büs.jpg"
 
 
-@pytest.mark.xfail(strict=True, reason="routes.py must call app.api.uploads.check_request_images before decoding")
 def test_a_batch_of_pixel_bombs_stays_within_the_request_budget(server, ctx):
     """Last: without the budget it decodes 6 × 50 MP at once (+0.9 GB; the issue's 24 took
     +4 GB). With it, 4 are decoded (200 MP) and 2 refused in their slots."""

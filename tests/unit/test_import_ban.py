@@ -40,8 +40,8 @@ def banned_modules_after(body: str, *args: str) -> list[str]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module", ["app.api.main", "app.api.serve", "app.cli", "app.runtime", "app.artifacts.engines",
-                                    "app.pipeline.folder"])
+@pytest.mark.parametrize("module", ["app.api.main", "app.api.serve", "app.serving.supervisor", "app.cli", "app.runtime",
+                                    "app.artifacts.engines", "app.pipeline.folder", "app.distributed"])
 def test_importing_loads_no_gpu_library(module):
     assert banned_modules_after(f"import {module}") == []
 

@@ -1,0 +1,335 @@
+"""The inference worker's dynamic batcher: images from every HTTP worker become detector batches.
+
+* **Admission in time.** ``admit`` refuses at once (``Overloaded`` → 503) when the work
+  already admitted, at the measured seconds per image (an EWMA over recent batches), would
+  not be done within the budget. An empty queue always admits.
+* **Fair.** Images wait in one queue per request, and a batch takes one image from each
+  request in turn (round-robin), so a big ``/v1/detect/batch`` request never holds single
+  images back by more than one batch; the HTTP side also keeps only ``request_window``
+  images of one request here at a time.
+* **Lazy decode.** Bytes stay in the HTTP worker's ring until their batch is formed, then are
+  decoded (CPU pool; JPEG passes through to a GPU pipeline that decodes it) and freed; decoded
+  pixels exist only for the batches running.
+* **Lanes.** One thread per pipeline lane, each forming and running its own batch.
+
+Every admitted image is answered exactly once through ``deliver`` (a result, its own error,
+or why it was dropped: deadline passed, request cancelled, shutting down), because the answer
+is what frees its bytes in the ring.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
+from app.imaging.headers import sniff_format
+from app.pipeline.detector import Detector
+from app.serving.wire import DRAINING, READY, ImageRef, Load, Outcome, over_budget, queued_seconds
+
+log = logging.getLogger("yolopipe.serving")
+
+_EWMA_WEIGHT = 0.2  # of the newest batch: about the last five batches count
+# Timing keys the batcher reports itself; a pipeline stage of the same name gets a prefix.
+_BATCHER_TIMINGS = frozenset({"decode_ms", "queue_ms", "batch_ms", "batch_size", "total_ms"})
+
+
+@dataclass(slots=True)
+class Job:
+    """One admitted image. ``owner`` is who gets the answer (an HTTP worker's connection)."""
+
+    owner: Hashable
+    ref: ImageRef
+    data: Any  # a view of the bytes in the owner's ring, until decoded
+    admitted_at: float = field(default_factory=time.perf_counter)
+    decode_ms: float = 0.0
+
+    @property
+    def key(self) -> tuple[Hashable, int]:
+        return self.owner, self.ref.req_id
+
+
+Deliver = Callable[[list[Job], list[Outcome], dict[str, float]], None]
+
+
+class Batcher:
+    def __init__(self, detector: Detector, *, max_batch: int, max_wait_ms: float, budget_s: float,
+                 deliver: Deliver, metrics: Any, generation: int = 0, decode_threads: int = 4) -> None:
+        self.detector = detector
+        self.max_batch = max(1, min(max_batch, detector.pipeline.max_batch))
+        self.max_wait_s = max_wait_ms / 1e3
+        self.budget_s = budget_s
+        self.lanes = int(getattr(detector.pipeline, "num_lanes", 1))
+        self.generation = generation
+        self._deliver = deliver
+        self.metrics = metrics
+        self._pool = ThreadPoolExecutor(max_workers=decode_threads, thread_name_prefix="yolopipe-decode")
+        self._cond = threading.Condition()
+        self._requests: OrderedDict[tuple[Hashable, int], deque[Job]] = OrderedDict()
+        self._queued = 0  # jobs waiting in _requests
+        self._pending = 0  # admitted and not yet answered (queued + running)
+        self._seconds_per_image = 0.0
+        self._closing = False
+        self._stop = False
+        self._threads: list[threading.Thread] = []
+        self.on_load_change: Callable[[Load], None] | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def start(self, warmup_sizes: Sequence[int] = (1,)) -> None:
+        """Warm the detector up (on the first lane's thread: CUDA state is per thread), then serve."""
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def first_lane() -> None:
+            try:
+                self._seconds_per_image = warmup(self.detector, warmup_sizes)
+            except BaseException as exc:  # noqa: BLE001 (raised by start() in the caller's thread)
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            self._lane_loop()
+
+        self._threads = [threading.Thread(target=first_lane, name="yolopipe-lane-0", daemon=True)]
+        self._threads[0].start()
+        ready.wait()
+        if failure:
+            raise failure[0]
+        for i in range(1, self.lanes):
+            t = threading.Thread(target=self._lane_loop, name=f"yolopipe-lane-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        self._publish()
+
+    def close(self, drain_s: float) -> None:
+        """Refuse new work, finish what was admitted (at most ``drain_s``), stop the lanes."""
+        with self._cond:
+            self._closing = True
+            deadline = time.monotonic() + drain_s
+            while self._pending and time.monotonic() < deadline:
+                self._cond.wait(0.05)
+            self._stop = True
+            dropped = self._drain_queue()
+            self._cond.notify_all()
+        self._answer(dropped, Overloaded("the server is shutting down; retry"))
+        for t in self._threads:
+            t.join(timeout=drain_s + 5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- the IO side (the worker's event loop) ---------------------------------------------
+    def load(self) -> Load:
+        state = DRAINING if self._closing else READY
+        return Load(self.generation, state, self._pending, self._seconds_per_image, self.lanes)
+
+    def admit(self, job: Job) -> YolopipeError | None:
+        """Queue ``job``; or the error to answer it with at once."""
+        with self._cond:
+            if self._closing:
+                return Overloaded("the server is shutting down; retry")
+            queued_s = queued_seconds(self._pending + 1, self._seconds_per_image, self.lanes)
+            if self._pending and queued_s > self.budget_s:
+                return over_budget(queued_s, self.budget_s)
+            self._pending += 1
+            self._queued += 1
+            queue = self._requests.get(job.key)
+            if queue is None:
+                self._requests[job.key] = queue = deque()
+            queue.append(job)
+            self._cond.notify()
+        self._publish()
+        return None
+
+    def cancel(self, owner: Hashable, req_id: int) -> None:
+        """The request is over (failed or timed out): answer its queued images without running them."""
+        with self._cond:
+            queue = self._requests.pop((owner, req_id), None)
+            dropped = list(queue or ())
+            self._forget(len(dropped))
+        self._answer(dropped, Overloaded("the request was cancelled"))
+
+    def drop_owner(self, owner: Hashable) -> None:
+        """The HTTP worker went away: forget its queued images (nobody is left to answer)."""
+        with self._cond:
+            dropped = 0
+            for key in [k for k in self._requests if k[0] == owner]:
+                dropped += len(self._requests.pop(key))
+            self._forget(dropped)
+        self._publish()
+
+    # --- the lanes ---------------------------------------------------------------------------
+    def _lane_loop(self) -> None:
+        while True:
+            batch, expired = self._next_batch()
+            self._answer(expired, RequestTimeout("the request's deadline passed while it waited"))
+            if batch is None:
+                return
+            if batch:
+                self._run(batch)
+
+    def _next_batch(self) -> tuple[list[Job] | None, list[Job]]:
+        """Wait for work; up to max_batch jobs with equal parameters, one per request in turn.
+        ``None`` once stopped. Jobs whose deadline passed come back separately."""
+        with self._cond:
+            while not self._queued and not self._stop:
+                self._cond.wait()
+            if not self._queued:
+                return None, []
+            oldest = min(q[0].admitted_at for q in self._requests.values())
+            deadline = oldest + self.max_wait_s
+            while self._queued < self.max_batch and not self._closing:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            return self._take_round_robin()
+
+    def _take_round_robin(self) -> tuple[list[Job], list[Job]]:
+        now = time.monotonic()
+        batch: list[Job] = []
+        expired: list[Job] = []
+        params = None
+        progress = True
+        while progress and len(batch) < self.max_batch:
+            progress = False
+            for key in list(self._requests):
+                queue = self._requests[key]
+                while queue and queue[0].ref.deadline < now:
+                    expired.append(queue.popleft())
+                if queue and params is None:
+                    params = queue[0].ref.params
+                if queue and queue[0].ref.params == params:
+                    batch.append(queue.popleft())
+                    progress = True
+                    self._requests.move_to_end(key)  # served: to the back of the round
+                if not queue:
+                    del self._requests[key]
+                if len(batch) == self.max_batch:
+                    break
+        self._queued -= len(batch) + len(expired)
+        self._pending -= len(expired)
+        return batch, expired
+
+    def _run(self, batch: list[Job]) -> None:
+        m = self.metrics
+        start = time.perf_counter()
+        for job in batch:
+            m.stage_latency.labels("queue").observe(start - job.admitted_at)
+        prepared = self._prepare(batch)
+        ok = [i for i, p in enumerate(prepared) if not isinstance(p, YolopipeError)]
+        outcomes = [Outcome(j.ref.req_id, j.ref.index, decode_ms=j.decode_ms,
+                            queue_ms=(start - j.admitted_at) * 1e3) for j in batch]
+        for i, p in enumerate(prepared):
+            if isinstance(p, YolopipeError):
+                outcomes[i].error = p
+        m.batch_size.observe(len(ok))
+        run_start = time.perf_counter()
+        if ok:
+            for i, result in zip(ok, self._detect([prepared[i] for i in ok], batch[0].ref.params)):
+                o = outcomes[i]
+                o.width, o.height, o.detections, o.error = result.width, result.height, result.detections, result.error
+        end = time.perf_counter()
+        timings: dict[str, float] = {"batch_ms": round((end - run_start) * 1e3, 3), "batch_size": len(ok)}
+        m.stage_latency.labels("batch").observe(end - run_start)
+        for name, ms in (getattr(self.detector.pipeline, "last_timings", None) or {}).items():
+            name = f"pipeline_{name}" if name in _BATCHER_TIMINGS else name
+            m.stage_latency.labels(name.removesuffix("_ms")).observe(ms / 1e3)
+            timings[name] = round(float(ms), 3)
+        for o in outcomes:
+            m.images("ok" if o.error is None else "failed").inc()
+        with self._cond:
+            if ok:
+                sample = (end - start) / len(ok)
+                spi = self._seconds_per_image
+                self._seconds_per_image = sample if spi == 0 else spi + _EWMA_WEIGHT * (sample - spi)
+            self._pending -= len(batch)
+            self._cond.notify_all()
+        self._deliver(batch, outcomes, timings)
+        self._publish()
+
+    def _prepare(self, batch: list[Job]) -> list[Any]:
+        """Decoded pixels (or JPEG bytes for a pipeline that decodes them) or the image's error."""
+        gpu_jpeg = self.detector.pipeline.decodes_jpeg
+        on_pool = [not (gpu_jpeg and sniff_format(bytes(j.data[:16])) == "jpeg") for j in batch]
+        if sum(on_pool) > 1:
+            futures = {i: self._pool.submit(self._prepare_one, j) for i, j in enumerate(batch) if on_pool[i]}
+            out = [futures[i].result() if i in futures else self._prepare_one(j) for i, j in enumerate(batch)]
+        else:
+            out = [self._prepare_one(j) for j in batch]
+        for job in batch:
+            job.data = None  # nothing reads the ring from here on
+        return out
+
+    def _prepare_one(self, job: Job) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self.detector.prepare(job.data)
+        except YolopipeError as exc:
+            return exc
+        finally:
+            job.decode_ms = (time.perf_counter() - t0) * 1e3
+            self.metrics.stage_latency.labels("decode").observe(job.decode_ms / 1e3)
+
+    def _detect(self, items: list[Any], params: Any) -> list[Any]:
+        from app.pipeline.detector import ImageResult
+
+        try:
+            return self.detector.detect(items, params)
+        except YolopipeError as exc:
+            if isinstance(exc, DeviceError):
+                self.metrics.device_errors.inc()
+            log.warning("batch of %d failed: %s", len(items), exc)
+            return [ImageResult(error=exc) for _ in items]
+        except Exception as exc:  # the accelerator failed (e.g. out of memory): fail this batch, keep serving
+            log.error("batch of %d failed on the device", len(items), exc_info=exc)
+            self.metrics.device_errors.inc()
+            error = DeviceError(f"the device failed while running this batch ({type(exc).__name__}); retry")
+            return [ImageResult(error=error) for _ in items]
+
+    # --- bookkeeping -----------------------------------------------------------------------
+    def _answer(self, jobs: list[Job], error: YolopipeError) -> None:
+        if jobs:
+            outcomes = [Outcome(j.ref.req_id, j.ref.index, error=error) for j in jobs]
+            for job in jobs:
+                job.data = None
+            self._deliver(jobs, outcomes, {})
+            self._publish()
+
+    def _forget(self, n: int) -> None:
+        self._queued -= n
+        self._pending -= n
+        self._cond.notify_all()
+
+    def _drain_queue(self) -> list[Job]:
+        jobs = [j for q in self._requests.values() for j in q]
+        self._requests.clear()
+        self._forget(len(jobs))
+        return jobs
+
+    def _publish(self) -> None:
+        self.metrics.set_pending(self._pending)
+        if self.on_load_change is not None:
+            self.on_load_change(self.load())
+
+
+def warmup(detector: Detector, batch_sizes: Sequence[int]) -> float:
+    """Run each batch size once on gray images, so the first request pays no setup; the
+    seconds per image of the largest batch (the first estimate admission works with)."""
+    capture = getattr(detector.pipeline, "warmup", None)
+    if callable(capture):  # the GPU pipeline captures one CUDA graph per batch-size bucket
+        capture()
+    size = detector.meta.imgsz
+    image = np.full((size, size, 3), 114, np.uint8)
+    seconds = 0.0
+    for n in batch_sizes:
+        t0 = time.perf_counter()
+        detector.detect([image] * n, detector.params())
+        seconds = (time.perf_counter() - t0) / n
+    return seconds

@@ -1,0 +1,253 @@
+"""An HTTP worker's side of the inference workers: connections, routing, admission, answers.
+
+One connection per inference worker, each with its own shared-memory ring; a lost
+connection fails the images waiting on it at once (503) and is re-made as soon as the worker
+is back. Each image goes to the least loaded worker (queued seconds from its status block);
+when even that one has more queued than the budget, the image is refused here without being
+sent. A request keeps at most ``window`` images at the workers, sending the next as each
+answer comes, so one large batch request cannot fill the queue alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Any
+
+from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
+from app.serving import wire
+from app.serving.processes import RunLayout
+from app.serving.ring import Ring
+from app.serving.settings import ServingSettings
+from app.types import DetectParams
+
+log = logging.getLogger("yolopipe.serving")
+
+_RECONNECT_S = 0.1
+_GRACE_S = 0.5  # past the deadline, the worker's own timeout answer normally arrives first
+SERVER_SIDE = (Overloaded, DeviceError, RequestTimeout)  # these fail the whole request
+
+
+class _Request:
+    """One HTTP request's images on their way: sent ``window`` at a time, answered in any order."""
+
+    def __init__(self, client: InferenceClient, images: list[bytes], params: DetectParams, deadline: float) -> None:
+        self.client = client
+        self.id = next(client._ids)
+        self.images = images
+        self.params = params
+        self.deadline = deadline
+        self.outcomes: list[wire.Outcome | None] = [None] * len(images)
+        self.sent = 0
+        self.answered = 0
+        self.links: set[_Link] = set()
+        self.done = asyncio.get_running_loop().create_future()
+
+    def send_next(self) -> None:
+        if self.done.done() or self.sent >= len(self.images):
+            return
+        index = self.sent
+        self.sent += 1
+        try:
+            link = self.client.pick()
+            link.send(self, index)
+        except YolopipeError as exc:
+            self.fail(exc)
+
+    def answer(self, outcome: wire.Outcome) -> None:
+        if self.done.done():
+            return
+        if isinstance(outcome.error, SERVER_SIDE):
+            self.fail(outcome.error)
+            return
+        self.outcomes[outcome.index] = outcome
+        self.answered += 1
+        if self.answered == len(self.images):
+            self.done.set_result(None)
+        else:
+            self.send_next()
+
+    def fail(self, error: YolopipeError) -> None:
+        if not self.done.done():
+            self.done.set_exception(error)
+            self.done.exception()  # retrieved: whoever still awaits it gets it; nobody else must
+            for link in self.links:
+                link.cancel(self.id)
+
+
+class _Link(asyncio.Protocol):
+    """The connection to one inference worker, re-made whenever it is lost."""
+
+    def __init__(self, client: InferenceClient, index: int) -> None:
+        self.client = client
+        self.index = index
+        self.status = wire.StatusBlock(client.layout.status(index), writable=False)
+        self.transport: asyncio.Transport | None = None
+        self.ring: Ring | None = None
+        self.reader = wire.FrameReader()
+        self.waiting: dict[tuple[int, int], tuple[_Request, int]] = {}  # (req, index) → (request, ring offset)
+        self.connected = False
+        self.info: dict | None = None  # this worker's hello
+        self._hello: asyncio.Future | None = None
+        self._lost: asyncio.Future | None = None
+        self._serial = itertools.count()
+
+    async def keep_connected(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await loop.create_unix_connection(lambda: self, str(self.client.layout.socket(self.index)))
+            except OSError:  # not started yet, or restarting
+                await asyncio.sleep(_RECONNECT_S)
+                continue
+            try:
+                info = await asyncio.wait_for(asyncio.shield(self._hello), 30.0)
+                self.ring.unlink()  # mapped on both sides now: nothing to leave behind
+                self.client.info = self.info = info
+                self.connected = True
+                await self._lost
+            except (asyncio.TimeoutError, ConnectionError):
+                if self.transport is not None:
+                    self.transport.abort()
+                await asyncio.sleep(_RECONNECT_S)
+
+    def connection_made(self, transport: Any) -> None:
+        loop = asyncio.get_running_loop()
+        self.transport = transport
+        self._hello, self._lost = loop.create_future(), loop.create_future()
+        self.reader = wire.FrameReader()
+        self.ring = Ring(self.client.layout.ring(self.index, next(self._serial)), self.client.settings.ring_bytes)
+        transport.write(wire.hello({"ring": str(self.ring.path)}))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.connected = False
+        self.transport = None
+        waiting, self.waiting = self.waiting, {}
+        if self.ring is not None:
+            self.ring.close()  # the worker may still map it (if alive): a new connection gets a new ring
+            self.ring = None
+        error = DeviceError(f"inference worker {self.index} stopped while this request ran; retry")
+        for request, _ in waiting.values():
+            request.fail(error)
+        if self._hello is not None and not self._hello.done():
+            self._hello.set_exception(ConnectionError("closed before hello"))
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        for kind, body in self.reader.feed(data):
+            if kind == wire.RESULTS:
+                _, outcomes = wire.read_results(body)
+                for outcome in outcomes:
+                    entry = self.waiting.pop((outcome.req_id, outcome.index), None)
+                    if entry is None:
+                        continue
+                    request, offset = entry
+                    self.ring.free(offset)
+                    request.answer(outcome)
+            elif kind == wire.HELLO and self._hello is not None and not self._hello.done():
+                self._hello.set_result(wire.read_hello(body))
+
+    def send(self, request: _Request, index: int) -> None:
+        data = request.images[index]
+        offset = self.ring.put(data) if self.ring is not None else None
+        if offset is None:
+            raise Overloaded("too much image data is waiting for inference; retry shortly")
+        self.waiting[(request.id, index)] = (request, offset)
+        request.links.add(self)
+        self.transport.write(wire.image(wire.ImageRef(request.id, index, offset, len(data), request.deadline,
+                                                      request.params)))
+
+    def cancel(self, req_id: int) -> None:
+        if self.transport is not None:
+            self.transport.write(wire.cancel(req_id))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self.status.close()
+
+
+class InferenceClient:
+    def __init__(self, settings: ServingSettings, layout: RunLayout) -> None:
+        self.settings = settings
+        self.layout = layout
+        self.info: dict | None = None  # the first worker's hello: model, names, limits
+        self._ids = itertools.count(1)
+        self._links: list[_Link] = []
+        self._tasks: list[asyncio.Task] = []
+        self._turn = itertools.count()
+
+    async def start(self, wait_s: float = 30.0) -> None:
+        """Connect to every worker (in the background, for good); wait up to ``wait_s`` for one."""
+        self._links = [_Link(self, i) for i in range(self.layout.workers)]
+        self._tasks = [asyncio.create_task(link.keep_connected()) for link in self._links]
+        deadline = time.monotonic() + wait_s
+        while not self.ready and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for link in self._links:
+            link.close()
+
+    @property
+    def ready(self) -> bool:
+        return any(link.connected and link.status.read().state == wire.READY for link in self._links)
+
+    def workers(self) -> list[dict]:
+        """Each inference worker as an operator sees it: ready, queued images, pid, device."""
+        out = []
+        for i, link in enumerate(self._links):
+            load = link.status.read() if link.connected else None
+            info = link.info or {}
+            out.append({"worker": i, "ready": load is not None and load.state == wire.READY,
+                        "queued_images": load.pending if load else 0, "pid": info.get("pid"),
+                        "device": info.get("device"), "restarts": info.get("generation", 0)})
+        return out
+
+    def pick(self) -> _Link:
+        """The connected worker with the least queued work; Overloaded when even it is over budget."""
+        best: tuple[float, int] | None = None
+        chosen: _Link | None = None
+        chosen_load: wire.Load | None = None
+        turn = next(self._turn)
+        n = len(self._links)
+        for k in range(n):
+            link = self._links[(turn + k) % n]  # rotate, so that equal loads share the work
+            if not link.connected:
+                continue
+            load = link.status.read()
+            if load.state != wire.READY:
+                continue
+            # The work queued ahead of this image: idle workers tie (and the rotation shares the
+            # work) however differently their per-image times were last measured.
+            key = (load.queued_s(), len(link.waiting))
+            if best is None or key < best:
+                best, chosen, chosen_load = key, link, load
+        if chosen is None or chosen_load is None:
+            raise Overloaded("no inference worker is ready (starting or restarting); retry shortly")
+        if chosen_load.pending and chosen_load.queued_s(1) > self.settings.budget_s:
+            raise wire.over_budget(chosen_load.queued_s(1), self.settings.budget_s)
+        return chosen
+
+    async def detect(self, images: list[bytes], params: DetectParams) -> list[wire.Outcome]:
+        """Each image's outcome, in order (its own error inside). Raises Overloaded, DeviceError
+        or RequestTimeout when the request as a whole cannot be served."""
+        timeout = self.settings.request_timeout_s
+        request = _Request(self, images, params, time.monotonic() + timeout)
+        for _ in range(min(len(images), self.settings.window)):
+            request.send_next()
+        try:
+            await asyncio.wait_for(asyncio.shield(request.done), timeout + _GRACE_S)
+        except asyncio.TimeoutError:
+            request.fail(RequestTimeout(f"no result within {timeout:g} s"))
+            raise RequestTimeout(f"no result within {timeout:g} s") from None
+        except asyncio.CancelledError:  # the client went away: stop the work it left queued
+            request.fail(RequestTimeout("the client went away"))
+            raise
+        return request.outcomes  # type: ignore[return-value]

@@ -1,0 +1,176 @@
+"""The inference workers of one service: started, watched, restarted, stopped.
+
+One keeper thread per worker starts its process, waits for it to be ready, waits for it to
+end and, unless the service is stopping, starts it again (after a pause that grows while it
+keeps dying young). The first start is the exception: a worker that cannot open its model
+(missing weights, no GPU) fails ``start()`` with its own error, for the CLI to print.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Any
+
+from app.errors import YolopipeError
+from app.serving.processes import RunLayout
+from app.serving.settings import ServingSettings
+from app.serving.wire import StatusBlock, error_from_code
+from app.serving.worker import WorkerSpec, worker_main
+
+log = logging.getLogger("yolopipe.serving")
+
+_HEALTHY_S = 60.0  # a worker that lived this long restarts at once when it dies
+_MAX_BACKOFF_S = 10.0
+
+
+class _Stopping(Exception):
+    """Raised in a keeper asked to start a worker while the pool stops."""
+
+
+@dataclass
+class _Started:
+    info: dict | None = None
+    error: YolopipeError | None = None
+
+
+class InferencePool:
+    def __init__(self, settings: ServingSettings, layout: RunLayout, devices: list[str | None]) -> None:
+        self.settings = settings
+        self.layout = layout
+        self.devices = devices
+        self._ctx = multiprocessing.get_context("spawn")
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._procs: dict[int, Any] = {}
+        self._first: list[_Started] = [_Started() for _ in devices]
+        self._first_done = [threading.Event() for _ in devices]
+        self._keepers: list[threading.Thread] = []
+        self.info: dict | None = None  # worker 0's hello: the model and its limits
+
+    def start(self) -> None:
+        """Start every worker and wait until each is ready; raises the first one's start-up error.
+        Worker 0 goes first so that a first export of the model happens once."""
+        for i in range(len(self.devices)):
+            StatusBlock(self.layout.status(i), writable=True).close()  # readers can open it at once
+        try:
+            self._start_keeper(0)
+            self._wait_first(0)
+            for i in range(1, len(self.devices)):
+                self._start_keeper(i)
+            for i in range(1, len(self.devices)):
+                self._wait_first(i)
+        except BaseException:
+            self.stop(0.0)
+            raise
+        self.info = self._first[0].info
+
+    def pids(self) -> dict[int, int]:
+        with self._lock:
+            return {i: p.pid for i, p in self._procs.items() if not wait([p.sentinel], 0)}
+
+    def stop(self, drain_s: float) -> None:
+        """SIGTERM every worker (each finishes its admitted work), SIGKILL what is left after
+        ``drain_s`` + 5 s. Only keepers reap their processes (two reapers could race)."""
+        self._stopping.set()
+        with self._lock:
+            procs = list(self._procs.values())
+        for p in procs:
+            if not wait([p.sentinel], 0):
+                os.kill(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + drain_s + 5.0
+        for t in self._keepers:
+            t.join(max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            if not wait([p.sentinel], 0):
+                log.error("inference worker pid %d did not stop in time; killing it", p.pid)
+                os.kill(p.pid, signal.SIGKILL)
+        for t in self._keepers:
+            t.join()
+
+    # --- keepers -----------------------------------------------------------------------
+    def _start_keeper(self, index: int) -> None:
+        t = threading.Thread(target=self._keep, args=(index,), name=f"yolopipe-keeper-{index}", daemon=True)
+        t.start()
+        self._keepers.append(t)
+
+    def _wait_first(self, index: int) -> None:
+        self._first_done[index].wait()
+        if self._first[index].error is not None:
+            raise self._first[index].error
+
+    def _keep(self, index: int) -> None:
+        try:
+            self._keep_running(index)
+        except BaseException as exc:  # noqa: BLE001 (a keeper must never die silently before its first start)
+            if not self._first_done[index].is_set():
+                self._first[index] = _Started(error=YolopipeError(f"inference worker {index} could not start: {exc}"))
+                self._first_done[index].set()
+            if not isinstance(exc, _Stopping):
+                log.error("keeper of inference worker %d failed", index, exc_info=exc)
+
+    def _keep_running(self, index: int) -> None:
+        generation, backoff = 0, 0.0
+        while not self._stopping.is_set():
+            proc, report = self._spawn(index, generation)
+            started = time.monotonic()
+            outcome = self._await_ready(index, proc, report)
+            if generation == 0:
+                self._first[index] = outcome
+                self._first_done[index].set()
+                if outcome.error is not None:
+                    proc.join()
+                    report.close()
+                    return
+            if outcome.error is None:
+                wait([proc.sentinel])  # serving until it ends
+            proc.join()
+            report.close()
+            if self._stopping.is_set():
+                return
+            from app.serving.metrics import mark_dead
+
+            mark_dead(proc.pid, self.layout.metrics_dir)
+            lived = time.monotonic() - started
+            backoff = 0.0 if lived > _HEALTHY_S else min(_MAX_BACKOFF_S, max(0.5, 2 * backoff))
+            log.error("inference worker %d (pid %d) ended with exit code %s after %.0f s; restarting in %.1f s",
+                      index, proc.pid, proc.exitcode, lived, backoff)
+            if self._stopping.wait(backoff):
+                return
+            generation += 1
+
+    def _spawn(self, index: int, generation: int) -> tuple[Any, Any]:
+        receive, send = self._ctx.Pipe(duplex=False)
+        spec = WorkerSpec(index, self.devices[index], self.layout, generation, os.getpid())
+        proc = self._ctx.Process(target=worker_main, args=(spec, self.settings, send),
+                                 name=f"yolopipe-inference-{index}", daemon=False)
+        with self._lock:
+            if self._stopping.is_set():
+                raise _Stopping
+            proc.start()
+            self._procs[index] = proc
+        send.close()
+        return proc, receive
+
+    def _await_ready(self, index: int, proc: Any, report: Any) -> _Started:
+        while True:
+            ready = wait([report, proc.sentinel])
+            if report in ready:
+                try:
+                    message = report.recv()
+                except EOFError:
+                    message = None
+                if message and message[0] == "ready":
+                    return _Started(info=message[1])
+                if message and message[0] == "error":
+                    return _Started(error=error_from_code(message[1], message[2]))
+            if not proc.is_alive() or report in ready:
+                proc.join()
+                return _Started(error=YolopipeError(
+                    f"inference worker {index} exited with code {proc.exitcode} while starting (see its log above)"))

@@ -1,0 +1,188 @@
+"""``yolopipe serve``: the supervisor of N HTTP workers and one inference worker per GPU.
+
+    supervisor ── inference workers (InferencePool): one per GPU, or ``cpu_workers`` on a CPU
+             └─── HTTP workers: uvicorn, each with its own SO_REUSEPORT listener on host:port
+
+It owns the run folder (sockets, status blocks, metrics files) and removes it at exit. A dead
+worker of either kind is started again; SIGTERM or SIGINT drains everything in order — the
+HTTP workers finish their requests (the inference workers still serving them), then the
+inference workers stop — and the supervisor exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+import time
+from multiprocessing.connection import wait
+from typing import Any
+
+from app.config import Settings
+from app.errors import InvalidParameter, YolopipeError
+from app.serving.pool import InferencePool
+from app.serving.processes import RunLayout, die_with_parent, setup_logging, write_metrics_to
+from app.serving.settings import ServingSettings
+
+log = logging.getLogger("yolopipe.serving")
+
+_YOUNG_S = 5.0  # an HTTP worker that dies younger than this is restarted after a pause
+
+
+def serve(settings: Settings) -> None:
+    serving = ServingSettings.from_settings(settings)
+    setup_logging()
+    devices = serving.inference_devices()
+    on_gpu = devices[0] is not None
+    n_http = serving.http_worker_count(len(devices), on_gpu)
+    _check_port_free(serving.host, serving.port)
+    layout = RunLayout.create(len(devices))
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(layout.metrics_dir)  # every child writes there
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    pool = InferencePool(serving, layout, devices)
+    http = HttpWorkers(serving, layout, n_http)
+    try:
+        log.info("starting %d inference worker(s) (%s) and %d HTTP worker(s) on %s:%d; run folder %s",
+                 len(devices), ", ".join(f"cuda:{d}" if d is not None else "cpu" for d in devices), n_http,
+                 serving.host, serving.port, layout.root)
+        pool.start()
+        if stop.is_set():
+            return
+        http.start()
+        log.info("serving on http://%s:%d", serving.host, serving.port)
+        while not stop.is_set():
+            http.replace_dead(timeout=0.5)
+        log.info("draining: HTTP workers finish their requests, then the inference workers stop")
+        http.stop(serving.request_timeout_s)
+    finally:
+        http.stop(0.0)
+        pool.stop(serving.request_timeout_s)
+        layout.remove()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    log.info("stopped")
+
+
+def _check_port_free(host: str, port: int) -> None:
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise InvalidParameter(f"cannot listen on {host}:{port}: {exc.strerror}",
+                                   hint="choose another --port or stop what uses it") from None
+
+
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """This HTTP worker's own listener; the kernel spreads new connections over all of them."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock
+
+
+class HttpWorkers:
+    def __init__(self, settings: ServingSettings, layout: RunLayout, count: int) -> None:
+        self.settings = settings
+        self.layout = layout
+        self.count = count
+        self._ctx = multiprocessing.get_context("spawn")
+        self._procs: list[Any] = [None] * count
+        self._started_at = [0.0] * count
+        self._pauses = [0.0] * count
+
+    def start(self) -> None:
+        for slot in range(self.count):
+            error = self._spawn(slot)
+            if error is not None:
+                self.stop(0.0)
+                raise YolopipeError(f"HTTP worker could not start: {error}")
+
+    def _spawn(self, slot: int) -> str | None:
+        receive, send = self._ctx.Pipe(duplex=False)
+        proc = self._ctx.Process(target=http_worker_main, args=(self.settings, self.layout, os.getpid(), send),
+                                 name=f"yolopipe-http-{slot}")
+        proc.start()
+        send.close()
+        self._procs[slot] = proc
+        self._started_at[slot] = time.monotonic()
+        try:
+            message = receive.recv() if wait([receive, proc.sentinel], 60.0) else "no answer within 60 s"
+        except EOFError:
+            message = f"exited with code {proc.exitcode}"
+        finally:
+            receive.close()
+        return None if message == "listening" else str(message)
+
+    def replace_dead(self, timeout: float) -> None:
+        sentinels = [p.sentinel for p in self._procs if p is not None]
+        wait(sentinels, timeout)
+        for slot, proc in enumerate(self._procs):
+            if proc is None or proc.is_alive():
+                continue
+            proc.join()
+            from app.serving.metrics import mark_dead
+
+            mark_dead(proc.pid, self.layout.metrics_dir)
+            lived = time.monotonic() - self._started_at[slot]
+            self._pauses[slot] = min(10.0, max(0.5, 2 * self._pauses[slot])) if lived < _YOUNG_S else 0.0
+            log.error("HTTP worker pid %d ended with exit code %s after %.0f s; starting another%s", proc.pid,
+                      proc.exitcode, lived, f" in {self._pauses[slot]:.1f} s" if self._pauses[slot] else "")
+            time.sleep(self._pauses[slot])
+            error = self._spawn(slot)
+            if error is not None:
+                log.error("HTTP worker could not start: %s", error)
+
+    def stop(self, drain_s: float) -> None:
+        """SIGTERM: each stops accepting and finishes its requests (uvicorn's graceful shutdown)."""
+        live = [p for p in self._procs if p is not None and p.is_alive()]
+        for p in live:
+            p.terminate()
+        deadline = time.monotonic() + drain_s + 10.0
+        for p in live:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                log.error("HTTP worker pid %d did not stop in time; killing it", p.pid)
+                p.kill()
+                p.join()
+
+
+def http_worker_main(settings: ServingSettings, layout: RunLayout, parent_pid: int, report: Any) -> None:
+    """Process entry (spawn): bind, say so, serve until SIGTERM/SIGINT, exit 0."""
+    die_with_parent(parent_pid)
+    write_metrics_to(layout.metrics_dir)
+    setup_logging()
+    import uvicorn
+
+    from app.api.main import create_app
+    from app.api.protocol import uvicorn_options
+
+    try:
+        sock = listen(settings.host, settings.port)
+    except OSError as exc:
+        report.send(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
+        raise SystemExit(3) from None
+    report.send("listening")
+    report.close()
+    options: dict[str, Any] = dict(
+        lifespan="on",
+        access_log=False,  # per-request lines cost throughput; /metrics counts requests by status
+        log_level="warning",
+        timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,  # in-flight requests end by then
+        **uvicorn_options(settings),  # header and URL limits, read timeouts, JSON protocol errors
+    )
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, layout=layout), **options))
+    # Uvicorn re-raises the signal it shut down for once it is done, which would end the process
+    # with -15; a graceful shutdown is a clean exit, so let that signal land on a no-op.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    server.run(sockets=[sock])

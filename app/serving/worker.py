@@ -1,0 +1,188 @@
+"""The inference worker: one process per GPU (or per CPU worker) that owns the detector.
+
+It listens on a Unix socket in the run folder; every HTTP worker connects, names its
+shared-memory ring (``HELLO``), then sends image descriptors (``IMAGE``). The
+batcher batches images from every HTTP worker and each answer goes back on the socket it came
+from, a batch's answers to one HTTP worker in one frame. Its load goes to a status block the
+HTTP workers read. SIGTERM: refuse new work, finish the admitted work, exit 0; SIGINT is
+ignored (a terminal's Ctrl-C reaches every process; the supervisor decides the order).
+
+Neither torch nor prometheus_client is imported at module level: the process entry first
+sets the environment they read (the GPU this worker may see, the metrics folder).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from app.errors import YolopipeError
+from app.serving import wire
+from app.serving.batcher import Batcher, Job
+from app.serving.processes import RunLayout
+from app.serving.ring import map_ring
+
+log = logging.getLogger("yolopipe.serving")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    index: int
+    device: str | None  # the CUDA_VISIBLE_DEVICES entry this worker sees, None on the CPU
+    layout: RunLayout
+    generation: int  # how many times this worker index was started before
+    parent_pid: int
+
+
+def worker_main(spec: WorkerSpec, settings: Any, report: Any) -> None:
+    """Process entry (multiprocessing, spawn). ``report``: a pipe to the pool, which gets
+    ``("ready", info)`` or ``("error", code, message)``."""
+    from app.runtime import open_detector_from
+    from app.serving.processes import die_with_parent, setup_logging, write_metrics_to
+
+    die_with_parent(spec.parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    write_metrics_to(spec.layout.metrics_dir)
+    if spec.device is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = spec.device
+        settings = settings.model_copy(update={"device": 0})
+    setup_logging()
+    try:
+        detector = open_detector_from(settings)
+    except YolopipeError as exc:
+        report.send(("error", exc.code, str(exc)))
+        raise SystemExit(3) from None
+    try:
+        _run(_serve(spec, settings, detector, report))
+    finally:
+        detector.close()
+
+
+def _run(main: Any) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
+
+
+async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) -> None:
+    from app.serving.metrics import WorkerMetrics, gpu_memory_readers
+
+    loop = asyncio.get_running_loop()
+    metrics = WorkerMetrics(str(spec.index))
+    if spec.generation:
+        metrics.restarts.labels(str(spec.index)).inc()
+    status = wire.StatusBlock(spec.layout.status(spec.index), writable=True)
+    socket_path = spec.layout.socket(spec.index)
+    connections: set[_Connection] = set()
+
+    def deliver(jobs: list, outcomes: list, timings: dict) -> None:
+        loop.call_soon_threadsafe(_send_answers, jobs, outcomes, timings)
+
+    batcher = Batcher(detector, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
+                      budget_s=settings.budget_s, deliver=deliver, metrics=metrics, generation=spec.generation)
+    batcher.on_load_change = status.write
+    sizes = (1,) if detector.pipeline.backend == "onnxruntime" else tuple(sorted({1, batcher.max_batch}))
+    await asyncio.to_thread(batcher.start, sizes)
+    info = {
+        "worker": spec.index, "generation": spec.generation, "pid": os.getpid(),
+        "device": "cpu" if spec.device is None else f"cuda:{spec.device}",
+        **detector.info(),
+        "meta": asdict(detector.meta),
+        "max_pixels": detector.max_pixels,
+        "max_det": int(getattr(detector.pipeline, "max_det", 1000)),
+        "batch_limit": batcher.max_batch, "lanes": batcher.lanes,
+    }
+    stop_sampling = threading.Event()
+    metrics.sample_gpu_memory(gpu_memory_readers(detector, 0), 5.0, stop_sampling)
+
+    def _send_answers(jobs: list, outcomes: list, timings: dict) -> None:
+        by_owner: dict[Any, list] = {}
+        for job, outcome in zip(jobs, outcomes):
+            by_owner.setdefault(job.owner, []).append(outcome)
+        for owner, answers in by_owner.items():
+            owner.send(wire.results(answers, timings))
+
+    try:
+        os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+    server = await loop.create_unix_server(
+        lambda: _Connection(batcher, info, connections), str(socket_path))
+    stopping = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stopping.set)
+    status.write(batcher.load())
+    report.send(("ready", info))
+    log.info("inference worker %d ready: %s on %s/%s (%s), batch %d, %d lane(s)", spec.index, detector.meta.name,
+             info["backend"], info["precision"], info["device"], batcher.max_batch, batcher.lanes)
+    await stopping.wait()
+
+    log.info("inference worker %d draining", spec.index)
+    server.close()
+    await asyncio.to_thread(batcher.close, settings.request_timeout_s)
+    status.write(batcher.load())
+    await asyncio.sleep(0)  # let the last answers go out
+    for conn in list(connections):
+        conn.close()
+    await asyncio.sleep(0)  # connection_lost runs
+    batcher.on_load_change = None
+    stop_sampling.set()
+    status.close()
+    log.info("inference worker %d stopped", spec.index)
+
+
+class _Connection(asyncio.Protocol):
+    """One HTTP worker, as the inference worker sees it."""
+
+    def __init__(self, batcher: Any, info: dict, connections: set) -> None:
+        self.batcher = batcher
+        self.info = info
+        self.connections = connections
+        self.reader = wire.FrameReader()
+        self.ring: memoryview | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.connections.discard(self)
+        self.transport = None
+        self.batcher.drop_owner(self)
+        self.ring = None  # unmapped once the last job's view of it is gone
+
+    def send(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        for kind, body in self.reader.feed(data):
+            if kind == wire.IMAGE and self.ring is not None:
+                ref = wire.read_image(body)
+                job = Job(self, ref, self.ring[ref.offset : ref.offset + ref.length])
+                refused = self.batcher.admit(job)
+                if refused is not None:
+                    job.data = None
+                    self.send(wire.results([wire.Outcome(ref.req_id, ref.index, error=refused)]))
+            elif kind == wire.CANCEL:
+                self.batcher.cancel(self, wire.read_cancel(body))
+            elif kind == wire.HELLO:
+                self.ring = map_ring(Path(wire.read_hello(body)["ring"]))
+                self.send(wire.hello(self.info))
+            else:
+                log.error("unexpected frame kind %d from an HTTP worker; closing its connection", kind)
+                self.close()
+                return

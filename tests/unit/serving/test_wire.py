@@ -1,0 +1,63 @@
+"""The frames between HTTP workers and inference workers: what goes in comes out, split anywhere."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.api.errors import status_for
+from app.errors import DeviceError, ImageTooLarge, Overloaded, UnsupportedMediaType
+from app.serving import wire
+from app.types import DetectParams
+
+
+@pytest.fixture(scope="module")
+def detected(cpu_detector, bus, zidane):
+    return cpu_detector, cpu_detector.detect([bus, zidane], cpu_detector.params(conf=0.1))
+
+
+def test_images_round_trip_with_their_parameters():
+    refs = [
+        wire.ImageRef(7, 0, 123, 4567, 1e6 + 0.25, DetectParams()),
+        wire.ImageRef(2**40, 3, 2**33, 99, 5.5, DetectParams(0.05, 0.3, 17, (0, 2, 79), True)),
+    ]
+    reader = wire.FrameReader()
+    stream = b"".join(wire.image(r) for r in refs) + wire.cancel(2**40)
+    frames = [f for i in range(0, len(stream), 5) for f in reader.feed(stream[i : i + 5])]  # 5-byte pieces
+    assert [k for k, _ in frames] == [wire.IMAGE, wire.IMAGE, wire.CANCEL]
+    assert [wire.read_image(b) for _, b in frames[:2]] == refs
+    assert wire.read_cancel(frames[2][1]) == 2**40
+
+
+def test_results_round_trip_to_the_same_json_as_the_detector(detected):
+    det, results = detected
+    outcomes = [wire.Outcome(1, i, r.width, r.height, r.detections, decode_ms=1.5, queue_ms=2.5)
+                for i, r in enumerate(results)]
+    outcomes.append(wire.Outcome(1, 2, error=ImageTooLarge("image has 2,500,000,000 pixels")))
+    (kind, body), = wire.FrameReader().feed(wire.results(outcomes, {"batch_ms": 12.5, "batch_size": 2}))
+    assert kind == wire.RESULTS
+    timings, back = wire.read_results(body)
+    assert timings == {"batch_ms": 12.5, "batch_size": 2}
+    for o, r in zip(back, results):
+        assert (o.width, o.height) == (r.width, r.height)
+        assert o.detections.to_json(det.names) == r.detections.to_json(det.names) != []
+        assert (o.decode_ms, o.queue_ms, o.batch) == (1.5, 2.5, timings)
+    assert type(back[2].error) is ImageTooLarge and status_for(back[2].error) == 413
+    assert str(back[2].error) == "image has 2,500,000,000 pixels"
+
+
+@pytest.mark.parametrize("error, status", [(Overloaded("busy"), 503), (DeviceError("gone"), 503),
+                                           (UnsupportedMediaType("text"), 415)])
+def test_errors_keep_their_class_and_so_their_status(error, status):
+    restored = wire.error_from_code(error.code, str(error))
+    assert type(restored) is type(error) and status_for(restored) == status
+
+
+def test_the_status_block_is_shared_between_a_writer_and_readers(tmp_path):
+    writer = wire.StatusBlock(tmp_path / "s", writable=True)
+    reader = wire.StatusBlock(tmp_path / "s", writable=False)
+    writer.write(wire.Load(3, wire.READY, 40, 0.002, 2))
+    load = reader.read()
+    assert load == wire.Load(3, wire.READY, 40, 0.002, 2)
+    assert load.queued_s(10) == pytest.approx(50 * 0.002 / 2)
+    writer.close()
+    reader.close()
