@@ -99,7 +99,9 @@ class Server:
 
 
 def start_yolopipe(args: argparse.Namespace, logdir: Path) -> Server:
-    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLOPIPE_ARTIFACTS_DIR": str(args.artifacts_dir)}
+    env = {**os.environ, "YOLO_OFFLINE": "1"}
+    if args.artifacts_dir is not None:
+        env["YOLOPIPE_ARTIFACTS_DIR"] = str(args.artifacts_dir)
     # Serving settings the CLI has no option for (yet) travel as YOLOPIPE_* variables.
     for name in ("workers", "gpus", "queue_budget_s", "request_window", "ring_mb", "cpu_workers"):
         value = getattr(args, name)
@@ -265,7 +267,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--queue-budget-s", type=float, default=None)
     p.add_argument("--request-window", type=int, default=None)
     p.add_argument("--ring-mb", type=int, default=None)
-    p.add_argument("--artifacts-dir", type=Path, default=ROOT / "engines")
+    p.add_argument("--artifacts-dir", type=Path, default=None, help="default: the artifacts store of the cache")
     # the baseline
     p.add_argument("--no-naive", action="store_true")
     p.add_argument("--naive-workers", type=int, default=4, help="uvicorn workers of the naive server")
