@@ -24,7 +24,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from bench.machine import machine_info, versions
+from app.benchmark.machine import machine_info, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = """

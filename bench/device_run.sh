@@ -2,7 +2,7 @@
 # The GPU suite and benchmarks on the lent H200, in one call of the device tool:
 #   carry: [".whl", ".cache", ".data"]   (wheels the image lacks, the sample weights, photos;
 #   for GPU JPEG decode add nvidia-nvimgcodec-cu13 to the wheels: ../shared/device/wheels.sh)
-#   bash bench/device_run.sh tests|bench|http|soak ...
+#   bash bench/device_run.sh tests|bench|http ...   (the soak: bench/http_device.sh)
 # Everything it writes goes under $OUT (the device tool brings it back).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -22,12 +22,8 @@ for part in "$@"; do
     bench)
       timeout "${BENCH_TIMEOUT:-300}" python3 -m app.benchmark --images "$YOLOPIPE_IMAGES" --out "$OUT/latency.json" \
         ${BENCH_ARGS:-} 2>&1 | tee "$OUT/latency.log" | tail -60 ;;
-    http)
+    http)  # load and kill parts; the soak needs a call of its own: bench/http_device.sh
       timeout "${HTTP_TIMEOUT:-300}" python3 bench/http_load.py ${HTTP_ARGS:-} --images "$YOLOPIPE_IMAGES" \
         --out "$OUT/http.json" 2>&1 | tee "$OUT/http.log" | tail -40 ;;
-    soak)  # open-loop load at twice the rate the http part sustained
-      rate=$(python3 -c "import json; print(int(2 * json.load(open('$OUT/http.json'))['servers']['yolopipe']['req_per_s']))")
-      timeout "${SOAK_TIMEOUT:-300}" python3 bench/http_load.py ${SOAK_ARGS:-} --no-naive --rate "$rate" \
-        --images "$YOLOPIPE_IMAGES" --out "$OUT/soak.json" 2>&1 | tee "$OUT/soak.log" | tail -30 ;;
   esac
 done

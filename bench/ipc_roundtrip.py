@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-from bench.machine import machine_info, versions  # noqa: E402
+from app.benchmark.machine import machine_info, versions  # noqa: E402
 
 HEADER = struct.Struct("<IQ")  # payload length, message id
 DESCRIPTOR = struct.Struct("<QQI")  # message id, ring offset, length

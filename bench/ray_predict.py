@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # `python bench/ray_predict.py`: make the repo importable
     sys.path.insert(0, str(REPO))
 
-from bench.machine import PACKAGES, machine_info, versions
+from app.benchmark.machine import PACKAGES, machine_info, versions
 
 os.environ.setdefault("YOLO_OFFLINE", "1")
 SHARED_IMAGES = REPO.parent / "shared" / "data" / "images"
