@@ -106,9 +106,7 @@ def run_row(spec: dict) -> dict:
 
         with open_detector(spec["weights"], max_batch=spec["batch"], ort_threads=spec["ort_threads"] or 0,
                            **common) as det:
-            warmup = getattr(det.pipeline, "warmup", None)
-            if warmup is not None:  # as the Ray actors do: every bucket's graph before the first batch
-                warmup()
+            det.pipeline.warmup()  # as the Ray actors do: every bucket's graph before the first batch
             summary = predict_folder(det, spec["folder"], out, det.params(), batch=spec["batch"], on_progress=clock)
             backend = det.pipeline.backend
     else:

@@ -61,9 +61,7 @@ class DetectorActor:
         # The export already exists and matches: it is only loaded, never rebuilt.
         self.detector = open_model_dir(here, ort_threads=ort_threads or 0, **open_kwargs)
         self.params = self.detector.params(**params)
-        warmup = getattr(self.detector.pipeline, "warmup", None)
-        if warmup is not None:  # GPU pipelines: capture every bucket's graph now
-            warmup()
+        self.detector.pipeline.warmup()  # GPU pipelines: capture every bucket's graph now
 
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa

@@ -18,7 +18,6 @@ from app.artifacts.exports import META_NAME
 from app.types import ModelMeta
 
 
-
 def pack_model_dir(model_dir: Path) -> dict[str, bytes]:
     """The folder's top-level files (export, meta, engines); caches in sub-folders stay behind."""
     return {p.name: p.read_bytes() for p in sorted(Path(model_dir).iterdir()) if p.is_file()}

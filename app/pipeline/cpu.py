@@ -8,8 +8,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from app.backends.base import HostBackend, PipelineInput
-from app.errors import YolopipeError
 from app.boxes import nms_numpy
+from app.config import MAX_DET
+from app.errors import YolopipeError
 from app.imaging.letterbox import letterbox, to_input
 from app.pipeline.nms_cpu import nms_keep_indices_compiled
 from app.types import DetectParams, Letterbox, ModelMeta
@@ -22,12 +23,12 @@ class CpuPipeline:
     decodes_jpeg = False
     max_in_flight = 1
 
-    def __init__(self, backend: HostBackend, meta: ModelMeta, *, max_batch: int = 8, max_det: int = 1000) -> None:
+    def __init__(self, backend: HostBackend, meta: ModelMeta, *, max_batch: int = 8, max_det: int = MAX_DET) -> None:
         self.backend = backend.name
         self.precision = backend.precision
         self.meta = meta
         self.max_batch = max_batch
-        self.max_det = max_det  # the NumPy NMS has no buffers to size: any limit the caller sets
+        self.max_det = max_det
         self._engine = backend
         self.last_timings: dict[str, float] = {}
 

@@ -67,7 +67,8 @@ class Batcher:
         self.max_batch = max(1, min(max_batch, detector.pipeline.max_batch))
         self.max_wait_s = max_wait_ms / 1e3
         self.budget_s = budget_s
-        self.lanes = int(getattr(detector.pipeline, "num_lanes", 1))
+        # batches run at once (a thread each): on the GPU, one batch's decode and upload beside another's graph
+        self.lanes = detector.pipeline.max_in_flight
         self.generation = generation
         self._deliver = deliver
         self.metrics = metrics
@@ -238,7 +239,7 @@ class Batcher:
         end = time.perf_counter()
         timings: dict[str, float] = {"batch_ms": round((end - run_start) * 1e3, 3), "batch_size": len(ok)}
         m.stage_latency.labels("batch").observe(end - run_start)
-        for name, ms in (getattr(self.detector.pipeline, "last_timings", None) or {}).items():
+        for name, ms in self.detector.pipeline.last_timings.items():
             name = f"pipeline_{name}" if name in _BATCHER_TIMINGS else name
             m.stage_latency.labels(name.removesuffix("_ms")).observe(ms / 1e3)
             timings[name] = round(float(ms), 3)
@@ -322,9 +323,7 @@ class Batcher:
 def warmup(detector: Detector, batch_sizes: Sequence[int]) -> float:
     """Run each batch size once on gray images, so the first request pays no setup; the
     seconds per image of the largest batch (the first estimate admission works with)."""
-    capture = getattr(detector.pipeline, "warmup", None)
-    if callable(capture):  # the GPU pipeline captures one CUDA graph per batch-size bucket
-        capture()
+    detector.pipeline.warmup()  # the GPU pipeline captures one CUDA graph per batch-size bucket
     size = detector.meta.imgsz
     image = np.full((size, size, 3), 114, np.uint8)
     seconds = 0.0

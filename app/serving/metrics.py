@@ -94,18 +94,14 @@ def mark_dead(pid: int, path: Path) -> None:
 def gpu_memory_readers(detector: Any, device: int) -> dict[str, Callable[[], float | None]]:
     """How to read GPU memory for this detector; empty for a CPU backend.
 
-    ``allocator``: the pipeline's own report (``pipeline.device_memory_bytes()``) if it has
-    one, else torch's reserved pool when torch is already loaded (GPU backends load it; we
+    ``allocator``: torch's reserved pool when torch is already loaded (GPU backends load it; we
     never import it here). ``device``: memory used on the whole device, from NVML via ctypes.
     """
     pipeline = detector.pipeline
     if pipeline.backend == "onnxruntime":
         return {}
     readers: dict[str, Callable[[], float | None]] = {}
-    own = getattr(pipeline, "device_memory_bytes", None)
-    if callable(own):
-        readers["allocator"] = own
-    elif "torch" in sys.modules:
+    if "torch" in sys.modules:
         torch = sys.modules["torch"]
         readers["allocator"] = lambda: float(torch.cuda.memory_reserved(device))
     nvml = _NvmlMemory.open(device)

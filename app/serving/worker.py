@@ -98,7 +98,7 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) ->
         **detector.info(),
         "meta": asdict(detector.meta),
         "max_pixels": detector.max_pixels,
-        "max_det": int(getattr(detector.pipeline, "max_det", 1000)),
+        "max_det": detector.pipeline.max_det,
         "batch_limit": batcher.max_batch, "lanes": batcher.lanes,
     }
     stop_sampling = threading.Event()
