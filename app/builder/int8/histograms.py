@@ -43,7 +43,7 @@ class AbsHistogram:
 
 
 class _Collecting:
-    __slots__ = ("counts", "width", "lowest", "highest", "zeros")
+    __slots__ = ("counts", "highest", "lowest", "width", "zeros")
 
     def __init__(self) -> None:
         self.counts: np.ndarray | None = None

@@ -107,7 +107,7 @@ def split_items(items: Sequence[CalibrationItem], *, num_images: int, holdout: i
     n = len(shuffled)
     n_hold = min(holdout, max(n - ADVISED_CALIBRATION, n // 2), max(n - min_calibration, 0))
     heldout, rest = shuffled[:n_hold], shuffled[n_hold:]
-    key = lambda item: (str(item.path), item.frame or 0)  # noqa: E731
+    key = lambda item: (str(item.path), item.frame or 0)
     return sorted(rest[:num_images], key=key), sorted(heldout, key=key)
 
 

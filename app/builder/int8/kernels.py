@@ -19,10 +19,8 @@ def value_extremes(flat):  # pragma: no cover - compiled
     lo, hi = np.inf, -np.inf
     for k in range(flat.size):
         v = flat[k]
-        if v < lo:
-            lo = v
-        if v > hi:
-            hi = v
+        lo = min(lo, v)
+        hi = max(hi, v)
     return lo, hi
 
 
@@ -32,10 +30,10 @@ def add_abs_histogram(flat, inv_width, counts):  # pragma: no cover - compiled
     last = counts.size - 1
     for k in range(flat.size):
         v = flat[k]
-        if v != v:  # NaN
+        if np.isnan(v):
             continue
         b = int(abs(v) * inv_width)
-        counts[b if b < last else last] += 1
+        counts[min(last, b)] += 1
 
 
 @njit(cache=True)

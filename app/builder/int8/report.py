@@ -50,7 +50,10 @@ class HeldOut:
         return len(self.names)
 
     def subset(self, count: int) -> HeldOut:
-        return HeldOut(self.names[:count], self.images[:count], self.placements[:count])
+        """``count`` images spread evenly over the set (neighbours are often alike)."""
+        picks = sorted({int(i) for i in np.linspace(0, len(self) - 1, min(count, len(self)))}) if len(self) else []
+        return HeldOut([self.names[i] for i in picks], [self.images[i] for i in picks],
+                       [self.placements[i] for i in picks])
 
 
 class OrtModel:

@@ -50,7 +50,7 @@ def test_a_video_frame_is_read_as_opencv_reads_it(folder):
     item = next(i for i in im.list_items(folder / "a" / "clip.avi", frames_per_video=3) if i.frame == 14)
     cap = cv2.VideoCapture(str(item.path))
     for _ in range(15):
-        ok, frame = cap.read()
+        _, frame = cap.read()
     cap.release()
     np.testing.assert_array_equal(im.read_item(item), frame)
     assert item.relative_name(folder) == "a/clip.avi#frame14"
