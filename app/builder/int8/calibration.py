@@ -104,7 +104,7 @@ def gate_error(report: Int8Report, min_f1: float) -> CalibrationError:
 
 
 def _settings_key() -> str:
-    return f"{HISTOGRAM_BINS}x{OVERSAMPLE}"
+    return f"{HISTOGRAM_BINS}x{OVERSAMPLE}all"  # every float activation, the head tail's too
 
 
 def _method_key(method: str) -> str:
@@ -195,7 +195,6 @@ def calibrate(
     import onnx
 
     model = onnx.load(str(onnx_path))
-    tail = graph.head_tail_nodes(model)
     keep_float = graph.float_nodes(model) if exclude_head_tail else []
     onnx_sha = meta.onnx_sha256 or sha256_file(onnx_path)
     digest = items_digest(calib_items)
@@ -208,7 +207,7 @@ def calibrate(
     else:
         from app.builder.int8.collect import collect_histograms
 
-        tensors = graph.activation_tensors(model, tail)
+        tensors = graph.activation_tensors(model)  # the tail too: exclude_head_tail=False quantizes it
         histograms, calib_used = collect_histograms(onnx_path, calib_items, tensors, imgsz=imgsz, console=console)
         if len(calib_used) < min_images:
             raise CalibrationError(
