@@ -33,7 +33,7 @@ def collect_histograms(onnx_path: Path, items: Sequence[CalibrationItem], tensor
     from app.builder.int8.report import OrtModel
 
     model = augmented_model(onnx.load(str(onnx_path)), list(tensors))
-    session = OrtModel(model.SerializeToString())
+    session = OrtModel(model.SerializeToString(), spin=False)
     del model
     collector = ActivationHistograms()
     used: list[CalibrationItem] = []

@@ -65,23 +65,30 @@ class ActivationHistograms:
 
         flat = np.ascontiguousarray(values, dtype=np.float32).ravel()
         state = self._tensors.setdefault(name, _Collecting())
-        if not flat.size:
-            return
-        lo, hi = value_extremes(flat)
-        if lo > hi:  # all NaN
-            return
+        start = 0
+        while start < flat.size:
+            if state.counts is None:  # the first non-zero value sets the bin width
+                lo, hi = value_extremes(flat, start)
+                if lo > hi:  # all NaN
+                    return
+                amax = max(abs(float(lo)), abs(float(hi)))
+                if amax == 0.0:
+                    state.zeros += flat.size - start
+                    self._extremes(state, lo, hi)
+                    return
+                state.width = amax / self.fine_bins
+                state.counts = np.zeros(self.fine_bins, np.int64)
+                state.counts[0] += state.zeros
+            stop, lo, hi = add_abs_histogram(flat, start, 1.0 / state.width, state.counts)
+            self._extremes(state, lo, hi)
+            if stop < flat.size:  # a value beyond the bins: grow them to the rest's maximum
+                lo, hi = value_extremes(flat, stop)
+                self._grow(state, max(abs(float(lo)), abs(float(hi))))
+            start = stop
+
+    @staticmethod
+    def _extremes(state: _Collecting, lo: float, hi: float) -> None:
         state.lowest, state.highest = min(state.lowest, float(lo)), max(state.highest, float(hi))
-        amax = max(abs(float(lo)), abs(float(hi)))
-        if state.counts is None:
-            if amax == 0.0:
-                state.zeros += flat.size
-                return
-            state.width = amax / self.fine_bins
-            state.counts = np.zeros(self.fine_bins, np.int64)
-            state.counts[0] += state.zeros
-        elif amax > state.width * state.counts.size:
-            self._grow(state, amax)
-        add_abs_histogram(flat, 1.0 / state.width, state.counts)
 
     def _grow(self, state: _Collecting, amax: float) -> None:
         needed = int(np.ceil(amax / state.width))

@@ -14,26 +14,41 @@ from numba import njit
 
 
 @njit(nogil=True, cache=True)
-def value_extremes(flat):  # pragma: no cover - compiled
-    """``(min, max)`` of a flat float array; NaN ignored, ``(inf, -inf)`` if all NaN."""
-    lo, hi = np.inf, -np.inf
-    for k in range(flat.size):
-        v = flat[k]
-        lo = min(lo, v)
-        hi = max(hi, v)
-    return lo, hi
+def add_abs_histogram(flat, start, inv_width, counts):  # pragma: no cover - compiled
+    """``counts[floor(|v| * inv_width)] += 1`` from ``flat[start]`` on, with the min and max.
 
-
-@njit(nogil=True, cache=True)
-def add_abs_histogram(flat, inv_width, counts):  # pragma: no cover - compiled
-    """``counts[floor(|v| * inv_width)] += 1`` for every value (the last bin takes the top edge)."""
+    One pass over the values. Returns ``(stop, lo, hi)``: ``stop`` is the index of the first
+    value beyond the last bin (``flat.size`` when none is), ``lo``/``hi`` the extremes of the
+    values before it (NaN ignored). The caller grows the bins and continues from ``stop``: the
+    counts so far stay valid, since growing only adds bins or merges whole ones.
+    """
     last = counts.size - 1
-    for k in range(flat.size):
+    limit = counts.size
+    lo, hi = np.inf, -np.inf
+    for k in range(start, flat.size):
         v = flat[k]
         if np.isnan(v):
             continue
         b = int(abs(v) * inv_width)
-        counts[min(last, b)] += 1
+        if b >= limit:
+            if abs(v) * inv_width > limit:
+                return k, lo, hi
+            b = last  # exactly on the top edge
+        counts[b] += 1
+        lo = min(lo, v)
+        hi = max(hi, v)
+    return flat.size, lo, hi
+
+
+@njit(nogil=True, cache=True)
+def value_extremes(flat, start):  # pragma: no cover - compiled
+    """``(min, max)`` of ``flat[start:]``; NaN ignored, ``(inf, -inf)`` if nothing is left."""
+    lo, hi = np.inf, -np.inf
+    for k in range(start, flat.size):
+        v = flat[k]
+        lo = min(lo, v) if not np.isnan(v) else lo
+        hi = max(hi, v) if not np.isnan(v) else hi
+    return lo, hi
 
 
 @njit(cache=True)

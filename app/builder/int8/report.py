@@ -59,7 +59,8 @@ class HeldOut:
 class OrtModel:
     """One ONNX Runtime CPU session (the builder's own: build time never imports the backends)."""
 
-    def __init__(self, model: Path | bytes, *, threads: int | None = None, optimize: bool = True) -> None:
+    def __init__(self, model: Path | bytes, *, threads: int | None = None, optimize: bool = True,
+                 spin: bool = True) -> None:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
@@ -67,6 +68,8 @@ class OrtModel:
                                          else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
         opts.intra_op_num_threads = threads or os.cpu_count() or 1
         opts.log_severity_level = 3  # the quantized graphs' "could not fold" notes are not news
+        if not spin:  # idle threads sleep: another thread of ours needs the cores between runs
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         source = model if isinstance(model, bytes) else str(model)
         self.session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
         self.input_name = self.session.get_inputs()[0].name
