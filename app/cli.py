@@ -151,14 +151,14 @@ def calibrate(
     allow_low_accuracy: Annotated[bool, typer.Option(help="Write the model even below --min-f1.")] = False,
 ) -> None:
     """Calibrate INT8 and write the Q/DQ models (TensorRT and CPU) with an accuracy report."""
-    from app.builder.quantize import DEFAULT_METHOD
-    from app.builder.quantize import calibrate as run_calibration
+    from app.builder.int8 import DEFAULT_METHOD
+    from app.builder.int8 import calibrate as run_calibration
 
     result = run_calibration(
         weights, images, num_images=num_images, method=method or DEFAULT_METHOD, imgsz=imgsz,
         artifacts_dir=artifacts_dir, min_f1=min_f1, allow_low_accuracy=allow_low_accuracy, console=console,
     )
-    for path in (result.int8_path, result.int8_cpu_path, result.report_path):
+    for path in (result.tensorrt_qdq_path, result.cpu_qdq_path, result.report_path):
         console.print(f"wrote {path}", highlight=False)
 
 

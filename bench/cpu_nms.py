@@ -23,12 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 
+from app.benchmark.machine import machine_info, versions  # noqa: E402
 from app.boxes import nms_numpy  # noqa: E402
 from app.builder.export import export_onnx  # noqa: E402
 from app.imaging.letterbox import letterbox, to_input  # noqa: E402
 from app.pipeline.nms_cpu import nms_keep_indices_compiled  # noqa: E402
 from app.types import DetectParams  # noqa: E402
-from app.benchmark.machine import machine_info, versions  # noqa: E402
 
 
 def head_outputs(batch: int) -> np.ndarray:

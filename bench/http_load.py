@@ -38,8 +38,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
 from app.benchmark.machine import machine_info, versions  # noqa: E402
-from bench.wrk_client import run_wrk  # noqa: E402
 from bench.server_meter import ServerMeter, free_port, wait_ready  # noqa: E402
+from bench.wrk_client import run_wrk  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 

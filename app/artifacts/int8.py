@@ -8,22 +8,23 @@
   asymmetric activations, s8 per-channel weights, Q/DQ on every op ORT can fuse.
 * ``int8_report.json``: INT8 vs FP32 agreement on held-out images.
 
-Calibration caches (per-tensor ranges) live under ``calibration/cache/``, keyed by the FP32
-model's sha256, the method and a hash of the calibration images' contents.
+Calibration caches live under ``calibration/cache/``: the activation histograms of one
+calibration pass (``.npz``, every method's ranges come from them), keyed by the FP32 model's
+sha256, the histogram settings and a hash of the calibration images' contents, and each method's
+per-tensor ranges in ONNX Runtime's calibration-cache format (``.json``), which
+``quantize_static`` reads.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable
 from pathlib import Path
 
+from app.artifacts.store import cache_dir
 from app.errors import ArtifactError
 
 INT8_QDQ_NAME = "model.int8.onnx"
 INT8_CPU_NAME = "model.int8-cpu.onnx"
 INT8_REPORT_NAME = "int8_report.json"
-CALIBRATION_ROOT = Path("calibration")
 
 
 def int8_qdq_model_path(model_dir: Path) -> Path:
@@ -50,19 +51,16 @@ def int8_report_path(model_dir: Path) -> Path:
     return Path(model_dir) / INT8_REPORT_NAME
 
 
-def calibration_cache_dir(root: Path = CALIBRATION_ROOT) -> Path:
-    """``calibration/cache/`` (git-ignored); created on demand."""
-    return Path(root) / "cache"
+def calibration_cache_dir(root: Path | None = None) -> Path:
+    """Where calibration passes are cached: ``<cache>/calibration`` unless ``root`` is given."""
+    return Path(root) if root is not None else cache_dir() / "calibration"
 
 
-def images_digest(image_paths: Iterable[Path]) -> str:
-    """sha256 over the images' bytes in calibration order: same images, same digest, wherever they lie."""
-    digest = hashlib.sha256()
-    for path in image_paths:
-        digest.update(hashlib.sha256(Path(path).read_bytes()).digest())
-    return digest.hexdigest()
+def histogram_cache_path(onnx_sha256: str, settings: str, images_sha256: str, root: Path | None = None) -> Path:
+    """The activation histograms of one (model, settings, image list) calibration pass."""
+    return calibration_cache_dir(root) / f"{onnx_sha256[:16]}-hist{settings}-{images_sha256[:16]}.npz"
 
 
-def calibration_cache_path(onnx_sha256: str, method: str, images_sha256: str, root: Path = CALIBRATION_ROOT) -> Path:
-    """The cached tensor ranges of one (model, method, image list) calibration."""
+def calibration_cache_path(onnx_sha256: str, method: str, images_sha256: str, root: Path | None = None) -> Path:
+    """The per-tensor ranges of one (model, method + settings, image list) calibration."""
     return calibration_cache_dir(root) / f"{onnx_sha256[:16]}-{method}-{images_sha256[:16]}.json"

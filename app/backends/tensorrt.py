@@ -25,9 +25,9 @@ from app.artifacts.engines import (
     check_engine_meta,
     engine_meta_for,
 )
+from app.errors import ArtifactError, DeviceError, InvalidParameter
 from app.gpu.probe import gpu_identity
 from app.gpu.tensorrt_lib import import_tensorrt, trt_logger
-from app.errors import ArtifactError, DeviceError, InvalidParameter
 from app.types import ModelMeta
 
 

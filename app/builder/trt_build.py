@@ -6,7 +6,7 @@ a precision is expressed (``app.builder.trt_recipe.build_recipe`` decides, and i
 * 10.x has weak typing: fp16 is ``BuilderFlag.FP16`` on a network made by ``create_network(0)``.
 * 11.x is strongly typed only: the precision flags and INT8 calibrators are gone, fp16 comes
   from an fp16 ONNX model made by NVIDIA ModelOpt AutoCast (fp32 I/O kept).
-* int8 is the same on both: the entropy-calibrated Q/DQ ONNX model (``app.builder.quantize``) and a
+* int8 is the same on both: the entropy-calibrated Q/DQ ONNX model (``app.builder.int8``) and a
   network created with ``NetworkDefinitionCreationFlag.STRONGLY_TYPED`` (required on 10.x,
   accepted and ignored on 11.x, where every network is strongly typed).
 
@@ -204,7 +204,7 @@ def _source_model(
             f"{qdq_path} is older than the export it should quantize",
             hint="pass --calib-images DIR to recalibrate",
         )
-    from app.builder.quantize import calibrate
+    from app.builder.int8 import calibrate
 
     console.print(f"calibrating int8 from {esc(str(calib_images))} ...")
     calibrate(weights, Path(calib_images), imgsz=imgsz, artifacts_dir=artifacts_dir)

@@ -13,7 +13,6 @@ from app.errors import ImageTooLarge, InvalidImage
 from app.imaging.headers import ImageHeader, read_header
 
 
-
 def decode_bytes(header: ImageHeader) -> int:
     """An estimate of the memory one decode holds at its peak: ``imdecode`` holds the BGR
     image twice; a 16-bit TIFF, read at its depth to match Ultralytics, at 2 bytes a sample;

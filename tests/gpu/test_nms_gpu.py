@@ -22,8 +22,8 @@ from numba import cuda  # noqa: E402
 if not cuda.is_available():
     pytest.skip("numba.cuda sees no GPU", allow_module_level=True)
 
-from app.gpu.nms import SIMULATOR, GpuNms  # noqa: E402
 from app.boxes import MAX_WH, head_candidates, nms_numpy  # noqa: E402
+from app.gpu.nms import SIMULATOR, GpuNms  # noqa: E402
 from app.types import DetectParams  # noqa: E402
 
 if SIMULATOR:

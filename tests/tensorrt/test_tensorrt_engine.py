@@ -15,8 +15,8 @@ import shutil
 import numpy as np
 import pytest
 
-from app.gpu.tensorrt_lib import import_tensorrt
 from app.errors import BackendUnavailable
+from app.gpu.tensorrt_lib import import_tensorrt
 
 try:
     trt = import_tensorrt()

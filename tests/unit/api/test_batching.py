@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
-import pytest
 
 from app.api.main import create_app
 from app.serving.settings import ServingSettings

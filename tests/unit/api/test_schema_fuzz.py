@@ -3,7 +3,6 @@ every response (status, content type, body) conforms to the documented schema.""
 
 from __future__ import annotations
 
-
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")

@@ -16,8 +16,8 @@ from ray.cluster_utils import Cluster
 
 from app.distributed import predict_with_ray
 from app.errors import BackendUnavailable, InvalidParameter
-from app.runtime import open_detector
 from app.pipeline.folder import predict_folder
+from app.runtime import open_detector
 
 STORE = 150 * 2**20  # object store per node: small, the test images are a few MB
 COMMON = {"backend": "onnxruntime", "batch": 2, "ort_threads": 1}

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.errors import ImageTooLarge, InvalidImage, UnsupportedMediaType
 from app.config import MAX_DECODE_BYTES
+from app.errors import ImageTooLarge, InvalidImage, UnsupportedMediaType
 from app.imaging.decode import check_image, decode_bytes, decode_image
 from app.imaging.headers import read_header, sniff_format
 

@@ -1,0 +1,309 @@
+"""``yolopipe calibrate``: FP32 model + the user's images → INT8 Q/DQ models and a report.
+
+1. Export (or reuse) the FP32 model; list the images and video frames; hold some out (never
+   calibrated on) for the report, or take a separate held-out folder.
+2. One calibration pass: histograms of every activation (``collect.py``), cached under
+   ``calibration/cache/`` by model, settings and image contents, so a rerun or another method
+   skips it.
+3. Each tensor's range from the histograms by the method (``thresholds.py``: entropy as
+   TensorRT does it, percentile, or max), saved in ONNX Runtime's calibration-cache format.
+4. Two Q/DQ models from those ranges (``qdq.py``): ``model.int8.onnx`` for TensorRT (s8) and
+   ``model.int8-cpu.onnx`` for ONNX Runtime on a CPU (u8 activations); the head tail and the
+   head's last Convs stay float (``graph.py``).
+5. Both against FP32 on the held-out images (``report.py``). The gate: the lower bound of the
+   F1's 95 % interval ≥ ``min_f1``. Below it, mixed precision (``sensitivity.py``) keeps the
+   most sensitive Convs float, one by one, up to ``max_float_layers``. Still below: the new
+   models are not installed (the report is written) unless ``allow_low_accuracy``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.artifacts.int8 import (
+    calibration_cache_path,
+    histogram_cache_path,
+    int8_cpu_model_path,
+    int8_qdq_model_path,
+    int8_report_path,
+)
+from app.builder.int8 import graph
+from app.builder.int8.histograms import HISTOGRAM_BINS, OVERSAMPLE, load_histograms, save_histograms
+from app.builder.int8.images import (
+    ADVISED_CALIBRATION,
+    FRAMES_PER_VIDEO,
+    HOLDOUT,
+    MIN_CALIBRATION,
+    MIN_REPORT_BOXES,
+    items_digest,
+    letterboxed,
+    list_items,
+    needed_images_hint,
+    split_items,
+    warn,
+)
+from app.builder.int8.qdq import write_qdq_model
+from app.builder.int8.report import HeldOut, Int8Report, detect, print_report, save_report, summarize
+from app.builder.int8.sensitivity import (
+    MAX_FLOAT_LAYERS,
+    SENSITIVITY_IMAGES,
+    LayerSensitivity,
+    flops_share,
+    layer_sensitivity,
+)
+from app.builder.int8.thresholds import (
+    ENTROPY_LEVELS,
+    ENTROPY_START_BIN,
+    METHODS,
+    PERCENTILE,
+    compute_ranges,
+    to_tensors_data,
+)
+from app.errors import AccuracyGateFailed, CalibrationError
+
+DEFAULT_METHOD = "percentile"  # see calibration/README.md: TensorRT's entropy clips post-SiLU activations hard
+
+
+@dataclass
+class CalibrationResult:
+    model_dir: Path
+    onnx_path: Path  # the FP32 model calibrated
+    tensorrt_qdq_path: Path  # model.int8.onnx: s8 Q/DQ for TensorRT (build-engine --precision int8)
+    cpu_qdq_path: Path  # model.int8-cpu.onnx: u8 Q/DQ for ONNX Runtime (--precision int8 on a CPU)
+    report_path: Path  # int8_report.json
+    report: Int8Report  # the TensorRT model vs FP32 (run in ONNX Runtime on the CPU)
+    cpu_report: Int8Report  # the CPU model vs FP32
+    method: str
+    passed: bool  # both reports' F1 lower bounds reached min_f1
+    installed: bool  # the models in model_dir are the new ones
+    float_layers: list[str]  # Convs kept float by mixed precision (besides the head's)
+    calibration_images: list[str]
+    heldout_images: list[str]
+    cache_path: Path  # the histograms of the calibration pass
+    cache_hit: bool
+    sensitivity: list[LayerSensitivity] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+
+def passes(report: Int8Report, min_f1: float) -> bool:
+    return report.f1_ci95[0] >= min_f1 and not report.lost_all
+
+
+def gate_error(report: Int8Report, min_f1: float) -> AccuracyGateFailed:
+    lost = f"; INT8 found nothing on {len(report.lost_all)} of them" if report.lost_all else ""
+    return AccuracyGateFailed(
+        f"{report.int8_model} agrees with FP32 at F1 {report.f1:.3f} (95 % interval {report.f1_ci95[0]:.3f}–"
+        f"{report.f1_ci95[1]:.3f}) on {report.images} held-out images, below the required {min_f1:.2f}{lost}; "
+        "the INT8 models were not installed",
+        hint="use more images like the ones you serve, allow more float layers (max_float_layers), "
+        "try another method, or accept it with --allow-low-accuracy",
+    )
+
+
+def _settings_key() -> str:
+    return f"{HISTOGRAM_BINS}x{OVERSAMPLE}all"  # every float activation, the head tail's too
+
+
+def _method_key(method: str) -> str:
+    if method == "entropy":
+        return f"entropy-trt{HISTOGRAM_BINS}s{ENTROPY_START_BIN}q{ENTROPY_LEVELS}"
+    return f"percentile{PERCENTILE}" if method == "percentile" else method
+
+
+def load_heldout(items, imgsz: int, root: Path, console) -> HeldOut:
+    held = HeldOut()
+    for item, image, lb in letterboxed(items, imgsz, console):
+        held.names.append(item.relative_name(root))
+        held.images.append(image)
+        held.placements.append(lb)
+    return held
+
+
+def calibrate(
+    weights: str = "sample",
+    images: Path | str | None = None,
+    *,
+    num_images: int = 512,
+    method: str = DEFAULT_METHOD,
+    imgsz: int = 640,
+    artifacts_dir: Path | None = None,
+    min_f1: float = 0.90,
+    allow_low_accuracy: bool = False,
+    console=None,
+    heldout_images: Path | str | None = None,
+    holdout: int = HOLDOUT,
+    frames_per_video: int = FRAMES_PER_VIDEO,
+    max_float_layers: int = MAX_FLOAT_LAYERS,
+    sensitivity_images: int = SENSITIVITY_IMAGES,
+    min_report_boxes: int = MIN_REPORT_BOXES,
+    min_images: int = MIN_CALIBRATION,
+    calibration_root: Path | None = None,
+    exclude_head_tail: bool = True,
+) -> CalibrationResult:
+    """Calibrate ``weights`` on ``images`` (a folder of photos and/or videos, or one video) and
+    write the INT8 models and the report; see the module docstring for the steps.
+
+    ``heldout_images``: a separate folder for the report (then ``images`` is all calibration).
+    ``holdout``: images held out of ``images`` otherwise. ``frames_per_video``: frames sampled
+    from each video. ``max_float_layers``: the cap of mixed precision (0: off).
+    Raises ``CalibrationError`` for unusable inputs and for a failed gate (see ``passes``).
+    """
+    from rich.console import Console
+
+    from app.builder.export import export_onnx
+    from app.weights import sha256_file
+
+    console = console or Console(stderr=True)
+    if method not in METHODS:
+        raise CalibrationError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
+    if images is None:
+        raise CalibrationError("no calibration images given", hint="pass --images DIR")
+    if num_images < 1:
+        raise CalibrationError(f"num_images must be positive, got {num_images}")
+    images = Path(images)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    items = list_items(images, frames_per_video=frames_per_video, console=console)
+    if heldout_images is not None:
+        calib_items = items[:num_images]
+        held_items = list_items(Path(heldout_images), frames_per_video=frames_per_video, console=console)
+        held_root = Path(heldout_images)
+    else:
+        calib_items, held_items = split_items(items, num_images=num_images, holdout=holdout, min_calibration=min_images)
+        held_root = images
+    if len(calib_items) < min_images or not held_items:
+        raise CalibrationError(
+            f"{len(items)} images and video frames in {images} leave {len(calib_items)} for calibration besides "
+            f"{len(held_items)} held out; at least {min_images} are needed, {ADVISED_CALIBRATION}+ advised",
+            hint=needed_images_hint(holdout))
+    if len(calib_items) < ADVISED_CALIBRATION:
+        warn(console, f"calibrating on {len(calib_items)} images; {ADVISED_CALIBRATION}+ give steadier ranges "
+                      f"({needed_images_hint(holdout)})")
+
+    exported = export_onnx(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
+    onnx_path, meta, model_dir = exported.onnx_path, exported.meta, exported.onnx_path.parent
+    timings["export_s"] = time.perf_counter() - t0
+
+    heldout = load_heldout(held_items, imgsz, held_root, console)
+    if not heldout.names:
+        raise CalibrationError(f"none of the {len(held_items)} held-out images could be read")
+
+    import onnx
+
+    model = onnx.load(str(onnx_path))
+    keep_float = graph.float_nodes(model) if exclude_head_tail else []
+    onnx_sha = meta.onnx_sha256 or sha256_file(onnx_path)
+    digest = items_digest(calib_items)
+    cache_path = histogram_cache_path(onnx_sha, _settings_key(), digest, calibration_root)
+    cache_hit = cache_path.is_file()
+    t1 = time.perf_counter()
+    if cache_hit:
+        console.print(f"calibration histograms from the cache: {cache_path}")
+        histograms, calib_used = load_histograms(cache_path), list(calib_items)
+    else:
+        from app.builder.int8.collect import collect_histograms
+
+        tensors = graph.activation_tensors(model)  # the tail too: exclude_head_tail=False quantizes it
+        histograms, calib_used = collect_histograms(onnx_path, calib_items, tensors, imgsz=imgsz, console=console)
+        if len(calib_used) < min_images:
+            raise CalibrationError(
+                f"only {len(calib_used)} of {len(calib_items)} calibration images could be read; "
+                f"at least {min_images} are needed, {ADVISED_CALIBRATION}+ advised", hint=needed_images_hint(holdout))
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        save_histograms(cache_path, histograms)
+    timings["calibration_s"] = time.perf_counter() - t1
+
+    t2 = time.perf_counter()
+    from onnxruntime.quantization.calibrate import save_tensors_data
+
+    ranges_path = calibration_cache_path(onnx_sha, _method_key(method), digest, calibration_root)
+    inputs = [i.name for i in model.graph.input]
+    save_tensors_data(to_tensors_data(compute_ranges(histograms, method, full_range=inputs), method), ranges_path)
+    timings["ranges_s"] = time.perf_counter() - t2
+
+    final_trt, final_cpu = int8_qdq_model_path(model_dir), int8_cpu_model_path(model_dir, must_exist=False)
+    tmp_trt = final_trt.with_name(final_trt.stem + ".new.onnx")
+    tmp_cpu = final_cpu.with_name(final_cpu.stem + ".new.onnx")
+
+    t3 = time.perf_counter()
+    fp32_dets = detect(onnx_path, heldout)
+
+    def write_and_report(target: str, float_layers: list[str]) -> Int8Report:
+        path, final = (tmp_trt, final_trt) if target == "tensorrt" else (tmp_cpu, final_cpu)
+        write_qdq_model(onnx_path, path, ranges_path, method, target=target, float_nodes=keep_float + float_layers)
+        return summarize(final.name, heldout.names, fp32_dets, detect(path, heldout),
+                         min_boxes=min_report_boxes, min_images=min(holdout, HOLDOUT))
+
+    float_layers: list[str] = []
+    report, cpu_report = write_and_report("tensorrt", []), write_and_report("cpu", [])
+    timings["write_and_report_s"] = time.perf_counter() - t3
+    sensitivity: list[LayerSensitivity] = []
+    if not (passes(report, min_f1) and passes(cpu_report, min_f1)) and max_float_layers > 0 and exclude_head_tail:
+        # The float set is chosen on the TensorRT model (the product); the CPU model gets the same.
+        t4 = time.perf_counter()
+        from app.builder.int8.collect import with_progress
+
+        layers = graph.conv_layers(model, keep_float)
+        flops = graph.conv_flops(model)
+        console.print(f"F1 lower bound below {min_f1:.2f}: measuring the sensitivity of {len(layers)} Convs on "
+                      f"{min(sensitivity_images, len(heldout))} held-out images")
+        _, sensitivity = layer_sensitivity(
+            onnx_path, tmp_trt, layers, heldout.subset(sensitivity_images), flops,
+            progress=lambda seq: with_progress(seq, len(layers), "sensitivity", console))
+        for layer in sensitivity[:max_float_layers]:
+            float_layers.append(layer.layer)
+            report = write_and_report("tensorrt", float_layers)
+            console.print(f"kept {len(float_layers)} Convs float ({flops_share(float_layers, flops):.1%} of the FLOPs): "
+                          f"F1 {report.f1:.3f} [{report.f1_ci95[0]:.3f}, {report.f1_ci95[1]:.3f}]")
+            if passes(report, min_f1):
+                break
+        cpu_report = write_and_report("cpu", float_layers)
+        timings["mixed_precision_s"] = time.perf_counter() - t4
+    print_report([report, cpu_report], console)
+
+    passed = passes(report, min_f1) and passes(cpu_report, min_f1)
+    installed = passed or allow_low_accuracy
+    flops = graph.conv_flops(model)
+    payload = {
+        "model": meta.name,
+        "fp32_onnx_sha256": meta.onnx_sha256,
+        "method": method,
+        "imgsz": imgsz,
+        "calibration_images": len(calib_used),
+        "heldout_images": heldout.names,
+        "min_f1": min_f1,
+        "gate": "lower bound of the F1's bootstrap 95 % interval >= min_f1, and no image loses every box",
+        "passed": passed,
+        "installed": installed,
+        "trustworthy": report.trustworthy,
+        "float_nodes": keep_float,
+        "mixed_precision": {
+            "float_convs": float_layers,
+            "float_convs_gflops": round(sum(flops.get(layer, 0) for layer in float_layers) / 1e9, 4),
+            "float_convs_flops_share": round(flops_share(float_layers, flops), 5),
+            "sensitivity": [s.to_json() for s in sensitivity],
+        },
+        "cache": str(cache_path),
+        "cache_hit": cache_hit,
+        "ranges": str(ranges_path),
+        "timings_s": {k: round(v, 2) for k, v in timings.items()},
+        **report.to_json(),
+        "cpu_variant": cpu_report.to_json(),
+    }
+    report_path = int8_report_path(model_dir)
+    save_report(report_path, payload)
+    if not installed:
+        tmp_trt.unlink(missing_ok=True)
+        tmp_cpu.unlink(missing_ok=True)
+        raise gate_error(report if not passes(report, min_f1) else cpu_report, min_f1)
+    tmp_trt.replace(final_trt)
+    tmp_cpu.replace(final_cpu)
+    return CalibrationResult(
+        model_dir=model_dir, onnx_path=onnx_path, tensorrt_qdq_path=final_trt, cpu_qdq_path=final_cpu,
+        report_path=report_path, report=report, cpu_report=cpu_report, method=method, passed=passed,
+        installed=installed, float_layers=float_layers, calibration_images=[i.name for i in calib_used],
+        heldout_images=heldout.names, cache_path=cache_path, cache_hit=cache_hit, sensitivity=sensitivity,
+        timings_s=timings,
+    )

@@ -1,0 +1,100 @@
+"""Writing the Q/DQ models from calibrated ranges (ONNX Runtime's ``quantize_static``).
+
+Why explicit Q/DQ: TensorRT removed its INT8 calibrators in 11.0, so the scales have to be in
+the ONNX model, and a strongly typed TensorRT network is built from it (``trt_build.py``).
+Two models come from the same ranges:
+
+* ``target="tensorrt"``: s8 symmetric activations and weights (zero point 0), per-channel
+  weights, Q/DQ on the inputs (not the outputs) of Conv, Add, Concat, MaxPool and Resize (the
+  placement NVIDIA's ModelOpt uses; SiLU stays float), float weights with a Q→DQ pair and a
+  float bias: TensorRT's parser refuses a DequantizeLinear fed by an int32 bias
+  (onnx-tensorrt#850, onnxruntime#14229).
+* ``target="cpu"``: u8 asymmetric activations (ORT's fast kernels; s8 symmetric Q/DQ runs ~2x
+  slower than FP32 on a CPU), s8 per-channel weights, Q/DQ on every op ORT quantizes, so it
+  fuses QLinearConv and friends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from app.builder.int8.graph import TENSORRT_OP_TYPES
+
+TARGETS = ("tensorrt", "cpu")
+
+
+class _DropPreprocessAdvice(logging.Filter):
+    """ORT logs "Please consider (to run) pre-processing" on the root logger for every model;
+    its pre-processing would rename the nodes the head analysis found. Only that line is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "consider" not in str(record.msg) or "pre-processing" not in str(record.msg)
+
+
+@contextlib.contextmanager
+def _quiet_ort_advice():
+    root = logging.getLogger()
+    advice = _DropPreprocessAdvice()
+    root.addFilter(advice)
+    try:
+        yield
+    finally:
+        root.removeFilter(advice)
+
+
+def quantize_options(target: str) -> dict:
+    from onnxruntime.quantization import QuantType
+
+    if target == "tensorrt":
+        return {
+            "activation_type": QuantType.QInt8,
+            "op_types_to_quantize": list(TENSORRT_OP_TYPES),
+            "extra_options": {
+                "ActivationSymmetric": True,
+                "WeightSymmetric": True,
+                "QuantizeBias": False,  # TensorRT cannot parse DQ of an int32 bias
+                "AddQDQPairToWeight": True,  # float weights + Q→DQ: TensorRT folds them itself
+                # Inputs only, as ModelOpt places them: a Q on a Conv output would quantize the
+                # pre-activation (SiLU input) and the head's box and class logits.
+                "OpTypesToExcludeOutputQuantization": list(TENSORRT_OP_TYPES),
+            },
+        }
+    if target == "cpu":
+        return {
+            "activation_type": QuantType.QUInt8,
+            "op_types_to_quantize": None,  # everything ORT can quantize: the most fused kernels
+            "extra_options": {"ActivationSymmetric": False, "WeightSymmetric": True},
+        }
+    raise ValueError(f"unknown target {target!r}; one of {', '.join(TARGETS)}")
+
+
+def write_qdq_model(onnx_path: Path, out_path: Path, ranges_path: Path, method: str, *, target: str,
+                    float_nodes: Sequence[str] = (), nodes_to_quantize: Sequence[str] | None = None) -> Path:
+    """Write the ``target`` Q/DQ model from the ranges in ``ranges_path`` (an ORT calibration cache).
+
+    ``float_nodes`` stay float (the head tail, the head's last Convs, mixed-precision layers);
+    ``nodes_to_quantize`` limits quantization to those nodes (the per-layer sensitivity study).
+    """
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    ort_method = {"entropy": CalibrationMethod.Entropy, "max": CalibrationMethod.MinMax,
+                  "percentile": CalibrationMethod.Percentile}[method]
+    with _quiet_ort_advice():
+        quantize_static(
+            str(onnx_path),
+            str(out_path),
+            calibration_data_reader=None,
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            reduce_range=False,
+            weight_type=QuantType.QInt8,
+            nodes_to_exclude=list(float_nodes),
+            nodes_to_quantize=list(nodes_to_quantize) if nodes_to_quantize else None,
+            calibrate_method=ort_method,
+            calibration_cache_path=str(ranges_path),
+            **quantize_options(target),
+        )
+    return Path(out_path)

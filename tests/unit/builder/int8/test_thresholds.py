@@ -1,0 +1,130 @@
+"""Entropy, percentile and max thresholds against references written here, plainly.
+
+The entropy reference follows NVIDIA's description of TensorRT's entropy calibration step by
+step (GTC 2017, "8-bit Inference with TensorRT"): for each candidate ``i`` from bin 128, P = the
+first ``i`` bins with the outliers added to the last one, Q = those bins quantized to 128 levels
+and expanded back (empty bins stay empty), both smoothed, KL(P || Q); the threshold is the upper
+edge of the best candidate. It is slow and obvious; the library's compiled search must agree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.builder.int8 import thresholds as th
+from app.builder.int8.histograms import AbsHistogram, ActivationHistograms
+
+
+def smooth(dist: np.ndarray, eps: float = 1e-4) -> np.ndarray | None:
+    zero = dist == 0
+    if zero.all():
+        return None
+    taken = eps * zero.sum() / (~zero).sum()
+    return np.where(zero, eps, dist - taken)
+
+
+def reference_divergences(counts: np.ndarray, start: int = 128, levels: int = 128) -> dict[int, float]:
+    counts = counts.astype(np.float64)
+    out = {}
+    for i in range(start, counts.size + 1):
+        p = counts[:i].copy()
+        p[-1] += counts[i:].sum()  # the clipped outliers, folded into the last bin
+        level = (np.arange(i) * levels) // i  # bin j belongs to level floor(j * 128 / i)
+        level_total = np.bincount(level, weights=counts[:i], minlength=levels)
+        level_nonempty = np.bincount(level, weights=counts[:i] > 0, minlength=levels)
+        q = np.where(counts[:i] > 0, level_total[level] / np.maximum(level_nonempty[level], 1), 0.0)
+        ps, qs = smooth(p), smooth(q)
+        if ps is None or qs is None:
+            continue
+        ps, qs = ps / ps.sum(), qs / qs.sum()
+        out[i] = float(np.sum(ps * np.log(ps / qs)))
+    return out
+
+
+def reference_threshold(h: AbsHistogram) -> float:
+    divergences = reference_divergences(h.counts)
+    best = min(divergences, key=lambda i: (divergences[i], i))
+    return min(best * h.width, h.amax)
+
+
+def histogram_of(values: np.ndarray, batches: int = 3) -> AbsHistogram:
+    collector = ActivationHistograms()
+    for part in np.array_split(values.astype(np.float32), batches):
+        collector.add("t", part)
+    return collector.finish()["t"]
+
+
+def _silu(x):
+    return x / (1 + np.exp(-x))
+
+
+SYNTHETIC = {
+    "gaussian": lambda rng: rng.normal(0, 1, 400_000),
+    "laplace": lambda rng: rng.laplace(0, 1, 400_000),
+    "student-t3": lambda rng: rng.standard_t(3, 400_000),  # heavy-tailed
+    "relu": lambda rng: np.maximum(rng.normal(0.2, 1, 400_000), 0),  # one-sided, many exact zeros
+    "silu": lambda rng: _silu(rng.normal(0, 2, 400_000)),  # one-sided, ≥ -0.28
+}
+
+
+@pytest.mark.parametrize("name", sorted(SYNTHETIC))
+def test_entropy_search_equals_the_plain_reference(name):
+    from app.builder.int8.kernels import kl_divergences
+
+    h = histogram_of(SYNTHETIC[name](np.random.default_rng(7)))
+    assert 2048 <= h.counts.size <= 2112
+    expected = reference_divergences(h.counts)
+    got = kl_divergences(h.counts, th.ENTROPY_START_BIN, th.ENTROPY_LEVELS, th.SMOOTHING_EPS)
+    candidates = sorted(expected)
+    np.testing.assert_allclose(got[candidates], [expected[i] for i in candidates], rtol=1e-9, atol=1e-12)
+    assert np.isinf(got[: th.ENTROPY_START_BIN]).all()
+    assert th.entropy_threshold(h) == pytest.approx(reference_threshold(h), rel=1e-12)
+    # never below bin 128 (1/16 of the range); a sparse tail costs Q nothing (its empty bins stay
+    # empty), so only the heavy tails are clipped
+    assert h.amax / 17 < th.entropy_threshold(h) <= h.amax
+    if name == "student-t3":
+        assert th.entropy_threshold(h) < h.amax / 2
+
+
+def test_entropy_keeps_a_uniform_distribution_whole():
+    # Uniform: merging bins into levels loses nothing, while any clip folds a big share of the
+    # mass into one bin. The best candidate is the last one: the maximum.
+    body = np.random.default_rng(1).uniform(0, 1, 500_000)
+    assert th.entropy_threshold(histogram_of(body)) == pytest.approx(body.max(), rel=1e-3)
+
+
+def test_heavier_tails_are_clipped_further_out_in_units_of_the_spread():
+    rng = np.random.default_rng(2)
+    gauss = th.entropy_threshold(histogram_of(rng.normal(0, 1, 400_000)))
+    laplace = th.entropy_threshold(histogram_of(rng.laplace(0, 1 / np.sqrt(2), 400_000)))  # same variance
+    assert 3.0 < gauss < 5.5 and laplace > 1.3 * gauss
+
+
+def test_percentile_and_max_against_numpy():
+    rng = np.random.default_rng(3)
+    values = rng.standard_t(3, 300_000).astype(np.float32)
+    h = histogram_of(values)
+    assert th.threshold(h, "max") == pytest.approx(np.abs(values).max())
+    expected = np.percentile(np.abs(values), th.PERCENTILE)
+    got = th.percentile_threshold(h)
+    assert expected - 1e-6 <= got <= expected + h.width + 1e-6  # the upper edge of the bin it falls in
+    assert (np.abs(values) <= got).mean() >= th.PERCENTILE / 100
+
+
+def test_ranges_keep_one_sided_tensors_one_sided():
+    rng = np.random.default_rng(4)
+    values = _silu(rng.normal(0, 3, 200_000)).astype(np.float32)
+    h = histogram_of(values)
+    for method in th.METHODS:
+        lo, hi = th.tensor_range(h, method)
+        t = th.threshold(h, method)
+        assert lo == pytest.approx(values.min()) and hi == pytest.approx(min(values.max(), t))
+    assert th.tensor_range(histogram_of(np.zeros(1000)), "entropy") == (0.0, 0.0)
+
+
+def test_unknown_method_is_a_calibration_error():
+    from app.errors import CalibrationError
+
+    with pytest.raises(CalibrationError, match="entropy, max, percentile"):
+        th.threshold(histogram_of(np.ones(10)), "kl")
