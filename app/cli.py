@@ -48,7 +48,7 @@ cli = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # paths and messages stay whole, for people and for grep
 
 Weights = Annotated[str, typer.Option(
     "--weights", "-w",
@@ -140,23 +140,34 @@ def export(
 @cli.command()
 @_friendly
 def calibrate(
-    images: Annotated[Path, typer.Option(help="Folder of representative images (recursive).")],
+    images: Annotated[Path, typer.Option(help="Images and videos like the ones you will serve (a folder, recursive; "
+                                              "videos give --frames-per-video frames each). 64+ advised, 8 at least.")],
     weights: Weights = "sample",
-    num_images: Annotated[int, typer.Option(help="Calibration images to use (>= 64 advised).")] = 512,
-    method: Annotated[Optional[str], typer.Option(help="entropy | max | percentile (default: the one "
-                                                       "that won on held-out photos, see calibration/README.md)")] = None,
+    num_images: Annotated[int, typer.Option(help="Calibration images to use at most.")] = 512,
+    method: Annotated[Optional[str], typer.Option(help="entropy (TensorRT's) | max | percentile [default: percentile, "
+                                                       "the one that held up best: calibration/README.md].")] = None,
+    heldout_images: Annotated[Optional[Path], typer.Option(help="A separate folder for the accuracy report "
+                                                                "[default: hold out images of --images].")] = None,
+    holdout: Annotated[int, typer.Option(help="Images of --images held out for the report (never calibrated on).")] = 100,
+    frames_per_video: Annotated[int, typer.Option(help="Frames sampled from each video.")] = 32,
+    max_float_layers: Annotated[int, typer.Option(help="Mixed precision: Convs kept float, most sensitive first, "
+                                                       "until the gate passes.")] = 6,
     imgsz: Imgsz = 640,
     artifacts_dir: ArtifactsDir = None,
-    min_f1: Annotated[float, typer.Option(help="Accuracy gate: INT8 vs FP32 F1 at IoU 0.5 on held-out images.")] = 0.90,
-    allow_low_accuracy: Annotated[bool, typer.Option(help="Write the model even below --min-f1.")] = False,
+    min_f1: Annotated[float, typer.Option(help="Accuracy gate: the lower bound of INT8-vs-FP32 F1's 95 % interval "
+                                               "(IoU 0.5) on the held-out images.")] = 0.90,
+    allow_low_accuracy: Annotated[bool, typer.Option(help="Install the models even below --min-f1.")] = False,
 ) -> None:
-    """Calibrate INT8 and write the Q/DQ models (TensorRT and CPU) with an accuracy report."""
+    """Calibrate INT8 and write the Q/DQ models (TensorRT and CPU) with an accuracy report; below the gate
+    the report is written and the models are not installed (exit status 1)."""
     from app.builder.int8 import DEFAULT_METHOD
     from app.builder.int8 import calibrate as run_calibration
 
     result = run_calibration(
         weights, images, num_images=num_images, method=method or DEFAULT_METHOD, imgsz=imgsz,
         artifacts_dir=artifacts_dir, min_f1=min_f1, allow_low_accuracy=allow_low_accuracy, console=console,
+        heldout_images=heldout_images, holdout=holdout, frames_per_video=frames_per_video,
+        max_float_layers=max_float_layers,
     )
     for path in (result.tensorrt_qdq_path, result.cpu_qdq_path, result.report_path):
         console.print(f"wrote {path}", highlight=False)

@@ -1,6 +1,6 @@
 """Where the INT8 build artifacts live, in one place.
 
-``engines/<name>/`` (one export, see ``app.builder.export``) gains:
+A model's artifacts folder (one export, see ``app.artifacts.store``) gains:
 
 * ``model.int8.onnx``: the TensorRT-ready Q/DQ model: symmetric s8 activations and weights
   (zero points 0), per-channel weight scales, the head tail left float.
@@ -8,7 +8,7 @@
   asymmetric activations, s8 per-channel weights, Q/DQ on every op ORT can fuse.
 * ``int8_report.json``: INT8 vs FP32 agreement on held-out images.
 
-Calibration caches live under ``calibration/cache/``: the activation histograms of one
+Calibration caches live in its ``calibration/`` folder: the activation histograms of one
 calibration pass (``.npz``, every method's ranges come from them), keyed by the FP32 model's
 sha256, the histogram settings and a hash of the calibration images' contents, and each method's
 per-tensor ranges in ONNX Runtime's calibration-cache format (``.json``), which
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.artifacts.store import cache_dir
 from app.errors import ArtifactError
 
 INT8_QDQ_NAME = "model.int8.onnx"
@@ -51,16 +50,16 @@ def int8_report_path(model_dir: Path) -> Path:
     return Path(model_dir) / INT8_REPORT_NAME
 
 
-def calibration_cache_dir(root: Path | None = None) -> Path:
-    """Where calibration passes are cached: ``<cache>/calibration`` unless ``root`` is given."""
-    return Path(root) if root is not None else cache_dir() / "calibration"
+def calibration_cache_dir(model_dir: Path) -> Path:
+    """Where the calibration passes of one export are cached: inside its artifacts folder."""
+    return Path(model_dir) / "calibration"
 
 
-def histogram_cache_path(onnx_sha256: str, settings: str, images_sha256: str, root: Path | None = None) -> Path:
+def histogram_cache_path(onnx_sha256: str, settings: str, images_sha256: str, root: Path) -> Path:
     """The activation histograms of one (model, settings, image list) calibration pass."""
-    return calibration_cache_dir(root) / f"{onnx_sha256[:16]}-hist{settings}-{images_sha256[:16]}.npz"
+    return Path(root) / f"{onnx_sha256[:16]}-hist{settings}-{images_sha256[:16]}.npz"
 
 
-def calibration_cache_path(onnx_sha256: str, method: str, images_sha256: str, root: Path | None = None) -> Path:
+def calibration_cache_path(onnx_sha256: str, method: str, images_sha256: str, root: Path) -> Path:
     """The per-tensor ranges of one (model, method + settings, image list) calibration."""
-    return calibration_cache_dir(root) / f"{onnx_sha256[:16]}-{method}-{images_sha256[:16]}.json"
+    return Path(root) / f"{onnx_sha256[:16]}-{method}-{images_sha256[:16]}.json"

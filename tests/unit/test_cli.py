@@ -6,6 +6,7 @@ The exit-status table is ``app.cli.ExitCode``; each status is reached here by a 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import subprocess
 import sys
 
@@ -113,3 +114,42 @@ def test_bench_lists_its_options_and_runs_from_any_folder(tmp_path, artifacts_di
     assert rows == {("onnxruntime", "frames", 1), ("onnxruntime", "jpeg", 1)}
     assert result["machine"]["cpu"] and result["versions"]["onnxruntime"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.json"]
+
+
+def test_calibrate_writes_both_models_and_its_report(tmp_path, sample_model_dir, assets_dir):
+    """The whole command on a small folder (clear numbers need more images: the report says so)."""
+    import shutil
+
+    import cv2
+
+    root = tmp_path / "artifacts"
+    private = root / sample_model_dir.relative_to(sample_model_dir.parent.parent)
+    shutil.copytree(sample_model_dir, private)
+    images = tmp_path / "photos"
+    images.mkdir()
+    for name in ("bus.jpg", "zidane.jpg"):
+        img = cv2.imread(str(assets_dir / name))
+        for k, variant in enumerate([img, img[:, ::-1], cv2.resize(img, None, fx=0.5, fy=0.5), img[::2, ::2],
+                                     cv2.convertScaleAbs(img, alpha=0.8), cv2.convertScaleAbs(img, alpha=1.2)]):
+            cv2.imwrite(str(images / f"{Path(name).stem}_{k}.jpg"), variant)
+    args = ["calibrate", "--images", str(images), "--artifacts-dir", str(root), "--holdout", "3",
+            "--max-float-layers", "0", "--frames-per-video", "4"]
+    proc = run_cli(*args, "--min-f1", "0.0", cwd=tmp_path, timeout=900)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    for name in ("model.int8.onnx", "model.int8-cpu.onnx", "int8_report.json"):
+        assert (private / name).is_file() and f"wrote {private / name}" in " ".join(proc.stderr.split())
+    report = json.loads((private / "int8_report.json").read_text())
+    assert report["passed"] is True and report["installed"] is True
+    assert sorted(tmp_path.iterdir()) == sorted([root, images])  # nothing written where it ran
+
+    # an impossible gate: the report is written, the models stay as they were, exit status 1
+    before = (private / "model.int8.onnx").stat().st_mtime_ns
+    proc = run_cli(*args, "--min-f1", "1.01", cwd=tmp_path, timeout=900)
+    assert proc.returncode == ExitCode.INCOMPLETE and "not installed" in proc.stderr, proc.stderr
+    assert (private / "model.int8.onnx").stat().st_mtime_ns == before
+
+    few = tmp_path / "few"
+    few.mkdir()
+    shutil.copy(images / "bus_0.jpg", few / "bus_0.jpg")
+    proc = run_cli("calibrate", "--images", str(few), "--artifacts-dir", str(root), cwd=tmp_path)
+    assert proc.returncode == ExitCode.USAGE and "error:" in proc.stderr

@@ -3,7 +3,7 @@
 1. Export (or reuse) the FP32 model; list the images and video frames; hold some out (never
    calibrated on) for the report, or take a separate held-out folder.
 2. One calibration pass: histograms of every activation (``collect.py``), cached under
-   ``calibration/cache/`` by model, settings and image contents, so a rerun or another method
+   the model's artifacts folder (``calibration/``) by settings and image contents, so a rerun or another method
    skips it.
 3. Each tensor's range from the histograms by the method (``thresholds.py``: entropy as
    TensorRT does it, percentile, or max), saved in ONNX Runtime's calibration-cache format.
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.artifacts.int8 import (
+    calibration_cache_dir,
     calibration_cache_path,
     histogram_cache_path,
     int8_cpu_model_path,
@@ -183,7 +184,8 @@ def calibrate(
                       f"({needed_images_hint(holdout)})")
 
     exported = export_onnx(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
-    onnx_path, meta, model_dir = exported.onnx_path, exported.meta, exported.onnx_path.parent
+    onnx_path, meta, model_dir = exported.onnx_path, exported.meta, exported.model_dir
+    cache_root = calibration_root or calibration_cache_dir(model_dir)
     timings["export_s"] = time.perf_counter() - t0
 
     heldout = load_heldout(held_items, imgsz, held_root, console)
@@ -196,7 +198,7 @@ def calibrate(
     keep_float = graph.float_nodes(model) if exclude_head_tail else []
     onnx_sha = meta.onnx_sha256 or sha256_file(onnx_path)
     digest = items_digest(calib_items)
-    cache_path = histogram_cache_path(onnx_sha, _settings_key(), digest, calibration_root)
+    cache_path = histogram_cache_path(onnx_sha, _settings_key(), digest, cache_root)
     cache_hit = cache_path.is_file()
     t1 = time.perf_counter()
     if cache_hit:
@@ -218,7 +220,7 @@ def calibrate(
     t2 = time.perf_counter()
     from onnxruntime.quantization.calibrate import save_tensors_data
 
-    ranges_path = calibration_cache_path(onnx_sha, _method_key(method), digest, calibration_root)
+    ranges_path = calibration_cache_path(onnx_sha, _method_key(method), digest, cache_root)
     inputs = [i.name for i in model.graph.input]
     save_tensors_data(to_tensors_data(compute_ranges(histograms, method, full_range=inputs), method), ranges_path)
     timings["ranges_s"] = time.perf_counter() - t2
