@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import app.builder.int8 as int8
+from app.builder import int8
 
 RUN_TIME = ("app.pipeline", "app.backends", "app.api", "app.serving", "app.runtime", "app.gpu")
 SHARED_GPU_LEAVES = ("app.gpu.probe", "app.gpu.tensorrt_lib")
