@@ -50,10 +50,10 @@ import math
 import numpy as np
 from numba import cuda
 
-from app.boxes import iou_threshold_f32
+from app.boxes import MAX_WH, iou_threshold_f32
 from app.gpu.rounding import SIMULATOR, fadd, fdiv, fmul, fsub
 
-MAX_WH = np.float32(7680.0)  # Ultralytics' per-class offset; equal to postprocess.MAX_WH
+
 WORD_BITS = 64  # bits in one word of the IoU bitmask / removed bitset (uint64)
 
 _TPB = 128  # threads per block of the per-anchor kernel (_candidates)
