@@ -4,7 +4,7 @@
 #   docker run --gpus '"device=0"' -p 8000:8000 -v yolopipe-artifacts:/artifacts \
 #       -v "$PWD/weights:/weights:ro" -e YOLOPIPE_WEIGHTS=/weights/best.pt yolopipe
 #
-# One container (one process) per GPU; see docker/compose.yaml.
+# One container per host: one inference worker per GPU it sees, HTTP workers in front; see docker/compose.yaml.
 
 # 25.10: CUDA 13.0, TensorRT 10.13, Ubuntu 24.04, Python 3.12.
 ARG TENSORRT_TAG=25.10-py3
