@@ -188,6 +188,9 @@ def calibrate(
     cache_root = calibration_root or calibration_cache_dir(model_dir)
     timings["export_s"] = time.perf_counter() - t0
 
+    frames = sum(item.frame is not None for item in calib_items)
+    console.print(f"calibrating on {len(calib_items)} images ({frames} of them video frames), "
+                  f"{len(held_items)} held out for the report")
     heldout = load_heldout(held_items, imgsz, held_root, console)
     if not heldout.names:
         raise CalibrationError(f"none of the {len(held_items)} held-out images could be read")
