@@ -6,7 +6,7 @@ a precision is expressed (``app.builder.trt_recipe.build_recipe`` decides, and i
 * 10.x has weak typing: fp16 is ``BuilderFlag.FP16`` on a network made by ``create_network(0)``.
 * 11.x is strongly typed only: the precision flags and INT8 calibrators are gone, fp16 comes
   from an fp16 ONNX model made by NVIDIA ModelOpt AutoCast (fp32 I/O kept).
-* int8 is the same on both: the entropy-calibrated Q/DQ ONNX model (``app.builder.int8``) and a
+* int8 is the same on both: the calibrated Q/DQ ONNX model (``app.builder.int8``; percentile by default, entropy on request) and a
   network created with ``NetworkDefinitionCreationFlag.STRONGLY_TYPED`` (required on 10.x,
   accepted and ignored on 11.x, where every network is strongly typed).
 

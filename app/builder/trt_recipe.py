@@ -44,7 +44,7 @@ def trt_major(version: str) -> int:
 def build_recipe(precision: str, *, trt_version: str, has_fp16_flag: bool) -> BuildRecipe:
     """The documented route for ``precision`` on this TensorRT.
 
-    * int8, 10.x and 11.x: the entropy-calibrated Q/DQ ONNX model, strongly typed network. No
+    * int8, 10.x and 11.x: the calibrated Q/DQ ONNX model, strongly typed network. No
       INT8 flag, no calibrator (deprecated in 10.1, removed in 11.0). The unquantized parts
       (head tail) stay fp32, exactly as in the Q/DQ model checked on the CPU.
     * fp16, 10.x (``BuilderFlag.FP16`` exists): the fp32 ONNX model, weakly typed network,
