@@ -69,14 +69,15 @@ def test_mixed_precision_keeps_the_most_sensitive_convs_float(tmp_path, sample_m
         img = cv2.imread(str(assets_dir / name))
         for k, scale in enumerate((1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.7, 0.9)):
             cv2.imwrite(str(images / f"{k}{name}"), cv2.resize(img, None, fx=scale, fy=scale)[:, :: 1 if k % 2 else -1])
-    engines = tmp_path / "engines"
-    (engines / "sample").mkdir(parents=True)
-    for f in ("model.onnx", "meta.json"):
-        shutil.copyfile(sample_model_dir / f, engines / "sample" / f)
+    root = tmp_path / "artifacts"  # a private artifacts root holding the session's export
+    private = root / sample_model_dir.relative_to(sample_model_dir.parent.parent)
+    private.mkdir(parents=True)
+    for f in ("model.onnx", "meta.json", "weights.pt"):
+        shutil.copyfile(sample_model_dir / f, private / f)
     # Three candidate Convs keep the test short; calibrate studies all 57 of the model.
     every_conv = graph.conv_layers
     monkeypatch.setattr(graph, "conv_layers", lambda model, skip=(): every_conv(model, skip)[:3])
-    result = calibrate("sample", images, method="entropy", engines_dir=engines, calibration_root=tmp_path / "c",
+    result = calibrate("sample", images, method="entropy", artifacts_dir=root, calibration_root=tmp_path / "c",
                        min_f1=0.999, max_float_layers=2, sensitivity_images=2, allow_low_accuracy=True)
     assert result.installed
     ranked = [s.layer for s in result.sensitivity]
