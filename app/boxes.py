@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.types import Detections, DetectParams, Letterbox
+from app.contracts import DetectParams
+from app.types import Detections, Letterbox
 
 MAX_WH = np.float32(7680.0)  # Ultralytics' per-class offset, larger than any image side
 

@@ -231,7 +231,7 @@ def serve(
 ) -> None:
     """Serve POST /v1/detect over HTTP: HTTP worker processes in front of one inference worker per GPU.
     Every option can also come from YOLOPIPE_<OPTION> variables."""
-    from app.api.serve import serve as run_server
+    from app.service.supervisor import serve as run_server
 
     run_server(settings_from(weights=weights, backend=backend, precision=precision, host=host, port=port,
                              max_batch=max_batch, max_wait_ms=max_wait_ms, workers=workers, gpus=gpus,
@@ -290,8 +290,8 @@ def predict(
 ) -> None:
     """Detect objects in every image of SOURCE and write JSON Lines. Unreadable files get an error line
     and the run goes on (exit status 1 at the end)."""
+    from app.contracts import make_params
     from app.errors import InvalidParameter
-    from app.pipeline.detector import make_params
 
     source = resolve_source(source)
     make_params(conf=conf, iou=iou, max_det=max_det, agnostic=agnostic)  # bad values fail before the model loads

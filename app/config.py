@@ -22,6 +22,10 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 DECODERS: tuple[str, ...] = get_args(DecodeName)
 ENGINE_PRECISIONS = ("int8", "fp16", "fp32")  # what "auto" resolves to, fastest first
 
+# --- detection defaults (Ultralytics' own) ---------------------------------------------------
+CONF = 0.25  # confidence threshold
+IOU = 0.7  # NMS IoU threshold
+
 # --- limits: one ceiling each, shared by the CLI, the HTTP schema and the pipelines -----------
 MAX_DET = 300  # most detections per image; GPU result buffers are sized for it (Ultralytics' default too)
 MAX_PIXELS = 50_000_000  # per image, read from the header before decoding (decompression-bomb guard)
@@ -69,3 +73,19 @@ class Settings(BaseSettings):
     queue_budget_s: float | None = Field(None, gt=0)  # refuse work past this many seconds (default: the timeout)
     request_window: int = Field(0, ge=0)  # images of one request admitted at once (0: max_batch)
     ring_mb: int = Field(32, ge=1)  # shared memory per HTTP worker and inference worker for image bytes
+
+    @property
+    def budget_s(self) -> float:
+        """Seconds of queued work past which new work is refused (503)."""
+        return self.queue_budget_s or self.request_timeout_s
+
+    @property
+    def window(self) -> int:
+        """Images of one request at the inference workers at once."""
+        return self.request_window or self.max_batch
+
+    @property
+    def ring_bytes(self) -> int:
+        # Room for the largest body twice over, so one big image never finds the ring too small.
+        return max(self.ring_mb * 2**20, 2 * self.max_body_bytes)
+

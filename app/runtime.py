@@ -8,6 +8,7 @@ pipeline. The Detector it returns owns the pipeline and, through it, every GPU r
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,7 +125,7 @@ def open_model_dir(
 
         engine = TorchCudaEngine(model_dir, meta, precision=choice.precision, max_batch=max_batch,
                                  device=device, compile=compile)
-    from app.gpu.pipeline import GpuPipeline
+    from app.pipeline.gpu import GpuPipeline
 
     return Detector(GpuPipeline(engine, meta, max_batch=max_batch, device=device, decode=decode), max_pixels=max_pixels)
 
@@ -148,3 +149,31 @@ def _cpu_pipeline(onnx_path: Path, meta: ModelMeta, precision: str, max_batch: i
         onnx_path = int8_cpu_model_path(onnx_path.parent)
     host = OnnxRuntimeBackend(onnx_path, precision=precision, threads=ort_threads or None)
     return CpuPipeline(host, meta, max_batch=min(max_batch, CPU_MAX_BATCH))
+
+
+def inference_devices(settings: Settings) -> list[str | None]:
+    """The service's inference workers: one per chosen GPU (its ``CUDA_VISIBLE_DEVICES`` entry),
+    or ``cpu_workers`` CPU workers (``None``) when the backend resolves to the CPU."""
+    from app.gpu.probe import cuda_device_count  # ctypes only: no torch here
+
+    check_choice("backend", settings.backend, BACKENDS)
+    count = 0 if settings.backend == "onnxruntime" else cuda_device_count()
+    if count == 0:
+        if settings.backend not in ("auto", "onnxruntime"):
+            raise BackendUnavailable(f"backend {settings.backend} needs an NVIDIA GPU and none was found",
+                                     hint="use --backend onnxruntime")
+        return [None] * settings.cpu_workers
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = [v.strip() for v in env.split(",") if v.strip()] if env else []
+    visible = visible or [str(i) for i in range(count)]
+    if settings.gpus.strip().lower() == "all":
+        return list(visible)
+    try:
+        chosen = [int(g) for g in settings.gpus.split(",") if g.strip()]
+    except ValueError:
+        raise InvalidParameter(f"gpus must be 'all' or CUDA indices like '0,1', got {settings.gpus!r}") from None
+    bad = [g for g in chosen if not 0 <= g < len(visible)]
+    if bad or not chosen:
+        raise InvalidParameter(f"gpus {settings.gpus!r}: this machine shows {len(visible)} GPU(s), 0..{len(visible) - 1}")
+    return [visible[g] for g in dict.fromkeys(chosen)]
+

@@ -68,20 +68,9 @@ class Detections:
         ]
 
 
-@dataclass(frozen=True)
-class DetectParams:
-    """Per-request detection parameters (validated in ``app.pipeline.detector``)."""
-
-    conf: float = 0.25
-    iou: float = 0.7
-    max_det: int = 300
-    classes: tuple[int, ...] | None = None
-    agnostic: bool = False
-
-
 @dataclass
 class ModelMeta:
-    """What ``yolopipe export`` writes to ``engines/<name>/meta.json``."""
+    """What ``yolopipe export`` writes to ``meta.json`` in the model's artifacts folder."""
 
     name: str
     names: list[str]

@@ -26,9 +26,9 @@ import numpy as np  # noqa: E402
 from app.benchmark.machine import machine_info, versions  # noqa: E402
 from app.boxes import nms_numpy  # noqa: E402
 from app.builder.export import export_onnx  # noqa: E402
+from app.contracts import DetectParams  # noqa: E402
 from app.imaging.letterbox import letterbox, to_input  # noqa: E402
 from app.pipeline.nms_cpu import nms_keep_indices_compiled  # noqa: E402
-from app.types import DetectParams  # noqa: E402
 
 
 def head_outputs(batch: int) -> np.ndarray:

@@ -1,15 +1,14 @@
-"""The FastAPI application of one HTTP worker: ``create_app(settings)``.
+"""The FastAPI application of one HTTP worker: ``create_app(settings, inference)``.
 
-An HTTP worker parses and checks requests and hands image bytes to the inference workers
-(``app.serving``); it never decodes an image or loads a model. Under ``yolopipe serve`` the
-supervisor started those workers and passes their run folder (``layout``); without one, the
-app starts its own for its lifetime (tests, embedding), through the same code.
+Pure FastAPI: it parses and checks requests and hands image bytes to the ``inference`` client
+it is given (``app.ipc.client.InferenceClient``: the inference workers someone else runs); it
+never decodes an image, loads a model or starts a process. ``app.service`` builds it, for
+``yolopipe serve`` and for an embedded app with its own workers.
 Importing this module never loads torch, numba.cuda, CuPy or TensorRT.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,48 +21,28 @@ from app.api.limits import BodyLimitMiddleware
 from app.api.metrics import Metrics, MetricsMiddleware
 from app.api.routes import router
 from app.config import Settings
-from app.serving.client import InferenceClient
-from app.serving.processes import RunLayout
-from app.serving.settings import ServingSettings
+from app.ipc.client import InferenceClient
 
 log = logging.getLogger("yolopipe.api")
 
 
-def create_app(settings: Settings | None = None, *, layout: RunLayout | None = None) -> FastAPI:
-    """The service. ``layout``: inference workers someone else runs (the supervisor)."""
-    serving = ServingSettings.from_settings(settings)
+def create_app(settings: Settings, inference: InferenceClient) -> FastAPI:
+    """The service's routes in front of ``inference``, started and closed with the app."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = None
-        run = layout
-        if run is None:  # our own inference workers, for as long as the app lives
-            from app.serving.pool import InferencePool
-
-            devices = serving.inference_devices()
-            run = RunLayout.create(len(devices))
-            pool = InferencePool(serving, run, devices)
-            try:
-                await asyncio.to_thread(pool.start)
-            except BaseException:
-                run.remove()
-                raise
-        app.state.metrics.workers_dir = run.metrics_dir
-        client = InferenceClient(serving, run)
         # Not long: this worker's socket already listens, so a client would wait; until a worker is
         # connected requests get an immediate 503 (and /readyz says not ready).
-        await client.start(wait_s=2.0)
-        app.state.inference = client
+        await inference.start(wait_s=2.0)
+        app.state.metrics.workers_dir = inference.layout.metrics_dir
+        app.state.inference = inference
         app.state.draining = False
         try:
             yield
         finally:
             # Uvicorn has stopped accepting and waited for in-flight requests.
             app.state.draining = True
-            await client.close()
-            if pool is not None:
-                await asyncio.to_thread(pool.stop, serving.request_timeout_s)
-                run.remove()
+            await inference.close()
             log.info("stopped")
 
     app = FastAPI(
@@ -74,7 +53,7 @@ def create_app(settings: Settings | None = None, *, layout: RunLayout | None = N
         docs_url=None,  # install_docs serves Swagger UI from the package: /docs works offline
         redoc_url=None,  # ReDoc loads from a CDN
     )
-    app.state.settings = serving
+    app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.inference = None
     app.state.draining = False
@@ -82,6 +61,6 @@ def create_app(settings: Settings | None = None, *, layout: RunLayout | None = N
     install_docs(app)
     app.include_router(router)
     # Outermost last: metrics see every response, including a 413 from the body limit.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=serving.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app

@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from app.serving.metrics import LATENCY_BUCKETS, multiprocess_dir, render_dir
+from app.ipc.metrics import LATENCY_BUCKETS, multiprocess_dir, render_dir
 
 # Paths we label by name; anything else is "other" so random 404s cannot blow up label cardinality.
 KNOWN_PATHS = frozenset(

@@ -22,7 +22,8 @@ from app.api.schemas import (
     detect_request_body,
 )
 from app.api.uploads import check_request_images, read_form_images
-from app.config import MAX_DET
+from app.config import MAX_DET, Settings
+from app.contracts import DetectParams, make_params
 from app.errors import (
     InvalidParameter,
     Overloaded,
@@ -30,11 +31,8 @@ from app.errors import (
     YolopipeError,
 )
 from app.imaging.decode import check_image
-from app.pipeline.detector import make_params
-from app.serving.client import SERVER_SIDE, InferenceClient
-from app.serving.settings import ServingSettings
-from app.serving.wire import Outcome
-from app.types import DetectParams
+from app.ipc.client import SERVER_SIDE, InferenceClient
+from app.ipc.wire import Outcome
 
 router = APIRouter()
 
@@ -47,7 +45,7 @@ def get_inference(request: Request) -> InferenceClient:
     return client
 
 
-def get_settings(request: Request) -> ServingSettings:
+def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
@@ -56,7 +54,7 @@ def get_metrics(request: Request) -> Metrics:
 
 
 InferenceDep = Annotated[InferenceClient, Depends(get_inference)]
-SettingsDep = Annotated[ServingSettings, Depends(get_settings)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
@@ -89,7 +87,7 @@ def _media_type(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
-async def _read_single_image(request: Request, settings: ServingSettings) -> tuple[str, bytes]:
+async def _read_single_image(request: Request, settings: Settings) -> tuple[str, bytes]:
     media = _media_type(request)
     if media == "multipart/form-data":
         images = await read_form_images(request, "image", max_parts=settings.max_images_per_request,

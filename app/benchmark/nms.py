@@ -17,8 +17,8 @@ NMS_CONFS = (0.25, 0.001)
 def nms_rows(model_dir, meta, images, gpu: bool, budget: Budget, iters: int, warmup: int) -> list[dict]:
     from app.backends.onnxruntime import OnnxRuntimeBackend
     from app.boxes import nms_numpy
+    from app.contracts import DetectParams
     from app.imaging.letterbox import letterbox, to_input
-    from app.types import DetectParams
 
     batch = to_input([letterbox(f, meta.imgsz)[0] for f in batch_of(decoded_frames(images), max(NMS_BATCHES))])
     ort = OnnxRuntimeBackend(model_dir / "model.onnx")

@@ -40,8 +40,7 @@ def serial_rows(detector, images, batch: int, budget: Budget, iters: int, warmup
         timings: list[dict] = []
 
         def call(items=items, timings=timings):
-            detector.detect(items, params)
-            timings.append(dict(pipeline.last_timings))
+            timings.append(detector.detect_timed(items, params)[1])
 
         times = budget.measure(call, iters, warmup)
         extra: dict = {"mode": "serial"}
@@ -57,8 +56,7 @@ def serial_rows(detector, images, batch: int, budget: Budget, iters: int, warmup
             prepared = [detector.prepare(x) for x in items]
             prof = []
             for _ in range(max(3, min(iters // 2, len(times)))):
-                pipeline.run(prepared, params, profile=True)
-                prof.append(dict(pipeline.last_timings))
+                prof.append(pipeline.run(prepared, params, profile=True).timings)
             for key in GPU_KEYS:
                 v = median_of(prof, key)
                 if v is not None:

@@ -66,8 +66,8 @@ class DetectorActor:
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
 
+        from app.contracts import ImageResult
         from app.errors import InvalidImage
-        from app.pipeline.detector import ImageResult
 
         names = batch.column("image").to_pylist()
         data = batch.column("data").to_pylist()

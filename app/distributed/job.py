@@ -25,11 +25,11 @@ from typing import Any
 
 from app.artifacts.exports import load_export
 from app.config import BACKENDS, PRECISIONS, check_choice
+from app.contracts import make_params
 from app.distributed.actor import DetectorActor, read_batch
 from app.distributed.output import done_images, open_sink, resolve_format
 from app.distributed.sources import open_source
 from app.errors import BackendUnavailable, InvalidParameter, YolopipeError
-from app.pipeline.detector import make_params
 from app.pipeline.folder import FolderSummary
 from app.runtime import export_model
 

@@ -18,7 +18,7 @@ import ctypes
 import logging
 from typing import Any
 
-from app.backends.base import DeviceEngine
+from app.contracts import DeviceEngine
 from app.errors import DeviceError, YolopipeError
 from app.gpu.memory import CapturedBatch, InputBuffer, StreamPair
 from app.gpu.preprocess import launch_letterbox

@@ -5,19 +5,16 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-import numpy as np
-
-from app.backends.base import HostBackend, PipelineInput
 from app.boxes import nms_numpy
 from app.config import MAX_DET
-from app.errors import YolopipeError
+from app.contracts import DetectParams, HostBackend, PipelineInput, PipelineRun
 from app.imaging.letterbox import letterbox, to_input
 from app.pipeline.nms_cpu import nms_keep_indices_compiled
-from app.types import DetectParams, Letterbox, ModelMeta
+from app.types import ModelMeta
 
 
 class CpuPipeline:
-    """Implements ``app.backends.base.Pipeline`` for a ``HostBackend``. One batch at a time
+    """Implements ``app.contracts.Pipeline`` for a ``HostBackend``. One batch at a time
     (``max_in_flight = 1``): the backend's own threads already use every core."""
 
     decodes_jpeg = False
@@ -30,14 +27,11 @@ class CpuPipeline:
         self.max_batch = max_batch
         self.max_det = max_det
         self._engine = backend
-        self.last_timings: dict[str, float] = {}
 
     def warmup(self, batches: Sequence[int] | None = None) -> None:
         """Nothing to prepare ahead: ONNX Runtime plans a shape on its first run."""
 
-    def run(
-        self, images: Sequence[PipelineInput], params: DetectParams
-    ) -> list[tuple[np.ndarray, Letterbox] | YolopipeError]:
+    def run(self, images: Sequence[PipelineInput], params: DetectParams) -> PipelineRun:
         t0 = time.perf_counter()
         placed = [letterbox(img, self.meta.imgsz) for img in images]
         batch = to_input([p[0] for p in placed])
@@ -46,8 +40,8 @@ class CpuPipeline:
         t2 = time.perf_counter()
         rows = [nms_numpy(h, params, nms_keep_indices_compiled) for h in head]
         t3 = time.perf_counter()
-        self.last_timings = {"preprocess_ms": (t1 - t0) * 1e3, "engine_ms": (t2 - t1) * 1e3, "nms_ms": (t3 - t2) * 1e3}
-        return [(r, p[1]) for r, p in zip(rows, placed)]
+        timings = {"preprocess_ms": (t1 - t0) * 1e3, "engine_ms": (t2 - t1) * 1e3, "nms_ms": (t3 - t2) * 1e3}
+        return PipelineRun([(r, p[1]) for r, p in zip(rows, placed)], timings)
 
     def close(self) -> None:
         self._engine.close()

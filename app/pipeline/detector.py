@@ -8,63 +8,17 @@ NMS rows in input pixels into detections in original pixels.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from app.backends.base import Pipeline, PipelineInput
 from app.boxes import rows_to_detections
-from app.config import MAX_DET, MAX_PIXELS
+from app.config import MAX_PIXELS
+from app.contracts import DetectParams, ImageResult, Pipeline, PipelineInput, PipelineRun, make_params
 from app.errors import InvalidParameter, YolopipeError
 from app.imaging.decode import check_image, decode_image
 from app.pipeline.overlap import run_overlapped
-from app.types import Detections, DetectParams, ModelMeta
-
-
-def make_params(
-    conf: float = 0.25,
-    iou: float = 0.7,
-    max_det: int = 300,
-    classes: Sequence[int] | None = None,
-    agnostic: bool = False,
-    *,
-    num_classes: int | None = None,
-) -> DetectParams:
-    """Validated ``DetectParams``; ``InvalidParameter`` names the offending value."""
-    if not 0.0 <= conf <= 1.0:
-        raise InvalidParameter(f"conf must be within [0, 1], got {conf}")
-    if not 0.0 <= iou <= 1.0:
-        raise InvalidParameter(f"iou must be within [0, 1], got {iou}")
-    if not 1 <= max_det <= MAX_DET:
-        raise InvalidParameter(f"max_det must be within [1, {MAX_DET}], got {max_det}")
-    if classes is not None:
-        classes = tuple(int(c) for c in classes)
-        bad = [c for c in classes if c < 0 or (num_classes is not None and c >= num_classes)]
-        if bad:
-            raise InvalidParameter(f"unknown class ids {bad}; this model has classes 0..{(num_classes or 1) - 1}")
-    return DetectParams(float(conf), float(iou), int(max_det), classes, bool(agnostic))
-
-
-@dataclass
-class ImageResult:
-    """One image's outcome: detections with the source size, or the error that stopped it."""
-
-    width: int = 0
-    height: int = 0
-    detections: Detections | None = None
-    error: YolopipeError | None = None
-
-    def to_json(self, image: str, names: list[str]) -> dict[str, Any]:
-        if self.error is not None:
-            return {"image": image, "error": str(self.error)}
-        assert self.detections is not None
-        return {
-            "image": image,
-            "width": self.width,
-            "height": self.height,
-            "detections": self.detections.to_json(names),
-        }
+from app.types import ModelMeta
 
 
 class Detector:
@@ -117,7 +71,14 @@ class Detector:
 
     def detect(self, items: Sequence[bytes | np.ndarray], params: DetectParams | None = None) -> list[ImageResult]:
         """Detections for each item, in order; a bad item gets an error, the others go on."""
+        return self.detect_timed(items, params)[0]
+
+    def detect_timed(
+        self, items: Sequence[bytes | np.ndarray], params: DetectParams | None = None
+    ) -> tuple[list[ImageResult], dict[str, float]]:
+        """``detect``, and the pipeline's stage times of these items' batches (summed over them)."""
         params = params or DetectParams()
+        timings: dict[str, float] = {}
         results: list[ImageResult] = [ImageResult() for _ in items]
         ready: list[tuple[int, PipelineInput]] = []
         for i, item in enumerate(items):
@@ -128,18 +89,20 @@ class Detector:
         step = self.pipeline.max_batch
         chunks = [ready[start : start + step] for start in range(0, len(ready), step)]
 
-        def run(chunk: list[tuple[int, PipelineInput]]) -> list:
+        def run(chunk: list[tuple[int, PipelineInput]]) -> PipelineRun:
             return self.pipeline.run([x for _, x in chunk], params)
 
         depth = self.pipeline.max_in_flight if len(chunks) > 1 else 1
-        for chunk, outs in zip(chunks, run_overlapped(run, chunks, depth)):
-            for (i, _), out in zip(chunk, outs):
+        for chunk, done in zip(chunks, run_overlapped(run, chunks, depth)):
+            for key, value in done.timings.items():
+                timings[key] = timings.get(key, 0.0) + value
+            for (i, _), out in zip(chunk, done.images):
                 if isinstance(out, YolopipeError):
                     results[i].error = out
                     continue
                 rows, lb = out
                 results[i] = ImageResult(lb.src_w, lb.src_h, rows_to_detections(rows, lb))
-        return results
+        return results, timings
 
     def detect_batches(
         self, batches: Iterable[Sequence[bytes | np.ndarray]], params: DetectParams | None = None

@@ -20,11 +20,11 @@ from typing import Any
 import cv2
 import numpy as np
 
+from app.contracts import DetectParams, ImageResult
 from app.errors import InvalidParameter, YolopipeError
 from app.imaging.headers import IMAGE_SUFFIXES
-from app.pipeline.detector import Detector, ImageResult
+from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
-from app.types import DetectParams
 
 
 @dataclass(frozen=True)

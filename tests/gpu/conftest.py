@@ -11,8 +11,9 @@ import cv2
 import numpy as np
 import pytest
 
+from app.contracts import DetectParams
 from app.errors import YolopipeError
-from app.types import DetectParams, ModelMeta
+from app.types import ModelMeta
 
 CONF, IOU = 0.25, 0.7
 MAX_BATCH = 8
@@ -25,7 +26,7 @@ def meta(sample_model_dir) -> ModelMeta:
 
 def make_pipeline(model_dir, meta, precision, *, compile=False, max_batch=MAX_BATCH, **kwargs):
     from app.backends.torch_cuda import TorchCudaEngine
-    from app.gpu.pipeline import GpuPipeline
+    from app.pipeline.gpu import GpuPipeline
 
     engine = TorchCudaEngine(model_dir, meta, precision=precision, max_batch=max_batch, compile=compile)
     return GpuPipeline(engine, meta, max_batch=max_batch, **kwargs)
@@ -75,18 +76,18 @@ def detect(pipe, items, params=None):
     """Detections (original pixels) per item, or the item's error."""
     from app.boxes import rows_to_detections
 
-    out = pipe.run(items, params or DetectParams(conf=CONF, iou=IOU))
+    out = pipe.run(items, params or DetectParams(conf=CONF, iou=IOU)).images
     return [o if isinstance(o, YolopipeError) else rows_to_detections(*o) for o in out]
 
 
-def rows_of(out):
-    assert not any(isinstance(o, YolopipeError) for o in out), out
-    return [rows for rows, _ in out]
+def rows_of(run):
+    assert not any(isinstance(o, YolopipeError) for o in run.images), run.images
+    return [rows for rows, _ in run.images]
 
 
-def last_slot(pipe):
-    """The batch slot the pipeline's last run used."""
-    return pipe.slots[int(pipe.last_timings["slot"])]
+def slot_of(pipe, run):
+    """The batch slot a run used."""
+    return pipe.slots[int(run.timings["slot"])]
 
 
 @pytest.fixture(scope="session")
@@ -94,5 +95,5 @@ def gpu():
     """The helpers above, for test modules (they cannot import this conftest)."""
     return types.SimpleNamespace(
         CONF=CONF, IOU=IOU, MAX_BATCH=MAX_BATCH, make_pipeline=make_pipeline, ultralytics_predict=ultralytics_predict,
-        detect=detect, rows_of=rows_of, last_slot=last_slot,
+        detect=detect, rows_of=rows_of, slot_of=slot_of,
     )

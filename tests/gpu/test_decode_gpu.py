@@ -20,10 +20,10 @@ if not torch.cuda.is_available():
 
 from app.benchmark.fidelity import agreement, pixel_diff, summarize_diffs
 from app.benchmark.workloads import varied_jpegs
+from app.contracts import DetectParams
 from app.errors import InvalidImage, UnsupportedMediaType, YolopipeError
 from app.gpu.decode import DeviceImage, NvImageCodecDecoder, NvJpegDecoder, to_host_bgr
 from app.gpu.jpeg import read_jpeg_header
-from app.types import DetectParams
 
 try:
     import nvidia.nvimgcodec  # noqa: F401
@@ -115,7 +115,7 @@ def test_bad_jpeg_in_a_batch_fails_alone(gpu, pipe32, assets_dir):
     good = [(assets_dir / n).read_bytes() for n in ("bus.jpg", "zidane.jpg")]
     assert pipe32.decoder_name in ("nvimgcodec", "nvjpeg")
     batch = [good[0], b"\xff\xd8\xff\xe0 corrupt", good[1], b"\xff\xd8" + b"\x00" * 64]
-    out = pipe32.run(batch, DetectParams())
+    out = pipe32.run(batch, DetectParams()).images
     assert isinstance(out[1], InvalidImage) and isinstance(out[3], YolopipeError)
     alone = gpu.rows_of(pipe32.run(good, DetectParams()))
     np.testing.assert_array_equal(out[0][0], alone[0])

@@ -17,9 +17,9 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU", allow_module_level=True)
 
 from app.boxes import box_iou
+from app.contracts import DetectParams
 from app.errors import InvalidParameter
 from app.pipeline.overlap import run_overlapped
-from app.types import DetectParams
 
 
 def _assert_rows_close(a, b, where):

@@ -22,9 +22,9 @@ if not torch.cuda.is_available():
 
 from app.backends.torch_cuda import TorchCudaEngine
 from app.boxes import box_iou, f1, match_counts, nms_numpy
+from app.contracts import DetectParams
 from app.errors import InvalidParameter
 from app.gpu.pack import bucket_sizes
-from app.types import DetectParams
 
 
 def assert_same_detections(name, ref, det, conf, *, iou_min=0.99, score_tol=1e-3, margin=2e-3):
@@ -86,8 +86,7 @@ def test_fp16_f1_vs_ultralytics(gpu, pipe16, ultralytics_model, frames):
 # --------------------------------------------------------------------------- the graphs
 def test_zero_copy_head(gpu, pipe32, frames):
     """The NMS in the graph was handed the engine's own output buffer, not a copy of it."""
-    pipe32.run([frames["bus"]], DetectParams())
-    slot = gpu.last_slot(pipe32)
+    slot = gpu.slot_of(pipe32, pipe32.run([frames["bus"]], DetectParams()))
     head = slot.graphs.get(1).head
     assert head.is_cuda and tuple(head.shape) == (1, 4 + pipe32.meta.num_classes, pipe32.meta.num_anchors)
     # The NMS's cache of views, as the capture left it (nothing asked it for a view since).
@@ -123,7 +122,8 @@ def test_bucket_padding_three_in_four(gpu, sample_model_dir, meta, frames):
         items = [frames["bus"], frames["zidane"], frames["bus_small"]]
         pipe.run([*items, frames["zidane_huge"]], DetectParams())  # slot 3 of bucket 4 once held an image
         batched = gpu.detect(pipe, items)
-        assert pipe.last_timings["bucket"] == 4 and pipe.last_timings["batch"] == 3
+        run = pipe.run(items, DetectParams())
+        assert run.timings["bucket"] == 4 and run.timings["batch"] == 3
         assert sorted(pipe.slots[0].graphs.by_batch) == [4]
         # The padding slot read no pixels: its engine input is pure padding.
         pad = torch.full((3, 640, 640), 114 / 255, dtype=pipe.inputs.tensor.dtype, device=pipe.inputs.tensor.device)
@@ -154,8 +154,8 @@ def test_params_across_replays_equal_numpy_nms(request, gpu, precision, params, 
     """Same graph, other params: rows are bit-equal to the NumPy NMS of the graph's own head."""
     pipe = request.getfixturevalue("pipe32" if precision == "fp32" else "pipe16")
     out = pipe.run([frames["bus"], frames["zidane"]], params)
-    head = gpu.last_slot(pipe).graphs.get(2).head.float().cpu().numpy()
-    for j, (rows, _) in enumerate(out):
+    head = gpu.slot_of(pipe, out).graphs.get(2).head.float().cpu().numpy()
+    for j, (rows, _) in enumerate(out.images):
         np.testing.assert_array_equal(rows, nms_numpy(head[j], params), err_msg=f"image {j}")
 
 
@@ -180,11 +180,11 @@ def test_profile_path_gives_stage_times_and_same_rows(pipe32, frames, assets_dir
     items = [frames["bus"], (assets_dir / "zidane.jpg").read_bytes()]
     plain = pipe32.run(items, DetectParams())
     profiled = pipe32.run(items, DetectParams(), profile=True)
-    t = pipe32.last_timings
+    t = profiled.timings
     for key in ("gpu_h2d_ms", "gpu_preprocess_ms", "gpu_engine_ms", "gpu_nms_ms", "gpu_d2h_ms", "gpu_total_ms"):
         assert key in t and t[key] >= 0, (key, t)
     assert t["gpu_engine_ms"] > 0
-    for a, b in zip(plain, profiled):
+    for a, b in zip(plain.images, profiled.images):
         np.testing.assert_array_equal(a[0], b[0])
 
 
@@ -217,7 +217,7 @@ def test_dispatch_is_one_upload_and_one_graph_launch(pipe32, frames, assets_dir,
         pipe32.dispatcher._active += 1  # as if another batch were in flight
     try:
         for _ in range(len(pipe32.slots)):
-            pipe32.run(items, DetectParams())
+            last = pipe32.run(items, DetectParams())
         calls = [(d._memcpy.calls, d._launch.calls, d._wait_event.calls, d._record.calls) for d, *_ in saved]
     finally:
         if not alone:
@@ -225,11 +225,11 @@ def test_dispatch_is_one_upload_and_one_graph_launch(pipe32, frames, assets_dir,
         for d, memcpy, launch, wait_event, record in saved:
             d._memcpy, d._launch, d._wait_event, d._record = memcpy, launch, wait_event, record
     assert pipe32.last_launch_path == "driver"
-    assert pipe32.last_timings["upload_on_compute"] == float(alone)
+    assert last.timings["upload_on_compute"] == float(alone)
     decoder_wait = 0 if kind == "frames" else 1  # JPEG: the compute stream waits for the decoder's copies
     expected = (1, 1, decoder_wait, 1) if alone else (1, 1, decoder_wait + 1, 2)  # records: [uploaded,] done
     assert calls == [expected] * len(pipe32.slots), calls
-    assert pipe32.last_timings["dispatch_us"] > 0 and pipe32.last_timings["upload_us"] > 0
+    assert last.timings["dispatch_us"] > 0 and last.timings["upload_us"] > 0
     assert pipe32.dispatcher._active == 0
 
 
@@ -238,15 +238,17 @@ def test_raw_driver_dispatch_is_used_and_equals_torch(gpu, pipe32, frames):
     bit-equal rows; the driver path is the one a plain run takes."""
     items = [frames["bus"], frames["zidane"], frames["bus_small"]]
     params = DetectParams(conf=0.1)
-    driver = gpu.rows_of(pipe32.run(items, params))
-    assert pipe32.last_launch_path == "driver" and pipe32.last_timings["raw_launch"] == 1.0
-    assert gpu.last_slot(pipe32).graphs.get(4).graph_exec is not None
+    run = pipe32.run(items, params)
+    driver = gpu.rows_of(run)
+    assert pipe32.last_launch_path == "driver" and run.timings["raw_launch"] == 1.0
+    assert gpu.slot_of(pipe32, run).graphs.get(4).graph_exec is not None
     dispatches = [slot.dispatch for slot in pipe32.slots]
     for slot in pipe32.slots:
         slot.dispatch = None  # the torch path, same graphs and buffers
     try:
-        torch_rows = gpu.rows_of(pipe32.run(items, params))
-        assert pipe32.last_launch_path == "torch" and pipe32.last_timings["raw_launch"] == 0.0
+        run = pipe32.run(items, params)
+        torch_rows = gpu.rows_of(run)
+        assert pipe32.last_launch_path == "torch" and run.timings["raw_launch"] == 0.0
     finally:
         for slot, d in zip(pipe32.slots, dispatches):
             slot.dispatch = d

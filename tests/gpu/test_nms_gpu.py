@@ -24,7 +24,7 @@ if not cuda.is_available():
 
 from app.boxes import MAX_WH, head_candidates, nms_numpy  # noqa: E402
 from app.gpu.nms import SIMULATOR, GpuNms  # noqa: E402
-from app.types import DetectParams  # noqa: E402
+from app.contracts import DetectParams  # noqa: E402
 
 if SIMULATOR:
     pytest.skip("app.gpu.nms was imported under the simulator", allow_module_level=True)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from app.boxes import head_candidates, nms_numpy
-from app.types import DetectParams
+from app.contracts import DetectParams
 
 cuda = pytest.importorskip("numba.cuda")
 from app.gpu.nms import GpuNms  # noqa: E402

@@ -10,8 +10,8 @@ from ultralytics.utils.nms import non_max_suppression
 from ultralytics.utils.ops import scale_boxes as ul_scale_boxes
 
 from app.boxes import head_candidates, nms_keep_indices, nms_numpy, offset_boxes, scale_boxes
+from app.contracts import DetectParams
 from app.imaging.letterbox import letterbox_params
-from app.types import DetectParams
 from tests.heads import random_boxes, random_head
 
 

@@ -23,7 +23,7 @@ import app
 BANNED = ("torch", "numba.cuda", "cupy", "tensorrt", "ultralytics", "modelopt", "nvidia.nvimgcodec")
 APP = Path(app.__file__).parent
 BUILD_TIME = ("app.builder",)
-RUN_TIME = ("app.pipeline", "app.backends", "app.gpu", "app.api", "app.serving", "app.distributed")
+RUN_TIME = ("app.pipeline", "app.backends", "app.gpu", "app.api", "app.ipc", "app.service", "app.distributed")
 SHARED_GPU_FACTS = ("app.gpu.probe", "app.gpu.tensorrt_lib")
 
 LOADED = """
@@ -40,7 +40,7 @@ def banned_modules_after(body: str, *args: str) -> list[str]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module", ["app.api.main", "app.api.serve", "app.serving.supervisor", "app.cli", "app.runtime",
+@pytest.mark.parametrize("module", ["app.api.main", "app.service.supervisor", "app.service.http_worker", "app.ipc.client", "app.cli", "app.runtime",
                                     "app.artifacts.engines", "app.pipeline.folder", "app.distributed"])
 def test_importing_loads_no_gpu_library(module):
     assert banned_modules_after(f"import {module}") == []

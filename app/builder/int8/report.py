@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from app.boxes import f1, match_pairs, nms_numpy, rows_to_detections
+from app.contracts import DetectParams
 from app.imaging.letterbox import to_input
-from app.types import Detections, DetectParams, Letterbox
+from app.types import Detections, Letterbox
 
 MATCH_IOU = 0.5
 SERVE_CONF = 0.25

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.main import create_app
 from app.api.schemas import BatchResponse, ErrorResponse, ImageDetections, ModelInfo
 from app.config import Settings
+from app.service.http_worker import create_service_app
 
 
 @pytest.fixture(scope="module")
 def client(artifacts_dir):
-    app = create_app(Settings(backend="onnxruntime", artifacts_dir=artifacts_dir, max_wait_ms=2))
+    app = create_service_app(Settings(backend="onnxruntime", artifacts_dir=artifacts_dir, max_wait_ms=2))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 
@@ -100,7 +100,7 @@ def test_batch_keeps_order_and_reports_bad_images_inline(client, detector, bus, 
 
 def test_batch_requests_coalesce_into_one_detector_batch(artifacts_dir, bus):
     """A request's images arrive together and form one batch within the batcher's wait."""
-    app = create_app(Settings(backend="onnxruntime", artifacts_dir=artifacts_dir, max_wait_ms=200))
+    app = create_service_app(Settings(backend="onnxruntime", artifacts_dir=artifacts_dir, max_wait_ms=200))
     with TestClient(app, raise_server_exceptions=False) as client:
         r = client.post("/v1/detect/batch", files=[("images", (f"{i}.jpg", bus, "image/jpeg")) for i in range(3)])
     assert r.status_code == 200

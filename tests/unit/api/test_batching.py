@@ -10,8 +10,8 @@ from contextlib import asynccontextmanager
 
 import httpx
 
-from app.api.main import create_app
-from app.serving.settings import ServingSettings
+from app.config import Settings
+from app.service.http_worker import create_service_app
 
 JPEG = {"content-type": "image/jpeg"}
 
@@ -19,7 +19,7 @@ JPEG = {"content-type": "image/jpeg"}
 @asynccontextmanager
 async def serving(artifacts_dir, **settings) -> AsyncIterator[httpx.AsyncClient]:
     """The app with its lifespan running (which starts its inference worker), and a client."""
-    app = create_app(ServingSettings(backend="onnxruntime", artifacts_dir=artifacts_dir, **settings))
+    app = create_service_app(Settings(backend="onnxruntime", artifacts_dir=artifacts_dir, **settings))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as client:

@@ -38,6 +38,6 @@ def test_install_docs_refuses_an_app_that_serves_the_cdn_page():
 
 
 def test_the_service_docs_work_offline():
-    from app.api.main import create_app
+    from app.service.http_worker import create_service_app
 
-    _docs_page_assets(TestClient(create_app()))
+    _docs_page_assets(TestClient(create_service_app()))

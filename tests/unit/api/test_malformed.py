@@ -19,17 +19,17 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from app.api.main import create_app
 from app.config import Settings
 from app.errors import ImageTooLarge
 from app.imaging.decode import decode_image
+from app.service.http_worker import create_service_app
 
 BODY_LIMIT = 20 * 1024 * 1024  # the default; the corpus sends bodies just over it
 
 
 @pytest.fixture(scope="module")
 def client(artifacts_dir):
-    app = create_app(Settings(backend="onnxruntime", artifacts_dir=artifacts_dir, max_body_bytes=BODY_LIMIT))
+    app = create_service_app(Settings(backend="onnxruntime", artifacts_dir=artifacts_dir, max_body_bytes=BODY_LIMIT))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 

@@ -14,14 +14,14 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from app.api.main import create_app
 from app.config import Settings
+from app.service.http_worker import create_service_app
 
 # Built at import without loading anything: the model loads in the app's lifespan, which
 # schemathesis starts on the first call (and stops after each test). The schema comes from
 # the app object itself, and calls go to it over ASGI. (``schemathesis.pytest.from_fixture``
 # would be the natural loader, but it fails under pytest 9: "'Function' object has no attribute '_nodeid'".)
-_app = create_app(Settings(backend="onnxruntime"))  # artifacts: pytest's temp folder (tests/conftest.py)
+_app = create_service_app(Settings(backend="onnxruntime"))  # artifacts: pytest's temp folder (tests/conftest.py)
 schema = schemathesis.openapi.from_dict(_app.openapi())
 schema.app = _app
 schema.location = "/openapi.json"

@@ -8,8 +8,8 @@ import torch
 import torchvision
 
 from app.boxes import nms_keep_indices, nms_numpy, offset_boxes
+from app.contracts import DetectParams
 from app.pipeline.nms_cpu import nms_keep_indices_compiled
-from app.types import DetectParams
 from tests.heads import random_boxes, random_head
 
 

@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
-from app.backends.base import DeviceEngine, PipelineInput
 from app.config import DECODERS, MAX_DET, check_choice
+from app.contracts import DetectParams, DeviceEngine, PipelineInput, PipelineRun
 from app.errors import DeviceError, InvalidImage, InvalidParameter, YolopipeError
 from app.gpu.capture import GraphBuilder
 from app.gpu.decode import Decoded, GpuJpegDecoder, cpu_decode, make_decoder
@@ -50,13 +50,11 @@ from app.gpu.memory import CapturedBatch, InputBuffer, StreamPair
 from app.gpu.pack import bucket_sizes, copy_frames, plan_batch, write_header
 from app.gpu.slot import BatchSlot
 from app.gpu.timeline import Timeline
-from app.types import DetectParams, Letterbox, ModelMeta
-
-RunResult = tuple[np.ndarray, Letterbox] | YolopipeError
+from app.types import ModelMeta
 
 
 class GpuPipeline:
-    """Implements ``app.backends.base.Pipeline`` for a ``DeviceEngine`` (torch-cuda, TensorRT).
+    """Implements ``app.contracts.Pipeline`` for a ``DeviceEngine`` (torch-cuda, TensorRT).
 
     ``slots``: batches in flight at once; ``decode``: ``gpu`` | ``nvimgcodec`` | ``nvjpeg`` |
     ``cpu`` (``app.gpu.decode``), changeable between calls; ``host_threads``: the pool that packs
@@ -100,7 +98,6 @@ class GpuPipeline:
         self.size = int(meta.imgsz)
         self.buckets = bucket_sizes(self.max_batch)
         self.host_threads = int(host_threads or min(16, os.cpu_count() or 1))
-        self.last_timings: dict[str, float] = {}
         self.last_launch_path = ""  # "driver" | "torch": how the last batch was dispatched
         self._gate = Gate()
         self._closed = False
@@ -193,13 +190,13 @@ class GpuPipeline:
         return timeline
 
     # --------------------------------------------------------------------------- run
-    def run(self, images: Sequence[PipelineInput], params: DetectParams, *, profile: bool = False) -> list[RunResult]:
+    def run(self, images: Sequence[PipelineInput], params: DetectParams, *, profile: bool = False) -> PipelineRun:
         """One batch; thread-safe: up to ``max_in_flight`` calls overlap, more wait for a slot."""
         if self._closed:
             raise DeviceError("the GPU pipeline was closed")
         n = len(images)
         if n == 0:
-            return []
+            return PipelineRun([])
         if n > self.max_batch:
             raise InvalidParameter(f"batch of {n} images is over max_batch {self.max_batch}")
         if params.max_det > self.max_det:
@@ -250,8 +247,7 @@ class GpuPipeline:
             decoded = d = None
             n_ok = len(frames) + len(device_images)
             if n_ok == 0:
-                self.last_timings = {"decode_ms": (time.perf_counter() - t_start) * 1e3}
-                return results
+                return PipelineRun(results, {"decode_ms": (time.perf_counter() - t_start) * 1e3})
             bucket = self.bucket_for(n_ok)
             plan = plan_batch(slot.staging.header_bytes, self.size, frames, device_images)
             device_images = frames = None  # the plan holds them; device ones go after the gather
@@ -299,9 +295,8 @@ class GpuPipeline:
             timeline.finish(marks)
         timings.update(unpack_ms=(t_end - t_done) * 1e3, total_ms=(t_end - t_start) * 1e3, batch=float(len(plan)),
                        bucket=float(bucket), slot=float(slot.index), raw_launch=1.0 if path == "driver" else 0.0)
-        self.last_timings = timings
         self.last_launch_path = path
-        return results
+        return PipelineRun(results, timings)
 
     def _decode_bytes(self, decoder: GpuJpegDecoder | None, datas: list[bytes]) -> list[Decoded]:
         if decoder is not None:

@@ -23,9 +23,11 @@ from typing import Any
 
 from app.config import Settings
 from app.errors import InvalidParameter, YolopipeError
-from app.serving.pool import InferencePool
-from app.serving.processes import RunLayout, die_with_parent, setup_logging, write_metrics_to
-from app.serving.settings import ServingSettings
+from app.ipc.layout import RunLayout
+from app.runtime import inference_devices
+from app.service.http_worker import http_worker_main
+from app.service.pool import InferencePool
+from app.service.processes import setup_logging
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -33,11 +35,10 @@ _YOUNG_S = 5.0  # an HTTP worker that dies younger than this is restarted after 
 
 
 def serve(settings: Settings) -> None:
-    serving = ServingSettings.from_settings(settings)
+    serving = settings
     setup_logging()
-    devices = serving.inference_devices()
-    on_gpu = devices[0] is not None
-    n_http = serving.http_worker_count(len(devices), on_gpu)
+    devices = inference_devices(serving)
+    n_http = http_worker_count(serving.workers, len(devices), on_gpu=devices[0] is not None)
     _check_port_free(serving.host, serving.port)
     layout = RunLayout.create(len(devices))
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(layout.metrics_dir)  # every child writes there
@@ -67,6 +68,17 @@ def serve(settings: Settings) -> None:
     log.info("stopped")
 
 
+def http_worker_count(given: int, inference_workers: int, *, on_gpu: bool) -> int:
+    """Given, or: every core but two per GPU worker (its host threads); on the CPU the model
+    needs the cores and HTTP is cheap beside it, so one worker per eight cores."""
+    if given:
+        return given
+    cores = os.cpu_count() or 1
+    if on_gpu:
+        return max(1, min(32, cores - 2 * inference_workers))
+    return max(1, cores // 8)
+
+
 def _check_port_free(host: str, port: int) -> None:
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     with socket.socket(family, socket.SOCK_STREAM) as s:
@@ -78,20 +90,8 @@ def _check_port_free(host: str, port: int) -> None:
                                    hint="choose another --port or stop what uses it") from None
 
 
-def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
-    """This HTTP worker's own listener; the kernel spreads new connections over all of them."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(backlog)
-    sock.set_inheritable(True)
-    return sock
-
-
 class HttpWorkers:
-    def __init__(self, settings: ServingSettings, layout: RunLayout, count: int) -> None:
+    def __init__(self, settings: Settings, layout: RunLayout, count: int) -> None:
         self.settings = settings
         self.layout = layout
         self.count = count
@@ -130,7 +130,7 @@ class HttpWorkers:
             if proc is None or proc.is_alive():
                 continue
             proc.join()
-            from app.serving.metrics import mark_dead
+            from app.ipc.metrics import mark_dead
 
             mark_dead(proc.pid, self.layout.metrics_dir)
             lived = time.monotonic() - self._started_at[slot]
@@ -154,35 +154,3 @@ class HttpWorkers:
                 log.error("HTTP worker pid %d did not stop in time; killing it", p.pid)
                 p.kill()
                 p.join()
-
-
-def http_worker_main(settings: ServingSettings, layout: RunLayout, parent_pid: int, report: Any) -> None:
-    """Process entry (spawn): bind, say so, serve until SIGTERM/SIGINT, exit 0."""
-    die_with_parent(parent_pid)
-    write_metrics_to(layout.metrics_dir)
-    setup_logging()
-    import uvicorn
-
-    from app.api.main import create_app
-    from app.api.protocol import uvicorn_options
-
-    try:
-        sock = listen(settings.host, settings.port)
-    except OSError as exc:
-        report.send(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
-        raise SystemExit(3) from None
-    report.send("listening")
-    report.close()
-    options: dict[str, Any] = dict(
-        lifespan="on",
-        access_log=False,  # per-request lines cost throughput; /metrics counts requests by status
-        log_level="warning",
-        timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,  # in-flight requests end by then
-        **uvicorn_options(settings),  # header and URL limits, read timeouts, JSON protocol errors
-    )
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, layout=layout), **options))
-    # Uvicorn re-raises the signal it shut down for once it is done, which would end the process
-    # with -15; a graceful shutdown is a clean exit, so let that signal land on a no-op.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
-    server.run(sockets=[sock])

@@ -16,12 +16,12 @@ import logging
 import time
 from typing import Any
 
+from app.config import Settings
+from app.contracts import DetectParams
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
-from app.serving import wire
-from app.serving.processes import RunLayout
-from app.serving.ring import Ring
-from app.serving.settings import ServingSettings
-from app.types import DetectParams
+from app.ipc import wire
+from app.ipc.layout import RunLayout
+from app.ipc.ring import Ring
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -171,7 +171,7 @@ class _Link(asyncio.Protocol):
 
 
 class InferenceClient:
-    def __init__(self, settings: ServingSettings, layout: RunLayout) -> None:
+    def __init__(self, settings: Settings, layout: RunLayout) -> None:
         self.settings = settings
         self.layout = layout
         self.info: dict | None = None  # the first worker's hello: model, names, limits

@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from app.contracts import ImageResult
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
 from app.imaging.headers import sniff_format
+from app.ipc.wire import DRAINING, READY, ImageRef, Load, Outcome, over_budget, queued_seconds
 from app.pipeline.detector import Detector
-from app.serving.wire import DRAINING, READY, ImageRef, Load, Outcome, over_budget, queued_seconds
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -232,14 +233,16 @@ class Batcher:
                 outcomes[i].error = p
         m.batch_size.observe(len(ok))
         run_start = time.perf_counter()
+        stage_timings: dict[str, float] = {}
         if ok:
-            for i, result in zip(ok, self._detect([prepared[i] for i in ok], batch[0].ref.params)):
+            results, stage_timings = self._detect([prepared[i] for i in ok], batch[0].ref.params)
+            for i, result in zip(ok, results):
                 o = outcomes[i]
                 o.width, o.height, o.detections, o.error = result.width, result.height, result.detections, result.error
         end = time.perf_counter()
         timings: dict[str, float] = {"batch_ms": round((end - run_start) * 1e3, 3), "batch_size": len(ok)}
         m.stage_latency.labels("batch").observe(end - run_start)
-        for name, ms in self.detector.pipeline.last_timings.items():
+        for name, ms in stage_timings.items():
             name = f"pipeline_{name}" if name in _BATCHER_TIMINGS else name
             m.stage_latency.labels(name.removesuffix("_ms")).observe(ms / 1e3)
             timings[name] = round(float(ms), 3)
@@ -278,21 +281,19 @@ class Batcher:
             job.decode_ms = (time.perf_counter() - t0) * 1e3
             self.metrics.stage_latency.labels("decode").observe(job.decode_ms / 1e3)
 
-    def _detect(self, items: list[Any], params: Any) -> list[Any]:
-        from app.pipeline.detector import ImageResult
-
+    def _detect(self, items: list[Any], params: Any) -> tuple[list[ImageResult], dict[str, float]]:
         try:
-            return self.detector.detect(items, params)
+            return self.detector.detect_timed(items, params)
         except YolopipeError as exc:
             if isinstance(exc, DeviceError):
                 self.metrics.device_errors.inc()
             log.warning("batch of %d failed: %s", len(items), exc)
-            return [ImageResult(error=exc) for _ in items]
+            return [ImageResult(error=exc) for _ in items], {}
         except Exception as exc:  # the accelerator failed (e.g. out of memory): fail this batch, keep serving
             log.error("batch of %d failed on the device", len(items), exc_info=exc)
             self.metrics.device_errors.inc()
             error = DeviceError(f"the device failed while running this batch ({type(exc).__name__}); retry")
-            return [ImageResult(error=error) for _ in items]
+            return [ImageResult(error=error) for _ in items], {}
 
     # --- bookkeeping -----------------------------------------------------------------------
     def _answer(self, jobs: list[Job], error: YolopipeError) -> None:

@@ -1,51 +1,15 @@
-"""What every serving process does the same way: its run folder, dying with its parent, logging."""
+"""What every serving process does the same way: dying with its parent, logging, metrics files."""
 
 from __future__ import annotations
 
 import ctypes
 import logging
 import os
-import shutil
 import signal
 import sys
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
-
-
-@dataclass(frozen=True)
-class RunLayout:
-    """The run folder the supervisor owns: sockets, status blocks, rings and metrics files.
-
-    In /dev/shm where there is one (rings and status blocks are then plain shared memory)."""
-
-    root: Path
-    workers: int  # inference workers
-
-    @classmethod
-    def create(cls, workers: int) -> RunLayout:
-        base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        root = Path(tempfile.mkdtemp(prefix="yolopipe-", dir=base))
-        (root / "metrics").mkdir()
-        return cls(root, workers)
-
-    @property
-    def metrics_dir(self) -> Path:
-        return self.root / "metrics"
-
-    def socket(self, worker: int) -> Path:
-        return self.root / f"worker-{worker}.sock"
-
-    def status(self, worker: int) -> Path:
-        return self.root / f"worker-{worker}.status"
-
-    def ring(self, worker: int, serial: int) -> Path:
-        return self.root / f"ring-{os.getpid()}-{worker}-{serial}"
-
-    def remove(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def die_with_parent(parent_pid: int) -> None:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from app.serving.ring import Ring, map_ring
+from app.ipc.ring import Ring, map_ring
 
 
 @pytest.fixture()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from app.api.errors import status_for
+from app.contracts import DetectParams
 from app.errors import DeviceError, ImageTooLarge, Overloaded, UnsupportedMediaType
-from app.serving import wire
-from app.types import DetectParams
+from app.ipc import wire
 
 
 @pytest.fixture(scope="module")

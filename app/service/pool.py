@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
+from app.config import Settings
 from app.errors import YolopipeError
-from app.serving.processes import RunLayout
-from app.serving.settings import ServingSettings
-from app.serving.wire import StatusBlock, error_from_code
-from app.serving.worker import WorkerSpec, worker_main
+from app.ipc.layout import RunLayout
+from app.ipc.wire import StatusBlock, error_from_code
+from app.service.worker import WorkerSpec, worker_main
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -41,7 +41,7 @@ class _Started:
 
 
 class InferencePool:
-    def __init__(self, settings: ServingSettings, layout: RunLayout, devices: list[str | None]) -> None:
+    def __init__(self, settings: Settings, layout: RunLayout, devices: list[str | None]) -> None:
         self.settings = settings
         self.layout = layout
         self.devices = devices
@@ -134,7 +134,7 @@ class InferencePool:
             report.close()
             if self._stopping.is_set():
                 return
-            from app.serving.metrics import mark_dead
+            from app.ipc.metrics import mark_dead
 
             mark_dead(proc.pid, self.layout.metrics_dir)
             lived = time.monotonic() - started

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import YolopipeError
-from app.serving import wire
-from app.serving.batcher import Batcher, Job
-from app.serving.processes import RunLayout
-from app.serving.ring import map_ring
+from app.ipc import wire
+from app.ipc.batcher import Batcher, Job
+from app.ipc.layout import RunLayout
+from app.ipc.ring import map_ring
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -44,7 +44,7 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any) -> None:
     """Process entry (multiprocessing, spawn). ``report``: a pipe to the pool, which gets
     ``("ready", info)`` or ``("error", code, message)``."""
     from app.runtime import open_detector_from
-    from app.serving.processes import die_with_parent, setup_logging, write_metrics_to
+    from app.service.processes import die_with_parent, setup_logging, write_metrics_to
 
     die_with_parent(spec.parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -74,7 +74,7 @@ def _run(main: Any) -> None:
 
 
 async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) -> None:
-    from app.serving.metrics import WorkerMetrics, gpu_memory_readers
+    from app.ipc.metrics import WorkerMetrics, gpu_memory_readers
 
     loop = asyncio.get_running_loop()
     metrics = WorkerMetrics(str(spec.index))

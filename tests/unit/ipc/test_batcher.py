@@ -14,12 +14,12 @@ from contextlib import contextmanager
 
 import pytest
 
+from app.contracts import DetectParams
 from app.errors import DeviceError, Overloaded, RequestTimeout
-from app.serving.batcher import Batcher, Job
-from app.serving.metrics import WorkerMetrics
-from app.serving.ring import Ring, map_ring
-from app.serving.wire import ImageRef
-from app.types import DetectParams
+from app.ipc.batcher import Batcher, Job
+from app.ipc.metrics import WorkerMetrics
+from app.ipc.ring import Ring, map_ring
+from app.ipc.wire import ImageRef
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """What HTTP workers and inference workers say to each other, byte for byte.
 
 Image bytes never travel on the socket: an HTTP worker copies them into its shared-memory
-ring (``app.serving.ring``) and sends a descriptor (``IMAGE``: where the bytes are, the
+ring (``app.ipc.ring``) and sends a descriptor (``IMAGE``: where the bytes are, the
 request's parameters and deadline). The inference worker answers each image exactly once
 (``RESULTS``: detections as float32 rows, or an error code), which is also when the HTTP
 worker may reuse that part of its ring. ``bench/ipc_roundtrip.py`` measured this against
@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from app import errors
+from app.contracts import DetectParams
 from app.errors import YolopipeError
-from app.types import Detections, DetectParams
+from app.types import Detections
 
 FRAME = struct.Struct("<IB")
 HELLO, IMAGE, CANCEL, RESULTS = 1, 2, 3, 4

@@ -1,0 +1,99 @@
+"""The HTTP worker process: the api app in front of an ``InferenceClient``; and the same app
+with inference workers of its own (tests, embedding).
+
+``yolopipe serve``'s HTTP workers connect to the inference workers the supervisor runs (its
+run folder, ``layout``); ``create_service_app`` starts its own for the app's lifetime, through
+the same pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+from typing import Any
+
+from fastapi import FastAPI
+
+from app.api.main import create_app
+from app.config import Settings
+from app.ipc.client import InferenceClient
+from app.ipc.layout import RunLayout
+from app.runtime import inference_devices
+from app.service.processes import die_with_parent, setup_logging, write_metrics_to
+
+
+class OwnWorkers(InferenceClient):
+    """An ``InferenceClient`` that starts its own inference workers and stops them on close."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, None)
+        self._pool = None
+
+    async def start(self, wait_s: float = 30.0) -> None:
+        from app.service.pool import InferencePool
+
+        devices = inference_devices(self.settings)
+        self.layout = RunLayout.create(len(devices))
+        self._pool = InferencePool(self.settings, self.layout, devices)
+        try:
+            await asyncio.to_thread(self._pool.start)
+        except BaseException:
+            self.layout.remove()
+            raise
+        await super().start(wait_s)
+
+    async def close(self) -> None:
+        await super().close()
+        if self._pool is not None:
+            await asyncio.to_thread(self._pool.stop, self.settings.request_timeout_s)
+            self.layout.remove()
+
+
+def create_service_app(settings: Settings | None = None) -> FastAPI:
+    """The whole service in this process's app: its inference workers start with it."""
+    settings = settings or Settings()
+    return create_app(settings, OwnWorkers(settings))
+
+
+def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """This HTTP worker's own listener; the kernel spreads new connections over all of them."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    return sock
+
+
+def http_worker_main(settings: Settings, layout: RunLayout, parent_pid: int, report: Any) -> None:
+    """Process entry (spawn): bind, say so, serve until SIGTERM/SIGINT, exit 0."""
+    die_with_parent(parent_pid)
+    write_metrics_to(layout.metrics_dir)
+    setup_logging()
+    import uvicorn
+
+    from app.api.protocol import uvicorn_options
+
+    try:
+        sock = listen(settings.host, settings.port)
+    except OSError as exc:
+        report.send(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
+        raise SystemExit(3) from None
+    report.send("listening")
+    report.close()
+    options: dict[str, Any] = dict(
+        lifespan="on",
+        access_log=False,  # per-request lines cost throughput; /metrics counts requests by status
+        log_level="warning",
+        timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,  # in-flight requests end by then
+        **uvicorn_options(settings),  # header and URL limits, read timeouts, JSON protocol errors
+    )
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, InferenceClient(settings, layout)), **options))
+    # Uvicorn re-raises the signal it shut down for once it is done, which would end the process
+    # with -15; a graceful shutdown is a clean exit, so let that signal land on a no-op.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    server.run(sockets=[sock])
