@@ -47,6 +47,9 @@ cli = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help is plain text, shown as written: rich markup would eat "[ray]" and "[default: ...]",
+    # and Typer's rich panels give flags a "<bool>" value they do not take.
+    rich_markup_mode=None,
 )
 console = Console(stderr=True, soft_wrap=True)  # paths and messages stay whole, for people and for grep
 
@@ -64,6 +67,13 @@ DECODE_HELP = ("JPEG decoder of the GPU backends: gpu (nvImageCodec, else nvJPEG
                "(OpenCV threads: pixels exactly as Ultralytics reads them). The CPU backend always uses OpenCV.")
 Precision = Annotated[str, typer.Option(help="auto | fp32 | fp16 | int8. auto: fp32 on onnxruntime, fp16 on "
                                              "torch-cuda, the best built engine on tensorrt.")]
+
+
+class Command(typer.core.TyperCommand):
+    """Click's usage line: a required argument reads SOURCE, not Typer's {SOURCE}."""
+
+    def collect_usage_pieces(self, ctx):
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in super().collect_usage_pieces(ctx)]
 
 
 def exit_code_for(exc: YolopipeError) -> ExitCode:
@@ -119,7 +129,7 @@ def main_options(
     pass
 
 
-@cli.command()
+@cli.command(cls=Command)
 @_friendly
 def export(
     weights: Weights = "sample",
@@ -127,7 +137,10 @@ def export(
     artifacts_dir: ArtifactsDir = None,
     force: Annotated[bool, typer.Option(help="Export again even if the weights did not change.")] = False,
 ) -> None:
-    """Export weights to ONNX (dynamic batch, fixed imgsz) with meta.json, in the artifacts folder."""
+    """Export weights to ONNX, with meta.json.
+
+    The model gets a dynamic batch and a fixed imgsz; it is kept in the artifacts folder.
+    """
     from app.builder.export import export_onnx
 
     with console.status("exporting to ONNX…"):
@@ -137,7 +150,7 @@ def export(
                   highlight=False)
 
 
-@cli.command()
+@cli.command(cls=Command)
 @_friendly
 def calibrate(
     images: Annotated[Path, typer.Option(help="Images and videos like the ones you will serve (a folder, recursive; "
@@ -158,8 +171,11 @@ def calibrate(
                                                "(IoU 0.5) on the held-out images.")] = 0.90,
     allow_low_accuracy: Annotated[bool, typer.Option(help="Install the models even below --min-f1.")] = False,
 ) -> None:
-    """Calibrate INT8 and write the Q/DQ models (TensorRT and CPU) with an accuracy report; below the gate
-    the report is written and the models are not installed (exit status 1)."""
+    """Calibrate INT8, with an accuracy report.
+
+    Writes the Q/DQ models (TensorRT and CPU) and the report; below the gate the report is
+    written and the models are not installed (exit status 1).
+    """
     from app.builder.int8 import DEFAULT_METHOD
     from app.builder.int8 import calibrate as run_calibration
 
@@ -173,7 +189,7 @@ def calibrate(
         console.print(f"wrote {path}", highlight=False)
 
 
-@cli.command("build-engine")
+@cli.command("build-engine", cls=Command)
 @_friendly
 def build_engine(
     weights: Weights = "sample",
@@ -186,7 +202,10 @@ def build_engine(
     artifacts_dir: ArtifactsDir = None,
     workspace_gib: Annotated[float, typer.Option(help="Builder workspace limit in GiB.")] = 4.0,
 ) -> None:
-    """Build a TensorRT engine: export (if needed) → calibrate (int8) → engine + engine.json. Needs TensorRT 10.x/11.x."""
+    """Build a TensorRT engine for this GPU.
+
+    Export (if needed) → calibrate (int8) → engine + engine.json. Needs TensorRT 10.x/11.x.
+    """
     from app.builder.trt_build import build_engine as run_build
 
     path = run_build(
@@ -210,7 +229,7 @@ def settings_from(**given) -> Settings:
         raise InvalidParameter(f"invalid settings: {problems}") from None
 
 
-@cli.command()
+@cli.command(cls=Command)
 @_friendly
 def serve(
     weights: Annotated[Optional[str], typer.Option("--weights", "-w", help="Weights (env YOLOPIPE_WEIGHTS).")] = None,
@@ -229,8 +248,11 @@ def serve(
     decode: Annotated[Optional[str], typer.Option(help=DECODE_HELP)] = None,
     artifacts_dir: ArtifactsDir = None,
 ) -> None:
-    """Serve POST /v1/detect over HTTP: HTTP worker processes in front of one inference worker per GPU.
-    Every option can also come from YOLOPIPE_<OPTION> variables."""
+    """Serve detection over HTTP.
+
+    POST /v1/detect: HTTP worker processes in front of one inference worker per GPU.
+    Every option can also come from YOLOPIPE_<OPTION> variables.
+    """
     from app.service.supervisor import serve as run_server
 
     run_server(settings_from(weights=weights, backend=backend, precision=precision, host=host, port=port,
@@ -255,10 +277,10 @@ def resolve_source(source: str) -> str:
     return str(Path(spec.origin).parent / "assets")
 
 
-@cli.command()
+@cli.command(cls=Command)
 @_friendly
 def predict(
-    source: Annotated[str, typer.Argument(help="A folder (recursive), an image file, a glob pattern, or 'samples' "
+    source: Annotated[str, typer.Argument(metavar="SOURCE", help="A folder (recursive), an image file, a glob pattern, or 'samples' "
                                                "(the example images that ship with Ultralytics).")],
     out: Annotated[Path, typer.Option(help="JSON Lines output, one object per image.")] = Path("predictions.jsonl"),
     weights: Weights = "sample",
@@ -288,8 +310,11 @@ def predict(
     output_format: Annotated[Optional[str], typer.Option("--format", help="With --ray: jsonl | parquet (a folder of "
                                                                           "part files) [default: from --out's suffix].")] = None,
 ) -> None:
-    """Detect objects in every image of SOURCE and write JSON Lines. Unreadable files get an error line
-    and the run goes on (exit status 1 at the end)."""
+    """Detect objects in the images of SOURCE, as JSON Lines.
+
+    One object per image; unreadable files get an error line and the run goes on (exit
+    status 1 at the end).
+    """
     from app.contracts import make_params
     from app.errors import InvalidParameter
 
@@ -343,12 +368,15 @@ def _progress_bar() -> Iterator[Callable[[int, int], None]]:
         yield lambda advance, total: progress.update(task, total=total, advance=advance)
 
 
-@cli.command(add_help_option=False,
+@cli.command(cls=Command, add_help_option=False,
              context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 @_friendly
 def bench(ctx: typer.Context) -> None:
-    """Benchmark: Ultralytics and yolopipe on the same model and images in one run, one JSON of rows
-    (yolopipe bench --help lists its options)."""
+    """Benchmark Ultralytics and yolopipe side by side.
+
+    The same model and images in one run, one JSON of rows (yolopipe bench --help lists its
+    options).
+    """
     from app.benchmark.cli import main as run_bench
 
     run_bench(list(ctx.args), prog="yolopipe bench")
