@@ -36,6 +36,8 @@ SAMPLE_SHA256 = "5f6f620d0fa574ed80d8348bb8d46060148eb0ba24e3eea00d31a30cdadba41
 OFFICIAL_NAME = re.compile(r"^yolo(v\d+|\d+)[nsmlx]u?(-[a-z0-9]+)?\.pt$")
 CONFIG_NAME = re.compile(r"^yolo(v\d+|\d+)[nsmlx]?\.yaml$")
 SPEC_HINT = "pass a .pt path, a name like yolov8n.pt, a config like yolov8s.yaml, or 'sample'"
+CHECKPOINT_HINT = ("pass a .pt saved by Ultralytics (e.g. runs/detect/train/weights/best.pt), a name like yolov8n.pt, "
+                   "or 'sample'")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,9 @@ def resolve_weights(spec: str | os.PathLike[str]) -> ResolvedWeights:
     if path.is_file():
         if path.suffix != ".pt":
             raise WeightsError(f"{path} is not a PyTorch .pt weights file", hint=SPEC_HINT)
+        if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; anything else cannot be one
+            raise WeightsError(f"{path} is not an Ultralytics YOLO checkpoint: it is not the zip archive "
+                               "torch.save writes (a text file, truncated, or another format)", hint=CHECKPOINT_HINT)
         return ResolvedWeights(path.resolve(), path.stem, sha256_file(path))
     if path.is_dir():
         raise WeightsError(f"{path} is a folder, not a weights file", hint=SPEC_HINT)

@@ -24,7 +24,7 @@ from app.artifacts.store import artifacts_root, model_dir
 from app.errors import ArtifactError, WeightsError
 from app.types import ModelMeta
 from app.versions import package_versions
-from app.weights import ResolvedWeights, resolve_weights, sha256_file
+from app.weights import CHECKPOINT_HINT, ResolvedWeights, resolve_weights, sha256_file
 
 DEFAULT_OPSET = 17
 UNSTABLE_METADATA = ("date",)  # differs on every export of the same weights
@@ -83,9 +83,10 @@ def _load_detection_model(weights: ResolvedWeights, workdir: Path):
     try:
         model = YOLO(str(local_pt))
     except Exception as exc:  # torch.load and Ultralytics raise many types for a file that is no checkpoint
+        # Their messages name our temporary copy and carry banners: the user's file and the type say it.
         raise WeightsError(
-            f"{weights.path} is not an Ultralytics YOLO checkpoint ({type(exc).__name__}: {str(exc)[:120]})",
-            hint="pass a .pt saved by Ultralytics (e.g. runs/detect/train/weights/best.pt), a name like yolov8n.pt, or 'sample'",
+            f"{weights.path} is not an Ultralytics YOLO checkpoint: torch could not load it ({type(exc).__name__})",
+            hint=CHECKPOINT_HINT,
         ) from None
     if model.task != "detect":
         raise WeightsError(f"{weights.path} is a '{model.task}' model; yolopipe serves detection models")

@@ -68,11 +68,23 @@ def test_an_empty_folder_is_a_usage_error_not_success(tmp_path):
 
 
 def test_a_file_that_is_not_a_checkpoint(tmp_path):
-    bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"\x00not a checkpoint" * 64)
-    for cmd in (["export"], ["predict", "samples"]):
-        proc = run_cli(*cmd, "--weights", str(bad), "--artifacts-dir", str(tmp_path / "a"), cwd=tmp_path)
-        assert proc.returncode == ExitCode.USAGE and "not an Ultralytics YOLO checkpoint" in proc.stderr
+    """One line naming the user's file and what is wrong: no temp path, no banner, no cut."""
+    import zipfile
+
+    text = tmp_path / "bad.pt"
+    text.write_text("these are not weights\n" * 64)
+    archive = tmp_path / "archive.pt"  # a zip, as torch.save writes, that torch cannot load
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("archive/data.pkl", "not a pickle")
+    cases = [(text, "it is not the zip archive torch.save writes"), (archive, "torch could not load it")]
+    for bad, why in cases:
+        for cmd in (["export"], ["predict", "samples"]):
+            proc = run_cli(*cmd, "--weights", str(bad), "--artifacts-dir", str(tmp_path / "a"), cwd=tmp_path)
+            assert proc.returncode == ExitCode.USAGE, proc.stderr
+            error, hint = [line for line in proc.stderr.splitlines() if line.startswith(("error:", "hint:"))]
+            assert error.startswith(f"error: {bad} is not an Ultralytics YOLO checkpoint") and why in error, error
+            assert error.isascii() and error.endswith(")") and "/tmp" not in error.replace(str(tmp_path), ""), error
+            assert hint.startswith("hint: pass a .pt saved by Ultralytics")
     assert not [p for p in (tmp_path / "a").rglob("*") if p.is_file()]
 
 

@@ -22,6 +22,10 @@ def test_local_path(tmp_path):
     txt.write_text("x")
     with pytest.raises(WeightsError):
         resolve_weights(str(txt))
+    text = tmp_path / "notes.pt"
+    text.write_text("not weights")
+    with pytest.raises(WeightsError, match=f"^{text} is not an Ultralytics YOLO checkpoint: it is not the zip"):
+        resolve_weights(str(text))
     with pytest.raises(WeightsError, match="not found"):
         resolve_weights(str(tmp_path / "missing.pt"))
     with pytest.raises(WeightsError, match="is a folder"):
