@@ -20,7 +20,16 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from app.config import MAX_DET, Settings
+from app.config import (
+    CONF,
+    CPU_MAX_BATCH,
+    ENGINE_MAX_BATCH,
+    ENGINE_OPT_BATCH,
+    IOU,
+    MAX_DET,
+    PREDICT_BATCH,
+    Settings,
+)
 from app.errors import AccuracyGateFailed, BackendUnavailable, DeviceError, EngineMismatch, YolopipeError
 
 
@@ -176,9 +185,11 @@ def calibrate(
     Writes the Q/DQ models (TensorRT and CPU) and the report; below the gate the report is
     written and the models are not installed (exit status 1).
     """
-    from app.builder.int8 import DEFAULT_METHOD
+    from app.builder.int8 import DEFAULT_METHOD, METHODS
     from app.builder.int8 import calibrate as run_calibration
+    from app.config import check_choice
 
+    check_choice("calibration method", method or DEFAULT_METHOD, METHODS)  # a usage error, before any work
     result = run_calibration(
         weights, images, num_images=num_images, method=method or DEFAULT_METHOD, imgsz=imgsz,
         artifacts_dir=artifacts_dir, min_f1=min_f1, allow_low_accuracy=allow_low_accuracy, console=console,
@@ -196,8 +207,8 @@ def build_engine(
     precision: Annotated[str, typer.Option(help="int8 | fp16 | fp32")] = "int8",
     calib_images: Annotated[Optional[Path], typer.Option(help="Calibration images (int8, first build).")] = None,
     min_batch: Annotated[int, typer.Option(help="Optimization profile: smallest batch.")] = 1,
-    opt_batch: Annotated[int, typer.Option(help="Optimization profile: batch tuned for.")] = 8,
-    max_batch: Annotated[int, typer.Option(help="Optimization profile: largest batch.")] = 64,
+    opt_batch: Annotated[int, typer.Option(help="Optimization profile: batch tuned for.")] = ENGINE_OPT_BATCH,
+    max_batch: Annotated[int, typer.Option(help="Optimization profile: largest batch.")] = ENGINE_MAX_BATCH,
     imgsz: Imgsz = 640,
     artifacts_dir: ArtifactsDir = None,
     workspace_gib: Annotated[float, typer.Option(help="Builder workspace limit in GiB.")] = 4.0,
@@ -284,11 +295,11 @@ def predict(
                                                "(the example images that ship with Ultralytics).")],
     out: Annotated[Path, typer.Option(help="JSON Lines output, one object per image.")] = Path("predictions.jsonl"),
     weights: Weights = "sample",
-    conf: Annotated[float, typer.Option(help="Confidence threshold.")] = 0.25,
-    iou: Annotated[float, typer.Option(help="NMS IoU threshold.")] = 0.7,
+    conf: Annotated[float, typer.Option(help="Confidence threshold.")] = CONF,
+    iou: Annotated[float, typer.Option(help="NMS IoU threshold.")] = IOU,
     max_det: Annotated[int, typer.Option(help=f"Most detections per image (at most {MAX_DET}).")] = MAX_DET,
     imgsz: Imgsz = 640,
-    batch: Annotated[int, typer.Option(help="Images per batch (ONNX Runtime takes at most 16).", min=1)] = 64,
+    batch: Annotated[int, typer.Option(help=f"Images per batch (ONNX Runtime takes at most {CPU_MAX_BATCH}).", min=1)] = PREDICT_BATCH,
     backend: Backend = "auto",
     precision: Precision = "auto",
     decode: Annotated[str, typer.Option(help=DECODE_HELP)] = "gpu",

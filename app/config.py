@@ -30,10 +30,26 @@ IOU = 0.7  # NMS IoU threshold
 MAX_DET = 300  # most detections per image; GPU result buffers are sized for it (Ultralytics' default too)
 MAX_PIXELS = 50_000_000  # per image, read from the header before decoding (decompression-bomb guard)
 MAX_BATCH = 256  # largest batch a pipeline or engine profile is built for
+
+# --- batch defaults: one per purpose ---------------------------------------------------------
+SERVE_MAX_BATCH = 32  # the service's batcher (Settings.max_batch) and open_detector's default
+PREDICT_BATCH = 64  # images per batch of `yolopipe predict` and predict_folder
+CPU_MAX_BATCH = 16  # ONNX Runtime on a CPU gains nothing from larger batches, and holds more memory
+ENGINE_OPT_BATCH = 8  # a TensorRT engine's optimization profile: the batch it is tuned for...
+ENGINE_MAX_BATCH = 64  # ...and the largest it takes
 # What one decode may hold at its peak: a 50 MP 8-bit image of any format (~300 MB) or a 50 MP
 # 16-bit TIFF in strips (~700 MB); an image whose tiles or strips need more is refused.
 MAX_DECODE_BYTES = 768 * 2**20
 MAX_REQUEST_PIXELS = 4 * MAX_PIXELS  # summed over the images of one batch request, from their headers
+
+
+def check_imgsz(imgsz: int) -> int:
+    """``imgsz`` when a model can take it (a multiple of its largest stride, 32); else ``InvalidParameter``."""
+    if imgsz % 32 or not 32 <= imgsz <= 4096:
+        from app.errors import InvalidParameter
+
+        raise InvalidParameter(f"imgsz must be a multiple of 32 (the model's largest stride) in [32, 4096], got {imgsz}")
+    return imgsz
 
 
 def check_choice(kind: str, value: str, choices: tuple[str, ...]) -> str:
@@ -61,7 +77,7 @@ class Settings(BaseSettings):
     # serving
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    max_batch: int = Field(32, ge=1, le=MAX_BATCH)
+    max_batch: int = Field(SERVE_MAX_BATCH, ge=1, le=MAX_BATCH)
     max_wait_ms: float = Field(2.0, ge=0, le=1000)
     max_images_per_request: int = Field(256, ge=1)  # files in one /v1/detect/batch body
     request_timeout_s: float = Field(30.0, gt=0)

@@ -15,12 +15,20 @@ from pathlib import Path
 
 from app.artifacts.engines import find_engine
 from app.artifacts.exports import load_export
-from app.config import BACKENDS, DECODERS, MAX_PIXELS, PRECISIONS, Settings, check_choice
+from app.config import (
+    BACKENDS,
+    CPU_MAX_BATCH,
+    DECODERS,
+    MAX_PIXELS,
+    PRECISIONS,
+    SERVE_MAX_BATCH,
+    Settings,
+    check_choice,
+)
 from app.errors import BackendUnavailable, EngineMismatch, InvalidParameter
 from app.pipeline.detector import Detector
 from app.types import ModelMeta
 
-CPU_MAX_BATCH = 16  # ONNX Runtime on a CPU gains nothing from larger batches, and holds more memory
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,7 @@ def open_model_dir(
     backend: str = "auto",
     precision: str = "auto",
     decode: str = "gpu",
-    max_batch: int = 32,
+    max_batch: int = SERVE_MAX_BATCH,
     device: int = 0,
     max_pixels: int = MAX_PIXELS,
     compile: bool = True,

@@ -22,7 +22,7 @@ from app.api.schemas import (
     detect_request_body,
 )
 from app.api.uploads import check_request_images, read_form_images
-from app.config import MAX_DET, Settings
+from app.config import CONF, IOU, MAX_DET, Settings
 from app.contracts import DetectParams, make_params
 from app.errors import (
     InvalidParameter,
@@ -60,8 +60,8 @@ MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 def detect_params(
     inference: InferenceDep,
-    conf: Annotated[float, Query(ge=0.0, le=1.0, description="confidence threshold")] = 0.25,
-    iou: Annotated[float, Query(ge=0.0, le=1.0, description="NMS IoU threshold")] = 0.7,
+    conf: Annotated[float, Query(ge=0.0, le=1.0, description="confidence threshold")] = CONF,
+    iou: Annotated[float, Query(ge=0.0, le=1.0, description="NMS IoU threshold")] = IOU,
     max_det: Annotated[int, Query(ge=1, le=MAX_DET, description="most detections per image")] = MAX_DET,
     classes: Annotated[
         list[str] | None,

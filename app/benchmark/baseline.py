@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from app.benchmark.timing import Budget, batch_of, row
+from app.config import CONF, IOU, MAX_DET
 
-CONF, IOU = 0.25, 0.7
 
 
 def ultralytics_rows(weights: Path, images, batches, precisions, device, budget: Budget, iters: int,
@@ -55,12 +55,12 @@ def ultralytics_folder_row(weights: Path, folder: Path, n_images: int, batch: in
     model = YOLO(str(weights))
     # Warm-up on a few files (model fusing, cuDNN autotune): not timed.
     for _ in model.predict(source=str(folder), stream=True, batch=batch, imgsz=640, conf=CONF, iou=IOU,
-                           quantize=precision, device=device, verbose=False, max_det=300):
+                           quantize=precision, device=device, verbose=False, max_det=MAX_DET):
         break
     done, dets = 0, 0
     t0 = time.perf_counter()
     for res in model.predict(source=str(folder), stream=True, batch=batch, imgsz=640, conf=CONF, iou=IOU,
-                             quantize=precision, device=device, verbose=False, max_det=300):
+                             quantize=precision, device=device, verbose=False, max_det=MAX_DET):
         dets += len(res.boxes.cls.cpu())
         done += 1
         if time.perf_counter() - t0 > max_s:
@@ -81,7 +81,7 @@ def ultralytics_nms_row(head: np.ndarray, conf: float, gpu: bool, budget: Budget
     pred = torch.from_numpy(head).to("cuda" if gpu else "cpu")
 
     def call():
-        non_max_suppression(pred, conf_thres=conf, iou_thres=IOU, max_det=300)
+        non_max_suppression(pred, conf_thres=conf, iou_thres=IOU, max_det=MAX_DET)
         if gpu:
             torch.cuda.synchronize()
 

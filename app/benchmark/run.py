@@ -21,7 +21,7 @@ from collections.abc import Callable
 from app.benchmark import report
 from app.benchmark.options import BenchOptions
 from app.benchmark.timing import Budget
-from app.config import ENGINE_PRECISIONS
+from app.config import ENGINE_PRECISIONS, SERVE_MAX_BATCH
 
 
 def run_benchmark(options: BenchOptions, console) -> dict:
@@ -210,7 +210,7 @@ class _Context:
         self.add(nms_rows(self.model_dir, self.meta, self.images, self.gpu, self.budget, o.iters, o.warmup))
 
 
-def _best_batch(rows: list[dict], backend: str, precision: str, default: int = 32) -> int:
+def _best_batch(rows: list[dict], backend: str, precision: str, default: int = SERVE_MAX_BATCH) -> int:
     cands = [r for r in rows if r.get("mode") == "pipelined" and r["input"] == "frames" and r.get("img_per_s")
              and r["backend"] == backend and r["precision"] == precision]
     return max(cands, key=lambda r: r["img_per_s"])["batch"] if cands else default

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from app.artifacts.exports import META_NAME, ONNX_NAME, WEIGHTS_COPY_NAME, current_export
 from app.artifacts.store import artifacts_root, model_dir
+from app.config import check_imgsz
 from app.errors import ArtifactError, WeightsError
 from app.types import ModelMeta
 from app.versions import package_versions
@@ -102,8 +103,7 @@ def export_onnx(
     force: bool = False,
 ) -> ExportResult:
     """Export the weights to ONNX unless their artifacts folder already holds that export."""
-    if imgsz % 32 or not 32 <= imgsz <= 4096:
-        raise WeightsError(f"imgsz must be a multiple of 32 (the model's largest stride) in [32, 4096], got {imgsz}")
+    check_imgsz(imgsz)
     resolved = resolve_weights(weights)
     out_dir = model_dir(artifacts_root(artifacts_dir), resolved.name, resolved.sha256, imgsz)
     if not force and (found := current_export(out_dir, weights_sha256=resolved.sha256, imgsz=imgsz)):

@@ -26,7 +26,7 @@ from typing import Any
 
 from app.artifacts.engines import EngineMeta, engine_file_name, now_iso, save_engine_meta
 from app.builder.trt_recipe import BuildRecipe, build_recipe, select_profile
-from app.config import ENGINE_PRECISIONS, check_choice
+from app.config import ENGINE_MAX_BATCH, ENGINE_OPT_BATCH, ENGINE_PRECISIONS, check_choice
 from app.errors import ArtifactError, BackendUnavailable, CalibrationError, InvalidParameter
 from app.weights import sha256_file
 
@@ -49,8 +49,8 @@ def build_engine(
     precision: str = "int8",
     calib_images: Path | None = None,
     min_batch: int = 1,
-    opt_batch: int = 8,
-    max_batch: int = 64,
+    opt_batch: int = ENGINE_OPT_BATCH,
+    max_batch: int = ENGINE_MAX_BATCH,
     imgsz: int = 640,
     artifacts_dir: Path | None = None,
     workspace_gib: float = 4.0,

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 
 from app.boxes import nms_numpy
-from app.config import MAX_DET
+from app.config import CPU_MAX_BATCH, MAX_DET
 from app.contracts import DetectParams, HostBackend, PipelineInput, PipelineRun
 from app.imaging.letterbox import letterbox, to_input
 from app.pipeline.nms_cpu import nms_keep_indices_compiled
@@ -20,7 +20,7 @@ class CpuPipeline:
     decodes_jpeg = False
     max_in_flight = 1
 
-    def __init__(self, backend: HostBackend, meta: ModelMeta, *, max_batch: int = 8, max_det: int = MAX_DET) -> None:
+    def __init__(self, backend: HostBackend, meta: ModelMeta, *, max_batch: int = CPU_MAX_BATCH, max_det: int = MAX_DET) -> None:
         self.backend = backend.name
         self.precision = backend.precision
         self.meta = meta

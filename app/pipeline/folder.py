@@ -20,6 +20,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from app.config import PREDICT_BATCH
 from app.contracts import DetectParams, ImageResult
 from app.errors import InvalidParameter, YolopipeError
 from app.imaging.headers import IMAGE_SUFFIXES
@@ -173,7 +174,7 @@ def predict_folder(
     out: Path,
     params: DetectParams,
     *,
-    batch: int = 8,
+    batch: int = PREDICT_BATCH,
     resume: bool = False,
     save_images: Path | None = None,
     coco: Path | None = None,

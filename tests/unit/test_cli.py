@@ -51,7 +51,7 @@ def test_help_explains_every_command_and_the_exit_statuses(tmp_path):
     (["predict", "samples", "--max-det", "301"], ExitCode.USAGE, "max_det must be within [1, 300]"),
     (["predict", "samples", "--weights", "nothere.pt"], ExitCode.USAGE, "weights file not found: nothere.pt"),
     (["export", "--imgsz", "100"], ExitCode.USAGE, "multiple of 32"),
-    (["build-engine", "--precision", "fp16"], ExitCode.UNAVAILABLE, "TensorRT is not installed"),
+    (["calibrate", "--images", ".", "--method", "foo"], ExitCode.USAGE, "unknown calibration method 'foo'"),
     (["serve", "--max-batch", "0"], ExitCode.USAGE, "--max-batch"),
     (["predict"], ExitCode.USAGE, "Missing argument"),  # Click's own usage error: 2 as well
 ])
@@ -59,6 +59,15 @@ def test_each_mistake_has_its_exit_status_and_one_clear_line(tmp_path, args, cod
     proc = run_cli(*args, cwd=tmp_path)
     assert proc.returncode == code, proc.stderr
     assert says in " ".join(proc.stderr.split()), proc.stderr
+
+
+def test_build_engine_without_tensorrt(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("TensorRT is installed here (tests/tensorrt builds engines)")
+    proc = run_cli("build-engine", "--precision", "fp16", cwd=tmp_path)
+    assert proc.returncode == ExitCode.UNAVAILABLE and "TensorRT is not installed" in proc.stderr, proc.stderr
 
 
 def test_an_empty_folder_is_a_usage_error_not_success(tmp_path):

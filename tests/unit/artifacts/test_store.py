@@ -10,7 +10,7 @@ import pytest
 from app.artifacts.exports import current_export
 from app.artifacts.store import artifacts_root, cache_dir, model_dir
 from app.builder.export import export_onnx
-from app.errors import WeightsError
+from app.errors import InvalidParameter, WeightsError
 from app.weights import SAMPLE_SHA256, sha256_file
 
 
@@ -61,8 +61,14 @@ def test_a_file_that_is_not_a_checkpoint_is_a_clear_error_and_leaves_nothing(tmp
     assert leftovers == []
 
 
-def test_bad_imgsz_is_refused_before_anything_is_read(tmp_path):
+def test_bad_imgsz_is_refused_before_anything_is_read(tmp_path, monkeypatch):
+    import app.builder.export as export
+
+    def must_not_resolve(spec):
+        raise AssertionError(f"weights {spec!r} resolved before imgsz was checked")
+
+    monkeypatch.setattr(export, "resolve_weights", must_not_resolve)
     for imgsz in (33, 0, 8192):
-        with pytest.raises(WeightsError, match="multiple of 32"):
+        with pytest.raises(InvalidParameter, match="multiple of 32"):
             export_onnx("sample", imgsz=imgsz, artifacts_dir=tmp_path)
-    assert not Path(tmp_path).joinpath("sample").exists()
+    assert list(Path(tmp_path).iterdir()) == []
