@@ -9,6 +9,7 @@ import onnxruntime as ort
 from app.artifacts.exports import load_export
 from app.builder.export import export_onnx
 from app.types import ModelMeta
+from app.weights import resolve_weights, sha256_file
 
 
 def test_export_shapes_and_meta(sample_model_dir):
@@ -32,6 +33,25 @@ def test_dynamic_batch_runs(sample_model_dir):
     np.testing.assert_allclose(out[1:2], single, rtol=1e-4, atol=1e-3)
 
 
-def test_reexport_only_when_weights_change(artifacts_dir):
+def test_reexport_only_when_weights_change(artifacts_dir, tmp_path):
     again = export_onnx("sample", artifacts_dir=artifacts_dir)
     assert again.reused
+
+    # The user retrains and overwrites the same file: the next export is a new one, in its own folder.
+    import shutil
+
+    import torch
+
+    weights = tmp_path / "best.pt"
+    shutil.copyfile(resolve_weights("sample").path, weights)
+    root = tmp_path / "artifacts"
+    first = export_onnx(str(weights), imgsz=64, artifacts_dir=root)  # imgsz 64: the cheapest export
+    assert not first.reused and export_onnx(str(weights), imgsz=64, artifacts_dir=root).reused
+    checkpoint = torch.load(weights, weights_only=False)
+    with torch.no_grad():
+        next(checkpoint["model"].parameters()).add_(0.5)
+    torch.save(checkpoint, weights)
+    changed = export_onnx(str(weights), imgsz=64, artifacts_dir=root)
+    assert not changed.reused and changed.meta.weights_sha256 == sha256_file(weights) != first.meta.weights_sha256
+    assert changed.model_dir != first.model_dir and changed.meta.onnx_sha256 != first.meta.onnx_sha256
+    assert load_export(first.model_dir)[1] == first.meta  # the earlier export is left as it was

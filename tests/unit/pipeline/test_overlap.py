@@ -41,14 +41,19 @@ def test_results_in_order_and_at_most_depth_at_once(depth):
 
 
 def test_next_batch_starts_before_the_consumer_is_done():
-    """While the consumer handles result k, call k + depth is already running."""
-    probe = _Probe(delay=0.01)
-    seen_running = []
-    for k, _ in enumerate(run_overlapped(probe, range(6), 2)):
-        time.sleep(0.03)  # the consumer's own work (writing JSON lines, say)
-        with probe.lock:  # ... during which call k + 2 was already under way
-            seen_running.append(k + 2 in probe.started or k + 2 >= 6)
-    assert all(seen_running), seen_running
+    """While the consumer still holds result k, call k + depth starts (no sleeps: events)."""
+    started = {i: threading.Event() for i in range(6)}
+
+    def fn(i: int) -> int:
+        started[i].set()
+        return i
+
+    checked = []
+    for k in run_overlapped(fn, range(6), 2):
+        if k + 2 < 6:  # the consumer has not asked for result k + 1: call k + 2 must start anyway
+            assert started[k + 2].wait(timeout=30), f"call {k + 2} did not start while result {k} was held"
+            checked.append(k + 2)
+    assert checked == [2, 3, 4, 5]
 
 
 def test_an_error_surfaces_at_its_item():
