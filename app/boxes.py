@@ -154,11 +154,6 @@ def match_pairs(ref_boxes, ref_cls, boxes, cls, iou_thr: float = 0.5) -> list[tu
     return pairs
 
 
-def match_counts(ref_boxes, ref_cls, boxes, cls, iou_thr: float = 0.5) -> tuple[int, int, int]:
-    """Greedy one-to-one matching by IoU, same class → (true positives, n_ref, n_pred)."""
-    return len(match_pairs(ref_boxes, ref_cls, boxes, cls, iou_thr)), len(ref_cls), len(cls)
-
-
 def f1(tp: int, n_ref: int, n_pred: int) -> float:
     if n_ref == 0 and n_pred == 0:
         return 1.0

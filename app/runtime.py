@@ -30,7 +30,6 @@ from app.pipeline.detector import Detector
 from app.types import ModelMeta
 
 
-
 @dataclass(frozen=True)
 class BackendChoice:
     backend: str  # onnxruntime | torch-cuda | tensorrt

@@ -24,9 +24,11 @@ activations and the head output live in the pipeline's graph memory pool.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,13 +85,8 @@ class TorchCudaEngine:
         from ultralytics import YOLO
 
         torch.cuda.set_device(self.device)
-        # Convolutions of a fixed shape are replayed thousands of times: let cuDNN pick the fastest.
-        torch.backends.cudnn.benchmark = True
-        if precision == "fp32":
-            # "fp32" means fp32: PyTorch runs convolutions in TF32 by default, whose rounding moves
-            # scores by ~1e-3 between batch sizes. Process-wide, as torch's flags are.
-            torch.backends.cudnn.allow_tf32 = False
-            torch.backends.cuda.matmul.allow_tf32 = False
+        self._compile_limits: dict[str, int] = {}  # torch._dynamo settings for this engine's calls
+        self._inductor_cache: str | None = None
         model = YOLO(str(weights)).model
         model = model.fuse(verbose=False) if hasattr(model, "fuse") else model
         model = model.to(self.device).eval()
@@ -130,19 +127,17 @@ class TorchCudaEngine:
         """
         torch = self._torch
         cache_dir.mkdir(parents=True, exist_ok=True)
-        # Set before inductor first resolves its cache dir, so a restart reuses the FX graph and
-        # Triton caches instead of compiling from scratch. A user's own setting wins.
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
-        os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
+        # Compiles happen inside this engine's calls (see _scope), which point inductor (and the
+        # Triton cache inside it) here, so a restart reuses them. A user's own setting wins.
+        self._inductor_cache = str(cache_dir / "inductor")
         try:
             import torch._dynamo
 
             # One compiled graph per bucket (1, 2, 4, ... max_batch): static shapes are faster.
             n_buckets = max(1, self.max_batch.bit_length() + 1)
             cfg = torch._dynamo.config
-            for key in ("recompile_limit", "cache_size_limit"):
-                if hasattr(cfg, key):
-                    setattr(cfg, key, max(getattr(cfg, key), n_buckets + 4))
+            self._compile_limits = {key: max(getattr(cfg, key), n_buckets + 4)
+                                    for key in ("recompile_limit", "cache_size_limit") if hasattr(cfg, key)}
             compiled = torch.compile(model, mode="default", dynamic=False)
         except Exception as exc:  # noqa: BLE001 - compile is an optimisation, never a requirement
             warnings.warn(
@@ -153,11 +148,40 @@ class TorchCudaEngine:
         return compiled
 
     # ----------------------------------------------------------------------------- run
+    @contextlib.contextmanager
+    def _scope(self) -> Iterator[None]:
+        """This engine's settings for the length of one call, the process's own restored after.
+
+        cuDNN autotunes (fixed shapes, replayed thousands of times); fp32 means fp32, not the TF32
+        PyTorch uses by default (its rounding moves scores between batch sizes); the recompile
+        limit fits every batch bucket; inductor caches under the model's folder. The pipeline only
+        calls ``forward`` to warm up and capture graphs, from one thread, so nothing interleaves.
+        """
+        torch = self._torch
+        cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+        saved = cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32
+        env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        cudnn.benchmark = True
+        if self.precision == "fp32":
+            cudnn.allow_tf32 = matmul.allow_tf32 = False
+        if self._inductor_cache and env is None:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = self._inductor_cache
+        try:
+            with contextlib.ExitStack() as stack:
+                if self._compile_limits:
+                    stack.enter_context(torch._dynamo.config.patch(**self._compile_limits))
+                yield
+        finally:
+            cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = saved
+            if self._inductor_cache and env is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # inductor writes it back itself
+
     def _call(self, fn, images):
         """Run ``fn`` on ``images`` with the head's anchors pinned (see the module docstring)."""
         if self._detect.shape is not None and getattr(self, "_feat_shape", None) is not None:
             self._detect.shape = self._torch.Size((images.shape[0], *self._feat_shape))
-        out = fn(images)
+        with self._scope():
+            out = fn(images)
         if isinstance(out, (tuple, list)):  # an Ultralytics version that ignores export mode
             out = out[0]
         return out

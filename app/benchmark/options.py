@@ -72,7 +72,3 @@ def default_out(gpu: bool) -> Path:
         tag = torch.cuda.get_device_name(0).replace("NVIDIA ", "").replace(" ", "-").lower()
     return Path.cwd() / f"yolopipe-bench-{dt.date.today().isoformat()}-{tag}.json"
 
-
-def option_help() -> list[tuple[str, str, str]]:
-    """``(flag, default, help)`` of every option, for front ends and docs."""
-    return [(f"--{f.name.replace('_', '-')}", repr(f.default), f.metadata["help"]) for f in fields(BenchOptions)]

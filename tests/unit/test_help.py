@@ -64,7 +64,7 @@ def test_the_top_level_lists_every_command_with_its_summary():
     shown = render()
     for name, command in COMMANDS.items():
         summary = command.help.split("\n\n")[0].strip()
-        assert re.search(rf"^\s+{re.escape(name)}\s+{re.escape(summary)}$", shown, re.M), (name, shown)
+        assert re.search(rf"^\s+{re.escape(name)}\s+{re.escape(summary)}$", shown, re.MULTILINE), (name, shown)
 
 
 def test_bench_help_shows_every_option_whole():

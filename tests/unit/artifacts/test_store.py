@@ -62,7 +62,7 @@ def test_a_file_that_is_not_a_checkpoint_is_a_clear_error_and_leaves_nothing(tmp
 
 
 def test_bad_imgsz_is_refused_before_anything_is_read(tmp_path, monkeypatch):
-    import app.builder.export as export
+    from app.builder import export
 
     def must_not_resolve(spec):
         raise AssertionError(f"weights {spec!r} resolved before imgsz was checked")
