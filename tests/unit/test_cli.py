@@ -70,6 +70,18 @@ def test_build_engine_without_tensorrt(tmp_path):
     assert proc.returncode == ExitCode.UNAVAILABLE and "TensorRT is not installed" in proc.stderr, proc.stderr
 
 
+def test_calibrate_counts_only_the_images_it_can_read(tmp_path, assets_dir):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "good.jpg").write_bytes((assets_dir / "bus.jpg").read_bytes())
+    (photos / "broken.jpg").write_bytes((assets_dir / "bus.jpg").read_bytes()[:200])
+    (photos / "notes.jpg").write_text("not an image")
+    proc = run_cli("calibrate", "--images", str(photos), "--artifacts-dir", str(tmp_path / "a"), cwd=tmp_path)
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == ExitCode.USAGE and f"1 images and video frames in {photos} leave 1 for" in said, said
+    assert "skipping" in said and "broken.jpg" in said and "notes.jpg" in said
+
+
 def test_an_empty_folder_is_a_usage_error_not_success(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = run_cli("predict", str(tmp_path / "empty"), cwd=tmp_path)

@@ -98,7 +98,7 @@ def gate_error(report: Int8Report, min_f1: float) -> AccuracyGateFailed:
         f"{report.int8_model} agrees with FP32 at F1 {report.f1:.3f} (95 % interval {report.f1_ci95[0]:.3f}–"
         f"{report.f1_ci95[1]:.3f}) on {report.images} held-out images, below the required {min_f1:.2f}{lost}; "
         "the INT8 models were not installed",
-        hint="use more images like the ones you serve, allow more float layers (max_float_layers), "
+        hint="use more images like the ones you serve, allow more float layers (--max-float-layers), "
         "try another method, or accept it with --allow-low-accuracy",
     )
 

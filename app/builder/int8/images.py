@@ -81,6 +81,11 @@ def list_items(source: Path, *, frames_per_video: int = FRAMES_PER_VIDEO, consol
     for path in files:
         suffix = path.suffix.lower()
         if suffix in IMAGE_SUFFIXES:
+            try:  # decoded once here so that every count said about the folder is of readable images
+                decode_image(path.read_bytes())
+            except (OSError, YolopipeError) as exc:
+                warn(console, f"skipping {path}: {exc}")
+                continue
             items.append(CalibrationItem(path))
         elif suffix in VIDEO_SUFFIXES and frames_per_video > 0:
             try:

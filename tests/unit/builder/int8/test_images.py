@@ -96,6 +96,7 @@ def test_unreadable_files_are_skipped_with_a_warning(tmp_path, assets_dir, caplo
     good.write_bytes((assets_dir / "bus.jpg").read_bytes())
     (tmp_path / "broken.jpg").write_bytes(good.read_bytes()[:200])
     (tmp_path / "fake.png").write_bytes(b"definitely not a png")
+    assert [item.path.name for item in im.list_items(tmp_path)] == ["good.jpg"]  # counts are of readable images
     out = list(im.letterboxed(im.list_items(tmp_path), 320))
     assert [item.path.name for item, _, _ in out] == ["good.jpg"]
     assert out[0][1].shape == (320, 320, 3)
