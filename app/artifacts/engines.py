@@ -3,7 +3,7 @@
 Pure logic: no tensorrt, torch or CUDA import, so the checks, the profile validation and the
 choice of build recipe for each TensorRT major version are tested on any machine.
 
-``engines/<name>/engine.json`` holds one entry per built precision (an int8, an fp16 and an
+``engine.json`` in a model's artifacts folder holds one entry per built precision (an int8, an fp16 and an
 fp32 engine may live side by side)::
 
     {"format": 1, "engines": {"int8": {...EngineMeta...}, "fp16": {...}}}

@@ -1,4 +1,5 @@
-"""ONNX → TensorRT engine (build time only): ``engines/<name>/model.<precision>.engine`` + ``engine.json``.
+"""ONNX → TensorRT engine (build time only): ``model.<precision>.engine`` + ``engine.json`` in the model's
+artifacts folder.
 
 One function, ``build_engine``, for TensorRT 10.x and 11.x. What differs between them is only how
 a precision is expressed (``app.builder.trt_recipe.build_recipe`` decides, and is unit tested):

@@ -1,8 +1,8 @@
 """What runs on the cluster: the read task (paths → bytes) and the detector actor (bytes → records).
 
 Image bytes travel through Ray's object store, never decoded pixels: a JPEG is ~10x smaller
-than its frame, and the actor decodes where its pipeline does (nvJPEG on a GPU actor, OpenCV
-on an ONNX Runtime one). Each actor opens one detector when it starts and keeps it: CUDA
+than its frame, and the actor decodes where its pipeline does (nvImageCodec, else nvJPEG, on a GPU
+actor; OpenCV on an ONNX Runtime one). Each actor opens one detector when it starts and keeps it: CUDA
 graphs of every batch bucket are captured before the first batch arrives.
 
 A batch in and out of both is a ``pyarrow.Table``:

@@ -5,7 +5,8 @@
    itself has torch loaded.
 2. Build-time code (``app/builder``) and run-time code never import each other; both may use
    the neutral layers (artifacts, imaging, boxes, types, errors, config, weights) and the GPU
-   facts build and run share (``app.gpu.probe``, ``app.gpu.tensorrt_lib``). Read from the source.
+   facts build and run share (``app.gpu.probe``, ``app.gpu.tensorrt_lib``). Only the composers
+   below may import both sides; every module of ``app`` is in exactly one group. Read from the source.
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ APP = Path(app.__file__).parent
 BUILD_TIME = ("app.builder",)
 RUN_TIME = ("app.pipeline", "app.backends", "app.gpu", "app.api", "app.ipc", "app.service", "app.distributed")
 SHARED_GPU_FACTS = ("app.gpu.probe", "app.gpu.tensorrt_lib")
+NEUTRAL = ("app.artifacts", "app.boxes", "app.config", "app.contracts", "app.errors", "app.imaging", "app.types",
+           "app.versions", "app.weights")
+# May import build time and run time alike, each for a stated reason:
+COMPOSERS = {
+    "app.runtime": "the composition root: exports the weights on first use, then opens a run-time detector",
+    "app.benchmark": "times yolopipe against Ultralytics: exports the model it times",
+    "app.cli": "one command per step, build steps (export, calibrate, build-engine) and run steps alike",
+}
 
 LOADED = """
 import json, sys
@@ -88,11 +97,21 @@ def within(module: str, packages: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in packages)
 
 
+def test_every_module_is_in_exactly_one_group():
+    groups = (BUILD_TIME, RUN_TIME, NEUTRAL, tuple(COMPOSERS))
+    for path in sorted(APP.rglob("*.py")):
+        here = module_name(path)
+        if here != "app":
+            assert sum(within(here, g) for g in groups) == 1, f"{here}: say whether it is build, run, neutral or a composer"
+
+
 def test_build_time_and_run_time_never_import_each_other():
     crossings = []
     for path in sorted(APP.rglob("*.py")):
         here = module_name(path)
         for target in imports_of(path):
+            if within(here, NEUTRAL) and within(target, BUILD_TIME + RUN_TIME) and not within(target, SHARED_GPU_FACTS):
+                crossings.append(f"{here} (neutral) imports {target}")
             if within(here, BUILD_TIME) and within(target, RUN_TIME) and not within(target, SHARED_GPU_FACTS):
                 crossings.append(f"{here} (build time) imports {target}")
             if within(here, RUN_TIME) and within(target, BUILD_TIME):
