@@ -303,7 +303,7 @@ def predict(
     backend: Backend = "auto",
     precision: Precision = "auto",
     decode: Annotated[str, typer.Option(help=DECODE_HELP)] = "gpu",
-    classes: Annotated[Optional[list[int]], typer.Option("--classes", help="Keep only these class ids (repeatable).")] = None,
+    classes: Annotated[Optional[list[int]], typer.Option("--classes", metavar="ID", help="Keep only these class ids (repeatable).")] = None,
     agnostic: Annotated[bool, typer.Option(help="Class-agnostic NMS.")] = False,
     save_images: Annotated[Optional[Path], typer.Option(help="Also write annotated images here.")] = None,
     coco: Annotated[Optional[Path], typer.Option(help="Also write COCO-style detections to this JSON file.")] = None,
