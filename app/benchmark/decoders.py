@@ -1,8 +1,9 @@
 """The JPEG decoders side by side: pixels against OpenCV's on the varied JPEGs (per kind:
 subsampling, progressive, gray, CMYK, EXIF), and decode throughput at batch 128 on the run's
 images. nvImageCodec is also tried with other backend sets (the hardware
-backend alone; its default chain), which is how the pipeline's choice was made: chroma
-upsampling off (nvJPEG's default, torchvision's too) made 17 % of the values differ."""
+backend alone; its default chain), which is how the pipeline's choice was made: with chroma
+upsampling off (nvJPEG's default, torchvision's too) many values differ from OpenCV's (the
+figures: this benchmark's rows in bench/results/)."""
 
 from __future__ import annotations
 
