@@ -138,7 +138,8 @@ class TorchCudaEngine:
             cfg = torch._dynamo.config
             self._compile_limits = {key: max(getattr(cfg, key), n_buckets + 4)
                                     for key in ("recompile_limit", "cache_size_limit") if hasattr(cfg, key)}
-            compiled = torch.compile(model, mode="default", dynamic=False)
+            with self._scope():  # a compile worker pool started now inherits the cache dir too
+                compiled = torch.compile(model, mode="default", dynamic=False)
         except Exception as exc:  # noqa: BLE001 - compile is an optimisation, never a requirement
             warnings.warn(
                 f"torch.compile unavailable ({exc}); running the eager model", RuntimeWarning, stacklevel=2
