@@ -267,14 +267,19 @@ def test_int8_is_refused(sample_model_dir, meta):
 @pytest.mark.slow
 def test_torch_compile_engine(gpu, sample_model_dir, meta, frames, pipe16):
     """torch.compile (inductor) builds, caches under model_dir, is captured, and agrees with eager."""
+    import torch
+
     before = "TORCHINDUCTOR_CACHE_DIR" in os.environ
+    benchmark_before = torch.backends.cudnn.benchmark
     pipe = gpu.make_pipeline(sample_model_dir, meta, "fp16", compile=True, max_batch=1, slots=1)
     try:
         items = [frames["bus"]]
         (det,) = gpu.detect(pipe, items)
         assert pipe.engine.compiled, "torch.compile fell back to eager (see the warning above)"
-        if not before:
-            assert (sample_model_dir / "torch-cache").is_dir()
+        if not before:  # compiled into the model's folder, and the process's environment left as it was
+            assert any((sample_model_dir / "torch-cache" / "inductor").iterdir())
+            assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+        assert torch.backends.cudnn.benchmark == benchmark_before  # the engine's setting was for its calls only
         (ref,) = gpu.detect(pipe16, items)
         tp = len(match_pairs(ref.boxes, ref.class_ids, det.boxes, det.class_ids))
         assert f1(tp, len(ref.class_ids), len(det.class_ids)) >= 0.99
