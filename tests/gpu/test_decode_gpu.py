@@ -21,7 +21,8 @@ if not torch.cuda.is_available():
 from app.benchmark.fidelity import agreement, pixel_diff, summarize_diffs
 from app.benchmark.workloads import varied_jpegs
 from app.errors import InvalidImage, UnsupportedMediaType, YolopipeError
-from app.gpu.decode import DeviceImage, NvImageCodecDecoder, NvJpegDecoder, to_host_bgr
+from app.gpu.decode import DeviceImage, NvJpegDecoder, to_host_bgr
+from app.gpu.nvimgcodec import NvImageCodecDecoder
 from app.gpu.jpeg import read_jpeg_header
 from app.types import DetectParams
 
