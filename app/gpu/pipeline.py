@@ -2,11 +2,11 @@
 
 One batch, stage by stage (the module that does each):
 
-1. **decode** (``app.gpu.decode``): JPEG bytes on the decoder's own stream (nvImageCodec by
+1. **decode** (``app.gpu.decode``): each JPEG's place in the slot's device staging is planned
+   from its header, then it is decoded there on the decoder's own stream (nvImageCodec by
    default), or by OpenCV in the host threads (``decode="cpu"``); frames are taken as they are;
-2. **staging** (``app.gpu.pack``): the params header and the frames into the slot's pinned
-   staging (several host threads), decoded JPEGs device-to-device into its device staging,
-   then an event on the decoder's stream;
+2. **staging** (``app.gpu.pack``): an event on the decoder's stream after the batch's decode,
+   then the params header and the frames into the slot's pinned staging;
 3. **upload**: one H2D copy of ``[header | frames]`` on the copy stream, then an event;
 4. **graph** (``app.gpu.capture``): letterbox → engine → NMS → D2H of the rows, one graph
    launch on the compute stream once both events have fired, then the slot's ``done`` event;
