@@ -107,12 +107,11 @@ def nms_numpy(pred: np.ndarray, params: DetectParams, keep_indices=nms_keep_indi
 def scale_boxes(boxes: np.ndarray, lb: Letterbox) -> np.ndarray:
     """Input-pixel xyxy boxes → original-image pixels, clipped (Ultralytics' ``scale_boxes``)."""
     out = np.array(boxes, dtype=np.float32, copy=True).reshape(-1, 4)
-    out[:, [0, 2]] -= np.float32(lb.pad_left)
-    out[:, [1, 3]] -= np.float32(lb.pad_top)
-    out[:, [0, 2]] /= np.float32(lb.gain_x)
-    out[:, [1, 3]] /= np.float32(lb.gain_y)
-    out[:, [0, 2]] = out[:, [0, 2]].clip(0, lb.src_w)
-    out[:, [1, 3]] = out[:, [1, 3]].clip(0, lb.src_h)
+    # The same float32 operations per column as column-pair indexing, in three array ops
+    # (a folder of 10,000 images calls this 10,000 times, holding the GIL).
+    out -= np.array([lb.pad_left, lb.pad_top, lb.pad_left, lb.pad_top], np.float32)
+    out /= np.array([lb.gain_x, lb.gain_y, lb.gain_x, lb.gain_y], np.float32)
+    np.clip(out, 0, np.array([lb.src_w, lb.src_h, lb.src_w, lb.src_h], np.float32), out=out)
     return out
 
 

@@ -57,14 +57,15 @@ class Detections:
         return cls(rows[:, :4].copy(), rows[:, 4].copy(), rows[:, 5].astype(np.int32))
 
     def to_json(self, names: list[str]) -> list[dict[str, Any]]:
+        # tolist() first: the same Python floats and ints, without a NumPy scalar per value.
         return [
             {
-                "box": [round(float(v), 2) for v in box],
-                "score": round(float(score), 5),
-                "class_id": int(cid),
-                "class_name": names[int(cid)] if 0 <= int(cid) < len(names) else str(int(cid)),
+                "box": [round(v, 2) for v in box],
+                "score": round(score, 5),
+                "class_id": cid,
+                "class_name": names[cid] if 0 <= cid < len(names) else str(cid),
             }
-            for box, score, cid in zip(self.boxes, self.scores, self.class_ids)
+            for box, score, cid in zip(self.boxes.tolist(), self.scores.tolist(), self.class_ids.tolist())
         ]
 
 

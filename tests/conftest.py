@@ -16,6 +16,7 @@ os.environ.setdefault("YOLO_OFFLINE", "1")  # Ultralytics must never reach for t
 # be chosen before anything imports numba.cuda, so here, at the root of the whole session.
 if os.environ.get("YOLOPIPE_REAL_GPU") != "1":
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+import app.gpu  # noqa: E402, F401 - sets CUDA's work-queue count before any CUDA context exists
 
 TESTS = Path(__file__).parent
 _FOLDER_MARKERS = {"unit", "kernels", "gpu", "tensorrt", "e2e"}

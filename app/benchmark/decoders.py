@@ -22,7 +22,8 @@ THROUGHPUT_BATCH = 128
 
 def _configs():
     """``(label, make decoder)`` for every decoder that can start here."""
-    from app.gpu.decode import NVIMGCODEC_OPTIONS, NvImageCodecDecoder, NvJpegDecoder
+    from app.gpu.decode import NvJpegDecoder
+    from app.gpu.nvimgcodec import NVIMGCODEC_OPTIONS, NvImageCodecDecoder
 
     configs = [(f"nvimgcodec hw, then chain {NVIMGCODEC_OPTIONS} (the pipeline's)", lambda: NvImageCodecDecoder(0)),
                (f"nvimgcodec default chain {NVIMGCODEC_OPTIONS}", lambda: _chain(None)),
@@ -35,7 +36,7 @@ def _chain(kind: str | None):
     """nvImageCodec with its default backend chain (None) or the hardware decoder alone."""
     from nvidia import nvimgcodec
 
-    from app.gpu.decode import NVIMGCODEC_OPTIONS, NvImageCodecDecoder
+    from app.gpu.nvimgcodec import NVIMGCODEC_OPTIONS, NvImageCodecDecoder
 
     dec = NvImageCodecDecoder(0)
     backends = None if kind is None else [nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)]

@@ -34,14 +34,17 @@ def folder_rows(detector, weights: Path, images, n_images: int, batch: int, gpu:
         summary = predict_folder(detector, str(folder), out, params, batch=batch)
         wall = time.perf_counter() - t0
         lines = sum(1 for _ in out.open())
+        read_s = _read_only_s(folder)
         rows.append({"system": "yolopipe", "backend": pipeline.backend, "precision": pipeline.precision,
                      "input": "folder", "batch": batch, "mode": "folder",
                      "decode": pipeline.decoder_name if gpu else "opencv", "images": summary.images,
                      "errors": summary.errors, "detections": summary.detections, "jsonl_lines": lines,
                      "wall_s": round(wall, 3), "img_per_s": round(summary.images / wall, 1), "p50_ms": None,
+                     "read_only_s": round(read_s, 3), "read_only_img_per_s": round(summary.images / read_s, 1),
                      "p99_ms": None, "in_flight": pipeline.max_in_flight,
                      "timing": "predict_folder: reads, decode, inference, JSONL written (yolopipe predict DIR)"})
-        log(f"  yolopipe folder: {summary.images} images in {wall:.2f} s = {rows[-1]['img_per_s']} img/s")
+        log(f"  yolopipe folder: {summary.images} images in {wall:.2f} s = {rows[-1]['img_per_s']} img/s "
+            f"(listing and reading the files alone: {read_s:.2f} s)")
         if ultralytics:
             r = ultralytics_folder_row(weights, folder, n_images, batch, pipeline.precision if gpu else "fp32",
                                        0 if gpu else "cpu", max_ultralytics_s)
@@ -50,3 +53,20 @@ def folder_rows(detector, weights: Path, images, n_images: int, batch: int, gpu:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return rows
+
+
+def _read_only_s(folder: Path, workers: int = 8) -> float:
+    """Listing and reading every file as predict_folder does, nothing else: the folder's floor
+    on this machine's file system (a VM's disk can be it, page cache or not)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.pipeline.folder import list_images
+
+    def read(part):
+        return sum(len(img.path.read_bytes()) for img in part)
+
+    t0 = time.perf_counter()
+    images = list_images(str(folder))
+    with ThreadPoolExecutor(workers) as pool:
+        sum(pool.map(read, [images[k::workers] for k in range(workers)]))
+    return time.perf_counter() - t0

@@ -19,7 +19,7 @@ import numpy as np
 
 from app.benchmark.timing import Budget, batch_of, median_of, row
 
-HOST_KEYS = ("decode_ms", "pack_ms", "upload_us", "dispatch_us", "wait_ms", "unpack_ms", "preprocess_ms", "engine_ms",
+HOST_KEYS = ("decode_ms", "pack_ms", "upload_us", "dispatch_us", "launch_us", "wait_ms", "unpack_ms", "preprocess_ms", "engine_ms",
              "nms_ms", "raw_launch")
 GPU_KEYS = ("gpu_h2d_ms", "gpu_preprocess_ms", "gpu_engine_ms", "gpu_nms_ms", "gpu_d2h_ms", "gpu_total_ms")
 

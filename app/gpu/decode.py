@@ -21,11 +21,15 @@ layout) or, for what it does not take, OpenCV's BGR frame or the image's error: 
 (``app.gpu.jpeg``), and an image the GPU decoder refuses falls back to OpenCV alone, not
 its batch. EXIF orientation is applied as OpenCV applies it.
 
-The pipeline then copies the device images into its staging buffer (``gather``, one driver
-call per image, on the decoder's stream) and records an event there that the compute stream
-waits for; the decoder's buffers are released in stream order after those copies. A decoder
-serves one batch at a time (``lock``): a decode of 128 photos takes about half the engine's
-time for them, so one decoder keeps ahead of the engine.
+The pipeline's path is ``decode_into``: every JPEG's decoded size is known from its header
+(EXIF orientation included), so the pipeline reserves its place in the batch slot's device
+staging first and nvImageCodec decodes straight into it (``images=`` views of that buffer):
+no Image allocated per image, no device-to-device copy per image. torchvision's nvJPEG decodes
+into its own tensors, which are then copied into place (``gather``). The compute stream waits
+for an event recorded on the decoder's stream after the batch. A decoder serves one batch at
+a time (``lock``): a decode of 128 photos takes about half the engine's time for them, so one
+decoder keeps ahead of the engine, provided its streams do not share a hardware queue with
+the engine's (``app/gpu/__init__.py``: ``CUDA_DEVICE_MAX_CONNECTIONS``).
 """
 
 from __future__ import annotations
@@ -48,10 +52,6 @@ from app.imaging.decode import decode_image
 
 log = logging.getLogger(__name__)
 
-# libjpeg-turbo (OpenCV, Ultralytics) interpolates subsampled chroma ("fancy upsampling");
-# nvImageCodec's CUDA decoder does the same when told.
-NVIMGCODEC_OPTIONS = ":fancy_upsampling=1"
-
 
 @dataclass
 class DeviceImage:
@@ -69,6 +69,15 @@ class DeviceImage:
 
 
 Decoded = DeviceImage | np.ndarray | YolopipeError
+# decode_into's answer per image: None (decoded in place) or what stands in for it.
+Fallback = np.ndarray | YolopipeError | None
+
+
+def decoded_size(header: JpegHeader) -> tuple[int, int]:
+    """``(height, width)`` after the EXIF orientation (5-8 turn the image by 90°)."""
+    if header.orientation in (5, 6, 7, 8):
+        return header.width, header.height
+    return header.height, header.width
 
 
 def cpu_decode(data: bytes) -> np.ndarray | YolopipeError:
@@ -87,6 +96,8 @@ class GpuJpegDecoder:
 
     name = ""
 
+    layout = LAYOUT_HWC_RGB  # what decode_into writes
+
     def __init__(self, device: int) -> None:
         import torch
 
@@ -97,20 +108,41 @@ class GpuJpegDecoder:
         self.lock = threading.Lock()
         self._driver = cuda_driver()
 
-    def decode(self, datas: Sequence[bytes]) -> list[Decoded]:
-        """Decode on ``self.stream`` (call with ``lock`` held); ready in that stream's order."""
-        out: list[Decoded | None] = [None] * len(datas)
-        todo: list[int] = []
-        headers: list[JpegHeader] = []
+    @staticmethod
+    def split(datas: Sequence[bytes]) -> tuple[list[tuple[int, JpegHeader]], dict[int, np.ndarray | YolopipeError]]:
+        """``(index, header)`` of the JPEGs the GPU takes; OpenCV's frame (or the error) of the rest."""
+        gpu: list[tuple[int, JpegHeader]] = []
+        host: dict[int, np.ndarray | YolopipeError] = {}
         for i, data in enumerate(datas):
             header = read_jpeg_header(data)
             if header is None or not header.gpu_decodable:
-                out[i] = cpu_decode(data)  # not ours, or not a JPEG: OpenCV, or its error
+                host[i] = cpu_decode(data)  # not ours, or not a JPEG: OpenCV, or its error
             else:
-                todo.append(i)
-                headers.append(header)
-        if todo:
-            for i, result in zip(todo, self._decode_gpu([datas[i] for i in todo], headers)):
+                gpu.append((i, header))
+        return gpu, host
+
+    def decode_into(self, datas: Sequence[bytes], headers: Sequence[JpegHeader], targets: Sequence[int]) -> list[Fallback]:
+        """Decode ``datas[k]`` into device memory at ``targets[k]`` (``decoded_size`` × 3 bytes in
+        ``self.layout``) on ``self.stream``, with ``lock`` held. Per image: None when it is there,
+        else OpenCV's frame of it (the GPU refused it) or its error."""
+        out: list[Fallback] = []
+        copies = []
+        for data, header, dst, img in zip(datas, headers, targets, self._decode_gpu(list(datas), list(headers))):
+            if img is not None and (img.height, img.width) == decoded_size(header) and img.layout == self.layout:
+                copies.append((dst, img))
+                out.append(None)
+            else:
+                out.append(cpu_decode(data))
+        self.gather(copies)
+        return out
+
+    def decode(self, datas: Sequence[bytes]) -> list[Decoded]:
+        """Decode on ``self.stream`` (call with ``lock`` held); ready in that stream's order."""
+        gpu, host = self.split(datas)
+        out: list[Decoded | None] = [host.get(i) for i in range(len(datas))]
+        if gpu:
+            decoded = self._decode_gpu([datas[i] for i, _ in gpu], [h for _, h in gpu])
+            for (i, _), result in zip(gpu, decoded):
                 out[i] = result if result is not None else cpu_decode(datas[i])
         return out  # type: ignore[return-value]
 
@@ -131,99 +163,11 @@ class GpuJpegDecoder:
             self.stream = None
 
 
-class NvImageCodecDecoder(GpuJpegDecoder):
-    """nvImageCodec, default backends, interleaved RGB uint8 output, EXIF applied."""
-
-    name = "nvimgcodec"
-
-    def __init__(self, device: int = 0, *, threads: int = 8, options: str = NVIMGCODEC_OPTIONS) -> None:
-        try:
-            from nvidia import nvimgcodec
-        except ImportError as exc:
-            raise BackendUnavailable(
-                "nvImageCodec is not installed", hint="pip install 'yolopipe[cuda13]' (or [cuda12])"
-            ) from exc
-        super().__init__(device)
-        self._nv = nvimgcodec
-        try:
-            self._params = nvimgcodec.DecodeParams(
-                apply_exif_orientation=True, color_spec=nvimgcodec.ColorSpec.SRGB, allow_any_depth=False
-            )
-            self._chain = nvimgcodec.Decoder(device_id=self.device, max_num_cpu_threads=threads, options=options)
-        except Exception as exc:  # e.g. no nvJPEG library: the caller falls back
-            raise BackendUnavailable(f"nvImageCodec could not start a decoder: {type(exc).__name__}: {exc}") from exc
-        self._hw = self._hardware_decoder(nvimgcodec, options)
-
-    def _hardware_decoder(self, nv, options: str):
-        """The hardware JPEG decoder alone, or None where there is none.
-
-        Measured on the H200 (bench ``decoders`` rows): alone it decodes baseline JPEGs at
-        11,800 img/s with libjpeg-turbo's pixels (one value in 75,000 off by one level) and no
-        CPU or SM time, while nvImageCodec's default chain (which hands part of a batch to its
-        CUDA and hybrid decoders) did 7,400 img/s and competed with the engine for the SMs and
-        with the host for the CPU. So it gets every image first; what it refuses (progressive,
-        4:1:1, ...) goes to the default chain, image by image.
-        """
-        try:
-            return nv.Decoder(device_id=self.device, backends=[nv.Backend(nv.BackendKind.HW_GPU_ONLY)], options=options)
-        except Exception as exc:  # noqa: BLE001 - no hardware decoder here: the chain does it all
-            log.info("nvImageCodec: no hardware JPEG decoder (%s)", exc)
-            return None
-
-    def _decode_gpu(self, datas: list[bytes], headers: list[JpegHeader]) -> list[DeviceImage | None]:
-        streams: list[Any] = []
-        for data in datas:
-            try:
-                streams.append(self._nv.CodeStream(data))
-            except Exception:  # noqa: BLE001 - unparseable: OpenCV says what is wrong
-                streams.append(None)
-        images: list[Any] = [None] * len(datas)
-        todo = [k for k, s in enumerate(streams) if s is not None]
-        for decoder in (self._hw, self._chain):
-            if decoder is None or not todo:
-                continue
-            for k, img in zip(todo, self._batch(decoder, [streams[k] for k in todo])):
-                images[k] = img
-            todo = [k for k in todo if images[k] is None]  # refused: the next decoder, then OpenCV
-        return [self._device_image(img) for img in images]
-
-    def _batch(self, decoder, streams: list[Any]) -> list[Any]:
-        """One batched call; if it fails as a whole, one call per image (a bad one fails alone)."""
-        try:
-            got = self._call(decoder, streams)
-            if len(got) == len(streams):
-                return got
-        except Exception:  # noqa: BLE001 - retried image by image below
-            pass
-        out = []
-        for stream in streams:
-            try:
-                (img,) = self._call(decoder, [stream])
-            except Exception:  # noqa: BLE001 - this one goes on to the next decoder
-                img = None
-            out.append(img)
-        return out
-
-    def _call(self, decoder, streams: list[Any]) -> list[Any]:
-        return decoder.decode(streams, params=self._params, cuda_stream=self.stream.cuda_stream)
-
-    @staticmethod
-    def _device_image(img: Any) -> DeviceImage | None:
-        if img is None:
-            return None
-        cai = img.__cuda_array_interface__
-        shape, strides = tuple(cai["shape"]), cai.get("strides")
-        if len(shape) != 3 or shape[2] != 3 or cai["typestr"] != "|u1":
-            return None
-        if strides is not None and tuple(strides) != (shape[1] * 3, 3, 1):  # padded rows: not packed
-            return None
-        return DeviceImage(int(cai["data"][0]), int(shape[0]), int(shape[1]), LAYOUT_HWC_RGB, img)
-
-
 class NvJpegDecoder(GpuJpegDecoder):
     """torchvision's batched nvJPEG: planar RGB; EXIF applied here (nvJPEG ignores it)."""
 
     name = "nvjpeg"
+    layout = LAYOUT_CHW_RGB
 
     def __init__(self, device: int = 0) -> None:
         try:
@@ -266,6 +210,8 @@ def make_decoder(decode: str, device: int, threads: int) -> GpuJpegDecoder | Non
         return None
     if decode == "nvjpeg":
         return NvJpegDecoder(device)
+    from app.gpu.nvimgcodec import NvImageCodecDecoder
+
     try:
         return NvImageCodecDecoder(device, threads=threads)
     except BackendUnavailable as exc:

@@ -5,8 +5,8 @@ stream), one graph launch (on the compute stream) and the events that order them
 torch that is ``Tensor.copy_(non_blocking=True)`` + ``CUDAGraph.replay()`` + event calls,
 about 60 µs of host time at batch 1 (dispatcher, stream guards, Python hooks). The driver
 calls themselves cost about a microsecond each from ctypes, with every pointer and handle
-computed once beforehand. ctypes releases the GIL around each call, so a thread blocked in
-``cuEventSynchronize`` lets the others run.
+computed once beforehand. The calls that wait (``cuEventSynchronize``) release the GIL, so a
+thread blocked there lets the others run; the short ones keep it (see ``_RELEASE_GIL``).
 
 Only the driver is touched: the handles come from torch (``Tensor.data_ptr()``,
 ``Stream.cuda_stream``, ``CUDAGraph.raw_cuda_graph_exec()``), whose runtime types
@@ -50,17 +50,25 @@ _SIGNATURES: dict[str, tuple] = {
 }
 
 
+# Calls that wait for the device (or may take long) release the GIL; the others return in a
+# microsecond or two and keep it (ctypes.PyDLL): releasing and taking the GIL back around each
+# of them is where a batch thread queued behind the threads holding it (the folder runner's
+# readers and writer), up to the interpreter's switch interval per call.
+_RELEASE_GIL = {"cuInit", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2", "cuStreamSynchronize",
+                "cuEventSynchronize"}
+
+
 class CudaDriver:
     """``libcuda`` with the few functions used here typed once (``argtypes``/``restype``)."""
 
     def __init__(self, path: str = LIBCUDA) -> None:
         try:
-            lib = ctypes.CDLL(path)
+            libs = {True: ctypes.CDLL(path), False: ctypes.PyDLL(path)}
         except OSError as exc:
             raise DeviceError(f"cannot load the CUDA driver library {path}: {exc}") from exc
         for name, argtypes in _SIGNATURES.items():
             try:
-                fn = getattr(lib, name)
+                fn = getattr(libs[name in _RELEASE_GIL], name)
             except AttributeError as exc:
                 raise DeviceError(f"the CUDA driver {path} has no {name} (driver too old?)") from exc
             fn.argtypes = argtypes
@@ -182,3 +190,12 @@ def copy_device_to_device(driver: CudaDriver, copies: list[tuple[int, int, int]]
         r = memcpy(dst, src, nbytes, handle)
         if r:
             driver.check(r, "cuMemcpyDtoDAsync")
+
+
+def copy_host_to_device(driver: CudaDriver, copies: list[tuple[int, int, int]], stream: int) -> None:
+    """``(dst, pinned src, nbytes)`` host-to-device copies enqueued on ``stream``."""
+    memcpy, handle = driver.cuMemcpyHtoDAsync_v2, _c_handle(stream)
+    for dst, src, nbytes in copies:
+        r = memcpy(dst, _c_handle(src), nbytes, handle)
+        if r:
+            driver.check(r, "cuMemcpyHtoDAsync")

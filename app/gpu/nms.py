@@ -51,8 +51,9 @@ import numpy as np
 from numba import cuda
 
 from app.boxes import MAX_WH, iou_threshold_f32
-from app.gpu.rounding import SIMULATOR, fadd, fdiv, fmul, fsub
+from app.gpu.rounding import SIMULATOR, fadd, fdiv, fmul, fsub, quiet_low_occupancy_warnings
 
+quiet_low_occupancy_warnings()
 
 WORD_BITS = 64  # bits in one word of the IoU bitmask / removed bitset (uint64)
 

@@ -2,12 +2,13 @@
 
 Staging layout (``app.gpu.memory.Staging``)::
 
-    [ params header | frames (BGR HWC, packed on the host) | decoded JPEGs (on the device) ]
-      \\_________ one H2D copy per batch _________/            \\_ one D2D copy per image _/
+    [ params header | frames (BGR HWC, packed on the host) | JPEGs (decoded on the device) ]
+      \\_________ one H2D copy per batch _________/            \\_ written by the decoder _/
 
-Frames are copied into the pinned buffer by several host threads at once, split by rows so
-that even one large frame is spread (NumPy releases the GIL for the copies); JPEGs decoded on
-the GPU never touch the host.
+A JPEG's place is reserved from its header's size before it is decoded, and the decoder
+writes it there. Frames are copied into the pinned buffer on the calling thread, or by several
+host threads at once once there are megabytes of them (NumPy releases the GIL for the copies);
+JPEGs decoded on the GPU never touch the host.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.gpu.decode import DeviceImage
+from app.errors import InvalidImage, YolopipeError
 from app.gpu.memory import align_up
 from app.gpu.preprocess import LAYOUT_HWC_BGR, fill_params, letterbox_placement
 from app.types import Letterbox
 
 IMAGE_ALIGN = 16  # byte alignment of each image in the staging buffer
-PARALLEL_PACK_MIN_BYTES = 256 * 1024  # bytes per host thread below which splitting a copy costs more
+# Bytes per host thread below which splitting a copy costs more than it saves: handing work to
+# the pool and waiting for it costs tens of microseconds, a 640x480 frame's copy about as much.
+PARALLEL_PACK_MIN_BYTES = 2 * 1024 * 1024
 
 
 def bucket_sizes(max_batch: int) -> list[int]:
@@ -55,7 +58,7 @@ class BatchPlan:
 
     placed: list[tuple[int, Letterbox, int, int]] = field(default_factory=list)  # (result index, lb, offset, layout)
     frame_copies: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (offset, BGR frame)
-    device_copies: list[tuple[int, DeviceImage]] = field(default_factory=list)  # (offset, decoded image)
+    device_offsets: list[int] = field(default_factory=list)  # where each JPEG decoded on the device goes
     host_end: int = 0  # bytes [0, host_end) travel in the H2D copy
     end: int = 0  # bytes of the staging buffer in use
 
@@ -64,9 +67,10 @@ class BatchPlan:
 
 
 def plan_batch(
-    header_bytes: int, size: int, frames: list[tuple[int, np.ndarray]], images: list[tuple[int, DeviceImage]]
+    header_bytes: int, size: int, frames: list[tuple[int, np.ndarray]], images: list[tuple[int, int, int, int]]
 ) -> BatchPlan:
-    """Offsets of ``frames`` (host) then ``images`` (device) after the params header."""
+    """Offsets of ``frames`` (host) then ``images`` (``(index, height, width, layout)``, decoded
+    on the device) after the params header."""
     plan = BatchPlan()
     offset = header_bytes
     for i, img in frames:
@@ -76,12 +80,36 @@ def plan_batch(
         offset += align_up(img.nbytes, IMAGE_ALIGN)
     plan.host_end = offset
     offset = align_up(offset)
-    for i, dev in images:
-        plan.placed.append((i, letterbox_placement(dev.height, dev.width, size), offset, dev.layout))
-        plan.device_copies.append((offset, dev))
-        offset += align_up(dev.nbytes, IMAGE_ALIGN)
+    for i, h, w, layout in images:
+        plan.placed.append((i, letterbox_placement(h, w, size), offset, layout))
+        plan.device_offsets.append(offset)
+        offset += align_up(h * w * 3, IMAGE_ALIGN)
     plan.end = offset
     return plan
+
+
+def settle_fallbacks(
+    plan: BatchPlan, first: int, answers: list, host_np: np.ndarray, size: int
+) -> tuple[list[tuple[int, int]], dict[int, YolopipeError]]:
+    """After ``decode_into``: ``answers[k]`` for ``plan.placed[first + k]`` is None (decoded in
+    place), OpenCV's frame (the GPU refused it) or the image's error. A frame is written into
+    the pinned staging at the image's reserved offset, to be uploaded there (``(offset,
+    nbytes)`` returned); an error takes its image out of the batch (returned by result index)."""
+    uploads: list[tuple[int, int]] = []
+    errors: dict[int, YolopipeError] = {}
+    keep = plan.placed[:first]
+    for (i, lb, offset, layout), answer in zip(plan.placed[first:], answers):
+        if answer is None:
+            keep.append((i, lb, offset, layout))
+        elif isinstance(answer, np.ndarray) and answer.nbytes <= lb.src_h * lb.src_w * 3:
+            host_np[offset : offset + answer.nbytes] = answer.reshape(-1)
+            uploads.append((offset, answer.nbytes))
+            keep.append((i, letterbox_placement(answer.shape[0], answer.shape[1], size), offset, LAYOUT_HWC_BGR))
+        else:
+            errors[i] = answer if isinstance(answer, YolopipeError) else InvalidImage(
+                "the decoded image is larger than its header says")
+    plan.placed = keep
+    return uploads, errors
 
 
 def write_header(host_params: np.ndarray, plan: BatchPlan, bucket: int) -> None:

@@ -25,9 +25,11 @@ import math
 import numpy as np
 from numba import cuda
 
-from app.gpu.rounding import dmul, dsub
+from app.gpu.rounding import dmul, dsub, quiet_low_occupancy_warnings
 from app.imaging.letterbox import PAD_VALUE, letterbox_params
 from app.types import Letterbox
+
+quiet_low_occupancy_warnings()
 
 # Columns of the per-image params array (int64 [B, PARAMS_PER_IMAGE]).
 P_OFFSET, P_SRC_H, P_SRC_W, P_NEW_H, P_NEW_W, P_PAD_TOP, P_PAD_LEFT, P_LAYOUT = range(8)

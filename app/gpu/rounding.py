@@ -72,3 +72,13 @@ else:
     @cuda.jit(device=True, inline=True)
     def dsub(a, b):
         return libdevice.dadd_rn(a, -b)  # libdevice has no dsub; negation is exact
+
+
+def quiet_low_occupancy_warnings() -> None:
+    """Small batches launch small grids by design (batch 1: a few dozen blocks), and Numba
+    warns on every such launch (``NumbaPerformanceWarning: Grid size 66 ...``); turn that off."""
+    try:
+        from numba.cuda.core import config
+    except ImportError:  # numba-cuda before its own config module
+        from numba import config
+    config.CUDA_LOW_OCCUPANCY_WARNINGS = 0

@@ -2,11 +2,11 @@
 
 One batch, stage by stage (the module that does each):
 
-1. **decode** (``app.gpu.decode``): JPEG bytes on the decoder's own stream (nvImageCodec by
+1. **decode** (``app.gpu.decode``): each JPEG's place in the slot's device staging is planned
+   from its header, then it is decoded there on the decoder's own stream (nvImageCodec by
    default), or by OpenCV in the host threads (``decode="cpu"``); frames are taken as they are;
-2. **staging** (``app.gpu.pack``): the params header and the frames into the slot's pinned
-   staging (several host threads), decoded JPEGs device-to-device into its device staging,
-   then an event on the decoder's stream;
+2. **staging** (``app.gpu.pack``): an event on the decoder's stream after the batch's decode,
+   then the params header and the frames into the slot's pinned staging;
 3. **upload**: one H2D copy of ``[header | frames]`` on the copy stream, then an event;
 4. **graph** (``app.gpu.capture``): letterbox → engine → NMS → D2H of the rows, one graph
    launch on the compute stream once both events have fired, then the slot's ``done`` event;
@@ -43,11 +43,11 @@ from app.config import DECODERS, MAX_DET, check_choice
 from app.contracts import DetectParams, DeviceEngine, PipelineInput, PipelineRun
 from app.errors import DeviceError, InvalidImage, InvalidParameter, YolopipeError
 from app.gpu.capture import GraphBuilder
-from app.gpu.decode import Decoded, GpuJpegDecoder, cpu_decode, make_decoder
+from app.gpu.decode import GpuJpegDecoder, cpu_decode, decoded_size, make_decoder
 from app.gpu.dispatch import Dispatcher
 from app.gpu.gate import Gate
 from app.gpu.memory import CapturedBatch, InputBuffer, StreamPair
-from app.gpu.pack import bucket_sizes, copy_frames, plan_batch, write_header
+from app.gpu.pack import bucket_sizes, copy_frames, plan_batch, settle_fallbacks, write_header
 from app.gpu.slot import BatchSlot
 from app.gpu.timeline import Timeline
 from app.types import ModelMeta
@@ -231,37 +231,41 @@ class GpuPipeline:
         marks = timeline.begin(len(images), ("decode", "upload", "compute") if decoder else ("upload", "compute")) \
             if timeline is not None else None
 
-        # 1-2. decode, plan, and the device half of the staging (under the decoder's lock).
+        # 1-2. decode and plan; JPEGs decoded on the GPU go straight into their place (under the decoder's lock).
         with decoder.lock if decoder is not None else contextlib.nullcontext():
             if marks is not None and decoder is not None:
                 marks.record("decode", False, decoder.stream)
-            decoded = self._decode_bytes(decoder, [bytes(images[i]) for i in byte_slots]) if byte_slots else []
-            device_images = []
-            for i, d in zip(byte_slots, decoded):
+            datas = [bytes(images[i]) for i in byte_slots]
+            gpu: list = []
+            if decoder is None:
+                host = dict(enumerate(self._cpu_decode(datas))) if datas else {}
+            else:
+                gpu, host = decoder.split(datas)
+            for k, d in host.items():
                 if isinstance(d, YolopipeError):
-                    results[i] = d
-                elif isinstance(d, np.ndarray):
-                    frames.append((i, d))  # decoded by OpenCV: packed as a frame
+                    results[byte_slots[k]] = d
                 else:
-                    device_images.append((i, d))
-            decoded = d = None
-            n_ok = len(frames) + len(device_images)
-            if n_ok == 0:
+                    frames.append((byte_slots[k], d))  # decoded by OpenCV: packed as a frame
+            if not frames and not gpu:
                 return PipelineRun(results, {"decode_ms": (time.perf_counter() - t_start) * 1e3})
-            bucket = self.bucket_for(n_ok)
-            plan = plan_batch(slot.staging.header_bytes, self.size, frames, device_images)
-            device_images = frames = None  # the plan holds them; device ones go after the gather
+            plan = plan_batch(slot.staging.header_bytes, self.size, frames,
+                              [(byte_slots[k], *decoded_size(h), decoder.layout) for k, h in gpu])
+            frames = None  # the plan holds them
             if plan.end - slot.staging.header_bytes > slot.staging.capacity:
                 self._grow(slot, plan.end - slot.staging.header_bytes)
-            if plan.device_copies:
+            if gpu:
                 base = slot.staging.dev.data_ptr()
-                decoder.gather([(base + offset, img) for offset, img in plan.device_copies])
+                answers = decoder.decode_into([datas[k] for k, _ in gpu], [h for _, h in gpu],
+                                              [base + off for off in plan.device_offsets])
+                self._settle(slot, plan, len(plan) - len(gpu), answers, decoder, results)
                 slot.decoded.record(decoder.stream)
                 if marks is not None:
                     marks.record("decode", True, decoder.stream)
-            waits_decoder = bool(plan.device_copies)
-            # Freed in the decoder's stream order, after the copies, and before any capture below.
-            plan.device_copies = []
+            waits_decoder = bool(gpu)
+            datas = gpu = None
+            if not plan.placed:
+                return PipelineRun(results, {"decode_ms": (time.perf_counter() - t_start) * 1e3})
+            bucket = self.bucket_for(len(plan))
         t_decoded = time.perf_counter()
         timings["decode_ms"] = (t_decoded - t_start) * 1e3
 
@@ -298,12 +302,23 @@ class GpuPipeline:
         self.last_launch_path = path
         return PipelineRun(results, timings)
 
-    def _decode_bytes(self, decoder: GpuJpegDecoder | None, datas: list[bytes]) -> list[Decoded]:
-        if decoder is not None:
-            return decoder.decode(datas)
+    def _cpu_decode(self, datas: list[bytes]) -> list:
         if len(datas) == 1:
             return [cpu_decode(datas[0])]
         return list(self._pool().map(cpu_decode, datas))
+
+    def _settle(self, slot: BatchSlot, plan, first: int, answers: list, decoder: GpuJpegDecoder, results) -> None:
+        """The JPEGs the GPU decoder did not decode in place: OpenCV's frames go there through the
+        pinned staging (H2D on the decoder's stream), errors into ``results``."""
+        from app.gpu.driver import copy_host_to_device, cuda_driver
+
+        uploads, errors = settle_fallbacks(plan, first, answers, slot.staging.host_np, self.size)
+        for i, err in errors.items():
+            results[i] = err
+        if uploads:
+            dev, host = slot.staging.dev.data_ptr(), slot.staging.host.data_ptr()
+            copy_host_to_device(cuda_driver(), [(dev + off, host + off, n) for off, n in uploads],
+                                decoder.stream.cuda_stream)
 
     def _grow(self, slot: BatchSlot, needed: int) -> None:
         slot.grow(needed)

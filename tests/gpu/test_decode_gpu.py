@@ -22,7 +22,8 @@ from app.benchmark.fidelity import agreement, pixel_diff, summarize_diffs
 from app.benchmark.workloads import varied_jpegs
 from app.contracts import DetectParams
 from app.errors import InvalidImage, UnsupportedMediaType, YolopipeError
-from app.gpu.decode import DeviceImage, NvImageCodecDecoder, NvJpegDecoder, to_host_bgr
+from app.gpu.decode import DeviceImage, NvJpegDecoder, to_host_bgr
+from app.gpu.nvimgcodec import NvImageCodecDecoder
 from app.gpu.jpeg import read_jpeg_header
 
 try:
@@ -106,6 +107,40 @@ def test_decoder_bad_inputs_fail_alone(name, assets_dir):
         assert isinstance(out[5], UnsupportedMediaType)
         assert isinstance(out[6], InvalidImage)
         np.testing.assert_array_equal(to_host_bgr(out[0], decoder.stream), to_host_bgr(out[7], decoder.stream))
+    finally:
+        decoder.close()
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_decode_into_writes_each_image_where_it_was_told(name, varied):
+    """``decode_into`` (the pipeline's path) puts every GPU-decodable varied JPEG at its target,
+    in the decoder's layout, with the bytes ``decode`` gives; nvImageCodec decodes in place
+    (no fallback to decode + copy) and the bytes around each target stay untouched."""
+    from app.gpu.decode import decoded_size
+
+    decoder = _decoder(name)
+    try:
+        gpu, _ = decoder.split([d for _, d in varied])
+        datas, headers = [varied[i][1] for i, _ in gpu], [h for _, h in gpu]
+        sizes = [decoded_size(h) for h in headers]
+        offsets, off = [], 256
+        for h, w in sizes:
+            offsets.append(off)
+            off += -(-(h * w * 3 + 64) // 256) * 256
+        buf = torch.full((off,), 7, dtype=torch.uint8, device="cuda")
+        with decoder.lock:
+            answers = decoder.decode_into(datas, headers, [buf.data_ptr() + o for o in offsets])
+            refs = decoder.decode(datas)
+        decoder.stream.synchronize()
+        assert all(a is None for a in answers), [type(a).__name__ for a in answers]
+        if name == "nvimgcodec":
+            assert decoder._into, "nvImageCodec fell back to decode + copy"
+        for (h, w), o, ref in zip(sizes, offsets, refs):
+            got = buf[o : o + h * w * 3]
+            want = ref.owner if isinstance(ref.owner, torch.Tensor) else torch.as_tensor(ref.owner, device="cuda")
+            assert torch.equal(got, want.reshape(-1)), (h, w)
+            assert bool((buf[o + h * w * 3 : o + h * w * 3 + 64] == 7).all())
+        assert bool((buf[:256] == 7).all())
     finally:
         decoder.close()
 

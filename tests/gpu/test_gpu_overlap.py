@@ -4,6 +4,7 @@ runner, the stage timeline's ordering, staging growth, and the host-side decode 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 
@@ -119,6 +120,33 @@ def test_timeline_orders_the_stages_of_each_batch(pipe_slots, batches):
     summary = timeline.summary()
     assert summary["batches"] == 9 and 0 < summary["compute_busy_pct"] <= 100.0
     print(summary)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nvidia.nvimgcodec") is None, reason="no nvImageCodec")
+def test_decode_of_the_next_batch_overlaps_the_engine(gpu, sample_model_dir, meta, frames):
+    """With batches in flight, batch N+1's JPEGs are decoded while the engine runs batch N:
+    in the stage timeline, each decode ends before the graph of the batch before it does
+    (when the decode waited for the device, it ended ~one decode after that graph instead)."""
+    import cv2
+
+    pipe = gpu.make_pipeline(sample_model_dir, meta, "fp16", max_batch=64, slots=3, decode="nvimgcodec")
+    try:
+        jpegs = [cv2.imencode(".jpg", cv2.resize(frames[name], size))[1].tobytes()
+                 for name in ("bus", "zidane") for size in ((640, 480), (810, 1080), (1280, 720))]
+        batch = [jpegs[i % len(jpegs)] for i in range(64)]
+        params = DetectParams()
+        list(run_overlapped(lambda b: pipe.run(b, params), [batch] * 3, 3))  # every slot captured
+        timeline = pipe.start_timeline()
+        try:
+            list(run_overlapped(lambda b: pipe.run(b, params), [batch] * 16, 3))
+        finally:
+            pipe.stop_timeline()
+        summary = timeline.summary()
+        print(summary)
+        assert summary["batches"] == 16
+        assert summary["decode_hidden_pct"] >= 80.0, (summary, timeline.records)
+    finally:
+        pipe.close()
 
 
 def test_staging_grows_and_graphs_are_recaptured(gpu, sample_model_dir, meta, frames):

@@ -134,3 +134,74 @@ def test_copy_frames_packs_every_byte_at_its_offset(parts, shapes):
     for off, img in copies:
         expected[off : off + img.nbytes] = np.ascontiguousarray(img).reshape(-1)
     np.testing.assert_array_equal(host, expected)
+
+
+def test_plan_reserves_each_gpu_jpeg_its_decoded_size_after_the_frames():
+    """Frames first (the H2D prefix), then every GPU-decoded JPEG at an aligned offset with
+    room for its decoded height × width × 3 bytes, none overlapping."""
+    from app.gpu.memory import align_up
+    from app.gpu.pack import IMAGE_ALIGN, plan_batch
+    from app.gpu.preprocess import LAYOUT_HWC_BGR, LAYOUT_HWC_RGB
+
+    frames = [(0, np.zeros((480, 640, 3), np.uint8)), (3, np.zeros((7, 5, 3), np.uint8))]
+    jpegs = [(1, 1080, 1920, LAYOUT_HWC_RGB), (2, 3, 1, LAYOUT_HWC_RGB), (4, 640, 480, LAYOUT_HWC_RGB)]
+    plan = plan_batch(1024, 640, frames, jpegs)
+    assert [p[0] for p in plan.placed] == [0, 3, 1, 2, 4]
+    assert [p[3] for p in plan.placed] == [LAYOUT_HWC_BGR] * 2 + [LAYOUT_HWC_RGB] * 3
+    assert plan.host_end == 1024 + align_up(480 * 640 * 3, IMAGE_ALIGN) + align_up(7 * 5 * 3, IMAGE_ALIGN)
+    assert plan.device_offsets[0] >= plan.host_end and plan.device_offsets[0] % 256 == 0
+    spans = [(off, off + h * w * 3) for off, (_, h, w, _) in zip(plan.device_offsets, jpegs)]
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) and spans[-1][1] <= plan.end
+    assert all(off % IMAGE_ALIGN == 0 for off in plan.device_offsets)
+
+
+def test_decoded_size_and_hardware_routing_from_the_header():
+    from app.gpu.decode import decoded_size
+    from app.gpu.jpeg import JpegHeader
+    from app.gpu.nvimgcodec import hardware_takes
+
+    def header(**kw):
+        base = dict(height=480, width=640, components=3, precision=8, progressive=False, arithmetic=False,
+                    lossless=False, sampling=((2, 2), (1, 1), (1, 1)), orientation=1)
+        return JpegHeader(**{**base, **kw})
+
+    assert decoded_size(header()) == (480, 640)
+    assert [decoded_size(header(orientation=o)) for o in (5, 6, 7, 8)] == [(640, 480)] * 4
+    assert [decoded_size(header(orientation=o)) for o in (2, 3, 4)] == [(480, 640)] * 3
+    assert hardware_takes(header())  # 4:2:0
+    assert all(hardware_takes(header(sampling=(s, (1, 1), (1, 1)))) for s in ((1, 1), (2, 1), (1, 2)))
+    assert hardware_takes(header(components=1, sampling=((1, 1),)))
+    assert not hardware_takes(header(sampling=((4, 1), (1, 1), (1, 1))))  # 4:1:1
+    assert not hardware_takes(header(progressive=True))
+
+
+def test_timeline_summary_says_whether_each_decode_finished_under_the_graph_before_it():
+    from app.gpu.timeline import summarize
+
+    hidden = [{"decode": [10 * k + 1, 10 * k + 4], "compute": [10 * k + 5, 10 * k + 15]} for k in range(4)]
+    assert summarize(hidden)["decode_hidden_pct"] == 100.0
+    # Each decode stalled until the graph before it was done, then took its own time: 0 %.
+    stalled = [{"decode": [0, 4], "compute": [5, 15]}, {"decode": [5, 19], "compute": [20, 30]},
+               {"decode": [20, 34], "compute": [35, 45]}]
+    s = summarize(stalled)
+    assert s["decode_hidden_pct"] == 0.0 and s["decode_overlapping_compute_pct"] > 50
+
+
+def test_what_the_gpu_refused_goes_into_its_reserved_place_or_out_of_the_batch():
+    from app.errors import InvalidImage
+    from app.gpu.pack import plan_batch, settle_fallbacks
+    from app.gpu.preprocess import LAYOUT_HWC_BGR, LAYOUT_HWC_RGB
+
+    frame = np.full((4, 6, 3), 9, np.uint8)
+    plan = plan_batch(256, 640, [(0, frame)], [(1, 4, 6, LAYOUT_HWC_RGB), (2, 5, 5, LAYOUT_HWC_RGB),
+                                               (3, 2, 2, LAYOUT_HWC_RGB)])
+    host = np.zeros(plan.end, np.uint8)
+    refused = np.arange(5 * 5 * 3, dtype=np.uint8).reshape(5, 5, 3)  # OpenCV's frame of image 2
+    err = InvalidImage("corrupt")
+    offsets = list(plan.device_offsets)
+    uploads, errors = settle_fallbacks(plan, 1, [None, refused, err], host, 640)
+    assert uploads == [(offsets[1], refused.nbytes)]
+    np.testing.assert_array_equal(host[offsets[1] : offsets[1] + refused.nbytes], refused.reshape(-1))
+    assert errors == {3: err}
+    assert [(p[0], p[2], p[3]) for p in plan.placed] == [(0, 256, LAYOUT_HWC_BGR), (1, offsets[0], LAYOUT_HWC_RGB),
+                                                          (2, offsets[1], LAYOUT_HWC_BGR)]

@@ -63,3 +63,19 @@ def test_predict_cli_end_to_end(folder, tmp_path, artifacts_dir):
     assert proc.returncode == 0, proc.stderr
     assert len(out.read_text().splitlines()) == 4 and "4 already done" in proc.stderr
     assert already_done(out) == set(by_name)
+
+
+def test_folder_listing_keeps_rglob_order_and_names(tmp_path):
+    """The os.walk listing gives what pathlib's rglob + relative_to gave: the same files, names
+    and order (by path components, so "b/c.jpg" before "b-1.jpg"), case kept, non-images out."""
+    from app.imaging.headers import IMAGE_SUFFIXES
+
+    for rel in ["a.jpg", "b/c.JPG", "b/a.png", "b.c/x.jpg", "b/c/d.jpeg", "B/z.jpg", "a b.jpg", "x.txt", "bb/1.jpg",
+                "b-1.jpg", "b/.hid.jpg", "deep/er/still/i.webp"]:
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+    expected = sorted(p for p in tmp_path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    got = list_images(str(tmp_path))
+    assert [i.path for i in got] == expected
+    assert [i.name for i in got] == [p.relative_to(tmp_path).as_posix() for p in expected]

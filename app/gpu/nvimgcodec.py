@@ -1,0 +1,235 @@
+"""nvImageCodec, the GPU pipeline's JPEG decoder (``app.gpu.decode`` has the shared part).
+
+Its hardware JPEG decoder gets every image it takes (``hardware_takes``), its default chain
+(CUDA, hybrid) the rest, OpenCV what both refuse. ``decode_into`` decodes straight into the
+batch slot's staging through ``images=`` views of it, so a batch allocates no Image and
+copies nothing device-to-device. (Allocation was not what kept decode from overlapping the
+engine: nvImageCodec allocates stream-ordered, and every way of holding the output measured
+the same under load; the shared hardware queue was, see ``app/gpu/__init__.py``.)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from app.errors import BackendUnavailable
+from app.gpu.decode import DeviceImage, Fallback, GpuJpegDecoder, cpu_decode, decoded_size
+from app.gpu.jpeg import JpegHeader
+from app.gpu.preprocess import LAYOUT_HWC_RGB
+
+log = logging.getLogger(__name__)
+
+
+
+# libjpeg-turbo (OpenCV, Ultralytics) interpolates subsampled chroma ("fancy upsampling");
+# nvImageCodec's CUDA decoder does the same when told.
+NVIMGCODEC_OPTIONS = ":fancy_upsampling=1"
+
+
+def hardware_takes(header: JpegHeader) -> bool:
+    """What the hardware JPEG decoder accepts (measured on the H200): baseline, gray or
+    4:4:4 / 4:2:2 / 4:4:0 / 4:2:0. Progressive and 4:1:1 go straight to the default chain:
+    handed to the hardware decoder they fail there, and each failure is a warning line."""
+    if header.progressive:
+        return False
+    return header.components == 1 or header.sampling[0] in ((1, 1), (2, 1), (1, 2), (2, 2))
+
+
+class NvImageCodecDecoder(GpuJpegDecoder):
+    """nvImageCodec, default backends, interleaved RGB uint8 output, EXIF applied."""
+
+    name = "nvimgcodec"
+
+    def __init__(self, device: int = 0, *, threads: int = 8, options: str = NVIMGCODEC_OPTIONS) -> None:
+        _quiet_nvimgcodec()
+        try:
+            from nvidia import nvimgcodec
+        except ImportError as exc:
+            raise BackendUnavailable(
+                "nvImageCodec is not installed", hint="pip install 'yolopipe[cuda13]' (or [cuda12])"
+            ) from exc
+        super().__init__(device)
+        self._nv = nvimgcodec
+        try:
+            self._params = nvimgcodec.DecodeParams(
+                apply_exif_orientation=True, color_spec=nvimgcodec.ColorSpec.SRGB, allow_any_depth=False
+            )
+            # nvImageCodec warns when asked for as many threads as there are cores; it takes one fewer.
+            threads = max(1, min(threads, (os.cpu_count() or 2) - 1))
+            self._chain = nvimgcodec.Decoder(device_id=self.device, max_num_cpu_threads=threads, options=options)
+        except Exception as exc:  # e.g. no nvJPEG library: the caller falls back
+            raise BackendUnavailable(f"nvImageCodec could not start a decoder: {type(exc).__name__}: {exc}") from exc
+        self._hw = self._hardware_decoder(nvimgcodec, options)
+        self._into = True  # decode_into through images= views; off if this nvImageCodec refuses them
+
+    def _hardware_decoder(self, nv, options: str):
+        """The hardware JPEG decoder alone, or None where there is none.
+
+        Measured on the H200 (bench ``decoders`` rows): alone it decodes baseline JPEGs at
+        11,800 img/s with libjpeg-turbo's pixels (one value in 75,000 off by one level) and no
+        CPU or SM time, while nvImageCodec's default chain (which hands part of a batch to its
+        CUDA and hybrid decoders) did 7,400 img/s and competed with the engine for the SMs and
+        with the host for the CPU. So it gets every image first; what it refuses (progressive,
+        4:1:1, ...) goes to the default chain, image by image.
+        """
+        try:
+            return nv.Decoder(device_id=self.device, backends=[nv.Backend(nv.BackendKind.HW_GPU_ONLY)], options=options)
+        except Exception as exc:  # noqa: BLE001 - no hardware decoder here: the chain does it all
+            log.info("nvImageCodec: no hardware JPEG decoder (%s)", exc)
+            return None
+
+    def decode_into(self, datas: Sequence[bytes], headers: Sequence[JpegHeader], targets: Sequence[int]) -> list[Fallback]:
+        if not self._into:
+            return super().decode_into(datas, headers, targets)
+        nv = self._nv
+        n = len(datas)
+        sizes = [decoded_size(h) for h in headers]
+        try:
+            views = nv.as_images([_DeviceView(ptr, h, w) for ptr, (h, w) in zip(targets, sizes)],
+                                 cuda_stream=self.stream.cuda_stream)
+        except Exception as exc:  # noqa: BLE001 - an nvImageCodec without external images: copy instead
+            return self._into_off(exc, datas, headers, targets)
+        done = [False] * n
+        streams: list[Any] = [None] * n
+        for k, data in enumerate(datas):
+            try:
+                streams[k] = nv.CodeStream(data)
+            except Exception:  # noqa: BLE001 - unparseable: OpenCV says what is wrong
+                pass
+        first = [k for k in range(n) if streams[k] is not None and self._hw is not None and hardware_takes(headers[k])]
+        rest = [k for k in range(n) if streams[k] is not None and k not in set(first)]
+        for decoder, todo in ((self._hw, first), (self._chain, None)):
+            if todo is None:  # the chain: what the hardware decoder was not given, or refused
+                todo = rest + [k for k in first if not done[k]]
+            if decoder is None or not todo:
+                continue
+            try:
+                got = self._batch(decoder, [streams[k] for k in todo], [views[k] for k in todo])
+            except TypeError as exc:  # images= not accepted at all
+                return self._into_off(exc, datas, headers, targets)
+            for k, img in zip(todo, got):
+                done[k] = img is not None and _is_at(img, targets[k], sizes[k])
+        return [None if done[k] else cpu_decode(datas[k]) for k in range(n)]
+
+    def _into_off(self, exc: Exception, datas, headers, targets) -> list[Fallback]:
+        log.info("nvImageCodec: no decode into external buffers (%s: %s); decoding then copying",
+                 type(exc).__name__, exc)
+        self._into = False
+        return super().decode_into(datas, headers, targets)
+
+    def _decode_gpu(self, datas: list[bytes], headers: list[JpegHeader]) -> list[DeviceImage | None]:
+        streams: list[Any] = []
+        for data in datas:
+            try:
+                streams.append(self._nv.CodeStream(data))
+            except Exception:  # noqa: BLE001 - unparseable: OpenCV says what is wrong
+                streams.append(None)
+        images: list[Any] = [None] * len(datas)
+        todo = [k for k, s in enumerate(streams) if s is not None]
+        for decoder in (self._hw, self._chain):
+            if decoder is None or not todo:
+                continue
+            for k, img in zip(todo, self._batch(decoder, [streams[k] for k in todo])):
+                images[k] = img
+            todo = [k for k in todo if images[k] is None]  # refused: the next decoder, then OpenCV
+        return [self._device_image(img) for img in images]
+
+    def _batch(self, decoder, streams: list[Any], images: list[Any] | None = None) -> list[Any]:
+        """One batched call; if it fails as a whole, one call per image (a bad one fails alone)."""
+        try:
+            got = self._call(decoder, streams, images)
+            if len(got) == len(streams):
+                return got
+        except TypeError:
+            raise
+        except Exception:  # noqa: BLE001 - retried image by image below
+            pass
+        out = []
+        for k, stream in enumerate(streams):
+            try:
+                (img,) = self._call(decoder, [stream], None if images is None else [images[k]])
+            except Exception:  # noqa: BLE001 - this one goes on to the next decoder
+                img = None
+            out.append(img)
+        return out
+
+    def _call(self, decoder, streams: list[Any], images: list[Any] | None = None) -> list[Any]:
+        if images is None:
+            return decoder.decode(streams, params=self._params, cuda_stream=self.stream.cuda_stream)
+        return decoder.decode(streams, images=images, params=self._params, cuda_stream=self.stream.cuda_stream)
+
+    @staticmethod
+    def _device_image(img: Any) -> DeviceImage | None:
+        if img is None:
+            return None
+        cai = img.__cuda_array_interface__
+        shape, strides = tuple(cai["shape"]), cai.get("strides")
+        if len(shape) != 3 or shape[2] != 3 or cai["typestr"] != "|u1":
+            return None
+        if strides is not None and tuple(strides) != (shape[1] * 3, 3, 1):  # padded rows: not packed
+            return None
+        return DeviceImage(int(cai["data"][0]), int(shape[0]), int(shape[1]), LAYOUT_HWC_RGB, img)
+
+
+class _DeviceView:
+    """``height × width × 3`` bytes of device memory at ``ptr``, for ``nvimgcodec.as_images``."""
+
+    __slots__ = ("__cuda_array_interface__",)
+
+    def __init__(self, ptr: int, height: int, width: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (height, width, 3), "typestr": "|u1", "data": (int(ptr), False),
+                                         "strides": None, "version": 2}
+
+
+def _is_at(img: Any, ptr: int, size: tuple[int, int]) -> bool:
+    """The decoded Image is where it was meant to go, at the size its header said."""
+    cai = img.__cuda_array_interface__
+    return int(cai["data"][0]) == ptr and tuple(cai["shape"]) == (*size, 3) and cai.get("strides") in (None, (size[1] * 3, 3, 1))
+
+
+def _quiet_nvimgcodec() -> None:
+    """Before nvImageCodec is first imported: load only the extensions whose libraries are here
+    (the JPEG 2000 and TIFF ones log errors at import when nvjpeg2k / nvtiff are absent), and
+    keep its Python layer's per-image warnings off the terminal. A user's own settings win."""
+    import importlib.util
+
+    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "1")
+    if "NVIMGCODEC_EXTENSIONS_PATH" in os.environ:
+        return
+    try:
+        spec = importlib.util.find_spec("nvidia.nvimgcodec")
+    except (ImportError, ValueError):
+        return
+    if spec is None or not spec.submodule_search_locations:
+        return
+    from pathlib import Path
+
+    ext = Path(next(iter(spec.submodule_search_locations))) / "extensions"
+    if not ext.is_dir():
+        return
+    missing = [name for name, module in (("nvjpeg2k", "nvidia.nvjpeg2k"), ("nvtiff", "nvidia.nvtiff"))
+               if _absent(module)]
+    if not missing:
+        return
+    import atexit
+    import shutil
+    import tempfile
+
+    keep = tempfile.mkdtemp(prefix="yolopipe-nvimgcodec-ext-")
+    atexit.register(shutil.rmtree, keep, True)
+    for f in ext.iterdir():
+        if not any(m in f.name for m in missing):
+            os.symlink(f, os.path.join(keep, f.name))
+    os.environ["NVIMGCODEC_EXTENSIONS_PATH"] = keep
+
+
+def _absent(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):
+        return True
