@@ -14,7 +14,7 @@ the ones written and writes a block's lines as one buffer (``write_records``).
 Fault tolerance is Ray Data's: read tasks are retried (``max_retries=-1``) and the actors are
 restartable with their tasks retried (``max_restarts=-1``, ``max_task_retries=-1``, Ray Data's
 defaults for ``map_batches`` actors, relied on here). A dead node costs the batches it held;
-the driver writes each image once however often it was run (``app.distributed.output``).
+the driver writes each image once however often it was run (``write_records``).
 """
 
 from __future__ import annotations
@@ -168,10 +168,8 @@ def plan_actors(ray: Any, backend: str, precision: str, model_dir: Path, gpu_act
     cluster_gpus = int(ray.cluster_resources().get("GPU", 0))
     if gpu_actors == 0 and backend not in ("auto", "onnxruntime"):
         raise InvalidParameter(f"backend {backend} runs on GPUs and gpu_actors is 0", hint="use --backend onnxruntime")
-    if cluster_gpus == 0 and backend not in ("auto", "onnxruntime"):
-        raise BackendUnavailable(f"backend {backend} needs GPUs and the Ray cluster has none",
-                                 hint="use --backend onnxruntime (or auto)")
     usable = cluster_gpus if gpu_actors is None else min(gpu_actors, cluster_gpus)
+    # a GPU backend on a cluster without GPUs, or an impossible precision, fails here, once
     if choose_backend(backend, precision, model_dir, gpus=usable).backend == "onnxruntime":
         nodes = sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1)
         return ActorPlan(cpu_actors or max(1, nodes), gpu=False, backend="onnxruntime")
