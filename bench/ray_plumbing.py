@@ -138,7 +138,7 @@ def ray_row(src, actors: int, batch: int, boxes: int, workdir: Path) -> dict:
     import ray
 
     from app.distributed import job
-    from app.distributed.job import ActorPlan, block_count, detect_tables, write_records
+    from app.distributed.job import ActorPlan, block_size, detect_tables, write_records
     from app.distributed.output import open_sink
     from app.pipeline.folder import FolderSummary
 
@@ -172,7 +172,7 @@ def ray_row(src, actors: int, batch: int, boxes: int, workdir: Path) -> dict:
     rate = steady / (mark["t1"] - mark["t0"]) if steady else float("nan")
     return {"part": "ray", "actors": actors, "images": len(todo), "steady_images": steady,
             "img_per_s": round(rate, 1), "wall_s": round(t_end - t_start, 2), "batch": batch, "boxes": boxes,
-            "blocks": block_count(len(todo), batch, actors), "batches_per_block": job.BATCHES_PER_BLOCK,
+            "block_images": block_size(len(todo), batch, actors), "batches_per_block": job.BATCHES_PER_BLOCK,
             "driver_cpu_us_per_image": round(driver_us, 1), "driver_cores": round(driver_cores, 3),
             "driver_cores_at_10k": round(driver_us * 1e-6 * 10_000, 3)}
 

@@ -179,11 +179,12 @@ def plan_actors(ray: Any, backend: str, precision: str, model_dir: Path, gpu_act
     return ActorPlan(gpus, gpu=True, backend=backend)
 
 
-def block_count(images: int, batch: int, actors: int) -> int:
-    """Blocks of ``BATCHES_PER_BLOCK`` batches, but ``BLOCKS_PER_ACTOR`` per actor when that is more
-    (and never a block smaller than one batch)."""
+def block_size(images: int, batch: int, actors: int) -> int:
+    """Images per block: ``BATCHES_PER_BLOCK`` batches, fewer when that leaves an actor fewer than
+    ``BLOCKS_PER_ACTOR`` blocks; always whole batches (only the last block ends in a partial one)."""
     large = math.ceil(images / (batch * BATCHES_PER_BLOCK))
-    return max(1, large, min(math.ceil(images / batch), BLOCKS_PER_ACTOR * actors))
+    blocks = max(1, large, min(math.ceil(images / batch), BLOCKS_PER_ACTOR * actors))
+    return max(1, math.ceil(images / blocks / batch)) * batch
 
 
 def detect_tables(
@@ -199,17 +200,16 @@ def detect_tables(
     ctx = ray.data.DataContext.get_current()
     if quiet:  # the caller shows its own progress
         ctx.enable_progress_bars = False
-    blocks = block_count(len(todo), batch, plan.actors)
+    step = block_size(len(todo), batch, plan.actors)
     names, paths = [n for n, _ in todo], [p for _, p in todo]
-    step = math.ceil(len(todo) / blocks)
-    ds = ray.data.from_arrow([pa.table({"image": names[i : i + step], "path": paths[i : i + step]})
-                              for i in range(0, len(todo), step)])  # one table, one block
+    listing = [pa.table({"image": names[i : i + step], "path": paths[i : i + step]}) for i in range(0, len(todo), step)]
+    ds = ray.data.from_arrow(listing)  # one table, one block
     read_args: dict[str, Any] = {}
     if src.local:  # a local path may exist only on the driver's machine: read it there
         read_args["label_selector"] = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
     # Reading is I/O: no CPU reserved (the actors may hold every one), a few tasks per actor.
     ds = ds.map_batches(read_batch, fn_kwargs={"filesystem": src.filesystem}, batch_format="pyarrow",
-                        batch_size=None, num_cpus=0, compute=ray.data.TaskPoolStrategy(size=min(blocks, 2 * plan.actors + 2)),
+                        batch_size=None, num_cpus=0, compute=ray.data.TaskPoolStrategy(size=min(len(listing), 2 * plan.actors + 2)),
                         **read_args)
     ds = ds.map_batches(
         actor_cls,

@@ -12,7 +12,7 @@ pa = pytest.importorskip("pyarrow")
 
 from app.contracts import ImageResult
 from app.distributed.actor import RECORD_COLUMNS, record_table
-from app.distributed.job import BATCHES_PER_BLOCK, BLOCKS_PER_ACTOR, block_count, write_records
+from app.distributed.job import BATCHES_PER_BLOCK, BLOCKS_PER_ACTOR, block_size, write_records
 from app.distributed.output import open_sink
 from app.errors import InvalidImage
 from app.pipeline.folder import FolderSummary
@@ -27,12 +27,14 @@ def result(n: int) -> ImageResult:
     return ImageResult(width=64, height=48, detections=dets)
 
 
-def test_blocks_hold_several_batches_but_every_actor_gets_a_few():
-    batch = 64
-    assert block_count(20_000, batch, 2) == -(-20_000 // (batch * BATCHES_PER_BLOCK))  # large jobs: big blocks
-    assert block_count(32, 2, 2) == 2 * BLOCKS_PER_ACTOR  # short jobs: still work for every actor
-    assert block_count(3, 64, 4) == 1  # never a block smaller than one batch
-    assert block_count(0, 64, 1) == 1
+def test_blocks_hold_several_whole_batches_but_every_actor_gets_a_few():
+    assert block_size(20_000, 64, 2) == 64 * BATCHES_PER_BLOCK  # large jobs: big blocks
+    assert block_size(20_000, 64, 1) == 64 * BATCHES_PER_BLOCK
+    assert block_size(32, 2, 2) == 32 // (2 * BLOCKS_PER_ACTOR)  # short jobs: still work for every actor
+    assert block_size(1000, 64, 4) == 64  # 16 blocks for 4 actors: one batch each
+    assert block_size(3, 64, 4) == 64  # never less than one batch
+    for images, batch, actors in ((20_000, 64, 2), (999, 32, 3), (130, 8, 5), (7, 2, 1)):
+        assert block_size(images, batch, actors) % batch == 0  # a partial batch only at the very end
 
 
 def test_retried_images_are_written_once_and_counted_once(tmp_path):
