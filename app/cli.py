@@ -315,7 +315,8 @@ def predict(
                                                     "file://). Needs the ray extra: pip install 'yolopipe[ray]'.")] = False,
     ray_address: Annotated[Optional[str], typer.Option(help="With --ray: the cluster to join (auto, host:port, "
                                                             "ray://host:10001) [default: start Ray here].")] = None,
-    gpus: Annotated[Optional[int], typer.Option(help="With --ray: GPU actors [default: every GPU].", min=0)] = None,
+    gpu_actors: Annotated[Optional[int], typer.Option(help="With --ray: GPU actors, one GPU each [default: every GPU].",
+                                                      min=0)] = None,
     cpu_actors: Annotated[Optional[int], typer.Option(help="With --ray: ONNX Runtime actors when there is no GPU "
                                                            "[default: one per node].", min=0)] = None,
     output_format: Annotated[Optional[str], typer.Option("--format", help="With --ray: jsonl | parquet (a folder of "
@@ -340,11 +341,11 @@ def predict(
             summary = predict_with_ray(
                 source, out, address=ray_address, weights=weights, backend=backend, precision=precision, imgsz=imgsz,
                 artifacts_dir=artifacts_dir, conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic,
-                batch=batch, num_gpus=gpus, num_cpu_actors=cpu_actors, resume=resume, output_format=output_format,
+                batch=batch, gpu_actors=gpu_actors, cpu_actors=cpu_actors, resume=resume, output_format=output_format,
                 on_progress=on_progress)
     else:
-        if any(v is not None for v in (ray_address, gpus, cpu_actors, output_format)):
-            raise InvalidParameter("--ray-address, --gpus, --cpu-actors and --format need --ray")
+        if any(v is not None for v in (ray_address, gpu_actors, cpu_actors, output_format)):
+            raise InvalidParameter("--ray-address, --gpu-actors, --cpu-actors and --format need --ray")
         from app.pipeline.folder import list_images, predict_folder
         from app.runtime import open_detector
 

@@ -1,15 +1,16 @@
 """What runs on the cluster: the read task (paths → bytes) and the detector actor (bytes → records).
 
 Image bytes travel through Ray's object store, never decoded pixels: a JPEG is ~10x smaller
-than its frame, and the actor decodes where its pipeline does (nvImageCodec, else nvJPEG, on a GPU
-actor; OpenCV on an ONNX Runtime one). Each actor opens one detector when it starts and keeps it: CUDA
-graphs of every batch bucket are captured before the first batch arrives.
+than its frame, and the actor decodes where its pipeline does (nvImageCodec on a GPU actor,
+OpenCV on an ONNX Runtime one). Each actor opens one detector when it starts and keeps it:
+CUDA graphs of every batch bucket are captured before the first batch arrives.
 
 A batch in and out of both is a ``pyarrow.Table``:
 
 * read task: ``image`` (name), ``path`` → ``image``, ``data`` (bytes, null on error), ``error``;
-* actor: → ``image``, ``record`` (the JSON line ``yolopipe predict`` writes), ``error``
-  (null when detected), ``detections`` (count).
+* actor: → ``RECORD_COLUMNS``: ``image``, ``line`` (the JSON line ``yolopipe predict`` writes,
+  newline included, so the driver writes a batch's lines as one buffer), ``error`` (null when
+  detected), ``detections`` (count).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from app.distributed.sources import read_bytes
+
+RECORD_COLUMNS = ("image", "line", "error", "detections")
 
 
 def read_batch(batch: Any, *, filesystem: Any) -> Any:
@@ -64,8 +67,6 @@ class DetectorActor:
         self.detector.pipeline.warmup()  # GPU pipelines: capture every bucket's graph now
 
     def __call__(self, batch: Any) -> Any:
-        import pyarrow as pa
-
         from app.contracts import ImageResult
         from app.errors import InvalidImage
 
@@ -79,12 +80,24 @@ class DetectorActor:
                 results[i] = ImageResult(error=InvalidImage(err))
         for i, res in zip(todo, self.detector.detect([data[i] for i in todo], self.params)):
             results[i] = res
-        records = [res.to_json(name, self.detector.names) for name, res in zip(names, results)]
-        return pa.table(
-            {
-                "image": pa.array(names, pa.string()),
-                "record": pa.array([json.dumps(r) for r in records], pa.string()),
-                "error": pa.array([r.get("error") for r in records], pa.string()),
-                "detections": pa.array([len(r.get("detections", ())) for r in records], pa.int32()),
-            }
-        )
+        return record_table(names, results, self.detector.names)
+
+
+def record_table(names: list[str], results: list[Any], class_names: list[str]) -> Any:
+    """The actor's output table (``RECORD_COLUMNS``) for ``results``, one per name."""
+    import pyarrow as pa
+
+    lines, errors, counts = [], [], []
+    for name, res in zip(names, results):
+        record = res.to_json(name, class_names)
+        lines.append(json.dumps(record) + "\n")
+        errors.append(record.get("error"))
+        counts.append(len(record.get("detections", ())))
+    return pa.table(
+        {
+            "image": pa.array(names, pa.string()),
+            "line": pa.array(lines, pa.string()),
+            "error": pa.array(errors, pa.string()),
+            "detections": pa.array(counts, pa.int32()),
+        }
+    )

@@ -6,10 +6,15 @@ The driver lists the source, drops what ``resume`` finds already written, builds
 artifacts once (the ONNX export; TensorRT engines are whatever ``yolopipe build-engine`` left
 beside it) and hands every actor their folder. Ray Data streams the rest with bounded memory.
 
+What the driver does per image is kept small, so that one driver keeps up with many GPUs:
+Ray's costs are per block (a task, an object, a fetch), and a block holds several actor
+batches; the actors send finished JSON lines, so the driver only checks each name against
+the ones written and writes a block's lines as one buffer (``write_records``).
+
 Fault tolerance is Ray Data's: read tasks are retried (``max_retries=-1``) and the actors are
 restartable with their tasks retried (``max_restarts=-1``, ``max_task_retries=-1``, Ray Data's
 defaults for ``map_batches`` actors, relied on here). A dead node costs the batches it held;
-the driver writes each image once however often it was run (``app.distributed.output``).
+the driver writes each image once however often it was run (``write_records``).
 """
 
 from __future__ import annotations
@@ -24,16 +29,21 @@ from pathlib import Path
 from typing import Any
 
 from app.artifacts.exports import load_export
-from app.config import BACKENDS, PRECISIONS, check_choice
+from app.config import BACKENDS, CONF, IOU, MAX_DET, PRECISIONS, check_choice
 from app.contracts import make_params
 from app.distributed.actor import DetectorActor, read_batch
 from app.distributed.output import done_images, open_sink, resolve_format
-from app.distributed.sources import open_source
+from app.distributed.sources import ImageSource, open_source
 from app.errors import BackendUnavailable, InvalidParameter, YolopipeError
 from app.pipeline.folder import FolderSummary
-from app.runtime import export_model
+from app.runtime import choose_backend, export_model
 
 ERRORS_KEPT = 1000  # error_files listed in the summary; the output file has them all
+# Ray's cost on the driver is per block, not per image: 8 batches a block keep it to a
+# fraction of one core at two GPUs' rate (bench/ray_plumbing.py measures it).
+BATCHES_PER_BLOCK = 8
+BLOCKS_PER_ACTOR = 4  # ... unless that leaves an actor fewer blocks than this (balance, short jobs)
+GPU_CALLS_PER_ACTOR = 3  # batches in flight per GPU actor: GpuPipeline's slots, what plain predict keeps
 
 
 @dataclass(frozen=True)
@@ -55,14 +65,14 @@ def predict_with_ray(
     precision: str = "auto",
     imgsz: int = 640,
     artifacts_dir: Path | None = None,
-    conf: float = 0.25,
-    iou: float = 0.7,
-    max_det: int = 300,
+    conf: float = CONF,
+    iou: float = IOU,
+    max_det: int = MAX_DET,
     classes: Sequence[int] | None = None,
     agnostic: bool = False,
     batch: int = 32,
-    num_gpus: int | None = None,
-    num_cpu_actors: int | None = None,
+    gpu_actors: int | None = None,
+    cpu_actors: int | None = None,
     ort_threads: int | None = None,
     resume: bool = False,
     output_format: str | None = None,
@@ -72,10 +82,10 @@ def predict_with_ray(
     """Detect objects in every image of ``source`` on a Ray cluster; same records as ``predict``.
 
     ``address``: a running cluster (``auto``, ``host:port``, ``ray://host:10001``); ``None``
-    starts Ray on this machine (or uses the one this process already joined). ``num_gpus``:
-    GPU actors, one GPU each (default: every GPU of the cluster); ``num_cpu_actors``: ONNX
-    Runtime actors when the cluster has no GPU or ``backend="onnxruntime"`` (default: one per
-    node), each using ``ort_threads`` threads (default: ONNX Runtime's choice). ``batch``: images
+    starts Ray on this machine (or uses the one this process already joined). ``gpu_actors``:
+    GPU actors, one GPU each (default: every GPU of the cluster); ``cpu_actors``: ONNX
+    Runtime actors when the backend resolves to the CPU (``app.runtime.choose_backend``: no GPU
+    in the cluster, ``gpu_actors=0`` or ``backend="onnxruntime"``; default: one per node), each using ``ort_threads`` threads (default: ONNX Runtime's choice). ``batch``: images
     per actor call, also the detector's largest batch (its CUDA graphs are captured up to it).
     ``ship_artifacts``: put the model folder in Ray's object store for nodes that do not share
     the driver's disk (default: when joining a running cluster).
@@ -84,7 +94,7 @@ def predict_with_ray(
         raise InvalidParameter(f"batch must be >= 1, got {batch}")
     check_choice("backend", backend, BACKENDS)
     check_choice("precision", precision, PRECISIONS)
-    for name, value in (("num_gpus", num_gpus), ("num_cpu_actors", num_cpu_actors), ("ort_threads", ort_threads)):
+    for name, value in (("gpu_actors", gpu_actors), ("cpu_actors", cpu_actors), ("ort_threads", ort_threads)):
         if value is not None and value < 0:
             raise InvalidParameter(f"{name} must be >= 0, got {value}")
     fmt = resolve_format(out, output_format)
@@ -102,7 +112,7 @@ def predict_with_ray(
     try:
         if todo:
             with ray_session(address) as ray:
-                plan = plan_actors(ray, backend, num_gpus, num_cpu_actors)
+                plan = plan_actors(ray, backend, precision, model_dir, gpu_actors, cpu_actors)
                 ship = ship_artifacts if ship_artifacts is not None else address is not None
                 bundle = None
                 if ship:
@@ -117,8 +127,9 @@ def predict_with_ray(
                     "bundle": bundle,
                     "ort_threads": ort_threads,
                 }
-                stream = _records(ray, src, todo, plan, batch, actor_kwargs, quiet=on_progress is not None)
-                _write(stream, sink, done, summary, len(todo), on_progress)
+                tables = detect_tables(ray, src, todo, plan, batch, DetectorActor, actor_kwargs,
+                                       quiet=on_progress is not None)
+                write_records(tables, sink, done, summary, len(todo), on_progress)
     finally:
         sink.close()
     return summary
@@ -147,44 +158,61 @@ def ray_session(address: str | None) -> Iterator[Any]:
         ray.shutdown()
 
 
-def plan_actors(ray: Any, backend: str, num_gpus: int | None, num_cpu_actors: int | None) -> ActorPlan:
-    """One actor per GPU; ONNX Runtime actors on CPUs when there is no GPU or they are asked for."""
+def plan_actors(ray: Any, backend: str, precision: str, model_dir: Path, gpu_actors: int | None,
+                cpu_actors: int | None) -> ActorPlan:
+    """One actor per GPU; ONNX Runtime actors on CPUs when the backend resolves to the CPU.
+
+    ``auto`` is resolved by ``app.runtime.choose_backend`` for the GPUs the job may use; a GPU
+    actor gets the backend as asked (``auto`` stays ``auto``), so that it resolves it again
+    where it runs, TensorRT fallback included."""
     cluster_gpus = int(ray.cluster_resources().get("GPU", 0))
-    cpu = backend == "onnxruntime" or (backend == "auto" and (cluster_gpus == 0 or num_gpus == 0))
-    if cpu:
+    if gpu_actors == 0 and backend not in ("auto", "onnxruntime"):
+        raise InvalidParameter(f"backend {backend} runs on GPUs and gpu_actors is 0", hint="use --backend onnxruntime")
+    usable = cluster_gpus if gpu_actors is None else min(gpu_actors, cluster_gpus)
+    # a GPU backend on a cluster without GPUs, or an impossible precision, fails here, once
+    if choose_backend(backend, precision, model_dir, gpus=usable).backend == "onnxruntime":
         nodes = sum(1 for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1)
-        return ActorPlan(num_cpu_actors or max(1, nodes), gpu=False, backend="onnxruntime")
-    if num_gpus == 0:
-        raise InvalidParameter(f"backend {backend} runs on GPUs and num_gpus is 0", hint="use --backend onnxruntime")
-    if cluster_gpus == 0:
-        raise BackendUnavailable(f"backend {backend} needs GPUs and the Ray cluster has none",
-                                 hint="use --backend onnxruntime (or auto)")
-    gpus = cluster_gpus if num_gpus is None else num_gpus
+        return ActorPlan(cpu_actors or max(1, nodes), gpu=False, backend="onnxruntime")
+    gpus = cluster_gpus if gpu_actors is None else gpu_actors
     if gpus > cluster_gpus:
-        raise InvalidParameter(f"{gpus} GPUs asked for; the Ray cluster has {cluster_gpus}")
+        raise InvalidParameter(f"{gpus} GPU actors asked for; the Ray cluster has {cluster_gpus} GPUs")
     return ActorPlan(gpus, gpu=True, backend=backend)
 
 
-def _records(
-    ray: Any, src: Any, todo: list[tuple[str, str]], plan: ActorPlan, batch: int, actor_kwargs: dict, *, quiet: bool
+def block_size(images: int, batch: int, actors: int) -> int:
+    """Images per block: ``BATCHES_PER_BLOCK`` batches, fewer when that leaves an actor fewer than
+    ``BLOCKS_PER_ACTOR`` blocks; always whole batches (only the last block ends in a partial one)."""
+    large = math.ceil(images / (batch * BATCHES_PER_BLOCK))
+    blocks = max(1, large, min(math.ceil(images / batch), BLOCKS_PER_ACTOR * actors))
+    return max(1, math.ceil(images / blocks / batch)) * batch
+
+
+def detect_tables(
+    ray: Any, src: ImageSource, todo: list[tuple[str, str]], plan: ActorPlan, batch: int, actor_cls: type,
+    actor_kwargs: dict, *, quiet: bool,
 ) -> Iterator[Any]:
-    """The job's output tables (``image``, ``record``, ``error``, ``detections``) as they finish."""
+    """The job's output tables (``app.distributed.actor.RECORD_COLUMNS``) as they finish.
+
+    ``actor_cls``: ``DetectorActor``, or a stand-in with its interface (the plumbing benchmark's)."""
+    import pyarrow as pa
     import ray.data
 
     ctx = ray.data.DataContext.get_current()
     if quiet:  # the caller shows its own progress
         ctx.enable_progress_bars = False
-    blocks = max(1, math.ceil(len(todo) / batch))  # a block is about one actor call
-    ds = ray.data.from_items([{"image": n, "path": p} for n, p in todo], override_num_blocks=blocks)
+    step = block_size(len(todo), batch, plan.actors)
+    names, paths = [n for n, _ in todo], [p for _, p in todo]
+    listing = [pa.table({"image": names[i : i + step], "path": paths[i : i + step]}) for i in range(0, len(todo), step)]
+    ds = ray.data.from_arrow(listing)  # one table, one block
     read_args: dict[str, Any] = {}
     if src.local:  # a local path may exist only on the driver's machine: read it there
         read_args["label_selector"] = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
     # Reading is I/O: no CPU reserved (the actors may hold every one), a few tasks per actor.
     ds = ds.map_batches(read_batch, fn_kwargs={"filesystem": src.filesystem}, batch_format="pyarrow",
-                        batch_size=None, num_cpus=0, compute=ray.data.TaskPoolStrategy(size=min(blocks, 2 * plan.actors + 2)),
+                        batch_size=None, num_cpus=0, compute=ray.data.TaskPoolStrategy(size=min(len(listing), 2 * plan.actors + 2)),
                         **read_args)
     ds = ds.map_batches(
-        DetectorActor,
+        actor_cls,
         fn_constructor_kwargs=actor_kwargs,
         batch_format="pyarrow",
         batch_size=batch,
@@ -193,16 +221,18 @@ def _records(
         num_cpus=1,
     )
     try:
-        yield from ds.iter_batches(batch_size=None, batch_format="pyarrow")
+        yield from ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2)
     except ray.exceptions.RayError as exc:
         raise _job_error(exc) from exc
 
 
 def _actor_pool(ray: Any, plan: ActorPlan) -> Any:
-    """A fixed pool; a GPU actor takes two calls at once so that one call's host work (Arrow
-    columns, JSON) overlaps the other's GPU batch (the pipeline runs one batch at a time)."""
+    """A fixed pool; a GPU actor takes ``GPU_CALLS_PER_ACTOR`` calls at once, each in its own
+    thread, so that its pipeline has as many batches in flight as ``yolopipe predict`` gives it
+    (one decoding, one on the engine, one being unpacked) and a call's host work (Arrow
+    columns, JSON) overlaps the others' GPU work."""
     if plan.gpu:
-        return ray.data.ActorPoolStrategy(size=plan.actors, max_concurrent_calls_per_actor=2,
+        return ray.data.ActorPoolStrategy(size=plan.actors, max_concurrent_calls_per_actor=GPU_CALLS_PER_ACTOR,
                                           enable_true_multi_threading=True)
     return ray.data.ActorPoolStrategy(size=plan.actors)
 
@@ -222,7 +252,7 @@ def _job_error(exc: Exception) -> YolopipeError:
     return YolopipeError(f"the Ray job failed: {first}", hint="the Ray logs (/tmp/ray/session_latest/logs) say more")
 
 
-def _write(
+def write_records(
     tables: Iterator[Any],
     sink: Any,
     seen: set[str],
@@ -230,26 +260,34 @@ def _write(
     total: int,
     on_progress: Callable[[int, int], None] | None,
 ) -> None:
-    """Each image's record once (retried batches come back twice), counted into ``summary``."""
+    """Each image's line once (retried batches come back twice), counted into ``summary``.
+
+    Per image, only its name is looked at here (against ``seen``); counts come from the
+    columns, and a table's lines are written as one buffer."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     for table in tables:
         names = table.column("image").to_pylist()
-        records = table.column("record").to_pylist()
-        errors = table.column("error").to_pylist()
-        counts = table.column("detections").to_pylist()
-        lines = []
-        for name, record, error, count in zip(names, records, errors, counts):
-            if name in seen:
-                continue
-            seen.add(name)
-            lines.append(record)
-            summary.images += 1
-            if error is None:
-                summary.detections += count
-            else:
-                summary.errors += 1
-                if len(summary.error_files) < ERRORS_KEPT:
-                    summary.error_files.append(f"{name}: {error}")
-        if lines:
-            sink.write(lines)
-            if on_progress:
-                on_progress(len(lines), total)
+        if seen.isdisjoint(names) and len(set(names)) == len(names):  # the usual case: all new
+            seen.update(names)
+        else:
+            keep = []
+            for name in names:
+                keep.append(name not in seen)
+                seen.add(name)
+            table = table.filter(pa.array(keep))
+        if not table.num_rows:
+            continue
+        errors = table.column("error")
+        summary.images += table.num_rows
+        summary.detections += pc.sum(table.column("detections")).as_py() or 0  # 0 for an error line
+        if errors.null_count < table.num_rows:
+            failed = table.filter(pc.is_valid(errors))
+            summary.errors += failed.num_rows
+            room = ERRORS_KEPT - len(summary.error_files)
+            for name, error in zip(failed.column("image").to_pylist()[:room], failed.column("error").to_pylist()):
+                summary.error_files.append(f"{name}: {error}")
+        sink.write_lines(table.column("line"))
+        if on_progress:
+            on_progress(table.num_rows, total)

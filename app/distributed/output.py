@@ -6,7 +6,8 @@ an actor restarted mid-batch), so records are keyed by image name and a name alr
 image exactly once, whatever was retried.
 
 * JSONL: one line per image, the schema of ``yolopipe predict`` (``app.pipeline.folder``),
-  appended and flushed per batch, so a killed run loses at most its last batch.
+  appended and flushed per block, so a killed run loses at most its last block. A block's
+  lines arrive as an Arrow string column, newlines included, and go out as its one buffer.
 * Parquet: ``out`` is a folder of ``part-<run>-<n>.parquet`` files, each written whole (temp
   name, then rename) every ``rows_per_part`` images and at the end; an interrupted run keeps
   every finished part. Columns: ``image``, ``width``, ``height``, ``detections`` (a list of
@@ -63,13 +64,30 @@ def done_images(out: Path, fmt: str) -> set[str]:
     return done
 
 
+def string_bytes(array: Any) -> memoryview:
+    """The characters of an Arrow string array end to end (its data buffer, offsets applied)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if not len(array):
+        return memoryview(b"")
+    offset_type = np.int64 if pa.types.is_large_string(array.type) else np.int32
+    _, offsets_buf, data = array.buffers()
+    offsets = np.frombuffer(offsets_buf, offset_type)[array.offset : array.offset + len(array) + 1]
+    return memoryview(data)[int(offsets[0]) : int(offsets[-1])]
+
+
 class JsonlSink:
     def __init__(self, out: Path, *, resume: bool) -> None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(out, "a" if resume else "w")  # noqa: SIM115 - held until close()
+        self._fh = open(out, "ab" if resume else "wb")  # noqa: SIM115 - held until close()
 
-    def write(self, lines: list[str]) -> None:
-        self._fh.writelines(line + "\n" for line in lines)
+    def write_lines(self, lines: Any) -> None:
+        """``lines``: an Arrow string (chunked) array of JSON lines, each ending in a newline."""
+        for chunk in getattr(lines, "chunks", [lines]):
+            if chunk.null_count:
+                raise ValueError("a record line is null")  # an actor bug; never write a torn file
+            self._fh.write(string_bytes(chunk))
         self._fh.flush()
 
     def close(self) -> None:
@@ -90,8 +108,9 @@ class ParquetSink:
         self._parts = 0
         self._pending: list[dict[str, Any]] = []
 
-    def write(self, lines: list[str]) -> None:
-        self._pending.extend(json.loads(line) for line in lines)
+    def write_lines(self, lines: Any) -> None:
+        """``lines``: an Arrow string (chunked) array of JSON lines."""
+        self._pending.extend(json.loads(line) for line in lines.to_pylist())
         if len(self._pending) >= self.rows_per_part:
             self._flush()
 

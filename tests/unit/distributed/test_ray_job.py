@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster
 
 from app.distributed import predict_with_ray
-from app.errors import BackendUnavailable, InvalidParameter
+from app.errors import ArtifactError, BackendUnavailable, InvalidParameter
 from app.pipeline.folder import predict_folder
 from app.runtime import open_detector
 
@@ -119,13 +119,24 @@ def test_uri_source_parquet_output_and_resume(cluster, photos, artifacts_dir, re
 def test_user_mistakes_are_clear_errors(cluster, photos, artifacts_dir, tmp_path):
     with pytest.raises(BackendUnavailable, match="GPU"):
         predict_with_ray(str(photos), tmp_path / "x.jsonl", artifacts_dir=artifacts_dir, backend="torch-cuda")
-    with pytest.raises(InvalidParameter, match="num_gpus is 0"):
-        predict_with_ray(str(photos), tmp_path / "x.jsonl", artifacts_dir=artifacts_dir, backend="tensorrt", num_gpus=0)
+    with pytest.raises(InvalidParameter, match="gpu_actors is 0"):
+        predict_with_ray(str(photos), tmp_path / "x.jsonl", artifacts_dir=artifacts_dir, backend="tensorrt",
+                         gpu_actors=0)
     with pytest.raises(InvalidParameter, match="conf"):
         predict_with_ray(str(photos), tmp_path / "x.jsonl", artifacts_dir=artifacts_dir, conf=2.0)
-    # raised inside the actors: comes back as the same yolopipe error, not a Ray traceback
+    # resolved once, on the driver, by app.runtime: before any actor starts
     with pytest.raises(InvalidParameter, match="fp16"):
         predict_with_ray(str(photos), tmp_path / "x.jsonl", artifacts_dir=artifacts_dir, precision="fp16", **COMMON)
+
+
+def test_an_error_raised_in_the_actors_comes_back_as_itself(cluster, photos, artifacts_dir, tmp_path):
+    """No INT8 model in this copy of the export: the actors fail opening it, and the job says why."""
+    import shutil
+
+    private = tmp_path / "artifacts"
+    shutil.copytree(artifacts_dir, private, ignore=shutil.ignore_patterns("*int8*", "*.engine"))
+    with pytest.raises(ArtifactError, match="no INT8 model"):
+        predict_with_ray(str(photos), tmp_path / "x.jsonl", artifacts_dir=private, precision="int8", **COMMON)
 
 
 def test_killed_worker_node_costs_batches_not_the_job(cluster, photos, artifacts_dir, reference, tmp_path):
