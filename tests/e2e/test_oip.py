@@ -260,3 +260,15 @@ def test_overload_is_503_and_timeout_504(artifacts_dir, tmp_path, images):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_the_readme_example_runs_and_agrees_with_v1(server, assets_dir, bus, zidane):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Serve the Open Inference Protocol", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0].replace("127.0.0.1:8000", f"127.0.0.1:{server}")
+    run = subprocess.run([sys.executable, "-c", code], cwd=assets_dir, capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert run.returncode == 0, run.stderr
+    counts = [int(line.split()[0]) for line in run.stdout.splitlines()]
+    assert counts == [len(v1_detect(server, image, conf=0.25, classes=[0])) for image in (bus, zidane)]
+    assert min(counts) >= 1
