@@ -14,6 +14,16 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from app.api.errors import error_response
+from app.api.oip.schemas import (
+    INFER_REQUEST_BODY,
+    INFER_RESPONSES,
+    ModelMetadata,
+    ModelReady,
+    ServerLive,
+    ServerMetadata,
+    ServerReady,
+    errors,
+)
 from app.api.oip.tensors import (
     INPUT,
     OUTPUTS,
@@ -50,23 +60,25 @@ def _ready(request: Request) -> bool:
     return client is not None and not request.app.state.draining and client.ready
 
 
-@router.get("", summary="Server metadata")
+@router.get("", summary="Server metadata", response_model=ServerMetadata)
 async def server_metadata(request: Request) -> dict[str, Any]:
     return {"name": MODEL, "version": request.app.version, "extensions": EXTENSIONS}
 
 
-@router.get("/health/live", summary="The server is live")
+@router.get("/health/live", summary="The server is live", response_model=ServerLive)
 async def server_live() -> dict[str, bool]:
     return {"live": True}
 
 
-@router.get("/health/ready", summary="An inference worker is ready (503 when not)")
+@router.get("/health/ready", summary="An inference worker is ready (503 when not)", response_model=ServerReady,
+            responses={503: {"model": ServerReady}})
 async def server_ready(request: Request) -> JSONResponse:
     ready = _ready(request)
     return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
 
-@router.get("/models/{name}/ready", summary="The model is ready (503 when not)")
+@router.get("/models/{name}/ready", summary="The model is ready (503 when not)", response_model=ModelReady,
+            responses={503: {"model": ModelReady}, **errors(404)})
 @router.get("/models/{name}/versions/{version}/ready", include_in_schema=False)
 async def model_ready(request: Request, name: str, version: str | None = None) -> JSONResponse:
     name = _model_name(request, name, version)
@@ -74,7 +86,8 @@ async def model_ready(request: Request, name: str, version: str | None = None) -
     return JSONResponse({"name": name, "ready": ready}, status_code=200 if ready else 503)
 
 
-@router.get("/models/{name}", summary="Model metadata: inputs and outputs, -1 for a variable dimension")
+@router.get("/models/{name}", summary="Model metadata: inputs and outputs, -1 for a variable dimension",
+            response_model=ModelMetadata, responses=errors(404, 503))
 @router.get("/models/{name}/versions/{version}", include_in_schema=False)
 async def model_metadata(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
     name = _model_name(request, name, version)
@@ -88,7 +101,8 @@ async def model_metadata(request: Request, name: str, version: str | None = None
     }
 
 
-@router.post("/models/{name}/infer", summary="Detect objects in a batch of encoded images")
+@router.post("/models/{name}/infer", summary="Detect objects in a batch of encoded images", response_model=None,
+             responses=INFER_RESPONSES, openapi_extra=INFER_REQUEST_BODY)
 @router.post("/models/{name}/versions/{version}/infer", include_in_schema=False)
 async def infer(request: Request, name: str, version: str | None = None) -> Response:
     name = _model_name(request, name, version)
