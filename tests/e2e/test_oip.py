@@ -181,6 +181,8 @@ def failure(call) -> tuple[int, str]:
     ("text", 415, "image 1: "),
     ("too_many_images", 413, f"limit of {MAX_IMAGES}"),
     ("body_over_limit", 413, "over the limit"),
+    ("pixels", 413, "image 0: "),
+    ("request_pixels", 413, "image 4: "),
     ("gzip_bomb", 413, "decompresses to more than"),
     ("input_name", 422, "unknown input 'images'"),
     ("datatype", 422, "datatype BYTES"),
@@ -192,8 +194,10 @@ def failure(call) -> tuple[int, str]:
     ("output", 422, "unknown output 'boxes'"),
     ("model", 404, "unknown model 'yolov8'"),
 ])
-def test_errors_answer_in_the_protocols_shape(client, images, case, status, words):
+def test_errors_answer_in_the_protocols_shape(client, images, forge, case, status, words):
     good = [images[0]]
+    huge = forge.png(20_000, 20_000, rows=1)  # 400 MP declared in a few bytes: over the 50 MP per image
+    big = forge.png(7_000, 6_500, rows=1)  # 45.5 MP: four fit the request's 200 MP, a fifth does not
     calls = {
         "truncated": lambda: client.infer("yolopipe", [image_input([images[0], images[0][:300]])]),
         "text": lambda: client.infer("yolopipe", [image_input([images[0], b"plain text, not an image"])]),
@@ -201,6 +205,8 @@ def test_errors_answer_in_the_protocols_shape(client, images, case, status, word
         "body_over_limit": lambda: client.infer("yolopipe", [image_input([os.urandom(BODY_LIMIT + 10)])]),
         "gzip_bomb": lambda: client.infer("yolopipe", [image_input([bytes(BODY_LIMIT + 10)])],
                                           request_compression_algorithm="gzip"),
+        "pixels": lambda: client.infer("yolopipe", [image_input([huge, images[0]])]),
+        "request_pixels": lambda: client.infer("yolopipe", [image_input([big] * 5)]),
         "input_name": lambda: client.infer("yolopipe", [image_input(good, name="images")]),
         "datatype": lambda: client.infer("yolopipe", [image_input(good, datatype="UINT8")]),
         "shape": lambda: client.infer("yolopipe", [image_input(good * 2, shape=[1, 2])]),
