@@ -7,6 +7,7 @@ The model answers to ``yolopipe`` and to the weights' name (``/v1/model``'s ``we
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -36,8 +37,9 @@ from app.api.routes import get_inference
 from app.api.uploads import check_request_images
 from app.config import CONF, IOU, MAX_DET, Settings
 from app.contracts import DetectParams, make_params
-from app.errors import InvalidParameter, Overloaded, YolopipeError
+from app.errors import InvalidParameter, Overloaded, RequestTimeout, YolopipeError
 from app.ipc.client import SERVER_SIDE, InferenceClient
+from app.ipc.wire import Outcome
 
 MODEL = "yolopipe"
 VERSION = "1"
@@ -119,7 +121,7 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
         if isinstance(checked, YolopipeError):
             raise _for_image(i, checked)
     try:
-        outcomes = await inference.detect(parsed.images, params)
+        outcomes = await _detect_within(inference, parsed.images, params, parsed.timeout_s, settings)
     except SERVER_SIDE as exc:
         request.app.state.metrics.rejected.labels(exc.code).inc()
         if isinstance(exc, Overloaded):  # answered unlogged, as /v1 does: under overload there are thousands
@@ -134,6 +136,18 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
         return Response(content, media_type="application/json")
     return Response(content, media_type="application/octet-stream",
                     headers={"Inference-Header-Content-Length": str(header_length)})
+
+
+async def _detect_within(inference: InferenceClient, images: list[bytes], params: DetectParams,
+                         timeout_s: float | None, settings: Settings) -> list[Outcome]:
+    """The inference client's answer, within the request's own timeout when it asks for a shorter
+    one than the server's (Triton's ``timeout`` parameter); cancelling stops its queued work."""
+    if timeout_s is None or timeout_s >= settings.request_timeout_s:
+        return await inference.detect(images, params)
+    try:
+        return await asyncio.wait_for(inference.detect(images, params), timeout_s)
+    except TimeoutError:
+        raise RequestTimeout(f"no result within the request's timeout of {timeout_s:g} s") from None
 
 
 def detect_params(parameters: dict[str, Any], *, num_classes: int) -> DetectParams:

@@ -38,7 +38,7 @@ OUTPUTS: dict[str, tuple[str, list[int]]] = {
     "det_classes": ("INT32", [-1, -1]),
 }
 # Request parameters that Triton's clients may send and that mean nothing here.
-IGNORED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers"})
+IGNORED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "headers"})
 _LENGTH = struct.Struct("<I")
 _ENCODINGS = {"gzip": 31, "x-gzip": 31, "deflate": 15}  # zlib wbits; HTTP's "deflate" is the zlib format
 
@@ -49,6 +49,7 @@ class InferRequest:
     images: list[bytes]
     parameters: dict[str, Any]  # the model's parameters (conf, iou, ...), not yet validated
     outputs: dict[str, bool]  # output name → binary, in the order they are to be answered
+    timeout_s: float | None = None  # Triton's "timeout" parameter (microseconds); None: the server's
 
 
 def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
@@ -106,8 +107,12 @@ def parse_infer_request(body: bytes, header_length: str | None, *, max_images: i
         raise InvalidParameter("parameters.binary_data_output must be true or false")
     for name in IGNORED_PARAMETERS:
         parameters.pop(name, None)
+    timeout_us = parameters.pop("timeout", 0)
+    if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0:
+        raise InvalidParameter(f"parameters.timeout must be whole microseconds >= 0, got {str(timeout_us)[:40]!r}")
     images = _read_inputs(header.get("inputs"), body[json_end:], max_images)
-    return InferRequest(request_id, images, parameters, _read_outputs(header.get("outputs"), binary_default))
+    return InferRequest(request_id, images, parameters, _read_outputs(header.get("outputs"), binary_default),
+                        timeout_us / 1e6 if timeout_us else None)
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:

@@ -112,6 +112,25 @@ def test_malformed_tensors_name_what_is_wrong(header, message):
         parse_infer_request(json.dumps(header).encode(), None, max_images=8)
 
 
+@pytest.mark.parametrize("timeout, expected", [(None, None), (0, None), (2500, 0.0025)])
+def test_tritons_timeout_parameter_is_microseconds(timeout, expected):
+    parameters = {} if timeout is None else {"timeout": timeout}
+    body, header_length = tritonclient_body([b"x"], parameters=None)
+    head = json.loads(body[:int(header_length)])
+    head["parameters"].update(parameters)
+    raw = json.dumps(head).encode()
+    parsed = parse_infer_request(raw + body[int(header_length):], str(len(raw)), max_images=8)
+    assert parsed.timeout_s == expected and "timeout" not in parsed.parameters
+
+
+@pytest.mark.parametrize("timeout", [-1, 1.5, "10", True])
+def test_a_bad_timeout_is_422(timeout):
+    head = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": ["AA=="]}],
+            "parameters": {"timeout": timeout}}
+    with pytest.raises(InvalidParameter, match="timeout must be whole microseconds"):
+        parse_infer_request(json.dumps(head).encode(), None, max_images=8)
+
+
 def test_json_data_nested_for_shape_b_by_1():
     head = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [2, 1], "data": [["AAE="], ["Ag=="]]}]}
     assert parse_infer_request(json.dumps(head).encode(), None, max_images=8).images == [b"\0\1", b"\2"]
