@@ -115,7 +115,7 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
     parsed = parse_infer_request(body, request.headers.get("inference-header-content-length"),
                                  max_images=settings.max_images_per_request)
     params = detect_params(parsed.parameters, num_classes=len(inference.info["class_names"]))
-    del body
+    del body  # the images are copies: the decompressed body need not live through the inference
     # No per-image errors in this protocol: the first image that fails fails the request.
     for i, checked in enumerate(check_request_images(parsed.images, max_pixels=settings.max_pixels)):
         if isinstance(checked, YolopipeError):
