@@ -4,7 +4,8 @@ Parts (``--parts``, in this order, on one yolopipe server):
 
 * ``load``: closed loop at each ``--clients`` count (wrk, one connection per thread, multipart
   640×480 JPEGs): req/s, p50/p99/p99.9 of the 200s, answers by status, socket errors, and
-  the server's CPU (its whole process tree). Then the naive server at the same counts.
+  the server's CPU (its whole process tree); then the same images through the Open Inference
+  Protocol at each ``--oip-clients`` count (binary tensors). Then the naive server.
 * ``soak``: open loop at ``--soak-rate`` (default: twice the capacity ``load`` measured)
   for ``--soak-minutes``, RSS (PSS) of the server's processes and GPU memory sampled; pass
   fields: only 200/503, memory flat within 5 %, served ≥ 90 % of capacity.
@@ -39,7 +40,7 @@ if __package__ in (None, ""):
 
 from app.benchmark.machine import machine_info, versions  # noqa: E402
 from bench.server_meter import ServerMeter, free_port, wait_ready  # noqa: E402
-from bench.wrk_client import run_wrk  # noqa: E402
+from bench.wrk_client import OIP_SCRIPT, run_wrk  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -133,6 +134,19 @@ def measure(server: Server, listing: Path, clients: int, args: argparse.Namespac
     print(f"{server.name:>24} c={clients:<4} {row['req_per_s']:>8.1f} req/s  p50 {row['p50_ms']} ms  "
           f"p99 {row['p99_ms']} ms  p99.9 {row['p999_ms']} ms  {row['statuses']}  cpu {row['server_cpu_cores']} cores",
           flush=True)
+    return row
+
+
+def measure_oip(server: Server, listing: Path, clients: int, args: argparse.Namespace) -> dict:
+    """The same images through the Open Inference Protocol (binary tensors, bench/wrk/oip.lua)."""
+    url = f"{server.url}/v2/models/yolopipe/infer"
+    if args.warmup > 0:
+        run_wrk(url, listing, connections=clients, duration_s=args.warmup, wrk=args.wrk, script=OIP_SCRIPT)
+    with server.meter.cpu() as cpu:
+        row = run_wrk(url, listing, connections=clients, duration_s=args.duration, wrk=args.wrk, script=OIP_SCRIPT)
+    row = {"system": server.name, "input": "http-oip-binary", "part": "oip", **row, **cpu.result}
+    print(f"{'yolopipe OIP':>24} c={clients:<4} {row['req_per_s']:>8.1f} req/s  p50 {row['p50_ms']} ms  "
+          f"p99 {row['p99_ms']} ms  {row['statuses']}  cpu {row['server_cpu_cores']} cores", flush=True)
     return row
 
 
@@ -237,6 +251,11 @@ def checks(rows: list[dict]) -> dict:
         if 64 in naive and naive[64]["req_per_s"]:
             out["c64_speedup_vs_naive"] = round(r["req_per_s"] / naive[64]["req_per_s"], 1)
             out["c64_ge_20x_naive"] = out["c64_speedup_vs_naive"] >= 20
+    oip = {r["clients"]: r for r in rows if r.get("part") == "oip"}
+    for c in sorted(set(oip) & set(ours)):
+        if ours[c]["req_per_s"]:
+            out[f"c{c}_oip_vs_v1"] = round(oip[c]["req_per_s"] / ours[c]["req_per_s"], 3)
+            out[f"c{c}_oip_ge_90pct_of_v1"] = out[f"c{c}_oip_vs_v1"] >= 0.9
     if 256 in ours:
         r = ours[256]
         out["c256_only_200_and_503"] = r["only_200_and_503"]
@@ -252,6 +271,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--image-size", default="640x480", help="WxH the photos are cropped and resized to")
     p.add_argument("--max-images", type=int, default=20)
     p.add_argument("--clients", default="64,256", help="closed-loop client counts (connections)")
+    p.add_argument("--oip-clients", default="64", help="client counts of the OIP (/v2 infer) rows; '' for none")
     p.add_argument("--duration", type=float, default=30.0, help="seconds per measured row")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of unmeasured load before each row")
     p.add_argument("--wrk", default=None, help="wrk binary (default: .wrk/ from wrk.sh, else PATH)")
@@ -285,6 +305,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     args.clients = [int(c) for c in str(args.clients).split(",")]
+    args.oip_clients = [int(c) for c in str(args.oip_clients).split(",") if c.strip()]
     args.naive_clients = [int(c) for c in str(args.naive_clients).split(",")] if args.naive_clients else args.clients
     if args.smoke:
         args.duration, args.warmup, args.soak_minutes, args.sample_s = min(args.duration, 8.0), 2.0, 0.5, 3.0
@@ -317,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
         result["yolopipe_model"] = model
         if "load" in args.parts:
             rows += [measure(server, listing, c, args) for c in args.clients]
+            rows += [measure_oip(server, listing, c, args) for c in args.oip_clients]
         if "soak" in args.parts:
             capacity = args.capacity or next((r["req_per_s"] for r in rows if r.get("part") is None), None)
             rate = args.soak_rate or 2 * (capacity or 0)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "wrk" / "multipart.lua"
+OIP_SCRIPT = ROOT / "bench" / "wrk" / "oip.lua"  # the same images as binary tensors to /v2/.../infer
 LOCAL_WRK = ROOT / ".wrk" / "usr" / "bin" / "wrk"  # unpacked by ../shared/device/wrk.sh
 
 
@@ -43,7 +44,7 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
 
 
 def run_wrk(url: str, image_list: Path, *, connections: int, duration_s: float, threads: int | None = None,
-            rate: float = 0.0, timeout_s: float = 60.0, wrk: str | None = None) -> dict:
+            rate: float = 0.0, timeout_s: float = 60.0, wrk: str | None = None, script: Path = SCRIPT) -> dict:
     """One wrk run; returns the counts, rates and the 200s' latency percentiles."""
     binary, env = find_wrk(wrk)
     threads = threads or connections  # closed loop: one connection per thread
@@ -51,7 +52,7 @@ def run_wrk(url: str, image_list: Path, *, connections: int, duration_s: float, 
         out = Path(tmp) / "wrk.json"
         env.update(WRK_IMAGES=str(image_list), WRK_OUT=str(out), WRK_RATE=str(rate / threads if rate else 0))
         cmd = [binary, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration_s))}s",
-               f"--timeout={round(timeout_s)}s", "-s", str(SCRIPT), url]
+               f"--timeout={round(timeout_s)}s", "-s", str(script), url]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         if proc.returncode != 0 or not out.exists():
             raise RuntimeError(f"wrk failed ({proc.returncode}): {proc.stderr[-2000:]}\n{proc.stdout[-2000:]}")

@@ -19,6 +19,8 @@ from app.api.docs import install_docs
 from app.api.errors import install_error_handlers
 from app.api.limits import BodyLimitMiddleware
 from app.api.metrics import Metrics, MetricsMiddleware
+from app.api.oip.errors import OipErrorShapeMiddleware
+from app.api.oip.routes import router as oip_router
 from app.api.routes import router
 from app.config import Settings
 from app.ipc.client import InferenceClient
@@ -60,7 +62,9 @@ def create_app(settings: Settings, inference: InferenceClient) -> FastAPI:
     install_error_handlers(app)
     install_docs(app)
     app.include_router(router)
+    app.include_router(oip_router)  # the Open Inference Protocol (KServe v2) under /v2
     # Outermost last: metrics see every response, including a 413 from the body limit.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(OipErrorShapeMiddleware)  # /v2 errors as {"error": message}, the body limit's too
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app

@@ -18,7 +18,9 @@ from app.ipc.metrics import LATENCY_BUCKETS, multiprocess_dir, render_dir
 
 # Paths we label by name; anything else is "other" so random 404s cannot blow up label cardinality.
 KNOWN_PATHS = frozenset(
-    {"/v1/detect", "/v1/detect/batch", "/healthz", "/readyz", "/v1/model", "/metrics", "/docs", "/openapi.json"}
+    {"/v1/detect", "/v1/detect/batch", "/healthz", "/readyz", "/v1/model", "/metrics", "/docs", "/openapi.json",
+     "/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/yolopipe", "/v2/models/yolopipe/ready",
+     "/v2/models/yolopipe/infer"}
 )
 
 
