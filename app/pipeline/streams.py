@@ -370,7 +370,7 @@ class StreamRunner:
         stream.stats.done_at.append(now)
         try:
             self.on_frame(frame, result, ids)
-        except Exception:  # noqa: BLE001 - a consumer's failure must not stop the other streams
+        except Exception:  # a consumer's failure must not stop the other streams
             log.exception("stream %s: delivering frame %d failed", stream.id, frame.index)
 
 
