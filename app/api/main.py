@@ -20,6 +20,7 @@ from app.api.errors import install_error_handlers
 from app.api.limits import BodyLimitMiddleware
 from app.api.metrics import Metrics, MetricsMiddleware
 from app.api.routes import router
+from app.api.streams import streams_router
 from app.config import Settings
 from app.ipc.client import InferenceClient
 
@@ -60,6 +61,7 @@ def create_app(settings: Settings, inference: InferenceClient) -> FastAPI:
     install_error_handlers(app)
     install_docs(app)
     app.include_router(router)
+    app.include_router(streams_router)
     # Outermost last: metrics see every response, including a 413 from the body limit.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)

@@ -106,7 +106,7 @@ class Stream:
     """One source read on its own thread into a bounded buffer (see the module docstring)."""
 
     def __init__(self, stream_id: str, source: str, *, vid_stride: int = 1, realtime: bool = False,
-                 notify: Callable[[], None] = lambda: None) -> None:
+                 track: bool = False, notify: Callable[[], None] = lambda: None) -> None:
         self.id, self.source = stream_id, source
         self.live = is_live(source)
         self.drops = self.live or realtime  # newest frames win
@@ -116,6 +116,7 @@ class Stream:
         self.state = "connecting"  # connecting | live | reconnecting | ended | failed | removed
         self.error: str | None = None
         self.stats = StreamStats()
+        self.track = track
         self.tracker: Any = None  # the runner's per-stream tracker, made on first use
         self.added = time.monotonic()
         self._buffer: deque[StreamFrame] = deque()
@@ -238,7 +239,8 @@ class Stream:
             "id": self.id, "source": self.source, "live": self.live, "state": self.state, "error": self.error,
             "source_fps": round(self.fps, 3), "fps": round(s.fps(now), 2), "frames": s.frames_done,
             "dropped": s.dropped, "dropped_pct": round(100.0 * s.dropped / seen, 3) if seen else 0.0,
-            "reconnects": s.reconnects, "latency_p50_ms": s.latency_ms(50), "latency_p99_ms": s.latency_ms(99),
+            "reconnects": s.reconnects, "track": self.track,
+            "latency_p50_ms": s.latency_ms(50), "latency_p99_ms": s.latency_ms(99),
         }
 
 
@@ -263,14 +265,16 @@ class StreamRunner:
         self._cursor = 0
 
     # --- control (any thread) ---------------------------------------------------------
-    def add(self, source: str, *, stream_id: str | None = None, vid_stride: int = 1, realtime: bool = False) -> Stream:
+    def add(self, source: str, *, stream_id: str | None = None, vid_stride: int = 1, realtime: bool = False,
+            track: bool = False) -> Stream:
         with self._lock:
             if len(self._streams) >= self.max_streams:
                 raise InvalidParameter(f"at most {self.max_streams} streams at once")
             stream_id = stream_id or str(next(self._ids))
             if stream_id in self._streams:
                 raise InvalidParameter(f"stream {stream_id!r} exists")
-            stream = Stream(stream_id, source, vid_stride=vid_stride, realtime=realtime, notify=self._notify)
+            stream = Stream(stream_id, source, vid_stride=vid_stride, realtime=realtime, track=track or self.track,
+                            notify=self._notify)
             self._streams[stream_id] = stream
         return stream.start()
 
@@ -358,7 +362,7 @@ class StreamRunner:
         if stream.state == "removed":
             return
         ids = None
-        if self.track and result.detections is not None:
+        if stream.track and result.detections is not None:
             if stream.tracker is None:
                 from app.pipeline.tracking import StreamTracker
 
