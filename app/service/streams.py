@@ -47,15 +47,15 @@ class StreamHost:
         self._thread.start()
         threading.Thread(target=self._publish_metrics, name="yolopipe-stream-metrics", daemon=True).start()
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """On the event loop: stop listening, end every subscription, then stop the streams."""
         self._stop.set()
         if self._server is not None:
             self._server.close()
+        for stream_id in list(self._subscribers):
+            self._end(stream_id, "server stopping")
         self.runner.stop()
-        self._thread.join(timeout=10)
-        for transports in self._subscribers.values():
-            for t in transports:
-                t.close()
+        await asyncio.to_thread(self._thread.join, 10)
 
     # --- requests (on the event loop) ----------------------------------------------------
     def handle(self, message: dict[str, Any], transport: asyncio.Transport) -> dict[str, Any] | None:

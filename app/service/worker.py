@@ -131,7 +131,7 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) ->
 
     log.info("inference worker %d draining", spec.index)
     server.close()
-    await asyncio.to_thread(streams.close)
+    await streams.close()
     await asyncio.to_thread(batcher.close, settings.request_timeout_s)
     status.write(batcher.load())
     await asyncio.sleep(0)  # let the last answers go out
