@@ -10,7 +10,7 @@ import pytest
 from app.imaging.letterbox import PAD_VALUE, letterbox, letterbox_params, to_input
 
 cuda = pytest.importorskip("numba.cuda")
-from app.gpu.nv12 import NV12_PARAMS, fill_nv12_params, launch_nv12_letterbox  # noqa: E402
+from app.gpu.nv12 import NV12_PARAMS, fill_nv12_params, launch_nv12_letterbox
 
 ONE_LEVEL = 1.0 / 255.0
 SIZE = 32
