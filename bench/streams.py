@@ -15,7 +15,10 @@ For each N in ``--streams``:
 
 Writes one JSON file: machine, versions, config, rows. The lead runs it on the GPU machine::
 
-    python3 bench/streams.py --clip .data/video/dance-1080p30.mp4 --streams 8,16,32,64,96 --out $OUT/streams.json
+    python3 bench/streams.py --clip .data/video/dance-1080p30.mp4 --streams 8,16,32,64,96 --nvdec --out $OUT/streams.json
+
+``--nvdec`` adds, per N, NVDEC + the NV12 letterbox kernel alone (no model): the ceiling of the
+GPU decode path that is not yet wired into the pipeline.
 """
 
 from __future__ import annotations
@@ -82,6 +85,78 @@ def yolopipe_row(detector, clip: Path, n: int, *, realtime: bool, source_fps: fl
     }
 
 
+def nvdec_row(clip: Path, n: int, imgsz: int, batch: int = 16) -> dict:
+    """NVDEC + the NV12 letterbox kernel alone (no model): N decoders as threads of this process,
+    each file read once as fast as possible; ``fps`` is letterboxed frames per second."""
+    try:
+        import torch
+        from numba import cuda
+
+        from app.gpu.nvdec import NvdecReader
+    except Exception as exc:  # noqa: BLE001 - a row that says why, not a crash of the whole run
+        return {"system": "yolopipe-nvdec-letterbox", "streams": n, "error": f"{type(exc).__name__}: {exc}"}
+    counts, errors = [0] * n, []
+
+    def decode(k: int) -> None:
+        try:
+            stream = torch.cuda.Stream()
+            reader = NvdecReader(str(clip), batch=batch)
+            out = cuda.device_array((batch, 3, imgsz, imgsz), np.float32)
+            staging = None
+            pending = []
+            for frame in reader.frames():
+                pending.append(frame)
+                if len(pending) < batch:
+                    continue
+                staging = _letterbox(pending, staging, out, stream, imgsz)
+                counts[k] += len(pending)
+                pending = []
+            if pending:
+                _letterbox(pending, staging, out, stream, imgsz)
+                counts[k] += len(pending)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=decode, args=(k,)) for k in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    row = {"system": "yolopipe-nvdec-letterbox", "streams": n, "mode": "as_fast_as_possible", "realtime": False,
+           "fps": round(sum(counts) / wall, 1), "p99_latency_ms": None, "dropped_pct": 0.0, "frames": sum(counts),
+           "wall_s": round(wall, 2), "note": "decode + NV12 letterbox only, no model"}
+    if errors:
+        row["error"] = errors[0]
+    return row
+
+
+def _letterbox(frames, staging, out, stream, imgsz):
+    """The frames device-to-device into one staging buffer, then one launch of the NV12 kernel."""
+    import torch
+    from numba import cuda
+
+    from app.gpu.nv12 import NV12_PARAMS, fill_nv12_params, launch_nv12_letterbox
+    from app.imaging.letterbox import letterbox_params
+
+    sizes = [f.planes.numel() for f in frames]
+    if staging is None or staging.numel() < sum(sizes):
+        staging = torch.empty(sum(sizes) * 2, dtype=torch.uint8, device="cuda")
+    host = np.zeros((len(frames), NV12_PARAMS), np.int64)
+    offset = 0
+    with torch.cuda.stream(stream):
+        for j, (f, size) in enumerate(zip(frames, sizes)):
+            staging[offset : offset + size].copy_(f.planes.reshape(-1), non_blocking=True)
+            fill_nv12_params(host[j], letterbox_params(f.height, f.width, imgsz), offset, f.width)
+            offset += size
+        params = torch.from_numpy(host).to("cuda")
+        launch = cuda.external_stream(stream.cuda_stream)
+        launch_nv12_letterbox(cuda.as_cuda_array(staging), cuda.as_cuda_array(params), out, len(frames), launch)
+    stream.synchronize()  # the decoder may reuse these surfaces for its next frames
+    return staging
+
+
 def ultralytics_worker(args: argparse.Namespace) -> None:
     """In a subprocess: Ultralytics' own predict over a .streams list for ``--seconds``, one JSON line out."""
     import os
@@ -145,6 +220,8 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
     ap.add_argument("--no-ultralytics", action="store_true")
+    ap.add_argument("--nvdec", action="store_true", help="also NVDEC + the NV12 letterbox kernel alone, per N "
+                                                          "(needs PyNvVideoCodec and a GPU)")
     ap.add_argument("--out", type=Path, default=Path("streams.json"))
     # the Ultralytics subprocess
     ap.add_argument("--ultralytics-worker", action="store_true", help=argparse.SUPPRESS)
@@ -180,6 +257,9 @@ def main() -> None:
                 row = yolopipe_row(detector, args.clip, n, realtime=realtime, source_fps=source_fps,
                                    max_wait_ms=args.max_wait_ms)
                 rows.append({**common, **row, "backend": info["backend"], "precision": info["precision"]})
+                print(json.dumps(rows[-1]), flush=True)
+            if args.nvdec:
+                rows.append({**common, **nvdec_row(args.clip, n, args.imgsz)})
                 print(json.dumps(rows[-1]), flush=True)
             if not args.no_ultralytics:
                 rows.append({**common, **ultralytics_row(args, args.clip, n, source_fps, frames_per_clip)})
