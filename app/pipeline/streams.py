@@ -192,20 +192,22 @@ class Stream:
                     before, index = index, self._read_frames(cap, index)
                 finally:
                     cap.release()
+                if self._stop.is_set():
+                    self.state = "removed"
+                    return
                 if not self.live:
                     self.state = "ended"
                     return
-                if not self._stop.is_set():
-                    self.state, self.error = "reconnecting", "the source stopped sending frames; retrying"
-                    self.stats.reconnects += 1
-                    backoff = BACKOFF_S[0] if index > before else backoff  # it had worked: start over
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, BACKOFF_S[1])
+                self.state, self.error = "reconnecting", "the source stopped sending frames; retrying"
+                self.stats.reconnects += 1
+                backoff = BACKOFF_S[0] if index > before else backoff  # it had worked: start over
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, BACKOFF_S[1])
         except Exception as exc:  # noqa: BLE001 - one source's failure stays in its own stream
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
         finally:
-            if self._stop.is_set() and self.state != "failed":
-                self.state = "removed" if self.live else self.state
+            if self._stop.is_set() and self.state not in ("failed", "ended"):
+                self.state = "removed"
             self._notify()
 
     def _read_frames(self, cap: Any, index: int) -> int:
