@@ -247,14 +247,19 @@ class Stream:
 
 
 OnFrame = Callable[[StreamFrame, ImageResult, "list[int | None] | None"], None]
+DetectFrames = Callable[[list[np.ndarray]], list[ImageResult]]
 
 
 class StreamRunner:
     """Batches the frames of every stream through one detector; streams come and go at any time."""
 
     def __init__(self, detector: Detector, params: DetectParams, on_frame: OnFrame, *, max_batch: int | None = None,
-                 max_wait_ms: float = 5.0, track: bool = False, max_streams: int = 256) -> None:
+                 max_wait_ms: float = 5.0, track: bool = False, max_streams: int = 256,
+                 detect: DetectFrames | None = None) -> None:
+        """``detect``: how a batch of frames is detected (default: ``detector.detect`` with ``params``;
+        the server hands them to its batcher instead, so they share batches with HTTP images)."""
         self.detector, self.params, self.on_frame = detector, params, on_frame
+        self._detect_frames = detect or (lambda images: detector.detect(images, params))
         self.max_batch = min(max_batch or detector.pipeline.max_batch, detector.pipeline.max_batch)
         self.max_wait_s = max_wait_ms / 1e3
         self.track = track
@@ -357,7 +362,7 @@ class StreamRunner:
         return sum(s.pending() for s in self._streams.values())
 
     def _detect(self, frames: list[StreamFrame]) -> tuple[list[StreamFrame], list[ImageResult]]:
-        return frames, self.detector.detect([f.image for f in frames], self.params)
+        return frames, self._detect_frames([f.image for f in frames])
 
     def _deliver(self, frame: StreamFrame, result: ImageResult) -> None:
         stream = frame.stream
@@ -371,9 +376,12 @@ class StreamRunner:
                 stream.tracker = StreamTracker((stream.fps or 30.0) / stream.vid_stride)
             ids = stream.tracker.update(result.detections)
         now = time.monotonic()
-        stream.stats.frames_done += 1
-        stream.stats.latencies_s.append(now - frame.captured)
-        stream.stats.done_at.append(now)
+        if result.error is not None:  # refused (a server over its time budget) or failed: not processed
+            stream.stats.dropped += 1
+        else:
+            stream.stats.frames_done += 1
+            stream.stats.latencies_s.append(now - frame.captured)
+            stream.stats.done_at.append(now)
         try:
             self.on_frame(frame, result, ids)
         except Exception:  # a consumer's failure must not stop the other streams

@@ -1,5 +1,7 @@
-"""The inference worker's stream host: the video streams of ``/v1/streams`` run here, beside the
-batcher, on the same detector (``app.pipeline.streams``: all streams' frames share batches).
+"""The inference worker's stream host: the video streams of ``/v1/streams`` run here, and their
+frames go through the worker's batcher (``BatcherFrames``), so they share batches with the
+HTTP workers' images and with each other; a frame the batcher refuses (over its time budget)
+comes back as an error and is counted with the stream's drops.
 
 Control and events come on the worker's streams socket (``app.ipc.streams`` has the protocol).
 Events go to each subscriber through the event loop; a subscriber that reads slower than the
@@ -13,7 +15,11 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
+from concurrent.futures import Future
 from typing import Any
+
+import numpy as np
 
 from app.contracts import DetectParams, ImageResult
 from app.errors import InvalidParameter, YolopipeError
@@ -28,10 +34,12 @@ SUBSCRIBER_BUFFER_BYTES = 1 << 20  # events queued for one slow subscriber befor
 
 class StreamHost:
     def __init__(self, worker: int, settings: Any, detector: Any, layout: Any,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, batcher: Any) -> None:
         self.worker, self.settings, self.detector, self.layout, self.loop = worker, settings, detector, layout, loop
+        self.frames = BatcherFrames(batcher, DetectParams(), settings.budget_s)
         self.runner = StreamRunner(detector, DetectParams(), self._on_frame, max_batch=settings.max_batch,
-                                   max_wait_ms=settings.max_wait_ms, max_streams=settings.max_streams)
+                                   max_wait_ms=settings.max_wait_ms, max_streams=settings.max_streams,
+                                   detect=self.frames.detect)
         self._subscribers: dict[str, set[asyncio.Transport]] = {}
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self.runner.run, kwargs={"until_done": False},
@@ -117,6 +125,45 @@ class StreamHost:
         for t in self._subscribers.pop(stream_id, set()):
             t.write(wire.stream_message({"end": state}))
             t.close()
+
+
+class BatcherFrames:
+    """Stream frames as jobs of the worker's batcher. It is the jobs' owner: the worker sends
+    each batch's answers to it (``send``, on the event loop) as it does to an HTTP worker."""
+
+    def __init__(self, batcher: Any, params: DetectParams, budget_s: float) -> None:
+        from app.ipc.batcher import Job
+
+        self._job, self.batcher, self.params, self.budget_s = Job, batcher, params, budget_s
+        self._waiting: dict[tuple[int, int], Future] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def detect(self, images: list[np.ndarray]) -> list[ImageResult]:
+        """Blocks the runner's thread until the batcher has answered every frame."""
+        req_id = next(self._ids)
+        deadline = time.monotonic() + self.budget_s
+        futures = []
+        for i, image in enumerate(images):
+            future: Future = Future()
+            with self._lock:
+                self._waiting[(req_id, i)] = future
+            futures.append(future)
+            refused = self.batcher.admit(self._job(self, wire.ImageRef(req_id, i, 0, 0, deadline, self.params), image))
+            if refused is not None:
+                with self._lock:
+                    self._waiting.pop((req_id, i), None)
+                future.set_result(wire.Outcome(req_id, i, error=refused))
+        outcomes = [f.result() for f in futures]
+        return [ImageResult(o.width, o.height, o.detections, o.error) for o in outcomes]
+
+    def send(self, data: bytes) -> None:
+        for _kind, body in wire.FrameReader().feed(data):
+            for outcome in wire.read_results(body)[1]:
+                with self._lock:
+                    future = self._waiting.pop((outcome.req_id, outcome.index), None)
+                if future is not None:
+                    future.set_result(outcome)
 
 
 class _Control(asyncio.Protocol):

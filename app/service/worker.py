@@ -119,7 +119,7 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) ->
         lambda: _Connection(batcher, info, connections), str(socket_path))
     from app.service.streams import StreamHost  # video streams: their own socket and thread
 
-    streams = StreamHost(spec.index, settings, detector, spec.layout, loop)
+    streams = StreamHost(spec.index, settings, detector, spec.layout, loop, batcher)
     await streams.start()
     stopping = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
