@@ -219,6 +219,8 @@ def main() -> None:
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
+    ap.add_argument("--compile", action="store_true", help="torch-cuda: torch.compile each batch bucket first "
+                                                            "(~20 s each on a first run)")
     ap.add_argument("--no-ultralytics", action="store_true")
     ap.add_argument("--nvdec", action="store_true", help="also NVDEC + the NV12 letterbox kernel alone, per N "
                                                           "(needs PyNvVideoCodec and a GPU)")
@@ -240,7 +242,7 @@ def main() -> None:
     width, height, source_fps, frames_per_clip = clip_facts(args.clip)
     counts = [int(n) for n in args.streams.split(",")]
     detector = open_detector(args.weights, backend=args.backend, precision=args.precision, imgsz=args.imgsz,
-                             max_batch=args.max_batch)
+                             max_batch=args.max_batch, compile=args.compile)
     info = detector.info()
     gpu = info["backend"] != "onnxruntime"
     if not args.ultralytics_weights:
@@ -267,7 +269,7 @@ def main() -> None:
     doc = {
         "machine": machine_info(gpu=gpu), "versions": versions(),
         "config": {"clip": args.clip.name, "frames_per_clip": frames_per_clip, "weights": args.weights,
-                   "model": info["model"], "imgsz": args.imgsz, "max_batch": args.max_batch,
+                   "model": info["model"], "imgsz": args.imgsz, "compile": args.compile, "max_batch": args.max_batch,
                    "max_wait_ms": args.max_wait_ms, "decode": "OpenCV/FFmpeg on the CPU (one thread per stream)",
                    "latency_limit_ms": LATENCY_LIMIT_MS, "drop_limit_pct": DROP_LIMIT_PCT},
         "rows": rows,
