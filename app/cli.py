@@ -343,8 +343,8 @@ def predict(
         console.print(f"[yellow]skipped[/] {escape(line)}", highlight=False)
     skipped = f", {summary.skipped} already done" if summary.skipped else ""
     videos = f" (frames of {summary.videos} videos included)" if summary.videos else ""
-    console.print(f"{summary.images} images{videos}, {summary.detections} detections, {summary.errors} errors{skipped} → {out}",
-                  highlight=False)
+    console.print(f"{summary.images} images{videos}, {summary.detections} detections, {summary.errors} errors"
+                  f"{skipped} → {out}", highlight=False)
     if summary.errors:
         raise typer.Exit(ExitCode.INCOMPLETE)
 
