@@ -55,9 +55,11 @@ class NvdecReader:
             else:
                 self._decoder = nvc.SimpleDecoder(source, gpu_id=gpu_id, use_device_memory=True,
                                                   output_color_type=nvc.OutputColorType.NATIVE)
-                self.fps = float(self._decoder.get_stream_metadata().average_fps or 0.0)
         except Exception as exc:  # noqa: BLE001 - the binding raises plain RuntimeErrors for bad input
             raise InvalidImage(f"NVDEC cannot open {source!r}: {exc}") from None
+        if not self.live:
+            metadata = self._decoder.get_stream_metadata()
+            self.fps = float(getattr(metadata, "average_fps", 0.0) or 0.0)  # a field not every version names
 
     def frames(self) -> Iterator[Nv12Frame]:
         """Every frame in presentation order; each one valid until the next is taken."""
