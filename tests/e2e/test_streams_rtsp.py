@@ -1,7 +1,7 @@
 """Live RTSP on loopback: Debian's ffmpeg publishes an H.264 clip (at its own rate, looping) to an
 RTSP server (Debian's rtsp-server-perl: Debian 12's ffmpeg has no RTSP server mode), and the
 streams runner reads it like a camera. A source that dies mid-run reconnects when it is back,
-and the other stream never stops meanwhile."""
+and the other stream never stops meanwhile. And a live HTTP source (ffmpeg serving MPEG-TS)."""
 
 from __future__ import annotations
 
@@ -133,3 +133,29 @@ def test_a_killed_rtsp_source_reconnects_and_the_other_never_stops(clip, artifac
     assert sum(len(r.detections) > 0 for r in results) >= 0.9 * len(results)  # people in the clip's frames
     indexes = [i for i, _ in frames["cam2"]]
     assert indexes == sorted(indexes)  # frames of a stream come out in their order
+
+
+@pytest.mark.skipif(ffmpeg() is None, reason="needs ffmpeg")
+def test_a_live_http_source_is_read_as_a_camera(clip, artifacts_dir):
+    """ffmpeg serving MPEG-TS over HTTP at the clip's own rate (``-listen 1``): a live source."""
+    port = free_port()
+    server = subprocess.Popen(
+        [ffmpeg(), "-v", "error", "-re", "-stream_loop", "-1", "-i", str(clip), "-c", "copy", "-f", "mpegts",
+         "-listen", "1", f"http://127.0.0.1:{port}/cam.ts"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen: list = []
+    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=4) as detector:
+        runner = StreamRunner(detector, detector.params(), lambda frame, result, ids: seen.append((frame, result)))
+        thread = threading.Thread(target=runner.run, kwargs={"until_done": False}, daemon=True)
+        thread.start()
+        try:
+            time.sleep(0.5)
+            stream = runner.add(f"http://127.0.0.1:{port}/cam.ts")
+            assert stream.live and stream.drops
+            wait_for(lambda: len(seen) >= 10, 60, "frames over HTTP")
+        finally:
+            runner.stop()
+            thread.join(timeout=30)
+            stop(server)
+    assert all(r.error is None and (r.width, r.height) == CLIP_SIZE for _, r in seen)
+    assert [f.index for f, _ in seen] == sorted(f.index for f, _ in seen)
