@@ -321,6 +321,8 @@ def predict(
                                                            "[default: one per node].", min=0)] = None,
     output_format: Annotated[Optional[str], typer.Option("--format", help="With --ray: jsonl | parquet (a folder of "
                                                                           "part files) [default: from --out's suffix].")] = None,
+    vid_stride: Annotated[int, typer.Option(help="Videos and streams: detect on every N-th frame.", min=1)] = 1,
+    track: Annotated[bool, typer.Option(help="Videos and streams: a ByteTrack id per detection (track_id).")] = False,
 ) -> None:
     """Detect objects in the images of SOURCE, as JSON Lines.
 
@@ -332,9 +334,22 @@ def predict(
 
     source = resolve_source(source)
     make_params(conf=conf, iou=iou, max_det=max_det, agnostic=agnostic)  # bad values fail before the model loads
+    if track:
+        from app.pipeline.tracking import check_tracking_available
+
+        check_tracking_available()
+    from app.pipeline.streams import is_stream_source
+
+    if is_stream_source(source):
+        if ray or save_images or coco or resume:
+            raise InvalidParameter("--ray, --save-images, --coco and --resume are for files, not streams")
+        return _predict_streams(source, out, weights=weights, backend=backend, precision=precision, decode=decode,
+                                imgsz=imgsz, artifacts_dir=artifacts_dir, batch=batch, device=device,
+                                vid_stride=vid_stride, track=track,
+                                detect=dict(conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic))
     if ray:
-        if save_images or coco:
-            raise InvalidParameter("--save-images and --coco are not available with --ray")
+        if save_images or coco or track or vid_stride != 1:
+            raise InvalidParameter("--save-images, --coco, --track and --vid-stride are not available with --ray")
         from app.distributed import predict_with_ray
 
         with _progress_bar() as on_progress:
@@ -346,10 +361,10 @@ def predict(
     else:
         if any(v is not None for v in (ray_address, gpu_actors, cpu_actors, output_format)):
             raise InvalidParameter("--ray-address, --gpu-actors, --cpu-actors and --format need --ray")
-        from app.pipeline.folder import list_images, predict_folder
+        from app.pipeline.folder import MEDIA_SUFFIXES, list_images, predict_folder
         from app.runtime import open_detector
 
-        if not list_images(source):  # fail fast, before loading a model
+        if not list_images(source, MEDIA_SUFFIXES):  # fail fast, before loading a model
             raise InvalidParameter(f"no images found at {source!r} (a folder, an image file, or a glob pattern)")
         with console.status("loading model…"):
             detector = open_detector(weights, backend=backend, precision=precision, decode=decode, imgsz=imgsz,
@@ -359,13 +374,49 @@ def predict(
             console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']}", highlight=False)
             params = detector.params(conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic)
             summary = predict_folder(detector, source, out, params, batch=batch, resume=resume,
-                                     save_images=save_images, coco=coco, on_progress=on_progress)
+                                     save_images=save_images, coco=coco, on_progress=on_progress,
+                                     vid_stride=vid_stride, track=track)
     for line in summary.error_files[:20]:
         console.print(f"[yellow]skipped[/] {escape(line)}", highlight=False)
     skipped = f", {summary.skipped} already done" if summary.skipped else ""
-    console.print(f"{summary.images} images, {summary.detections} detections, {summary.errors} errors{skipped} → {out}",
-                  highlight=False)
+    videos = f" (frames of {summary.videos} videos included)" if summary.videos else ""
+    console.print(f"{summary.images} images{videos}, {summary.detections} detections, {summary.errors} errors"
+                  f"{skipped} → {out}", highlight=False)
     if summary.errors:
+        raise typer.Exit(ExitCode.INCOMPLETE)
+
+
+def _predict_streams(source: str, out: Path, *, detect: dict, vid_stride: int, track: bool, **model) -> None:
+    """``predict`` on a URL or a ``.streams``/``.txt`` list: every source at once, one JSON line per
+    processed frame on ``--out`` (``-``: stdout), flushed per frame, until every source has ended."""
+    import json
+    import sys
+
+    from app.pipeline.streams import predict_streams, read_source_list
+    from app.runtime import open_detector
+
+    sources = read_source_list(source)
+    with console.status("loading model…"):
+        detector = open_detector(max_batch=model.pop("batch"), **model)
+    to_stdout = str(out) == "-"
+    if not to_stdout:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    with detector, (contextlib.nullcontext(sys.stdout) if to_stdout else open(out, "w")) as fh:
+        info = detector.info()
+        console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']} · "
+                      f"{len(sources)} streams", highlight=False)
+
+        def write(rec: dict) -> None:
+            fh.write(json.dumps(rec) + "\n")
+            fh.flush()
+
+        summary = predict_streams(detector, sources, write, detector.params(**detect), vid_stride=vid_stride,
+                                  track=track)
+    for line in summary.failed[:20]:
+        console.print(f"[yellow]failed[/] {escape(line)}", highlight=False)
+    console.print(f"{summary.streams} streams, {summary.frames} frames, {summary.detections} detections, "
+                  f"{summary.dropped} dropped, {len(summary.failed)} failed → {out}", highlight=False)
+    if summary.failed:
         raise typer.Exit(ExitCode.INCOMPLETE)
 
 

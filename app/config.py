@@ -89,6 +89,8 @@ class Settings(BaseSettings):
     queue_budget_s: float | None = Field(None, gt=0)  # refuse work past this many seconds (default: the timeout)
     request_window: int = Field(0, ge=0)  # images of one request admitted at once (0: max_batch)
     ring_mb: int = Field(32, ge=1)  # shared memory per HTTP worker and inference worker for image bytes
+    max_streams: int = Field(16, ge=0, le=1024)  # video streams one inference worker runs at once (/v1/streams)
+    stream_files_root: Path | None = None  # /v1/streams may read video files under this folder (None: URLs only)
 
     @property
     def budget_s(self) -> float:

@@ -32,6 +32,7 @@ from app.types import Detections
 
 FRAME = struct.Struct("<IB")
 HELLO, IMAGE, CANCEL, RESULTS = 1, 2, 3, 4
+STREAM = 5  # video streams' control and events, on their own socket (app.ipc.streams)
 
 # req_id, index, ring offset, length, deadline (time.monotonic, shared by the host's processes),
 # conf, iou, max_det, agnostic, number of class ids (then that many int32)
@@ -71,6 +72,14 @@ class FrameReader:
 
 
 # --- HTTP worker → inference worker -------------------------------------------------------
+def stream_message(message: dict[str, Any]) -> bytes:
+    return frame(STREAM, json.dumps(message).encode())
+
+
+def read_stream_message(body: bytes) -> dict[str, Any]:
+    return json.loads(bytes(body))
+
+
 def hello(info: dict[str, Any]) -> bytes:
     return frame(HELLO, json.dumps(info).encode())
 

@@ -28,6 +28,7 @@ from app.errors import InvalidParameter, YolopipeError
 from app.imaging.headers import IMAGE_SUFFIXES
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
+from app.pipeline.video import VIDEO_SUFFIXES, frames_done, is_video, predict_video
 
 
 @dataclass(frozen=True)
@@ -36,23 +37,27 @@ class SourceImage:
     name: str  # path relative to SOURCE, as written in the output
 
 
-def list_images(source: str) -> list[SourceImage]:
-    """Image files of a folder (recursive), a single file, or a glob pattern, sorted."""
+MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES  # what ``predict`` reads: images and videos
+
+
+def list_images(source: str, suffixes: frozenset[str] = IMAGE_SUFFIXES) -> list[SourceImage]:
+    """Files with these suffixes (images by default) of a folder (recursive), a single file, or a
+    glob pattern, sorted."""
     src = Path(source).expanduser()
     if src.is_dir():
-        return _walk(src)
+        return _walk(src, suffixes)
     if src.is_file():
         return [SourceImage(src, src.name)]
     matches = sorted(Path(p) for p in glob.glob(str(src), recursive=True))
-    files = [p for p in matches if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+    files = [p for p in matches if p.is_file() and p.suffix.lower() in suffixes]
     if not files:
         raise InvalidParameter(f"no images found at {source!r} (a folder, an image file, or a glob pattern)")
     root = _glob_root(src)
     return [SourceImage(p, _relative(p, root)) for p in files]
 
 
-def _walk(root: Path) -> list[SourceImage]:
-    """A folder's images, recursively, in the order of their relative names: ``os.walk`` and
+def _walk(root: Path, suffixes: frozenset[str]) -> list[SourceImage]:
+    """A folder's files with these suffixes, recursively, in the order of their relative names: ``os.walk`` and
     string slicing, since pathlib's ``rglob`` + ``relative_to`` cost ~50 µs a file (half a
     second of held GIL on a folder of 10,000)."""
     base = str(root)
@@ -60,7 +65,7 @@ def _walk(root: Path) -> list[SourceImage]:
     found: list[tuple[str, str]] = []
     for folder, _, names in os.walk(base):
         for name in names:
-            if os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES:
+            if os.path.splitext(name)[1].lower() in suffixes:
                 full = os.path.join(folder, name)
                 if os.path.isfile(full):
                     found.append((full[cut:].replace(os.sep, "/"), full))
@@ -86,16 +91,27 @@ def _relative(path: Path, root: Path) -> str:
 
 
 def already_done(out: Path) -> set[str]:
-    """Images already written to ``out`` (for ``--resume``); a torn last line is ignored."""
+    """Images already written to ``out`` (for ``--resume``); a torn last line is ignored. Video
+    frames (lines with ``"frame"``) are not images: ``app.pipeline.video.frames_done`` has them."""
     done: set[str] = set()
     if not out.is_file():
         return done
     for line in out.read_text().splitlines():
         try:
-            done.add(json.loads(line)["image"])
+            rec = json.loads(line)
+            if "frame" not in rec:
+                done.add(rec["image"])
         except (json.JSONDecodeError, KeyError, TypeError):
             continue
     return done
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        if fh.seek(0, 2) == 0:
+            return True
+        fh.seek(-1, 2)
+        return fh.read(1) == b"\n"
 
 
 def _read(img: SourceImage) -> bytes | YolopipeError:
@@ -153,7 +169,8 @@ def _batches(
 
 @dataclass
 class FolderSummary:
-    images: int = 0
+    images: int = 0  # JSON lines written: images and video frames
+    videos: int = 0
     errors: int = 0
     detections: int = 0
     skipped: int = 0
@@ -165,6 +182,14 @@ def draw_detections(path: Path, result: ImageResult, names: list[str], out_path:
     img = cv2.imdecode(np.fromfile(str(path), np.uint8), cv2.IMREAD_COLOR)
     if img is None or result.detections is None:
         return
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    cv2.imwrite(str(out_path), annotate(img, result, names))
+
+
+def annotate(img: np.ndarray, result: ImageResult, names: list[str]) -> np.ndarray:
+    """``img`` (BGR, drawn on in place) with the boxes and labels of ``result``."""
+    if result.detections is None:
+        return img
     det = result.detections
     for box, score, cid in zip(det.boxes, det.scores, det.class_ids):
         x1, y1, x2, y2 = (int(round(float(v))) for v in box)
@@ -172,8 +197,7 @@ def draw_detections(path: Path, result: ImageResult, names: list[str], out_path:
         cv2.rectangle(img, (x1, y1), (x2, y2), color, 2)
         label = f"{names[int(cid)] if int(cid) < len(names) else cid} {score:.2f}"
         cv2.putText(img, label, (x1, max(y1 - 4, 12)), cv2.FONT_HERSHEY_SIMPLEX, 0.5, color, 1, cv2.LINE_AA)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    cv2.imwrite(str(out_path), img)
+    return img
 
 
 def coco_document(records: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
@@ -210,11 +234,16 @@ def predict_folder(
     coco: Path | None = None,
     workers: int = 8,
     on_progress: Callable[[int, int], None] | None = None,
+    vid_stride: int = 1,
+    track: bool = False,
 ) -> FolderSummary:
-    """Run the detector over every image of ``source``; JSON lines go to ``out`` as they finish."""
+    """Run the detector over every image and video of ``source``; JSON lines go to ``out`` as
+    they finish (images first, then each video's frames, ``app.pipeline.video``)."""
     if batch < 1:
         raise InvalidParameter(f"batch must be >= 1, got {batch}")
-    images = list_images(source)
+    media = list_images(source, MEDIA_SUFFIXES)
+    images = [m for m in media if not is_video(m.path)]
+    videos = [m for m in media if is_video(m.path)]
     summary = FolderSummary()
     done = already_done(out) if resume else set()
     todo = [img for img in images if img.name not in done]
@@ -235,6 +264,8 @@ def predict_folder(
 
     chunks = _batches(detector, todo, batch, workers, ahead_batches=in_flight + 2)
     with open(out, "a" if resume else "w") as fh:
+        if resume and not _ends_with_newline(out):
+            fh.write("\n")  # a torn last line stays torn, on its own, instead of swallowing the next one
         for chunk, results in run_overlapped(detect_chunk, chunks, in_flight):
             lines = []
             for (img, _), res in zip(chunk, results):
@@ -255,6 +286,41 @@ def predict_folder(
             fh.flush()
             if on_progress:
                 on_progress(len(chunk), len(todo))
+        if videos:
+            _predict_videos(detector, videos, fh, params, summary, batch=batch, vid_stride=vid_stride, track=track,
+                            resume_from=frames_done(out) if resume else {}, save_images=save_images,
+                            records=records if coco is not None else None)
     if coco is not None:
         Path(coco).write_text(json.dumps(coco_document(records, detector.names)) + "\n")
     return summary
+
+
+def _predict_videos(
+    detector: Detector, videos: list[SourceImage], fh: Any, params: DetectParams, summary: FolderSummary, *,
+    batch: int, vid_stride: int, track: bool, resume_from: dict[str, int], save_images: Path | None,
+    records: list[dict[str, Any]] | None,
+) -> None:
+    """Each video's frames as JSON lines on ``fh`` (flushed per batch); ``--resume`` goes on after
+    the last frame written; ``--save-images`` writes the annotated video as ``NAME.mp4``."""
+
+    def write(rec: dict[str, Any]) -> None:
+        fh.write(json.dumps(rec) + "\n")
+        if records is not None and "error" not in rec:
+            records.append({**rec, "image": f"{rec['image']}#{rec['frame']}"})
+
+    for video in videos:
+        save_to = Path(save_images) / f"{video.name}.mp4" if save_images is not None else None
+        result = predict_video(
+            detector, video.path, video.name, write, params, batch=batch, vid_stride=vid_stride,
+            start=resume_from.get(video.name, -1) + 1, save_to=save_to,
+            annotate=(lambda img, res: annotate(img, res, detector.names)) if save_to else None,
+            on_frames=lambda _: fh.flush(), track=track,
+        )
+        fh.flush()
+        summary.videos += 1
+        summary.images += result.frames
+        summary.detections += result.detections
+        if result.error is not None:
+            summary.images += 1
+            summary.errors += 1
+            summary.error_files.append(f"{video.name}: {result.error}")

@@ -117,6 +117,10 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) ->
         pass
     server = await loop.create_unix_server(
         lambda: _Connection(batcher, info, connections), str(socket_path))
+    from app.service.streams import StreamHost  # video streams: their own socket and thread
+
+    streams = StreamHost(spec.index, settings, detector, spec.layout, loop, batcher)
+    await streams.start()
     stopping = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
     status.write(batcher.load())
@@ -127,6 +131,7 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) ->
 
     log.info("inference worker %d draining", spec.index)
     server.close()
+    await streams.close()
     await asyncio.to_thread(batcher.close, settings.request_timeout_s)
     status.write(batcher.load())
     await asyncio.sleep(0)  # let the last answers go out

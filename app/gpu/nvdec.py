@@ -1,0 +1,80 @@
+"""NVDEC through PyNvVideoCodec (PyPI ``pynvvideocodec``): a video's frames as NV12 in device
+memory, never on the host, for ``app.gpu.nv12``'s letterbox kernel.
+
+Files go through ``SimpleDecoder`` (batches of frames, its own demuxer); URLs (RTSP, HTTP)
+through ``CreateDemuxer`` + ``CreateDecoder``, packet by packet. Each frame comes out as a
+torch view (``torch.from_dlpack``) of shape ``[H * 3 / 2, W]`` uint8: the Y plane, then the
+interleaved UV plane. The decoder may reuse a frame's surface for a later one, so a frame is
+valid until the next batch is asked for: copy it (device to device) into the batch's staging
+before that.
+
+Not yet wired into the pipelines (``app.pipeline.gpu`` takes host frames or JPEG bytes):
+``bench/streams.py --nvdec`` measures decode + letterbox on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from app.errors import BackendUnavailable, InvalidImage
+
+LIVE_PREFIXES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
+
+
+def _nvc() -> Any:
+    try:
+        import PyNvVideoCodec as nvc
+    except ImportError:
+        raise BackendUnavailable("PyNvVideoCodec is not installed", hint="pip install pynvvideocodec") from None
+    return nvc
+
+
+@dataclass
+class Nv12Frame:
+    index: int
+    height: int
+    width: int
+    planes: Any  # torch uint8 [height * 3 // 2, width] on the device (Y, then interleaved UV)
+
+
+class NvdecReader:
+    """The NV12 frames of one file or URL, decoded by NVDEC on GPU ``gpu_id``."""
+
+    def __init__(self, source: str, *, gpu_id: int = 0, batch: int = 8) -> None:
+        self.source, self.gpu_id, self.batch = source, gpu_id, batch
+        self.live = source.lower().startswith(LIVE_PREFIXES)
+        nvc = _nvc()
+        try:
+            if self.live:
+                self._demuxer = nvc.CreateDemuxer(filename=source)
+                self._decoder = nvc.CreateDecoder(gpuid=gpu_id, codec=self._demuxer.GetNvCodecId(), cudacontext=0,
+                                                  cudastream=0, usedevicememory=True)
+                self.fps = float(self._demuxer.FrameRate() or 0.0)
+            else:
+                self._decoder = nvc.SimpleDecoder(source, gpu_id=gpu_id, use_device_memory=True,
+                                                  output_color_type=nvc.OutputColorType.NATIVE)
+        except Exception as exc:  # noqa: BLE001 - the binding raises plain RuntimeErrors for bad input
+            raise InvalidImage(f"NVDEC cannot open {source!r}: {exc}") from None
+        if not self.live:
+            metadata = self._decoder.get_stream_metadata()
+            self.fps = float(getattr(metadata, "average_fps", 0.0) or 0.0)  # a field not every version names
+
+    def frames(self) -> Iterator[Nv12Frame]:
+        """Every frame in presentation order; each one valid until the next is taken."""
+        import torch
+
+        for index, frame in enumerate(self._packets() if self.live else self._batches()):
+            planes = torch.from_dlpack(frame)
+            if planes.dim() == 3:  # some versions add a leading batch or channel axis of 1
+                planes = planes.reshape(planes.shape[-2], planes.shape[-1])
+            yield Nv12Frame(index, planes.shape[0] * 2 // 3, planes.shape[1], planes)
+
+    def _batches(self) -> Iterator[Any]:
+        while frames := self._decoder.get_batch_frames(self.batch):
+            yield from frames
+
+    def _packets(self) -> Iterator[Any]:
+        for packet in self._demuxer:
+            yield from self._decoder.Decode(packet)

@@ -1,0 +1,234 @@
+"""Video files in ``predict``: frames decoded by OpenCV (FFmpeg), one JSON line per frame.
+
+A frame's line is an image's line plus where it sits in the video: ``"frame"`` (0-based,
+presentation order, counted before ``vid_stride`` skips any) and ``"time_s"`` (the frame's
+index over the container's frame rate). Decoding runs on its own thread a few batches ahead,
+so it overlaps with the detector.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from app.contracts import DetectParams, ImageResult
+from app.errors import InvalidImage, InvalidParameter
+from app.pipeline.detector import Detector
+from app.pipeline.overlap import run_overlapped
+
+# Ultralytics' VID_FORMATS: what it reads as video.
+VIDEO_SUFFIXES = frozenset(
+    {".asf", ".avi", ".gif", ".m4v", ".mkv", ".mov", ".mp4", ".mpeg", ".mpg", ".ts", ".wmv", ".webm"}
+)
+
+
+def is_video(path: Path) -> bool:
+    return path.suffix.lower() in VIDEO_SUFFIXES and path.suffix.lower() != ".gif"  # a .gif reads as an image
+
+
+@dataclass
+class VideoFrame:
+    index: int  # 0-based presentation index in the source
+    time_s: float
+    image: np.ndarray  # BGR uint8 HWC
+
+
+def check_stride(vid_stride: int) -> int:
+    if vid_stride < 1:
+        raise InvalidParameter(f"vid-stride must be >= 1, got {vid_stride}")
+    return vid_stride
+
+
+def open_capture(source: str) -> cv2.VideoCapture:
+    """An OpenCV capture through its FFmpeg backend; ``InvalidImage`` when nothing opens."""
+    cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG)
+    if not cap.isOpened():
+        cap.release()
+        raise InvalidImage(f"cannot open video {source!r}")
+    return cap
+
+
+def frame_rate(cap: cv2.VideoCapture) -> float:
+    fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
+    return fps if 0.0 < fps < 1000.0 else 0.0  # some containers report 0 or nonsense
+
+
+def read_frames(path: Path, *, vid_stride: int = 1, start: int = 0) -> Iterator[VideoFrame]:
+    """Every ``vid_stride``-th frame of a video file, from frame ``start`` on (skipped frames are
+    grabbed, never converted). Ends at the end of the file or at the first unreadable frame."""
+    cap = open_capture(str(path))
+    try:
+        fps = frame_rate(cap)
+        index = 0
+        while cap.grab():
+            if index >= start and index % vid_stride == 0:
+                ok, image = cap.retrieve()
+                if not ok or image is None:
+                    return
+                yield VideoFrame(index, round(index / fps, 6) if fps else 0.0, image)
+            index += 1
+    finally:
+        cap.release()
+
+
+def frames_done(out: Path) -> dict[str, int]:
+    """For ``--resume``: per video already in ``out``, the last frame written (lines are written in
+    frame order, so everything up to it is done); a torn last line is ignored."""
+    last: dict[str, int] = {}
+    if not out.is_file():
+        return last
+    for line in out.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+            name, frame = rec["image"], int(rec["frame"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue
+        last[name] = max(frame, last.get(name, -1))
+    return last
+
+
+def prefetch(items: Iterator[Any], depth: int) -> Iterator[Any]:
+    """``items`` produced on a thread of its own, at most ``depth`` ahead of the consumer; an
+    exception in the producer is raised in the consumer."""
+    q: queue.Queue = queue.Queue(maxsize=max(depth, 1))
+    stop = threading.Event()
+    end = object()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(end)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            q.put(exc)
+
+    thread = threading.Thread(target=produce, name="yolopipe-video-read", daemon=True)
+    thread.start()
+    try:
+        while (item := q.get()) is not end:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def _chunks(frames: Iterator[VideoFrame], size: int) -> Iterator[list[VideoFrame]]:
+    chunk: list[VideoFrame] = []
+    for frame in frames:
+        chunk.append(frame)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def frame_record(
+    name: str, frame: VideoFrame, result: ImageResult, names: list[str], track_ids: list[int | None] | None = None
+) -> dict[str, Any]:
+    """One frame's JSON line: ``image``, ``frame``, ``time_s``, then the image fields."""
+    rec = result.to_json(name, names)
+    if track_ids is not None and "detections" in rec:
+        from app.pipeline.tracking import with_track_ids
+
+        rec["detections"] = with_track_ids(rec["detections"], track_ids)
+    return {"image": name, "frame": frame.index, "time_s": frame.time_s, **{k: v for k, v in rec.items() if k != "image"}}
+
+
+@dataclass
+class VideoSummary:
+    frames: int = 0
+    detections: int = 0
+    error: str | None = None  # the video could not be opened at all
+
+
+class AnnotatedVideo:
+    """The frames of one video with their boxes drawn, written as MP4 (``--save-images``)."""
+
+    def __init__(self, path: Path, fps: float) -> None:
+        self.path, self.fps = path, fps or 30.0
+        self._writer: cv2.VideoWriter | None = None
+
+    def write(self, image: np.ndarray) -> None:
+        if self._writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            h, w = image.shape[:2]
+            self._writer = cv2.VideoWriter(str(self.path), cv2.VideoWriter_fourcc(*"mp4v"), self.fps, (w, h))
+        self._writer.write(image)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.release()
+
+
+def predict_video(
+    detector: Detector,
+    path: Path,
+    name: str,
+    write: Callable[[dict[str, Any]], None],
+    params: DetectParams,
+    *,
+    batch: int = 8,
+    vid_stride: int = 1,
+    start: int = 0,
+    annotate: Callable[[np.ndarray, ImageResult], np.ndarray] | None = None,
+    save_to: Path | None = None,
+    on_frames: Callable[[int], None] | None = None,
+    track: bool = False,
+) -> VideoSummary:
+    """Detect on the frames of one video; ``write`` gets each frame's JSON line, in frame order.
+
+    ``annotate`` and ``save_to`` together write the annotated video there; ``track`` adds
+    ByteTrack ids (``app.pipeline.tracking``; a resumed video's tracks start afresh)."""
+    summary = VideoSummary()
+    try:
+        cap = open_capture(str(path))
+    except InvalidImage as exc:
+        summary.error = str(exc)
+        write({"image": name, "error": summary.error})
+        return summary
+    fps = frame_rate(cap)
+    cap.release()
+    tracker = None
+    if track:
+        from app.pipeline.tracking import StreamTracker
+
+        tracker = StreamTracker((fps or 30.0) / vid_stride)
+    writer = AnnotatedVideo(save_to, fps / vid_stride if fps else 0.0) if annotate and save_to else None
+    frames = prefetch(_chunks(read_frames(path, vid_stride=vid_stride, start=start), batch), depth=3)
+
+    def detect(chunk: list[VideoFrame]) -> tuple[list[VideoFrame], list[ImageResult]]:
+        return chunk, detector.detect([f.image for f in chunk], params)
+
+    try:
+        for chunk, results in run_overlapped(detect, frames, detector.pipeline.max_in_flight):
+            for frame, result in zip(chunk, results):
+                ids = tracker.update(result.detections) if tracker and result.detections is not None else None
+                write(frame_record(name, frame, result, detector.names, ids))
+                summary.frames += 1
+                summary.detections += len(result.detections or [])
+                if writer is not None and annotate is not None:
+                    writer.write(annotate(frame.image, result))
+            if on_frames:
+                on_frames(len(chunk))
+    finally:
+        if writer is not None:
+            writer.close()
+    return summary
