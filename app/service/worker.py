@@ -5,7 +5,9 @@ shared-memory ring (``HELLO``), then sends image descriptors (``IMAGE``). The
 batcher batches images from every HTTP worker and each answer goes back on the socket it came
 from, a batch's answers to one HTTP worker in one frame. Its load goes to a status block the
 HTTP workers read. SIGTERM: refuse new work, finish the admitted work, exit 0; SIGINT is
-ignored (a terminal's Ctrl-C reaches every process; the supervisor decides the order).
+ignored (a terminal's Ctrl-C reaches every process; the supervisor decides the order). A
+device that became unusable (the batcher's ``on_fatal``) drains the same way and exits with
+``EXIT_DEVICE_LOST``, for the pool to start a fresh process.
 
 Neither torch nor prometheus_client is imported at module level: the process entry first
 sets the environment they read (the GPU this worker may see, the metrics folder).
@@ -29,6 +31,8 @@ from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
 
 log = logging.getLogger("yolopipe.serving")
+
+EXIT_DEVICE_LOST = 4  # the device context died: the pool starts this worker again
 
 
 @dataclass(frozen=True)
@@ -59,21 +63,24 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any) -> None:
         report.send(("error", exc.code, str(exc)))
         raise SystemExit(3) from None
     try:
-        _run(_serve(spec, settings, detector, report))
+        lost = _run(_serve(spec, settings, detector, report))
     finally:
-        detector.close()
+        if not lost:  # a dead context cannot free anything: just exit
+            detector.close()
+    if lost:
+        os._exit(EXIT_DEVICE_LOST)
 
 
-def _run(main: Any) -> None:
+def _run(main: Any) -> Any:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(main)
-        return
-    uvloop.run(main)
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
-async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) -> None:
+async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) -> str | None:
+    """Serve until SIGTERM (None) or until the device is lost (why)."""
     from app.ipc.metrics import WorkerMetrics, gpu_memory_readers
 
     loop = asyncio.get_running_loop()
@@ -119,15 +126,17 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) ->
         lambda: _Connection(batcher, info, connections), str(socket_path))
     stopping = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stopping.set)
+    batcher.on_fatal = lambda reason: loop.call_soon_threadsafe(stopping.set)
     status.write(batcher.load())
     report.send(("ready", info))
     log.info("inference worker %d ready: %s on %s/%s (%s), batch %d, %d lane(s)", spec.index, detector.meta.name,
              info["backend"], info["precision"], info["device"], batcher.max_batch, batcher.lanes)
     await stopping.wait()
 
-    log.info("inference worker %d draining", spec.index)
+    log.info("inference worker %d draining%s", spec.index, " (device lost)" if batcher.fatal else "")
     server.close()
-    await asyncio.to_thread(batcher.close, settings.request_timeout_s)
+    # After a device loss the running batches can only fail: do not wait for them long.
+    await asyncio.to_thread(batcher.close, 1.0 if batcher.fatal else settings.request_timeout_s)
     status.write(batcher.load())
     await asyncio.sleep(0)  # let the last answers go out
     for conn in list(connections):
@@ -136,7 +145,9 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) ->
     batcher.on_load_change = None
     stop_sampling.set()
     status.close()
+    loop.remove_signal_handler(signal.SIGTERM)
     log.info("inference worker %d stopped", spec.index)
+    return batcher.fatal
 
 
 class _Connection(asyncio.Protocol):
