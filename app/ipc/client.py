@@ -102,15 +102,23 @@ class _Link(asyncio.Protocol):
             except OSError:  # not started yet, or restarting
                 await asyncio.sleep(_RECONNECT_S)
                 continue
+            # This connection's own objects: connection_lost may run during any await below and
+            # clear the attributes (or a next connection replace them).
+            ring, hello, lost, transport = self.ring, self._hello, self._lost, self.transport
             try:
-                info = await asyncio.wait_for(asyncio.shield(self._hello), 30.0)
-                self.ring.unlink()  # mapped on both sides now: nothing to leave behind
+                info = await asyncio.wait_for(asyncio.shield(hello), 30.0)
+                ring.unlink()  # mapped on both sides now: nothing to leave behind
+                if lost.done():  # lost right after its hello
+                    raise ConnectionError("closed after hello")
                 self.client.info = self.info = info
                 self.connected = True
-                await self._lost
+                await lost
             except (asyncio.TimeoutError, ConnectionError):
-                if self.transport is not None:
-                    self.transport.abort()
+                transport.abort()
+                await asyncio.sleep(_RECONNECT_S)
+            except Exception as exc:  # noqa: BLE001 (this task must outlive any one connection)
+                log.error("connection to inference worker %d failed", self.index, exc_info=exc)
+                transport.abort()
                 await asyncio.sleep(_RECONNECT_S)
 
     def connection_made(self, transport: Any) -> None:

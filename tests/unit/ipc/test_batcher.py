@@ -57,7 +57,8 @@ class Harness:
 
     def close(self) -> None:
         self.batcher.close(30.0)
-        self.ring.free_all()
+        self.view.release()
+        self.ring.close()
 
 
 @pytest.fixture()
