@@ -57,7 +57,6 @@ class Harness:
 
     def close(self) -> None:
         self.batcher.close(30.0)
-        self.view.release()
         self.ring.close()
 
 
