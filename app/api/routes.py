@@ -225,5 +225,5 @@ async def model_info(inference: InferenceDep, settings: SettingsDep) -> dict[str
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(request: Request) -> Response:
-    body, content_type = request.app.state.metrics.render()
+    body, content_type = await request.app.state.metrics.render_off_loop()
     return Response(body, media_type=content_type)
