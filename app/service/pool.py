@@ -54,22 +54,28 @@ class InferencePool:
         self._keepers: list[threading.Thread] = []
         self.info: dict | None = None  # worker 0's hello: the model and its limits
 
-    def start(self) -> None:
+    def start(self, stop: threading.Event | None = None) -> bool:
         """Start every worker and wait until each is ready; raises the first one's start-up error.
-        Worker 0 goes first so that a first export of the model happens once."""
+        Worker 0 goes first so that a first export of the model happens once. False (the pool
+        stopped) as soon as ``stop`` is set: a SIGTERM does not wait for a warm-up to end."""
+        stop = stop or threading.Event()
         for i in range(len(self.devices)):
             StatusBlock(self.layout.status(i), writable=True).close()  # readers can open it at once
         try:
             self._start_keeper(0)
-            self._wait_first(0)
+            self._wait_first(0, stop)
             for i in range(1, len(self.devices)):
                 self._start_keeper(i)
             for i in range(1, len(self.devices)):
-                self._wait_first(i)
+                self._wait_first(i, stop)
+        except _Stopping:
+            self.stop(0.0)
+            return False
         except BaseException:
             self.stop(0.0)
             raise
         self.info = self._first[0].info
+        return True
 
     def pids(self) -> dict[int, int]:
         with self._lock:
@@ -100,8 +106,10 @@ class InferencePool:
         t.start()
         self._keepers.append(t)
 
-    def _wait_first(self, index: int) -> None:
-        self._first_done[index].wait()
+    def _wait_first(self, index: int, stop: threading.Event) -> None:
+        while not self._first_done[index].wait(0.1):
+            if stop.is_set():
+                raise _Stopping
         if self._first[index].error is not None:
             raise self._first[index].error
 

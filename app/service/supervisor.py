@@ -45,14 +45,13 @@ def serve(settings: Settings) -> None:
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     pool = InferencePool(serving, layout, devices)
-    http = HttpWorkers(serving, layout, n_http)
+    http = HttpWorkers(serving, layout, n_http, stop)
     try:
         log.info("starting %d inference worker(s) (%s) and %d HTTP worker(s) on %s:%d; run folder %s",
                  len(devices), ", ".join(f"cuda:{d}" if d is not None else "cpu" for d in devices), n_http,
                  serving.host, serving.port, layout.root)
-        pool.start()
-        if stop.is_set():
-            return
+        if not pool.start(stop):
+            return  # SIGTERM while the inference workers warmed up
         http.start()
         log.info("serving on http://%s:%d", serving.host, serving.port)
         while not stop.is_set():
@@ -91,10 +90,13 @@ def _check_port_free(host: str, port: int) -> None:
 
 
 class HttpWorkers:
-    def __init__(self, settings: Settings, layout: RunLayout, count: int) -> None:
+    """``stop``: set by SIGTERM; no pause or wait here outlasts it by more than a fraction of a second."""
+
+    def __init__(self, settings: Settings, layout: RunLayout, count: int, stop: threading.Event) -> None:
         self.settings = settings
         self.layout = layout
         self.count = count
+        self._stop = stop
         self._ctx = multiprocessing.get_context("spawn")
         self._procs: list[Any] = [None] * count
         self._started_at = [0.0] * count
@@ -116,7 +118,13 @@ class HttpWorkers:
         self._procs[slot] = proc
         self._started_at[slot] = time.monotonic()
         try:
-            message = receive.recv() if wait([receive, proc.sentinel], 60.0) else "no answer within 60 s"
+            deadline = time.monotonic() + 60.0
+            while not wait([receive, proc.sentinel], 0.1):
+                if self._stop.is_set():
+                    return None  # stopping: it is terminated with the others
+                if time.monotonic() > deadline:
+                    return "no answer within 60 s"
+            message = receive.recv()
         except EOFError:
             message = f"exited with code {proc.exitcode}"
         finally:
@@ -137,7 +145,8 @@ class HttpWorkers:
             self._pauses[slot] = min(10.0, max(0.5, 2 * self._pauses[slot])) if lived < _YOUNG_S else 0.0
             log.error("HTTP worker pid %d ended with exit code %s after %.0f s; starting another%s", proc.pid,
                       proc.exitcode, lived, f" in {self._pauses[slot]:.1f} s" if self._pauses[slot] else "")
-            time.sleep(self._pauses[slot])
+            if self._stop.wait(self._pauses[slot]):
+                return
             error = self._spawn(slot)
             if error is not None:
                 log.error("HTTP worker could not start: %s", error)
