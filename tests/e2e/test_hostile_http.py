@@ -45,6 +45,7 @@ class Reply:
     body: bytes
     seconds: float
     responses: int  # complete responses read
+    statuses: list[int]  # of each complete response, in order
 
 
 def exchange(port: int, steps: list, *, responses: int = 1, timeout: float = 8.0) -> Reply:
@@ -81,25 +82,34 @@ def exchange(port: int, steps: list, *, responses: int = 1, timeout: float = 8.0
             data += chunk
     except OSError:  # a reset after (or instead of) the answer, or our own hang-up
         pass
+    if responses == 0:  # a client that never reads: it sends everything, then closes
+        sender.join(timeout)
     seconds = time.monotonic() - start
     done.set()
     sender.join(timeout)
     sock.close()
     status = int(data[9:12]) if data.startswith(b"HTTP/1.1 ") else None
-    return Reply(status, data.partition(b"\r\n\r\n")[2], seconds, _complete(data))
+    statuses = _statuses(data)
+    return Reply(status, data.partition(b"\r\n\r\n")[2], seconds, len(statuses), statuses)
 
 
 def _complete(data: bytes) -> int:
     """How many whole responses (with Content-Length bodies) ``data`` holds."""
-    count = 0
+    return len(_statuses(data))
+
+
+def _statuses(data: bytes) -> list[int]:
+    """The status of each whole response (with a Content-Length body) in ``data``."""
+    out = []
     while b"\r\n\r\n" in data:
         head, _, rest = data.partition(b"\r\n\r\n")
         length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                        if line.lower().startswith(b"content-length:")), 0)
         if len(rest) < length:
             break
-        count, data = count + 1, rest[length:]
-    return count
+        out.append(int(head[9:12]))
+        data = rest[length:]
+    return out
 
 
 def request(method: str = "POST", path: str = "/v1/detect", headers: dict | None = None, body: bytes = b"",
@@ -132,6 +142,7 @@ class Case:
     status: int | None
     code: str | None = None  # the error code; None for a success or no answer
     responses: int = 1
+    statuses: list[int] | None = None  # of every response, when several are read
 
 
 GET_HEALTHZ = request("GET", "/healthz")
@@ -167,6 +178,10 @@ CASES: dict[str, Case] = {
     "lowercase_method": Case(lambda c: [b"get /healthz HTTP/1.1\r\n\r\n"], 501, "not_implemented"),
     "http_1_2": Case(lambda c: [request("GET", "/healthz", version="HTTP/1.2")], 505, "http_version_not_supported"),
     "http_3_0": Case(lambda c: [request("GET", "/healthz", version="HTTP/3.0")], 505, "http_version_not_supported"),
+    "http_2_0_request_line": Case(lambda c: [request("GET", "/healthz", version="HTTP/2.0")], 505,
+                                  "http_version_not_supported"),
+    "http_0_9_request_line": Case(lambda c: [request("GET", "/healthz", version="HTTP/0.9")], 505,
+                                  "http_version_not_supported"),
     "http2_preface": Case(lambda c: [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"], 505, "http_version_not_supported"),
     "trace_method": Case(lambda c: [request("TRACE", "/healthz")], 405, "method_not_allowed"),
     "propfind_method": Case(lambda c: [request("PROPFIND", "/healthz")], 405, "method_not_allowed"),
@@ -202,7 +217,8 @@ CASES: dict[str, Case] = {
                                  408, "read_timeout"),
     "idle_connection": Case(lambda c: [3.0], None),
     "only_blank_lines": Case(lambda c: [b"\r\n\r\n", 3.0], None),
-    "tls_client_hello": Case(lambda c: [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(40), 1.0], None),
+    "tls_client_hello": Case(lambda c: [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(40), 1.0], 400,
+                             "bad_request"),
     # --- clients that hang up: nobody to answer; counted as 499, never 500
     "hangup_mid_raw_body": Case(lambda c: [request(headers={"Content-Type": "image/jpeg", "Content-Length": 100_000})
                                            + c["jpeg"][:100], 0.2, "hangup"], None),
@@ -213,6 +229,21 @@ CASES: dict[str, Case] = {
     # --- served as plain HTTP/1.1
     "pipelined_then_garbage": Case(lambda c: [GET_HEALTHZ + b"FOO / HTTP/1.1\r\n\r\n"], 200, None, responses=2),
     "hundred_pipelined": Case(lambda c: [GET_HEALTHZ * 100], 200, None, responses=100),
+    # --- pipelining: a refused request is answered after those before it, which all run
+    "two_pipelined_then_garbage": Case(lambda c: [GET_HEALTHZ * 2 + b"FOO / HTTP/1.1\r\n\r\n"], 200, responses=3,
+                                       statuses=[200, 200, 501]),
+    "pipelined_then_bad_chunk": Case(lambda c: [GET_HEALTHZ * 2 + chunked() + b"zz\r\n"], 200, responses=3,
+                                     statuses=[200, 200, 400]),
+    "pipelined_detect_then_garbage": Case(lambda c: [image(c["jpeg"]) + GET_HEALTHZ + bytes(range(1, 64))], 200,
+                                          responses=3, statuses=[200, 200, 400]),
+    "pipelined_never_read": Case(lambda c: [request("GET", "/openapi.json") * 400, 1.0], None, responses=0),
+    "upgrade_h2c_then_pipelined": Case(lambda c: [request("GET", "/healthz", {"Connection": "Upgrade", "Upgrade": "h2c"})
+                                                  + GET_HEALTHZ * 2], 200, responses=3, statuses=[200, 200, 200]),
+    "upgrade_websocket_then_pipelined": Case(lambda c: [request("GET", "/healthz", {"Connection": "Upgrade",
+                                                                                    "Upgrade": "websocket"})
+                                                        + GET_HEALTHZ], 200, responses=2, statuses=[200, 200]),
+    "upgrade_with_a_body": Case(lambda c: [request(headers={"Connection": "Upgrade", "Upgrade": "h2c",
+                                                            "Content-Length": 20}) + GET_HEALTHZ[:20]], 400, "bad_request"),
     "upgrade_h2c": Case(lambda c: [request("GET", "/healthz", {"Connection": "Upgrade", "Upgrade": "h2c"})], 200),
     "upgrade_websocket": Case(lambda c: [request("GET", "/healthz", {"Connection": "Upgrade", "Upgrade": "websocket",
                                                                      "Sec-WebSocket-Version": 13})], 200),
@@ -335,6 +366,8 @@ def test_hostile_input_gets_its_documented_answer(server, ctx, name):
         assert json.loads(reply.body) == {"error": {"code": case.code, "message": json.loads(reply.body)["error"]["message"]}}
     elif case.status == 200:
         assert reply.responses == case.responses
+    if case.statuses is not None:
+        assert reply.statuses == case.statuses
     assert healthz_ms(port) < 1_000 and proc.poll() is None
 
 
