@@ -33,6 +33,9 @@ MAX_BATCH = 256  # largest batch a pipeline or engine profile is built for
 # What one decode may hold at its peak: a 50 MP 8-bit image of any format (~300 MB) or a 50 MP
 # 16-bit TIFF in strips (~700 MB); an image whose tiles or strips need more is refused.
 MAX_DECODE_BYTES = 768 * 2**20
+# Decode work a header cannot show: a progressive JPEG decodes every scan over the whole image
+# (encoders write about 10; a crafted one thousands), a PNG inflates all its compressed data.
+MAX_JPEG_SCANS = 40
 MAX_REQUEST_PIXELS = 4 * MAX_PIXELS  # summed over the images of one batch request, from their headers
 
 

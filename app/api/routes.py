@@ -30,7 +30,7 @@ from app.errors import (
     UnsupportedMediaType,
     YolopipeError,
 )
-from app.imaging.decode import check_image
+from app.imaging.check import check_image
 from app.ipc.client import SERVER_SIDE, InferenceClient
 from app.ipc.wire import Outcome
 

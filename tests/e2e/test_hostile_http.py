@@ -275,6 +275,13 @@ CASES: dict[str, Case] = {
     "float_tiff": Case(lambda c: [image(c["forge"].tiff(64, 48, bits=32, sample_format=3), "image/tiff")], 415,
                        "unsupported_media_type"),
     "gif": Case(lambda c: [image(c["gif"], "image/gif")], 415, "unsupported_media_type"),
+    # --- decode work a header does not show: bounded before decoding
+    "progressive_jpeg_1000_scans": Case(lambda c: [image(c["forge"].jpeg_with_scans(c["progressive"], 1_000))], 413,
+                                        "image_too_large"),
+    "png_1x1_inflating_to_64mb": Case(lambda c: [image(c["forge"].png_inflating_to(1, 1, 64 << 20), "image/png")], 400,
+                                      "invalid_image"),
+    "jpeg_soi_then_png": Case(lambda c: [image(c["jpeg"][:2] + b"\xff\xe0\x00\x04ab" + c["forge"].png(640, 480))],
+                              400, "invalid_image"),
     "pdf_as_png": Case(lambda c: [image(b"%PDF-1.7\n%%EOF\n", "image/png")], 415, "unsupported_media_type"),
     "empty_body": Case(lambda c: [image(b"")], 400, "invalid_image"),
     "truncated_jpeg": Case(lambda c: [image(c["jpeg"][:400])], 400, "invalid_image"),
@@ -341,7 +348,10 @@ def ctx(forge, assets_dir) -> dict:
     pil.resize((64, 48)).convert("P").save(gif, "GIF")
     small = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)[:320, :320]
     tiff16 = cv2.imencode(".tiff", small.astype(np.uint16) * 257)[1].tobytes()
-    return {"forge": forge, "jpeg": jpeg, "cmyk": buf.getvalue(), "gif": gif.getvalue(), "tiff16": tiff16}
+    progressive = io.BytesIO()
+    pil.resize((64, 48)).save(progressive, "JPEG", progressive=True)
+    return {"forge": forge, "jpeg": jpeg, "cmyk": buf.getvalue(), "gif": gif.getvalue(), "tiff16": tiff16,
+            "progressive": progressive.getvalue()}
 
 
 def healthz_ms(port: int) -> float:
