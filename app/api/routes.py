@@ -3,6 +3,7 @@ bytes to the inference workers, shape the JSON. No image is decoded here."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Annotated, Any
 
@@ -25,6 +26,7 @@ from app.api.uploads import check_request_images, read_form_images
 from app.config import MAX_DET, Settings
 from app.contracts import DetectParams, make_params
 from app.errors import (
+    ClientDisconnected,
     InvalidParameter,
     Overloaded,
     UnsupportedMediaType,
@@ -103,18 +105,38 @@ async def _read_single_image(request: Request, settings: Settings) -> tuple[str,
     )
 
 
-async def _detect(inference: InferenceClient, metrics: Metrics, images: list[bytes],
+async def _detect(request: Request, inference: InferenceClient, metrics: Metrics, images: list[bytes],
                   params: DetectParams) -> list[Outcome] | JSONResponse:
     """Outcomes, or the 503 for a request refused under load: answered here, unlogged (under
-    overload there are thousands a second; /metrics counts them)."""
+    overload there are thousands a second; /metrics counts them). A client that hangs up
+    meanwhile stops its work: what it left queued is never run (``ClientDisconnected``, 499)."""
+    detecting = asyncio.ensure_future(inference.detect(images, params))
+    gone = asyncio.ensure_future(_until_disconnected(request))
     try:
-        return await inference.detect(images, params)
+        await asyncio.wait((detecting, gone), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this handler was cancelled (the server stops): so is the work
+        detecting.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if not detecting.done():
+        detecting.cancel()  # the client's cancel: its queued images are answered without running
+        raise ClientDisconnected("the client went away before its answer")
+    try:
+        return detecting.result()
     except Overloaded as exc:
         metrics.rejected.labels(exc.code).inc()
         return error_response(exc)
     except SERVER_SIDE as exc:
         metrics.rejected.labels(exc.code).inc()
         raise
+
+
+async def _until_disconnected(request: Request) -> None:
+    """Returns once the client has gone (the body was read to its end before: only the
+    disconnect is left to receive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _image_json(name: str, outcome: Outcome, names: list[str], total_ms: float) -> dict[str, Any]:
@@ -138,7 +160,7 @@ async def detect(request: Request, params: ParamsDep, inference: InferenceDep, s
     start = time.perf_counter()
     name, data = await _read_single_image(request, settings)
     check_image(data, max_pixels=settings.max_pixels)  # format, size and memory from the header, before any decode
-    outcomes = await _detect(inference, metrics, [data], params)
+    outcomes = await _detect(request, inference, metrics, [data], params)
     if isinstance(outcomes, JSONResponse):
         return outcomes
     (outcome,) = outcomes
@@ -170,7 +192,7 @@ async def detect_batch(request: Request, params: ParamsDep, inference: Inference
     checked = check_request_images([data for _, data in images], max_pixels=settings.max_pixels)
     refused = {i: c for i, c in enumerate(checked) if isinstance(c, YolopipeError)}
     sent = [i for i in range(len(images)) if i not in refused]
-    answered = await _detect(inference, metrics, [images[i][1] for i in sent], params) if sent else []
+    answered = await _detect(request, inference, metrics, [images[i][1] for i in sent], params) if sent else []
     if isinstance(answered, JSONResponse):
         return answered
     outcomes = dict(zip(sent, answered))

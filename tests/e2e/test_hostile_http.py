@@ -32,7 +32,8 @@ import sys, uvicorn
 from app.service.http_worker import create_service_app
 from app.api.protocol import HttpLimits, uvicorn_options
 from app.config import Settings
-settings = Settings(backend="onnxruntime", artifacts_dir=sys.argv[1], max_wait_ms=5, max_body_bytes={BODY_LIMIT})
+settings = Settings(backend="onnxruntime", artifacts_dir=sys.argv[1], max_wait_ms=5, max_body_bytes={BODY_LIMIT},
+                    request_window=2)
 limits = HttpLimits(head_timeout_s=1.0, body_idle_timeout_s=1.0, keep_alive_s=5)
 uvicorn.run(create_service_app(settings), host="127.0.0.1", port=int(sys.argv[2]), log_level="info",
             access_log=False, **uvicorn_options(settings, limits))
@@ -433,6 +434,29 @@ def test_a_part_named_only_by_filename_star_is_read_as_a_file(server, ctx):
     port, _, _, _ = server
     reply = exchange(port, [multipart([("name=\"image\"; filename*=UTF-8''b%C3%BCs.jpg", ctx["jpeg"])])])
     assert reply.status == 200 and json.loads(reply.body)["image"] == "büs.jpg"
+
+
+def _metric(port: int, name: str) -> float:
+    text = exchange(port, [request("GET", "/metrics")]).body.decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_a_client_that_hangs_up_stops_costing_work(server, ctx):
+    port, _, _, _ = server
+    small = cv2.imencode(".jpg", cv2.imdecode(np.frombuffer(ctx["jpeg"], np.uint8), cv2.IMREAD_COLOR)[:96, :128])[1]
+    images = 12  # two at a time at the inference worker (the request window)
+    before = _metric(port, 'yolopipe_images_total{outcome="ok"')
+    body = multipart([(f'name="images"; filename="{i}.jpg"', small.tobytes()) for i in range(images)],
+                      "/v1/detect/batch")
+    exchange(port, [body, 1.0, "hangup"])
+    deadline, idle_since = time.monotonic() + 120, None
+    while idle_since is None or time.monotonic() - idle_since < 2.0:  # the worker idle for 2 s
+        assert time.monotonic() < deadline
+        idle = _metric(port, "yolopipe_queue_depth") == 0
+        idle_since = (idle_since or time.monotonic()) if idle else None
+        time.sleep(0.05)
+    computed = _metric(port, 'yolopipe_images_total{outcome="ok"') - before
+    assert computed < images / 2, computed  # only what was already running when it left
 
 
 def test_a_batch_of_pixel_bombs_stays_within_the_request_budget(server, ctx):
