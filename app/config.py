@@ -76,6 +76,7 @@ class Settings(BaseSettings):
     queue_budget_s: float | None = Field(None, gt=0)  # refuse work past this many seconds (default: the timeout)
     request_window: int = Field(0, ge=0)  # images of one request admitted at once (0: max_batch)
     ring_mb: int = Field(32, ge=1)  # shared memory per HTTP worker and inference worker for image bytes
+    standby: bool = True  # a warm standby per inference worker, which takes over when it dies
 
     @property
     def budget_s(self) -> float:

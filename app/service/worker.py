@@ -44,9 +44,11 @@ class WorkerSpec:
     parent_pid: int
 
 
-def worker_main(spec: WorkerSpec, settings: Any, report: Any) -> None:
+def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = None) -> None:
     """Process entry (multiprocessing, spawn). ``report``: a pipe to the pool, which gets
-    ``("ready", info)`` or ``("error", code, message)``."""
+    ``("ready", info)`` or ``("error", code, message)``. With ``promote`` (a pipe from the
+    pool) this is a standby: it opens and warms its detector, reports ``("standby", pid)``,
+    and takes over the worker's socket only when the pool sends it a generation number."""
     from app.runtime import open_detector_from
     from app.service.processes import die_with_parent, setup_logging, write_metrics_to
 
@@ -63,7 +65,7 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any) -> None:
         report.send(("error", exc.code, str(exc)))
         raise SystemExit(3) from None
     try:
-        lost = _run(_serve(spec, settings, detector, report))
+        lost = _run(_serve(spec, settings, detector, report, promote))
     finally:
         if not lost:  # a dead context cannot free anything: just exit
             detector.close()
@@ -79,15 +81,14 @@ def _run(main: Any) -> Any:
     return uvloop.run(main)
 
 
-async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) -> str | None:
+async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, promote: Any = None) -> str | None:
     """Serve until SIGTERM (None) or until the device is lost (why)."""
     from app.ipc.metrics import WorkerMetrics, gpu_memory_readers
 
     loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stopping.set)
     metrics = WorkerMetrics(str(spec.index))
-    if spec.generation:
-        metrics.restarts.labels(str(spec.index)).inc()
-    status = wire.StatusBlock(spec.layout.status(spec.index), writable=True)
     socket_path = spec.layout.socket(spec.index)
     connections: set[_Connection] = set()
 
@@ -96,11 +97,23 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) ->
 
     batcher = Batcher(detector, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
                       budget_s=settings.budget_s, deliver=deliver, metrics=metrics, generation=spec.generation)
-    batcher.on_load_change = status.write
     sizes = (1,) if detector.pipeline.backend == "onnxruntime" else tuple(sorted({1, batcher.max_batch}))
     await asyncio.to_thread(batcher.start, sizes)
+    generation = spec.generation
+    if promote is not None:
+        generation = await _stand_by(spec, report, promote, stopping)
+        if generation is None:  # stopped (or the pool went away) before taking over
+            loop.remove_signal_handler(signal.SIGTERM)
+            await asyncio.to_thread(batcher.close, 0.0)
+            return None
+        batcher.generation = generation
+    if generation:
+        metrics.restarts.labels(str(spec.index)).inc()
+    # Only now: the status block and the socket belong to the worker that serves.
+    status = wire.StatusBlock(spec.layout.status(spec.index), writable=True)
+    batcher.on_load_change = status.write
     info = {
-        "worker": spec.index, "generation": spec.generation, "pid": os.getpid(),
+        "worker": spec.index, "generation": generation, "pid": os.getpid(),
         "device": "cpu" if spec.device is None else f"cuda:{spec.device}",
         **detector.info(),
         "meta": asdict(detector.meta),
@@ -124,8 +137,6 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) ->
         pass
     server = await loop.create_unix_server(
         lambda: _Connection(batcher, info, connections), str(socket_path))
-    stopping = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stopping.set)
     batcher.on_fatal = lambda reason: loop.call_soon_threadsafe(stopping.set)
     status.write(batcher.load())
     report.send(("ready", info))
@@ -148,6 +159,33 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) ->
     loop.remove_signal_handler(signal.SIGTERM)
     log.info("inference worker %d stopped", spec.index)
     return batcher.fatal
+
+
+async def _stand_by(spec: WorkerSpec, report: Any, promote: Any, stopping: asyncio.Event) -> int | None:
+    """Warm and waiting: the generation to serve as once the pool promotes this process, or
+    None when it is stopped first."""
+    loop = asyncio.get_running_loop()
+    promoted: asyncio.Future = loop.create_future()
+
+    def on_message() -> None:
+        loop.remove_reader(promote.fileno())
+        try:
+            promoted.set_result(promote.recv())
+        except (EOFError, OSError):  # the pool is gone
+            promoted.set_result(None)
+
+    loop.add_reader(promote.fileno(), on_message)
+    report.send(("standby", os.getpid()))
+    log.info("inference worker %d standby ready (pid %d)", spec.index, os.getpid())
+    stopped = asyncio.ensure_future(stopping.wait())
+    await asyncio.wait((promoted, stopped), return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not promoted.done():
+        loop.remove_reader(promote.fileno())
+        return None
+    if promoted.result() is not None:
+        log.info("inference worker %d standby (pid %d) takes over", spec.index, os.getpid())
+    return promoted.result()
 
 
 class _Connection(asyncio.Protocol):

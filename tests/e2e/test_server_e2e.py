@@ -67,9 +67,11 @@ def inference_pids(base: str) -> list[int]:
 
 
 def http_worker_pids(proc: subprocess.Popen, base: str) -> set[int]:
-    inference = set(inference_pids(base))
-    children = psutil.Process(proc.pid).children()
-    return {c.pid for c in children if c.pid not in inference and "resource_tracker" not in " ".join(c.cmdline())}
+    """The supervisor's children that listen on the service's port (not the inference workers,
+    their standbys or multiprocessing's resource tracker)."""
+    port = int(base.rsplit(":", 1)[1])
+    return {c.pid for c in psutil.Process(proc.pid).children()
+            if any(conn.status == psutil.CONN_LISTEN and conn.laddr.port == port for conn in c.net_connections("tcp"))}
 
 
 def metric(base: str, prefix: str) -> float:
@@ -193,19 +195,16 @@ def test_killed_inference_worker_fails_in_flight_requests_at_once_and_comes_back
     time.sleep(3.0)  # requests in flight and queued at the worker
     killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
-    saw_not_ready = False
     deadline = killed_at + 120
-    while time.monotonic() < deadline:
-        ready = httpx.get(f"{base}/readyz", timeout=5).status_code == 200
-        saw_not_ready |= not ready
-        if saw_not_ready and ready:
+    while time.monotonic() < deadline:  # the first 200 of a request sent after the kill
+        if any(s == 200 and sent > killed_at for sent, _, s in answers):
             break
-        time.sleep(0.05)
+        time.sleep(0.01)
     back_at = time.monotonic()
     stop_load.set()
     for t in clients:
         t.join(90)
-    assert saw_not_ready and back_at < deadline, log.read_text()[-3000:]
+    assert back_at - killed_at < 5.0, (back_at - killed_at, log.read_text()[-3000:])  # the warm standby took over
     statuses = {s for _, _, s in answers}
     assert statuses <= {200, 503}, statuses  # no timeouts, no 500s, no dropped connections
     in_flight = [(sent, answered, s) for sent, answered, s in answers if sent < killed_at < answered]
