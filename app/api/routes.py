@@ -33,6 +33,7 @@ from app.errors import (
     YolopipeError,
 )
 from app.imaging.check import check_image
+from app.imaging.headers import ImageHeader
 from app.ipc.client import SERVER_SIDE, InferenceClient
 from app.ipc.wire import Outcome
 
@@ -106,11 +107,11 @@ async def _read_single_image(request: Request, settings: Settings) -> tuple[str,
 
 
 async def _detect(request: Request, inference: InferenceClient, metrics: Metrics, images: list[bytes],
-                  params: DetectParams) -> list[Outcome] | JSONResponse:
+                  headers: list[ImageHeader], params: DetectParams) -> list[Outcome] | JSONResponse:
     """Outcomes, or the 503 for a request refused under load: answered here, unlogged (under
     overload there are thousands a second; /metrics counts them). A client that hangs up
     meanwhile stops its work: what it left queued is never run (``ClientDisconnected``, 499)."""
-    detecting = asyncio.ensure_future(inference.detect(images, params))
+    detecting = asyncio.ensure_future(inference.detect(images, params, headers))
     gone = asyncio.ensure_future(_until_disconnected(request))
     try:
         await asyncio.wait((detecting, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -159,8 +160,8 @@ async def detect(request: Request, params: ParamsDep, inference: InferenceDep, s
                  metrics: MetricsDep) -> JSONResponse:
     start = time.perf_counter()
     name, data = await _read_single_image(request, settings)
-    check_image(data, max_pixels=settings.max_pixels)  # format, size and memory from the header, before any decode
-    outcomes = await _detect(request, inference, metrics, [data], params)
+    header = check_image(data, max_pixels=settings.max_pixels)  # format, size and memory, before any decode
+    outcomes = await _detect(request, inference, metrics, [data], [header], params)
     if isinstance(outcomes, JSONResponse):
         return outcomes
     (outcome,) = outcomes
@@ -192,7 +193,8 @@ async def detect_batch(request: Request, params: ParamsDep, inference: Inference
     checked = check_request_images([data for _, data in images], max_pixels=settings.max_pixels)
     refused = {i: c for i, c in enumerate(checked) if isinstance(c, YolopipeError)}
     sent = [i for i in range(len(images)) if i not in refused]
-    answered = await _detect(request, inference, metrics, [images[i][1] for i in sent], params) if sent else []
+    answered = (await _detect(request, inference, metrics, [images[i][1] for i in sent],
+                              [checked[i] for i in sent], params) if sent else [])  # type: ignore[misc]
     if isinstance(answered, JSONResponse):
         return answered
     outcomes = dict(zip(sent, answered))

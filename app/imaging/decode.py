@@ -15,7 +15,8 @@ from app.imaging.headers import ImageHeader
 
 
 def decode_image(
-    data: bytes, *, max_pixels: int = MAX_PIXELS, max_decode_bytes: int = MAX_DECODE_BYTES
+    data: bytes, *, max_pixels: int = MAX_PIXELS, max_decode_bytes: int = MAX_DECODE_BYTES,
+    header: ImageHeader | None = None,
 ) -> np.ndarray:
     """Bytes → BGR uint8 ``[H, W, 3]``, as Ultralytics' ``imread`` reads a file.
 
@@ -25,7 +26,8 @@ def decode_image(
     truncates rather than rounds. OpenCV's own errors (its pixel cap, a corrupt stream) become
     ``ImageTooLarge`` or ``InvalidImage``, never an unexpected exception.
     """
-    header: ImageHeader = check_image(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes)
+    if header is None:  # else checked already (by whoever read it: an HTTP worker)
+        header = check_image(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes)
     flags = cv2.IMREAD_COLOR
     if header.format == "tiff" and header.bits > 8 and header.channels >= 3:
         flags |= cv2.IMREAD_ANYDEPTH

@@ -35,7 +35,6 @@ import numpy as np
 
 from app.contracts import ImageResult
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
-from app.imaging.headers import sniff_format
 from app.ipc.wire import DRAINING, READY, ImageRef, Load, Outcome, over_budget, queued_seconds
 from app.pipeline.detector import Detector
 
@@ -289,8 +288,7 @@ class Batcher:
 
     def _prepare(self, batch: list[Job]) -> list[Any]:
         """Decoded pixels (or JPEG bytes for a pipeline that decodes them) or the image's error."""
-        gpu_jpeg = self.detector.pipeline.decodes_jpeg
-        on_pool = [not (gpu_jpeg and sniff_format(bytes(j.data[:16])) == "jpeg") for j in batch]
+        on_pool = [not self.detector.decodes_itself(j.ref.header, j.data) for j in batch]
         if sum(on_pool) > 1:
             futures = {i: self._pool.submit(self._prepare_one, j) for i, j in enumerate(batch) if on_pool[i]}
             out = [futures[i].result() if i in futures else self._prepare_one(j) for i, j in enumerate(batch)]
@@ -303,7 +301,7 @@ class Batcher:
     def _prepare_one(self, job: Job) -> Any:
         t0 = time.perf_counter()
         try:
-            return self.detector.prepare(job.data)
+            return self.detector.prepare(job.data, job.ref.header)
         except YolopipeError as exc:
             return exc
         finally:

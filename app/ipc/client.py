@@ -19,6 +19,7 @@ from typing import Any
 from app.config import Settings
 from app.contracts import DetectParams
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
+from app.imaging.headers import ImageHeader
 from app.ipc import wire
 from app.ipc.layout import RunLayout
 from app.ipc.ring import Ring
@@ -33,10 +34,12 @@ SERVER_SIDE = (Overloaded, DeviceError, RequestTimeout)  # these fail the whole 
 class _Request:
     """One HTTP request's images on their way: sent ``window`` at a time, answered in any order."""
 
-    def __init__(self, client: InferenceClient, images: list[bytes], params: DetectParams, deadline: float) -> None:
+    def __init__(self, client: InferenceClient, images: list[bytes], params: DetectParams, deadline: float,
+                 headers: list[ImageHeader] | None = None) -> None:
         self.client = client
         self.id = next(client._ids)
         self.images = images
+        self.headers = headers
         self.params = params
         self.deadline = deadline
         self.outcomes: list[wire.Outcome | None] = [None] * len(images)
@@ -165,8 +168,9 @@ class _Link(asyncio.Protocol):
             raise Overloaded("too much image data is waiting for inference; retry shortly")
         self.waiting[(request.id, index)] = (request, offset)
         request.links.add(self)
+        header = request.headers[index] if request.headers is not None else None
         self.transport.write(wire.image(wire.ImageRef(request.id, index, offset, len(data), request.deadline,
-                                                      request.params)))
+                                                      request.params, header)))
 
     def cancel(self, req_id: int) -> None:
         if self.transport is not None:
@@ -243,11 +247,14 @@ class InferenceClient:
             raise wire.over_budget(chosen_load.queued_s(1), self.settings.budget_s)
         return chosen
 
-    async def detect(self, images: list[bytes], params: DetectParams) -> list[wire.Outcome]:
-        """Each image's outcome, in order (its own error inside). Raises Overloaded, DeviceError
-        or RequestTimeout when the request as a whole cannot be served."""
+    async def detect(self, images: list[bytes], params: DetectParams,
+                     headers: list[ImageHeader] | None = None) -> list[wire.Outcome]:
+        """Each image's outcome, in order (its own error inside). ``headers``: each image's, as
+        checked here; they travel with the bytes, so the inference worker does not read them
+        again. Raises Overloaded, DeviceError or RequestTimeout when the request as a whole
+        cannot be served."""
         timeout = self.settings.request_timeout_s
-        request = _Request(self, images, params, time.monotonic() + timeout)
+        request = _Request(self, images, params, time.monotonic() + timeout, headers)
         for _ in range(min(len(images), self.settings.window)):
             request.send_next()
         try:

@@ -28,6 +28,7 @@ import numpy as np
 from app import errors
 from app.contracts import DetectParams
 from app.errors import YolopipeError
+from app.imaging.headers import ImageHeader, JpegHeader
 from app.types import Detections
 
 FRAME = struct.Struct("<IB")
@@ -36,6 +37,11 @@ HELLO, IMAGE, CANCEL, RESULTS = 1, 2, 3, 4
 # req_id, index, ring offset, length, deadline (time.monotonic, shared by the host's processes),
 # conf, iou, max_det, agnostic, number of class ids (then that many int32)
 _IMAGE = struct.Struct("<QIQIdddIBH")
+# Then the header the HTTP worker read (so the inference worker never parses it again): format
+# (0: none sent), height, width, channels, bits, work bytes; a JPEG's components, precision,
+# coding flags (progressive 1, arithmetic 2, lossless 4), orientation and scans.
+_HEADER = struct.Struct("<BIIBBQBBBBI")
+_FORMATS = ("", "jpeg", "png", "bmp", "tiff", "webp")
 _CANCEL = struct.Struct("<Q")
 # req_id, index, ok, width, height, decode_ms, queue_ms, rows (then rows × 6 float32) or, when
 # not ok, code and message lengths (then both, UTF-8)
@@ -87,6 +93,7 @@ class ImageRef:
     length: int
     deadline: float
     params: DetectParams
+    header: ImageHeader | None = None  # as the HTTP worker read it (a JPEG's chroma sampling stays behind)
 
 
 def image(ref: ImageRef) -> bytes:
@@ -96,13 +103,36 @@ def image(ref: ImageRef) -> bytes:
                        p.agnostic, len(classes))
     if classes:
         body += struct.pack(f"<{len(classes)}i", *classes)
-    return frame(IMAGE, body)
+    return frame(IMAGE, body + _pack_header(ref.header))
 
 
 def read_image(body: bytes) -> ImageRef:
     req_id, index, offset, length, deadline, conf, iou, max_det, agnostic, n = _IMAGE.unpack_from(body)
     classes = struct.unpack_from(f"<{n}i", body, _IMAGE.size) if n else None
-    return ImageRef(req_id, index, offset, length, deadline, DetectParams(conf, iou, max_det, classes, bool(agnostic)))
+    header = _unpack_header(body, _IMAGE.size + 4 * n)
+    return ImageRef(req_id, index, offset, length, deadline, DetectParams(conf, iou, max_det, classes, bool(agnostic)),
+                    header)
+
+
+def _pack_header(h: ImageHeader | None) -> bytes:
+    if h is None:
+        return _HEADER.pack(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    j = h.jpeg
+    flags = 0 if j is None else (j.progressive | j.arithmetic << 1 | j.lossless << 2)
+    return _HEADER.pack(_FORMATS.index(h.format), h.height, h.width, h.channels, h.bits, h.work_bytes,
+                        0 if j is None else j.components, 0 if j is None else j.precision, flags,
+                        0 if j is None else j.orientation, 0 if j is None else j.scans)
+
+
+def _unpack_header(body: bytes, pos: int) -> ImageHeader | None:
+    fmt, height, width, channels, bits, work, comps, precision, flags, orientation, scans = _HEADER.unpack_from(body, pos)
+    if not fmt:
+        return None
+    jpeg = None
+    if comps:
+        jpeg = JpegHeader(height, width, comps, precision, progressive=bool(flags & 1), arithmetic=bool(flags & 2),
+                          lossless=bool(flags & 4), sampling=(), orientation=orientation, scans=scans)
+    return ImageHeader(_FORMATS[fmt], height, width, channels, bits, work, jpeg)
 
 
 def cancel(req_id: int) -> bytes:

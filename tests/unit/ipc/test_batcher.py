@@ -260,11 +260,11 @@ def test_a_lane_that_raises_answers_its_batch_with_an_error_and_serves_on(harnes
     real_prepare = detector.prepare
     calls = []
 
-    def surprising_once(item):
+    def surprising_once(item, header=None):
         calls.append(1)
         if len(calls) == 1:
             raise ValueError("a decoder surprise, not one of ours")
-        return real_prepare(item)
+        return real_prepare(item, header)
 
     detector.prepare = surprising_once
     try:
@@ -316,3 +316,23 @@ def test_an_ordinary_device_error_is_not_taken_for_a_lost_context():
     wrapped = DeviceError("batch failed")
     wrapped.__cause__ = RuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
     assert is_sticky_device_error(wrapped)
+
+
+def test_an_image_that_comes_with_its_header_is_not_parsed_again(harness, bus, monkeypatch):
+    import app.imaging.decode
+    import app.pipeline.detector
+    from app.imaging.check import check_image
+
+    header = check_image(bus)  # as the HTTP worker read it
+    h = harness()
+
+    def parsed_again(*args, **kwargs):
+        raise AssertionError("the inference worker read the header again")
+
+    monkeypatch.setattr(app.pipeline.detector, "check_image", parsed_again)
+    monkeypatch.setattr(app.imaging.decode, "check_image", parsed_again)
+    job = h.job(bus, 1)
+    job.ref.header = header
+    h.admit(job)
+    (outcome, _), = h.collect(1)
+    assert outcome.error is None and len(outcome.detections) > 0
