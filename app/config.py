@@ -77,6 +77,12 @@ class Settings(BaseSettings):
     request_window: int = Field(0, ge=0)  # images of one request admitted at once (0: max_batch)
     ring_mb: int = Field(32, ge=1)  # shared memory per HTTP worker and inference worker for image bytes
     standby: bool = True  # a warm standby per inference worker, which takes over when it dies
+    # HTTP/1.1 limits the protocol enforces (app.api.protocol)
+    max_url_bytes: int = Field(8 * 1024, ge=256)  # the request target (path and query): 414 beyond
+    max_head_bytes: int = Field(64 * 1024, ge=1024)  # request line and headers, or chunked trailers: 431 beyond
+    head_timeout_s: float = Field(10.0, gt=0)  # first byte of a request to its last header: 408 beyond
+    body_idle_timeout_s: float = Field(15.0, gt=0)  # longest silence while a body is awaited: 408 beyond
+    keep_alive_s: int = Field(30, ge=1)  # idle time between requests on one connection
 
     @property
     def budget_s(self) -> float:

@@ -19,7 +19,8 @@ malformed requests with a ``text/plain`` 400. ``JsonHttpToolsProtocol`` subclass
   (they run first, it never does); a request pipelined after an ``Upgrade`` one is served
   (no protocol is ever switched to here).
 
-Each answer is ``{"error": {"code", "message"}}`` with ``connection: close``. When the
+Each answer is ``{"error": {"code", "message"}}`` with ``connection: close``; the limits are
+``Settings`` fields (``max_url_bytes``, ``max_head_bytes``, ``head_timeout_s``, ...). When the
 application is already running for the request (a bad chunk mid-body), it is told the client
 went away; ``BodyLimitMiddleware`` then counts the status answered here (or 499) in /metrics.
 Everything else is uvicorn's. ``uvicorn_options(settings)`` is what the server passes to uvicorn.
@@ -39,6 +40,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from app.api.errors import error_body, status_for
+from app.config import Settings
 from app.errors import (
     BadRequest,
     HeadersTooLarge,
@@ -58,23 +60,25 @@ _TOKEN_METHOD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ ")
 
 @dataclass(frozen=True)
 class HttpLimits:
-    """Limits on what one request may make the server read and wait for."""
+    """Limits on what one request may make the server read and wait for (``Settings`` names
+    and documents each; this is what the protocol holds, picklable for uvicorn's workers)."""
 
-    max_url_bytes: int = 8 * 1024  # the request target (path and query): 414 beyond
-    max_head_bytes: int = 64 * 1024  # request line and headers, or a chunked body's trailers: 431 beyond
-    head_timeout_s: float = 10.0  # from the first byte of a request (or the connection) to its last header
-    body_idle_timeout_s: float = 15.0  # longest silence while the application waits for body bytes
-    keep_alive_s: int = 30  # idle time between requests on one connection (uvicorn's own timer)
+    max_url_bytes: int
+    max_head_bytes: int
+    head_timeout_s: float
+    body_idle_timeout_s: float
+    keep_alive_s: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> HttpLimits:
+        return cls(settings.max_url_bytes, settings.max_head_bytes, settings.head_timeout_s,
+                   settings.body_idle_timeout_s, settings.keep_alive_s)
 
 
-def uvicorn_options(settings: Any, limits: HttpLimits | None = None) -> dict[str, Any]:
-    """Keyword arguments for ``uvicorn.Config``/``uvicorn.run`` that put these defences in place.
-
-    ``settings`` is accepted so that limits can move into ``Settings`` without changing callers;
-    today every limit comes from ``limits`` (defaults: ``HttpLimits()``).
-    """
-    del settings  # the HTTP limits are not settings yet
-    limits = limits or HttpLimits()
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments for ``uvicorn.Config``/``uvicorn.run`` that put these defences in place,
+    with the limits of ``settings``."""
+    limits = HttpLimits.from_settings(settings)
     return {
         # A partial of a module-level class stays picklable for uvicorn's worker processes.
         "http": partial(JsonHttpToolsProtocol, limits=limits),
