@@ -27,7 +27,7 @@ from app.ipc.layout import RunLayout
 from app.runtime import inference_devices
 from app.service.http_worker import http_worker_main
 from app.service.pool import InferencePool
-from app.service.processes import setup_logging
+from app.service.processes import metrics_folder, setup_logging
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -41,7 +41,12 @@ def serve(settings: Settings) -> None:
     n_http = http_worker_count(serving.workers, len(devices), on_gpu=devices[0] is not None)
     _check_port_free(serving.host, serving.port)
     layout = RunLayout.create(len(devices))
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(layout.metrics_dir)  # every child writes there
+    with metrics_folder(layout.metrics_dir):  # every child writes there
+        _supervise(serving, layout, devices, n_http)
+    log.info("stopped")
+
+
+def _supervise(serving: Settings, layout: RunLayout, devices: list[str | None], n_http: int) -> None:
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     pool = InferencePool(serving, layout, devices)
@@ -64,7 +69,6 @@ def serve(settings: Settings) -> None:
         layout.remove()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    log.info("stopped")
 
 
 def http_worker_count(given: int, inference_workers: int, *, on_gpu: bool) -> int:

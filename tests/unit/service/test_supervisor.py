@@ -38,3 +38,19 @@ def test_stop_ends_a_restart_pause_at_once():
         stop.set()
         workers.stop(0.0)
         layout.remove()
+
+
+def test_the_metrics_folder_variable_is_put_back_after_serving(tmp_path, monkeypatch):
+    from app.service.processes import metrics_folder
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    with metrics_folder(tmp_path / "a"):
+        assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path / "a")
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/elsewhere")
+    try:
+        with metrics_folder(tmp_path / "b"):
+            raise RuntimeError("the service failed")
+    except RuntimeError:
+        pass
+    assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == "/elsewhere"
