@@ -222,7 +222,9 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request) -> Any:
     client: InferenceClient | None = request.app.state.inference
     if client is None or request.app.state.draining or not client.ready:
-        return JSONResponse(error_body("not_ready", "no inference worker is ready"), status_code=503)
+        doing = "; ".join(f"worker {w['worker']}: {w['phase']}" for w in client.workers()) if client else ""
+        return JSONResponse(error_body("not_ready", "no inference worker is ready" + (f" ({doing})" if doing else "")),
+                            status_code=503)
     return {"status": "ready"}
 
 

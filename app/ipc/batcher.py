@@ -97,14 +97,15 @@ class Batcher:
         self.fatal: str | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
-    def start(self, warmup_sizes: Sequence[int] = (1,)) -> None:
-        """Warm the detector up (on the first lane's thread: CUDA state is per thread), then serve."""
+    def start(self, warmup_sizes: Sequence[int] = (1,), progress: Callable[[str], None] | None = None) -> None:
+        """Warm the detector up (on the first lane's thread: CUDA state is per thread), then serve.
+        ``progress`` hears each warm-up step."""
         ready = threading.Event()
         failure: list[BaseException] = []
 
         def first_lane() -> None:
             try:
-                self._seconds_per_image = warmup(self.detector, warmup_sizes)
+                self._seconds_per_image = warmup(self.detector, warmup_sizes, progress)
             except BaseException as exc:  # noqa: BLE001 (raised by start() in the caller's thread)
                 failure.append(exc)
                 ready.set()
@@ -381,14 +382,17 @@ def is_sticky_device_error(exc: BaseException) -> bool:
     return False
 
 
-def warmup(detector: Detector, batch_sizes: Sequence[int]) -> float:
+def warmup(detector: Detector, batch_sizes: Sequence[int], progress: Callable[[str], None] | None = None) -> float:
     """Run each batch size once on gray images, so the first request pays no setup; the
     seconds per image of the largest batch (the first estimate admission works with)."""
+    say = progress or (lambda text: None)
+    say("warming up the pipeline (on a GPU: compiling and capturing each batch bucket)")
     detector.pipeline.warmup()  # the GPU pipeline captures one CUDA graph per batch-size bucket
     size = detector.meta.imgsz
     image = np.full((size, size, 3), 114, np.uint8)
     seconds = 0.0
-    for n in batch_sizes:
+    for k, n in enumerate(batch_sizes, 1):
+        say(f"warming up batch size {n} ({k} of {len(batch_sizes)})")
         t0 = time.perf_counter()
         detector.detect([image] * n, detector.params())
         seconds = (time.perf_counter() - t0) / n

@@ -212,14 +212,17 @@ class InferenceClient:
         return any(link.connected and link.status.read().state == wire.READY for link in self._links)
 
     def workers(self) -> list[dict]:
-        """Each inference worker as an operator sees it: ready, queued images, pid, device."""
+        """Each inference worker as an operator sees it: ready, queued images, pid, device, and
+        what it is doing while it starts (its warm-up step)."""
         out = []
         for i, link in enumerate(self._links):
             load = link.status.read() if link.connected else None
             info = link.info or {}
-            out.append({"worker": i, "ready": load is not None and load.state == wire.READY,
+            ready = load is not None and load.state == wire.READY
+            out.append({"worker": i, "ready": ready,
                         "queued_images": load.pending if load else 0, "pid": info.get("pid"),
-                        "device": info.get("device"), "restarts": info.get("generation", 0)})
+                        "device": info.get("device"), "restarts": info.get("generation", 0),
+                        "phase": "" if ready else (link.status.read_phase() or "starting")})
         return out
 
     def pick(self) -> _Link:

@@ -223,6 +223,7 @@ def _errors_by_code() -> dict[str, type[YolopipeError]]:
 # --- the load an inference worker publishes --------------------------------------------
 STARTING, READY, DRAINING = 0, 1, 2
 _STATUS = struct.Struct("<QIIdI")  # generation, state, images admitted and unanswered, s/image, lanes
+_PHASE_AT, _PHASE_MAX = 64, 256  # then a short text: the warm-up step of a starting worker
 
 
 @dataclass(frozen=True)
@@ -267,6 +268,16 @@ class StatusBlock:
 
     def read(self) -> Load:
         return Load(*_STATUS.unpack_from(self._map, 0))
+
+    def write_phase(self, text: str) -> None:
+        """What a starting worker is doing (its warm-up step), for /readyz and /v1/model."""
+        data = text.encode()[:_PHASE_MAX]
+        self._map[_PHASE_AT + 2 : _PHASE_AT + 2 + len(data)] = data
+        struct.pack_into("<H", self._map, _PHASE_AT, len(data))
+
+    def read_phase(self) -> str:
+        (n,) = struct.unpack_from("<H", self._map, _PHASE_AT)
+        return bytes(self._map[_PHASE_AT + 2 : _PHASE_AT + 2 + min(n, _PHASE_MAX)]).decode(errors="replace")
 
     def close(self) -> None:
         self._map.close()

@@ -98,7 +98,19 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     batcher = Batcher(detector, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
                       budget_s=settings.budget_s, deliver=deliver, metrics=metrics, generation=spec.generation)
     sizes = (1,) if detector.pipeline.backend == "onnxruntime" else tuple(sorted({1, batcher.max_batch}))
-    await asyncio.to_thread(batcher.start, sizes)
+    # A first start shows its warm-up steps (in the log and /readyz); a standby warms quietly
+    # beside the worker that owns the status block.
+    starting = None if promote is not None else wire.StatusBlock(spec.layout.status(spec.index), writable=True)
+
+    def progress(text: str) -> None:
+        log.info("inference worker %d: %s", spec.index, text)
+        if starting is not None:
+            starting.write_phase(text)
+
+    await asyncio.to_thread(batcher.start, sizes, progress)
+    if starting is not None:
+        starting.write_phase("")
+        starting.close()
     generation = spec.generation
     if promote is not None:
         generation = await _stand_by(spec, report, promote, stopping)
