@@ -135,6 +135,20 @@ def start_naive(args: argparse.Namespace, logdir: Path) -> Server:
     return server
 
 
+def wait_for_standbys(url: str, timeout_s: float) -> None:
+    """Measure only once every worker's warm standby has warmed up (on a GPU it compiles and
+    captures beside the serving worker; measured meanwhile, the rows would count that)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        workers = httpx.get(f"{url}/v1/model", timeout=10).json()["serving"]["inference_workers"]
+        if all(w.get("standby_ready") for w in workers):
+            return
+        time.sleep(1.0)
+    print(f"warning: not every standby was ready within {timeout_s:g} s; measuring anyway", flush=True)
+
+
 def measure(server: Server, listing: Path, clients: int, args: argparse.Namespace,
             target: tuple[str, str] = TARGETS[0]) -> dict:
     name, path = target
@@ -319,6 +333,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--queue-budget-s", type=float, default=None)
     p.add_argument("--request-window", type=int, default=None)
     p.add_argument("--ring-mb", type=int, default=None)
+    p.add_argument("--standby-wait-s", type=float, default=120.0,
+                   help="how long to wait for the warm standbys before measuring (0: do not wait)")
     p.add_argument("--artifacts-dir", type=Path, default=None, help="default: the artifacts store of the cache")
     # the baseline
     p.add_argument("--no-naive", action="store_true")
@@ -363,6 +379,7 @@ def main(argv: list[str] | None = None) -> None:
         server.wait_ready()
         import httpx
 
+        wait_for_standbys(server.url, args.standby_wait_s)
         model = httpx.get(f"{server.url}/v1/model", timeout=10).json()
         server.gpus = sum(1 for w in model["serving"]["inference_workers"] if str(w.get("device")).startswith("cuda"))
         model.pop("class_names", None)

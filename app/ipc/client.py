@@ -222,7 +222,8 @@ class InferenceClient:
             out.append({"worker": i, "ready": ready,
                         "queued_images": load.pending if load else 0, "pid": info.get("pid"),
                         "device": info.get("device"), "restarts": info.get("generation", 0),
-                        "phase": "" if ready else (link.status.read_phase() or "starting")})
+                        "phase": "" if ready else (link.status.read_phase() or "starting"),
+                        "standby_ready": link.status.read_standby() != 0})
         return out
 
     def pick(self) -> _Link:

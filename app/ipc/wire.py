@@ -223,6 +223,7 @@ def _errors_by_code() -> dict[str, type[YolopipeError]]:
 # --- the load an inference worker publishes --------------------------------------------
 STARTING, READY, DRAINING = 0, 1, 2
 _STATUS = struct.Struct("<QIIdI")  # generation, state, images admitted and unanswered, s/image, lanes
+_STANDBY_AT = 48  # u32: the pid of the worker's warm standby, once it is ready
 _PHASE_AT, _PHASE_MAX = 64, 256  # then a short text: the warm-up step of a starting worker
 
 
@@ -268,6 +269,14 @@ class StatusBlock:
 
     def read(self) -> Load:
         return Load(*_STATUS.unpack_from(self._map, 0))
+
+    def write_standby(self, pid: int) -> None:
+        """The pid of this worker's warm standby (0: none ready). Written by the standby itself,
+        a field the serving worker never writes."""
+        struct.pack_into("<I", self._map, _STANDBY_AT, pid)
+
+    def read_standby(self) -> int:
+        return struct.unpack_from("<I", self._map, _STANDBY_AT)[0]
 
     def write_phase(self, text: str) -> None:
         """What a starting worker is doing (its warm-up step), for /readyz and /v1/model."""

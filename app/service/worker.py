@@ -187,11 +187,15 @@ async def _stand_by(spec: WorkerSpec, report: Any, promote: Any, stopping: async
             promoted.set_result(None)
 
     loop.add_reader(promote.fileno(), on_message)
+    marker = wire.StatusBlock(spec.layout.status(spec.index), writable=True)
+    marker.write_standby(os.getpid())  # for operators and benchmarks: the worker has a warm standby
     report.send(("standby", os.getpid()))
     log.info("inference worker %d standby ready (pid %d)", spec.index, os.getpid())
     stopped = asyncio.ensure_future(stopping.wait())
     await asyncio.wait((promoted, stopped), return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
+    marker.write_standby(0)  # taking over, or leaving: no standby ready now
+    marker.close()
     if not promoted.done():
         loop.remove_reader(promote.fileno())
         return None

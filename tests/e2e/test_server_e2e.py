@@ -66,12 +66,26 @@ def inference_pids(base: str) -> list[int]:
     return [w["pid"] for w in httpx.get(f"{base}/v1/model", timeout=10).json()["serving"]["inference_workers"]]
 
 
+def wait_for_standby(base: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(w["standby_ready"] for w in httpx.get(f"{base}/v1/model", timeout=10).json()["serving"]
+                  ["inference_workers"]):
+        assert time.monotonic() < deadline, "the warm standby never got ready"
+        time.sleep(0.1)
+
+
 def http_worker_pids(proc: subprocess.Popen, base: str) -> set[int]:
     """The supervisor's children that listen on the service's port (not the inference workers,
     their standbys or multiprocessing's resource tracker)."""
     port = int(base.rsplit(":", 1)[1])
-    return {c.pid for c in psutil.Process(proc.pid).children()
-            if any(conn.status == psutil.CONN_LISTEN and conn.laddr.port == port for conn in c.net_connections("tcp"))}
+    pids = set()
+    for child in psutil.Process(proc.pid).children():
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in child.net_connections("tcp")):
+                pids.add(child.pid)
+        except psutil.Error:  # gone meanwhile (the killed one)
+            pass
+    return pids
 
 
 def metric(base: str, prefix: str) -> float:
@@ -176,6 +190,7 @@ def test_oversized_body_is_refused_before_it_is_read(server):
 def test_killed_inference_worker_fails_in_flight_requests_at_once_and_comes_back(server, assets_dir):
     base, proc, log = server
     bus = (assets_dir / "bus.jpg").read_bytes()
+    wait_for_standby(base)
     (victim,) = inference_pids(base)
     answers: list[tuple[float, float, int | str]] = []  # sent, answered, status
     stop_load = threading.Event()
@@ -214,6 +229,7 @@ def test_killed_inference_worker_fails_in_flight_requests_at_once_and_comes_back
     assert r.status_code == 200 and r.json()["detections"]
     assert inference_pids(base) != [victim]
     assert metric(base, 'yolopipe_worker_restarts_total{worker="0"}') == 1
+    wait_for_standby(base)  # and a new standby warms up for the next time
 
 
 def test_killed_http_worker_is_replaced(server, assets_dir):

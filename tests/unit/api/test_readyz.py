@@ -41,3 +41,16 @@ def test_warm_up_reports_each_step(cpu_detector):
     assert warmup(cpu_detector, (1, 2), steps.append) > 0
     assert steps[1:] == ["warming up batch size 1 (1 of 2)", "warming up batch size 2 (2 of 2)"]
     assert steps[0].startswith("warming up the pipeline")
+
+
+def test_a_status_block_says_whether_a_warm_standby_is_ready(tmp_path):
+    writer = wire.StatusBlock(tmp_path / "s", writable=True)
+    reader = wire.StatusBlock(tmp_path / "s", writable=False)
+    writer.write(wire.Load(3, wire.READY, 5, 0.01, 2))
+    assert reader.read_standby() == 0
+    writer.write_standby(4242)
+    writer.write_phase("x" * 1000)
+    assert reader.read_standby() == 4242 and reader.read() == wire.Load(3, wire.READY, 5, 0.01, 2)
+    assert reader.read_phase() == "x" * 256
+    writer.close()
+    reader.close()
