@@ -4,7 +4,7 @@ Parts (``--parts``, in this order, on one yolopipe server):
 
 * ``load``: closed loop at each ``--clients`` count (wrk, one connection per thread, multipart
   640×480 JPEGs): req/s, p50/p99/p99.9 of the 200s, answers by status, socket errors, and
-  the server's CPU (its whole process tree). Then the naive server at the same counts.
+  the server's CPU (its whole process tree). The naive server at the same counts runs first.
 * ``soak``: open loop at ``--soak-rate`` (default: twice the capacity ``load`` measured)
   for ``--soak-minutes``, RSS (PSS) of the server's processes and GPU memory sampled; pass
   fields: only 200/503, memory flat within 5 %, served ≥ 90 % of capacity.
@@ -374,6 +374,22 @@ def main(argv: list[str] | None = None) -> None:
         "rows": [],
     }
     rows = result["rows"]
+    out = args.out or RESULTS / f"{dt.date.today()}-http-load-{platform.node()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every part: a run cut short by its time limit keeps what it measured
+        result["checks"] = checks(rows)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+
+    # The baseline first: short, and the comparison survives a run that ends early.
+    if "load" in args.parts and not args.no_naive:
+        naive = start_naive(args, workdir)
+        try:
+            naive.wait_ready()
+            rows += [measure(naive, listing, c, args) for c in args.naive_clients]
+        finally:
+            naive.stop()
+        save()
     server = start_yolopipe(args, workdir)
     try:
         server.wait_ready()
@@ -387,30 +403,24 @@ def main(argv: list[str] | None = None) -> None:
         result["yolopipe_model"] = model
         if "load" in args.parts:
             rows += [measure(server, listing, c, args, target) for target in TARGETS for c in args.clients]
+            save()
         if "soak" in args.parts:
-            capacity = args.capacity or next((r["req_per_s"] for r in rows if r.get("part") is None), None)
+            capacity = args.capacity or next((r["req_per_s"] for r in rows if r.get("part") is None
+                                              and r["system"] == "yolopipe"), None)
             rate = args.soak_rate or 2 * (capacity or 0)
             if not rate:
                 raise SystemExit("--soak needs --soak-rate, --capacity or the load part")
             rows.append(part_soak(server, listing, rate, capacity, args))
+            save()
         if "kill" in args.parts:
             rows.append(part_kill(server, listing, args))
+            save()
         if "sigterm" in args.parts:
             rows.append(part_sigterm(server, listing, args))
         result["yolopipe_exit_code"] = server.stop()
     finally:
         server.stop()
-    if "load" in args.parts and not args.no_naive:
-        naive = start_naive(args, workdir)
-        try:
-            naive.wait_ready()
-            rows += [measure(naive, listing, c, args) for c in args.naive_clients]
-        finally:
-            naive.stop()
-    result["checks"] = checks(rows)
-    out = args.out or RESULTS / f"{dt.date.today()}-http-load-{platform.node()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    save()
     print(f"checks: {result['checks']}\nwrote {out}")
 
 
