@@ -40,6 +40,9 @@ ENGINE_MAX_BATCH = 64  # ...and the largest it takes
 # What one decode may hold at its peak: a 50 MP 8-bit image of any format (~300 MB) or a 50 MP
 # 16-bit TIFF in strips (~700 MB); an image whose tiles or strips need more is refused.
 MAX_DECODE_BYTES = 768 * 2**20
+# Decode work a header cannot show: a progressive JPEG decodes every scan over the whole image
+# (encoders write about 10; a crafted one thousands), a PNG inflates all its compressed data.
+MAX_JPEG_SCANS = 40
 MAX_REQUEST_PIXELS = 4 * MAX_PIXELS  # summed over the images of one batch request, from their headers
 
 
@@ -91,6 +94,13 @@ class Settings(BaseSettings):
     ring_mb: int = Field(32, ge=1)  # shared memory per HTTP worker and inference worker for image bytes
     max_streams: int = Field(16, ge=0, le=1024)  # video streams one inference worker runs at once (/v1/streams)
     stream_files_root: Path | None = None  # /v1/streams may read video files under this folder (None: URLs only)
+    standby: bool = True  # a warm standby per inference worker, which takes over when it dies
+    # HTTP/1.1 limits the protocol enforces (app.api.protocol)
+    max_url_bytes: int = Field(8 * 1024, ge=256)  # the request target (path and query): 414 beyond
+    max_head_bytes: int = Field(64 * 1024, ge=1024)  # request line and headers, or chunked trailers: 431 beyond
+    head_timeout_s: float = Field(10.0, gt=0)  # first byte of a request to its last header: 408 beyond
+    body_idle_timeout_s: float = Field(15.0, gt=0)  # longest silence while a body is awaited: 408 beyond
+    keep_alive_s: int = Field(30, ge=1)  # idle time between requests on one connection
 
     @property
     def budget_s(self) -> float:

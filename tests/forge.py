@@ -31,6 +31,14 @@ def png(width: int, height: int, *, bits: int = 8, color: int = 2, rows: int | N
     return b"\x89PNG\r\n\x1a\n" + b"".join(chunks)
 
 
+def png_inflating_to(width: int, height: int, inflated: int) -> bytes:
+    """*Real* header, RGB: compressed scanlines that inflate to ``inflated`` bytes, however
+    few the image holds (libpng inflates them all, past its last row)."""
+    idat = zlib.compress(b"\x00" * inflated, 9)
+    ihdr = png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+    return b"\x89PNG\r\n\x1a\n" + ihdr + png_chunk(b"IDAT", idat) + png_chunk(b"IEND", b"")
+
+
 def apng_chunks(width: int, height: int, x: int = 0, y: int = 0) -> tuple[bytes, bytes]:
     """acTL (one frame) and an fcTL for frame 0 of the given size and offset."""
     actl = png_chunk(b"acTL", struct.pack(">II", 1, 0))
@@ -185,3 +193,12 @@ def jpeg_with_size(jpeg: bytes, width: int, height: int, *, fill: int = 0, garba
     i = jpeg_sof(jpeg)
     sof = jpeg[i : i + 5] + struct.pack(">HH", height, width)
     return jpeg[:i] + garbage + b"\xff" * fill + sof + jpeg[i + 9 :]
+
+
+def jpeg_with_scans(progressive: bytes, scans: int) -> bytes:
+    """A progressive JPEG with its last scan repeated until it has ``scans`` (each decoded over
+    the whole image)."""
+    last = progressive.rindex(b"\xff\xda")
+    end = progressive.rindex(b"\xff\xd9")
+    extra = scans - progressive.count(b"\xff\xda")
+    return progressive[:end] + progressive[last:end] * extra + progressive[end:]

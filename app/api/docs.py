@@ -6,12 +6,16 @@ with ``docs_url=None, redoc_url=None`` (ReDoc loads from a CDN too) and call ``i
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
+
+from app.api.errors import error_body, http_error_code
 
 SWAGGER_UI_DIR = Path(__file__).parent / "static" / "swagger-ui"
 ASSETS_PATH = "/docs-assets"
@@ -21,7 +25,7 @@ def install_docs(app: FastAPI, path: str = "/docs") -> None:
     """Serve Swagger UI at ``path`` and its assets under ``/docs-assets``, both offline."""
     if app.docs_url is not None:
         raise ValueError("create the app with docs_url=None: install_docs serves the docs page itself")
-    app.mount(ASSETS_PATH, StaticFiles(directory=SWAGGER_UI_DIR), name="docs-assets")
+    app.mount(ASSETS_PATH, JsonErrors(StaticFiles(directory=SWAGGER_UI_DIR)), name="docs-assets")
 
     async def swagger_ui(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "").rstrip("/")
@@ -34,3 +38,37 @@ def install_docs(app: FastAPI, path: str = "/docs") -> None:
         )
 
     app.add_api_route(path, swagger_ui, methods=["GET"], include_in_schema=False)
+
+
+class JsonErrors:
+    """An ASGI app's error answers (Starlette's static files answer a bad ``Range`` in plain
+    text) in the JSON error shape; everything else passes through untouched."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        error_start: dict | None = None
+        text = b""
+
+        async def send_json_errors(message: dict) -> None:
+            nonlocal error_start, text
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                error_start = message
+                return
+            if error_start is None:
+                await send(message)
+                return
+            text += message.get("body", b"")
+            if message.get("more_body", False):
+                return
+            status = error_start["status"]
+            reason = text.decode("utf-8", "replace").strip() or f"HTTP {status}"
+            body = json.dumps(error_body(http_error_code(status), reason)).encode()
+            kept = [(k, v) for k, v in error_start.get("headers", []) if k.lower() not in (b"content-type",
+                                                                                           b"content-length")]
+            headers = [*kept, (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+        await self.app(scope, receive, send_json_errors)

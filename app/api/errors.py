@@ -65,6 +65,7 @@ _CODE_BY_HTTP_STATUS = {
     405: "method_not_allowed",
     413: "image_too_large",
     415: "unsupported_media_type",
+    416: "range_not_satisfiable",
     422: "invalid_parameter",
     503: "unavailable",
 }
@@ -79,6 +80,11 @@ def status_for(exc: YolopipeError) -> int:
 
 def error_body(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
+
+
+def http_error_code(status: int) -> str:
+    """The error code of an HTTP status that no exception of ours names (Starlette's own)."""
+    return _CODE_BY_HTTP_STATUS.get(status, "http_error")
 
 
 def error_response(exc: YolopipeError) -> JSONResponse:
@@ -117,7 +123,7 @@ async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    code = _CODE_BY_HTTP_STATUS.get(exc.status_code, "http_error")
+    code = http_error_code(exc.status_code)
     return JSONResponse(
         error_body(code, str(exc.detail)), status_code=exc.status_code, headers=getattr(exc, "headers", None)
     )

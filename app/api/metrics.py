@@ -7,6 +7,7 @@ HTTP worker renders them all from there. An app that runs in a process of its ow
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -39,11 +40,17 @@ class Metrics:
             "(overloaded: over the time budget or no worker ready; device_error: the inference worker failed or "
             "stopped; timeout)", ["reason"], registry=r,
         )
+        self._rendering = asyncio.Lock()  # one scrape at a time reads the files; others wait for it
 
     def observe_request(self, path: str, status: int, seconds: float) -> None:
         label = path if path in KNOWN_PATHS else "other"
         self.requests.labels(label, str(status)).inc()
         self.request_latency.labels(label).observe(seconds)
+
+    async def render_off_loop(self) -> tuple[bytes, str]:
+        """``render`` in a thread: it reads a file per process, which must not stall requests."""
+        async with self._rendering:
+            return await asyncio.to_thread(self.render)
 
     def render(self) -> tuple[bytes, str]:
         own = multiprocess_dir()

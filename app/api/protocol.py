@@ -12,10 +12,15 @@ malformed requests with a ``text/plain`` 400. ``JsonHttpToolsProtocol`` subclass
   connection opened), or when no body bytes arrived for ``body_idle_timeout_s`` while the
   application waits for them; a connection that never sent a byte is closed without a word;
 - 400 for malformed framing (bad chunk size, Content-Length with chunked, a negative or
-  duplicate Content-Length, NUL in a header), 501 for an unknown method, 505 for an HTTP
-  version other than 1.x (an HTTP/2 preface included); TLS on the plain port is closed.
+  duplicate Content-Length, NUL in a header, an Upgrade request with a body, a TLS handshake
+  on the plain port), 501 for an unknown method, 505 for an HTTP version other than 1.x (an
+  HTTP/2 preface or ``HTTP/2.0`` request line included);
+- pipelining kept in order: a request refused behind pipelined ones is answered after them
+  (they run first, it never does); a request pipelined after an ``Upgrade`` one is served
+  (no protocol is ever switched to here).
 
-Each answer is ``{"error": {"code", "message"}}`` with ``connection: close``. When the
+Each answer is ``{"error": {"code", "message"}}`` with ``connection: close``; the limits are
+``Settings`` fields (``max_url_bytes``, ``max_head_bytes``, ``head_timeout_s``, ...). When the
 application is already running for the request (a bad chunk mid-body), it is told the client
 went away; ``BodyLimitMiddleware`` then counts the status answered here (or 499) in /metrics.
 Everything else is uvicorn's. ``uvicorn_options(settings)`` is what the server passes to uvicorn.
@@ -26,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -34,6 +40,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from app.api.errors import error_body, status_for
+from app.config import Settings
 from app.errors import (
     BadRequest,
     HeadersTooLarge,
@@ -53,23 +60,25 @@ _TOKEN_METHOD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ ")
 
 @dataclass(frozen=True)
 class HttpLimits:
-    """Limits on what one request may make the server read and wait for."""
+    """Limits on what one request may make the server read and wait for (``Settings`` names
+    and documents each; this is what the protocol holds, picklable for uvicorn's workers)."""
 
-    max_url_bytes: int = 8 * 1024  # the request target (path and query): 414 beyond
-    max_head_bytes: int = 64 * 1024  # request line and headers, or a chunked body's trailers: 431 beyond
-    head_timeout_s: float = 10.0  # from the first byte of a request (or the connection) to its last header
-    body_idle_timeout_s: float = 15.0  # longest silence while the application waits for body bytes
-    keep_alive_s: int = 30  # idle time between requests on one connection (uvicorn's own timer)
+    max_url_bytes: int
+    max_head_bytes: int
+    head_timeout_s: float
+    body_idle_timeout_s: float
+    keep_alive_s: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> HttpLimits:
+        return cls(settings.max_url_bytes, settings.max_head_bytes, settings.head_timeout_s,
+                   settings.body_idle_timeout_s, settings.keep_alive_s)
 
 
-def uvicorn_options(settings: Any, limits: HttpLimits | None = None) -> dict[str, Any]:
-    """Keyword arguments for ``uvicorn.Config``/``uvicorn.run`` that put these defences in place.
-
-    ``settings`` is accepted so that limits can move into ``Settings`` without changing callers;
-    today every limit comes from ``limits`` (defaults: ``HttpLimits()``).
-    """
-    del settings  # the HTTP limits are not settings yet
-    limits = limits or HttpLimits()
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """Keyword arguments for ``uvicorn.Config``/``uvicorn.run`` that put these defences in place,
+    with the limits of ``settings``."""
+    limits = HttpLimits.from_settings(settings)
     return {
         # A partial of a module-level class stays picklable for uvicorn's worker processes.
         "http": partial(JsonHttpToolsProtocol, limits=limits),
@@ -99,7 +108,8 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._request_begun = False  # a request line has started (else the connection is idle)
         self._received_any = False
-        self._deferred: YolopipeError | None = None  # refused behind a request still being answered
+        self._deferred: YolopipeError | None = None  # refused behind requests still being answered
+        self._running: Any = None  # the cycle whose application task was started last
         self._head_timer: Any = None
         self._body_timer: Any = None
         self._last_body_at = 0.0
@@ -111,31 +121,43 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
+        # Uvicorn marks only the newest request gone; one still running behind it (pipelined, a
+        # client that never reads) would write to the closed transport: uvloop raises, and the
+        # log gets a traceback per request. Pipelined ones not started never run.
+        running, queued, self.pipeline = self._running, [c for c, _ in self.pipeline], deque()
+        for cycle in (running, *queued):
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
         if not self._received_any:
             self._received_any = True
-            if data[:1] == b"\x16":  # a TLS ClientHello: the client cannot read an HTTP answer
-                log.debug("TLS handshake on the plain HTTP port from %s; closing", self.client)
-                self.transport.close()
+            if data[:1] == b"\x16":  # a TLS ClientHello: answered in HTTP (what a client's log shows), closed
+                self._refuse(BadRequest("a TLS handshake on the plain HTTP port: use http://, not https://"))
                 return
         if self._in_head or self._in_trailer:
             self._head_bytes += len(data)
             if self._head_timer is None and self._in_head:
                 self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._on_head_timeout)
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:  # served as plain HTTP; uvicorn would log two warnings for each one
+        while data:
+            try:
+                self.parser.feed_data(data)
+                data = b""
+            except httptools.HttpParserUpgrade as exc:
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                    return
+                # Served as plain HTTP (no protocol is switched to here; uvicorn would log two
+                # warnings for each one); the parser stopped after it: parse what follows.
                 log.debug("ignored an Upgrade request from %s", self.client)
-            return
-        except httptools.HttpParserError as exc:
-            self._refuse(_error_for(exc, data))
-            return
+                offset = exc.args[0] if exc.args and isinstance(exc.args[0], int) else len(data)
+                data = data[offset:]
+            except httptools.HttpParserError as exc:
+                self._refuse(_error_for(exc, data))
+                return
         if (self._in_head or self._in_trailer) and self._head_bytes > self.limits.max_head_bytes:
             self._refuse(HeadersTooLarge(f"request headers are over {self.limits.max_head_bytes:,} bytes"))
 
@@ -163,6 +185,12 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
         if size > self.limits.max_head_bytes:
             raise _Refuse(HeadersTooLarge(f"request headers are over {self.limits.max_head_bytes:,} bytes"))
+        version = self.parser.get_http_version()
+        if version not in ("1.0", "1.1"):  # llhttp reads HTTP/2.0 or 0.9 in a request line as valid
+            raise _Refuse(HttpVersionNotSupported(f"only HTTP/1.0 and HTTP/1.1 are served here (HTTP/{version})"))
+        if self.parser.should_upgrade() and any(n in (b"content-length", b"transfer-encoding") for n, _ in self.headers):
+            # llhttp would leave its body unread and parse it as the next request.
+            raise _Refuse(BadRequest("malformed HTTP request: an Upgrade request must not carry a body here"))
         self._in_head = False
         if self._head_timer is not None:
             self._head_timer.cancel()
@@ -189,13 +217,21 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         self._in_head, self._in_trailer, self._request_begun, self._head_bytes = True, False, False, 0
         super().on_message_complete()
 
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
+
     def on_response_complete(self) -> None:
-        deferred, self._deferred = self._deferred, None
-        if deferred is None:
+        if self._deferred is None:
             super().on_response_complete()
             return
+        if self.pipeline:  # requests before the refused one are still to be answered, in order
+            super().on_response_complete()  # starts the next of them
+            self.flow.pause_reading()
+            return
+        deferred, self._deferred = self._deferred, None
         self.server_state.total_requests += 1
-        self._refuse(deferred)
+        self._answer_and_close(deferred)
 
     # --- timeouts ---------------------------------------------------------------------------
     def _on_head_timeout(self) -> None:
@@ -232,20 +268,29 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_timers()
         if self.transport.is_closing():
             return
-        status = status_for(error)
-        cycle = self.cycle
-        if cycle is not None and not self._in_head and cycle.response_started:
+        cycle = self.cycle if not self._in_head else None  # the request refused, when its head was read
+        if cycle is not None and any(queued is cycle for queued, _ in self.pipeline):
+            # Pipelined behind others and not started: it never runs.
+            self.pipeline = deque(entry for entry in self.pipeline if entry[0] is not cycle)
+            cycle = None
+        if cycle is not None and cycle.response_started:
             self.transport.close()  # the request was answered (or is being answered) already
             return
+        running = self._running
+        if self.pipeline or (running is not None and running is not cycle and not running.response_complete):
+            # Earlier requests on this connection are still being answered: this answer goes after them.
+            self._deferred = error
+            self.flow.pause_reading()
+            return
         if cycle is not None and not cycle.response_complete:
-            if self._in_head:  # a pipelined request behind one still being answered: answer after it
-                self._deferred = error
-                self.flow.pause_reading()
-                return
             # The application is reading this request's body: it sees a disconnect, sends nothing.
-            cycle.scope.setdefault("extensions", {})[ANSWERED_STATUS] = status  # type: ignore[typeddict-item]
+            cycle.scope.setdefault("extensions", {})[ANSWERED_STATUS] = status_for(error)  # type: ignore[typeddict-item]
             cycle.disconnected = True
             cycle.message_event.set()
+        self._answer_and_close(error)
+
+    def _answer_and_close(self, error: YolopipeError) -> None:
+        status = status_for(error)
         log.debug("refused a request from %s: %s %s", self.client, status, error.message)
         body = json.dumps(error_body(error.code, error.message)).encode()
         head = [STATUS_LINE[status]]

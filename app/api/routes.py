@@ -3,6 +3,7 @@ bytes to the inference workers, shape the JSON. No image is decoded here."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Annotated, Any
 
@@ -25,12 +26,14 @@ from app.api.uploads import check_request_images, read_form_images
 from app.config import CONF, IOU, MAX_DET, Settings
 from app.contracts import DetectParams, make_params
 from app.errors import (
+    ClientDisconnected,
     InvalidParameter,
     Overloaded,
     UnsupportedMediaType,
     YolopipeError,
 )
-from app.imaging.decode import check_image
+from app.imaging.check import check_image
+from app.imaging.headers import ImageHeader
 from app.ipc.client import SERVER_SIDE, InferenceClient
 from app.ipc.wire import Outcome
 
@@ -103,18 +106,38 @@ async def _read_single_image(request: Request, settings: Settings) -> tuple[str,
     )
 
 
-async def _detect(inference: InferenceClient, metrics: Metrics, images: list[bytes],
-                  params: DetectParams) -> list[Outcome] | JSONResponse:
+async def _detect(request: Request, inference: InferenceClient, metrics: Metrics, images: list[bytes],
+                  headers: list[ImageHeader], params: DetectParams) -> list[Outcome] | JSONResponse:
     """Outcomes, or the 503 for a request refused under load: answered here, unlogged (under
-    overload there are thousands a second; /metrics counts them)."""
+    overload there are thousands a second; /metrics counts them). A client that hangs up
+    meanwhile stops its work: what it left queued is never run (``ClientDisconnected``, 499)."""
+    detecting = asyncio.ensure_future(inference.detect(images, params, headers))
+    gone = asyncio.ensure_future(_until_disconnected(request))
     try:
-        return await inference.detect(images, params)
+        await asyncio.wait((detecting, gone), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this handler was cancelled (the server stops): so is the work
+        detecting.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if not detecting.done():
+        detecting.cancel()  # the client's cancel: its queued images are answered without running
+        raise ClientDisconnected("the client went away before its answer")
+    try:
+        return detecting.result()
     except Overloaded as exc:
         metrics.rejected.labels(exc.code).inc()
         return error_response(exc)
     except SERVER_SIDE as exc:
         metrics.rejected.labels(exc.code).inc()
         raise
+
+
+async def _until_disconnected(request: Request) -> None:
+    """Returns once the client has gone (the body was read to its end before: only the
+    disconnect is left to receive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _image_json(name: str, outcome: Outcome, names: list[str], total_ms: float) -> dict[str, Any]:
@@ -137,8 +160,8 @@ async def detect(request: Request, params: ParamsDep, inference: InferenceDep, s
                  metrics: MetricsDep) -> JSONResponse:
     start = time.perf_counter()
     name, data = await _read_single_image(request, settings)
-    check_image(data, max_pixels=settings.max_pixels)  # format, size and memory from the header, before any decode
-    outcomes = await _detect(inference, metrics, [data], params)
+    header = check_image(data, max_pixels=settings.max_pixels)  # format, size and memory, before any decode
+    outcomes = await _detect(request, inference, metrics, [data], [header], params)
     if isinstance(outcomes, JSONResponse):
         return outcomes
     (outcome,) = outcomes
@@ -170,7 +193,8 @@ async def detect_batch(request: Request, params: ParamsDep, inference: Inference
     checked = check_request_images([data for _, data in images], max_pixels=settings.max_pixels)
     refused = {i: c for i, c in enumerate(checked) if isinstance(c, YolopipeError)}
     sent = [i for i in range(len(images)) if i not in refused]
-    answered = await _detect(inference, metrics, [images[i][1] for i in sent], params) if sent else []
+    answered = (await _detect(request, inference, metrics, [images[i][1] for i in sent],
+                              [checked[i] for i in sent], params) if sent else [])  # type: ignore[misc]
     if isinstance(answered, JSONResponse):
         return answered
     outcomes = dict(zip(sent, answered))
@@ -198,7 +222,9 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request) -> Any:
     client: InferenceClient | None = request.app.state.inference
     if client is None or request.app.state.draining or not client.ready:
-        return JSONResponse(error_body("not_ready", "no inference worker is ready"), status_code=503)
+        doing = "; ".join(f"worker {w['worker']}: {w['phase']}" for w in client.workers()) if client else ""
+        return JSONResponse(error_body("not_ready", "no inference worker is ready" + (f" ({doing})" if doing else "")),
+                            status_code=503)
     return {"status": "ready"}
 
 
@@ -225,5 +251,5 @@ async def model_info(inference: InferenceDep, settings: SettingsDep) -> dict[str
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(request: Request) -> Response:
-    body, content_type = request.app.state.metrics.render()
+    body, content_type = await request.app.state.metrics.render_off_loop()
     return Response(body, media_type=content_type)

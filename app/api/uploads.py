@@ -21,7 +21,7 @@ from starlette.requests import Request
 
 from app.config import MAX_DECODE_BYTES, MAX_PIXELS, MAX_REQUEST_PIXELS
 from app.errors import BadRequest, ImageTooLarge, InvalidParameter, YolopipeError
-from app.imaging.decode import check_image
+from app.imaging.check import check_image
 from app.imaging.headers import ImageHeader
 
 # Decoded pixels one request may hold: ~600 MB of BGR if all are alive at once, ~2 s of decoding.

@@ -1,5 +1,5 @@
 """Bytes → BGR pixels on the CPU, exactly as Ultralytics reads a file (OpenCV), under a pixel
-and a memory budget checked on the header before anything is decoded."""
+and a memory budget checked on the header before anything is decoded (``app.imaging.check``)."""
 
 from __future__ import annotations
 
@@ -10,47 +10,13 @@ import numpy as np
 
 from app.config import MAX_DECODE_BYTES, MAX_PIXELS
 from app.errors import ImageTooLarge, InvalidImage
-from app.imaging.headers import ImageHeader, read_header
-
-
-def decode_bytes(header: ImageHeader) -> int:
-    """An estimate of the memory one decode holds at its peak: ``imdecode`` holds the BGR
-    image twice; a 16-bit TIFF, read at its depth to match Ultralytics, at 2 bytes a sample;
-    plus the decoder's own buffers (TIFF tiles and strips, WebP/APNG canvases).
-
-    Measured (bench/results/2026-11-30-cpu-decode-memory.json, 49 MP): +303 MB for JPEG
-    (baseline, progressive), PNG (1-bit to 16-bit RGBA), BMP RLE8, WebP and 8-bit TIFF against
-    294 MB estimated; +597 MB for a 16-bit TIFF against 588 MB. Within 3 %, and the budget
-    below has more room than that.
-    """
-    sample_bytes = 2 if header.format == "tiff" and header.bits > 8 else 1
-    return 2 * header.pixels * 3 * sample_bytes + header.work_bytes
-
-
-def check_image(
-    data: bytes, *, max_pixels: int = MAX_PIXELS, max_decode_bytes: int = MAX_DECODE_BYTES
-) -> ImageHeader:
-    """Everything decided before a pixel is decoded: a format we accept, a readable header, a
-    pixel count and a decode memory estimate within the limits. Returns the header."""
-    if not data:
-        raise InvalidImage("empty image")
-    header = read_header(data)
-    if header.pixels > max_pixels:
-        raise ImageTooLarge(
-            f"image is {header.width:,} × {header.height:,} = {header.pixels:,} pixels, the limit is {max_pixels:,}"
-        )
-    need = decode_bytes(header)
-    if need > max_decode_bytes:
-        raise ImageTooLarge(
-            f"decoding this {header.format.upper()} ({header.width:,} × {header.height:,}, {header.channels} × "
-            f"{header.bits}-bit samples) would need about {need / 2**20:,.0f} MiB, the limit is "
-            f"{max_decode_bytes / 2**20:,.0f} MiB"
-        )
-    return header
+from app.imaging.check import check_image, decode_bytes  # noqa: F401 (decode_bytes: read with the decode)
+from app.imaging.headers import ImageHeader
 
 
 def decode_image(
-    data: bytes, *, max_pixels: int = MAX_PIXELS, max_decode_bytes: int = MAX_DECODE_BYTES
+    data: bytes, *, max_pixels: int = MAX_PIXELS, max_decode_bytes: int = MAX_DECODE_BYTES,
+    header: ImageHeader | None = None,
 ) -> np.ndarray:
     """Bytes → BGR uint8 ``[H, W, 3]``, as Ultralytics' ``imread`` reads a file.
 
@@ -60,7 +26,8 @@ def decode_image(
     truncates rather than rounds. OpenCV's own errors (its pixel cap, a corrupt stream) become
     ``ImageTooLarge`` or ``InvalidImage``, never an unexpected exception.
     """
-    header = check_image(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes)
+    if header is None:  # else checked already (by whoever read it: an HTTP worker)
+        header = check_image(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes)
     flags = cv2.IMREAD_COLOR
     if header.format == "tiff" and header.bits > 8 and header.channels >= 3:
         flags |= cv2.IMREAD_ANYDEPTH

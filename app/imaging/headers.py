@@ -5,15 +5,22 @@ decoder (OpenCV: libjpeg-turbo, libpng, its own BMP reader, libtiff, libwebp) wi
 for, the way that decoder reads it: libjpeg skips fill bytes and garbage before a marker, so
 do we; OpenCV reads BMP heights as signed and TIFF's first directory only, so do we. A header
 we cannot read is refused (``InvalidImage``) rather than handed to a decoder whose size we do
-not know: that is what keeps a 1 KB file from allocating gigabytes.
+not know: that is what keeps a 1 KB file from allocating gigabytes. Work a header cannot
+show is bounded here too: a PNG whose compressed data inflates past what its size can hold
+is refused (inflating stops there), and a JPEG's scans are counted.
+
+This is the one JPEG header parser: besides the size, it reads what a GPU decoder needs to
+know (coding, precision, components, chroma sampling, EXIF orientation). Pure Python, no
+OpenCV: the HTTP workers size images with it.
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 from dataclasses import dataclass
 
-from app.errors import InvalidImage, UnsupportedMediaType
+from app.errors import InvalidImage, UnsupportedMediaType, YolopipeError
 
 _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\xff\xd8\xff", "jpeg"),
@@ -28,6 +35,27 @@ _SIGNATURES: tuple[tuple[bytes, str], ...] = (
 
 
 @dataclass(frozen=True)
+class JpegHeader:
+    """What a JPEG's markers say before its first scan, and how many scans follow."""
+
+    height: int
+    width: int
+    components: int
+    precision: int  # bits per sample
+    progressive: bool
+    arithmetic: bool
+    lossless: bool
+    sampling: tuple[tuple[int, int], ...]  # (horizontal, vertical) factor per component
+    orientation: int = 1  # EXIF orientation 1..8
+    scans: int = 1  # SOS markers from the frame header on (an EXIF thumbnail's come before it)
+
+    @property
+    def gpu_decodable(self) -> bool:
+        """8-bit, gray or three-component, Huffman-coded, not lossless: the GPU decoders' ground."""
+        return self.precision == 8 and self.components in (1, 3) and not (self.arithmetic or self.lossless)
+
+
+@dataclass(frozen=True)
 class ImageHeader:
     """The size and sample layout an image declares."""
 
@@ -37,6 +65,7 @@ class ImageHeader:
     channels: int  # samples per pixel as stored (a palette index counts as one)
     bits: int  # bits per sample as stored
     work_bytes: int = 0  # decoder buffers besides the image itself (TIFF tiles, APNG canvases, BGRA staging)
+    jpeg: JpegHeader | None = None  # a JPEG's own facts
 
     @property
     def pixels(self) -> int:
@@ -75,45 +104,82 @@ def read_header(data: bytes) -> ImageHeader:
     return header
 
 
+def read_jpeg_header(data: bytes) -> JpegHeader | None:
+    """A JPEG's facts; None when ``data`` is not a JPEG whose header we can read."""
+    try:
+        return read_header(data).jpeg
+    except YolopipeError:
+        return None
+
+
 # --- JPEG -----------------------------------------------------------------------------------
 # Start-of-frame markers of every coding process (baseline, extended, progressive, lossless,
 # hierarchical, arithmetic); C4 (DHT), C8 (JPG) and CC (DAC) share the range but are not frames.
 _SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _STANDALONE = frozenset(range(0xD0, 0xD8)) | {0x01}  # RSTn, TEM: markers without a length
+# What libjpeg accepts before a frame (DHT, DAC, DQT, DNL, DRI, APPn, COM); any other marker is
+# its "unsupported marker" error. Refusing them here keeps a PNG behind an SOI from being misread.
+_BEFORE_FRAME = frozenset({0xC4, 0xCC, 0xDB, 0xDC, 0xDD, 0xFE, *range(0xE0, 0xF0)}) | _STANDALONE
+_SOF_PROGRESSIVE = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
+_SOF_LOSSLESS = frozenset({0xC3, 0xC7, 0xCB, 0xCF})
+_SOF_ARITHMETIC = frozenset({0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_EXIF_ORIENTATION_TAG = 0x0112
 
 
 def _jpeg(data: bytes) -> ImageHeader | None:
-    """Walk the markers up to the first SOFn as libjpeg's ``next_marker`` does: any bytes up to
-    an 0xFF are skipped, any number of 0xFF fill bytes may precede a marker, FF00 is not one."""
+    """Walk the markers up to the first SOFn: any number of 0xFF fill bytes may precede a
+    marker. libjpeg's ``next_marker`` also skips other bytes before one (with a warning); we
+    refuse them: a body that is something else behind an SOI (a PNG) is not read as a JPEG
+    whose size some byte pattern in it declares."""
     if data[:2] != b"\xff\xd8":
         return None
-    n, i = len(data), 2
+    n, i, orientation = len(data), 2, 1
     while True:
-        while True:  # find the next marker
-            j = data.find(b"\xff", i)
-            if j < 0:
-                return None
-            k = j + 1
-            while k < n and data[k] == 0xFF:
-                k += 1
-            if k >= n:
-                return None
-            if data[k] != 0x00:
-                break
-            i = k + 1
+        if i >= n or data[i] != 0xFF:  # not a marker where the last segment ended
+            return None
+        k = i + 1
+        while k < n and data[k] == 0xFF:
+            k += 1
+        if k >= n:
+            return None
         marker, i = data[k], k + 1
         if marker in _SOF:
             length, bits, height, width, comps = struct.unpack_from(">HBHHB", data, i)
-            if length < 8 + 3 * comps or comps == 0:
+            if length < 8 + 3 * comps or comps == 0 or i + length > n:
                 return None
-            return ImageHeader("jpeg", height, width, comps, bits)
-        if marker in (0xD8, 0xD9, 0xDA):  # a second SOI, EOI or a scan before any frame
+            factors = data[i + 8 : i + 8 + 3 * comps]
+            facts = JpegHeader(height, width, comps, bits, progressive=marker in _SOF_PROGRESSIVE,
+                               arithmetic=marker in _SOF_ARITHMETIC, lossless=marker in _SOF_LOSSLESS,
+                               sampling=tuple((factors[3 * c + 1] >> 4, factors[3 * c + 1] & 0x0F) for c in range(comps)),
+                               orientation=orientation, scans=data.count(b"\xff\xda", i))
+            return ImageHeader("jpeg", height, width, comps, bits, jpeg=facts)
+        if marker not in _BEFORE_FRAME:  # a second SOI, EOI, a scan before any frame, an unknown marker
             return None
         if marker not in _STANDALONE:
             (length,) = struct.unpack_from(">H", data, i)
             if length < 2:
                 return None
+            if marker == 0xE1 and data[i + 2 : i + 8] == b"Exif\x00\x00":
+                orientation = _exif_orientation(data[i + 8 : i + length])
             i += length
+
+
+def _exif_orientation(tiff: bytes) -> int:
+    if len(tiff) < 8 or tiff[:2] not in (b"II", b"MM"):
+        return 1
+    order = "little" if tiff[:2] == b"II" else "big"
+    ifd = int.from_bytes(tiff[4:8], order)
+    if ifd + 2 > len(tiff):
+        return 1
+    count = int.from_bytes(tiff[ifd : ifd + 2], order)
+    for k in range(count):
+        entry = ifd + 2 + 12 * k
+        if entry + 12 > len(tiff):
+            break
+        if int.from_bytes(tiff[entry : entry + 2], order) == _EXIF_ORIENTATION_TAG:
+            value = int.from_bytes(tiff[entry + 8 : entry + 10], order)  # SHORT, left-justified
+            return value if 1 <= value <= 8 else 1
+    return 1
 
 
 # --- PNG ------------------------------------------------------------------------------------
@@ -133,6 +199,7 @@ def _png(data: bytes) -> ImageHeader | None:
     for _ in range(_PNG_MAX_CHUNKS_BEFORE_IDAT):
         length, kind = struct.unpack_from(">I4s", data, i)
         if kind == b"IDAT":
+            _check_png_inflates_within(data, i, width, height, _PNG_CHANNELS[color] * bits, interlaced=data[28] == 1)
             return ImageHeader("png", height, width, _PNG_CHANNELS[color], bits, work)
         if kind == b"acTL":
             work = 2 * height * width * 4  # the RGBA canvas and the frame being composed on it
@@ -142,6 +209,47 @@ def _png(data: bytes) -> ImageHeader | None:
                 return None
         i += 12 + length
     return None
+
+
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+
+
+def _png_raw_bytes(width: int, height: int, pixel_bits: int, interlaced: bool) -> int:
+    """The filtered scanlines of the image: what its compressed data inflates to."""
+    passes = _ADAM7 if interlaced else ((0, 0, 1, 1),)
+    total = 0
+    for x0, y0, dx, dy in passes:
+        w, h = max(0, (width - x0 + dx - 1) // dx), max(0, (height - y0 + dy - 1) // dy)
+        if w and h:
+            total += h * (1 + (w * pixel_bits + 7) // 8)
+    return total
+
+
+def _check_png_inflates_within(data: bytes, i: int, width: int, height: int, pixel_bits: int, *,
+                               interlaced: bool) -> None:
+    """libpng inflates every IDAT byte, also past the last row: a 1 × 1 image with 4 MB of
+    compressed data inflated 4 GiB for 13 s. Inflate here, stopping just past what the image
+    can hold (so the cost is at most that of a real image of this size)."""
+    raw = _png_raw_bytes(width, height, pixel_bits, interlaced)
+    inflater, produced, view = zlib.decompressobj(), 0, memoryview(data)
+    step = 1 << 20
+    while i + 8 <= len(data):
+        length, kind = struct.unpack_from(">I4s", data, i)
+        if kind != b"IDAT":
+            break
+        pending = view[i + 8 : i + 8 + length]
+        while pending and produced <= raw and not inflater.eof:
+            try:
+                produced += len(inflater.decompress(pending, min(step, raw + 1 - produced)))
+            except zlib.error:
+                return  # a corrupt stream: libpng stops at the error, OpenCV reports it
+            pending = inflater.unconsumed_tail
+        if produced > raw:
+            raise InvalidImage(f"this PNG's compressed data inflates to more than its {width:,} × {height:,} "
+                               f"pixels can hold ({raw:,} bytes)")
+        if inflater.eof:
+            return
+        i += 12 + length
 
 
 # --- BMP ------------------------------------------------------------------------------------

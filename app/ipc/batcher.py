@@ -14,7 +14,10 @@
 
 Every admitted image is answered exactly once through ``deliver`` (a result, its own error,
 or why it was dropped: deadline passed, request cancelled, shutting down), because the answer
-is what frees its bytes in the ring.
+is what frees its bytes in the ring. A lane that meets an unexpected exception logs it,
+answers that batch with an error and goes on. An error that leaves the device unusable (a
+dead CUDA context: every later batch would fail too) makes the batcher refuse new work,
+answer what it holds and call ``on_fatal``, so that its process drains and is restarted.
 """
 
 from __future__ import annotations
@@ -32,12 +35,19 @@ import numpy as np
 
 from app.contracts import ImageResult
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
-from app.imaging.headers import sniff_format
 from app.ipc.wire import DRAINING, READY, ImageRef, Load, Outcome, over_budget, queued_seconds
 from app.pipeline.detector import Detector
 
 log = logging.getLogger("yolopipe.serving")
 
+# What CUDA says when the context is lost for good: nothing in this process can use the
+# device again, so the process must be restarted (retrying batches would fail them all).
+_STICKY_DEVICE_ERRORS = (
+    "illegal memory access", "illegal address", "illegal instruction", "misaligned address",
+    "unspecified launch failure", "device-side assert", "launch failed", "uncorrectable ecc",
+    "context is destroyed", "cuda_error_illegal", "cuda_error_launch_failed", "cuda_error_ecc",
+    "cuda_error_hardware_stack_error", "hardware stack error", "cuda_error_assert",
+)
 _EWMA_WEIGHT = 0.2  # of the newest batch: about the last five batches count
 # Timing keys the batcher reports itself; a pipeline stage of the same name gets a prefix.
 _BATCHER_TIMINGS = frozenset({"decode_ms", "queue_ms", "batch_ms", "batch_size", "total_ms"})
@@ -83,16 +93,19 @@ class Batcher:
         self._stop = False
         self._threads: list[threading.Thread] = []
         self.on_load_change: Callable[[Load], None] | None = None
+        self.on_fatal: Callable[[str], None] | None = None  # the device is unusable: restart the process
+        self.fatal: str | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
-    def start(self, warmup_sizes: Sequence[int] = (1,)) -> None:
-        """Warm the detector up (on the first lane's thread: CUDA state is per thread), then serve."""
+    def start(self, warmup_sizes: Sequence[int] = (1,), progress: Callable[[str], None] | None = None) -> None:
+        """Warm the detector up (on the first lane's thread: CUDA state is per thread), then serve.
+        ``progress`` hears each warm-up step."""
         ready = threading.Event()
         failure: list[BaseException] = []
 
         def first_lane() -> None:
             try:
-                self._seconds_per_image = warmup(self.detector, warmup_sizes)
+                self._seconds_per_image = warmup(self.detector, warmup_sizes, progress)
             except BaseException as exc:  # noqa: BLE001 (raised by start() in the caller's thread)
                 failure.append(exc)
                 ready.set()
@@ -128,13 +141,13 @@ class Batcher:
 
     # --- the IO side (the worker's event loop) ---------------------------------------------
     def load(self) -> Load:
-        state = DRAINING if self._closing else READY
+        state = DRAINING if self._closing or self.fatal else READY
         return Load(self.generation, state, self._pending, self._seconds_per_image, self.lanes)
 
     def admit(self, job: Job) -> YolopipeError | None:
         """Queue ``job``; or the error to answer it with at once."""
         with self._cond:
-            if self._closing:
+            if self._closing or self.fatal:
                 return Overloaded("the server is shutting down; retry")
             queued_s = queued_seconds(self._pending + 1, self._seconds_per_image, self.lanes)
             if self._pending and queued_s > self.budget_s:
@@ -175,6 +188,31 @@ class Batcher:
                 return
             if batch:
                 self._run(batch)
+
+    def _run(self, batch: list[Job]) -> None:
+        """Run one batch and answer every job of it, whatever happens: a lane must not die."""
+        start = time.perf_counter()
+        try:
+            outcomes, timings = self._compute(batch, start)
+        except Exception as exc:  # noqa: BLE001 (a bug or a decoder's surprise: fail this batch, serve on)
+            log.error("a lane failed on a batch of %d; answering it with an error", len(batch), exc_info=exc)
+            self.metrics.device_errors.inc()
+            error = DeviceError(f"the inference worker failed on this batch ({type(exc).__name__}); retry")
+            outcomes, timings = [Outcome(j.ref.req_id, j.ref.index, error=error) for j in batch], {}
+            self._check_sticky(exc)
+        ok = sum(o.error is None for o in outcomes)
+        end = time.perf_counter()
+        with self._cond:
+            if ok:
+                sample = (end - start) / ok
+                spi = self._seconds_per_image
+                self._seconds_per_image = sample if spi == 0 else spi + _EWMA_WEIGHT * (sample - spi)
+            self._pending -= len(batch)
+            self._cond.notify_all()
+        for job in batch:
+            job.data = None
+        self._safe_deliver(batch, outcomes, timings)
+        self._publish()
 
     def _next_batch(self) -> tuple[list[Job] | None, list[Job]]:
         """Wait for work; up to max_batch jobs with equal parameters, one per request in turn.
@@ -219,9 +257,8 @@ class Batcher:
         self._pending -= len(expired)
         return batch, expired
 
-    def _run(self, batch: list[Job]) -> None:
+    def _compute(self, batch: list[Job], start: float) -> tuple[list[Outcome], dict[str, float]]:
         m = self.metrics
-        start = time.perf_counter()
         for job in batch:
             m.stage_latency.labels("queue").observe(start - job.admitted_at)
         prepared = self._prepare(batch)
@@ -248,20 +285,11 @@ class Batcher:
             timings[name] = round(float(ms), 3)
         for o in outcomes:
             m.images("ok" if o.error is None else "failed").inc()
-        with self._cond:
-            if ok:
-                sample = (end - start) / len(ok)
-                spi = self._seconds_per_image
-                self._seconds_per_image = sample if spi == 0 else spi + _EWMA_WEIGHT * (sample - spi)
-            self._pending -= len(batch)
-            self._cond.notify_all()
-        self._deliver(batch, outcomes, timings)
-        self._publish()
+        return outcomes, timings
 
     def _prepare(self, batch: list[Job]) -> list[Any]:
         """Decoded pixels (or JPEG bytes for a pipeline that decodes them) or the image's error."""
-        gpu_jpeg = self.detector.pipeline.decodes_jpeg
-        on_pool = [not (gpu_jpeg and sniff_format(bytes(j.data[:16])) == "jpeg") for j in batch]
+        on_pool = [not self.detector.decodes_itself(j.ref.header, j.data) for j in batch]
         if sum(on_pool) > 1:
             futures = {i: self._pool.submit(self._prepare_one, j) for i, j in enumerate(batch) if on_pool[i]}
             out = [futures[i].result() if i in futures else self._prepare_one(j) for i, j in enumerate(batch)]
@@ -274,7 +302,7 @@ class Batcher:
     def _prepare_one(self, job: Job) -> Any:
         t0 = time.perf_counter()
         try:
-            return self.detector.prepare(job.data)
+            return self.detector.prepare(job.data, job.ref.header)
         except YolopipeError as exc:
             return exc
         finally:
@@ -293,7 +321,22 @@ class Batcher:
             log.error("batch of %d failed on the device", len(items), exc_info=exc)
             self.metrics.device_errors.inc()
             error = DeviceError(f"the device failed while running this batch ({type(exc).__name__}); retry")
+            self._check_sticky(exc)
             return [ImageResult(error=error) for _ in items], {}
+
+    def _check_sticky(self, exc: BaseException) -> None:
+        """A dead device context: refuse new work, answer the queue, have the process restarted."""
+        if not is_sticky_device_error(exc):
+            return
+        with self._cond:
+            if self.fatal is not None:
+                return
+            self.fatal = f"{type(exc).__name__}: {exc}"
+            dropped = self._drain_queue()
+        log.critical("the device is unusable (%s); this inference worker stops and is restarted", self.fatal)
+        self._answer(dropped, DeviceError("the inference worker's device failed; it is restarting, retry"))
+        if self.on_fatal is not None:
+            self.on_fatal(self.fatal)
 
     # --- bookkeeping -----------------------------------------------------------------------
     def _answer(self, jobs: list[Job], error: YolopipeError) -> None:
@@ -301,8 +344,14 @@ class Batcher:
             outcomes = [Outcome(j.ref.req_id, j.ref.index, error=error) for j in jobs]
             for job in jobs:
                 job.data = None
-            self._deliver(jobs, outcomes, {})
+            self._safe_deliver(jobs, outcomes, {})
             self._publish()
+
+    def _safe_deliver(self, jobs: list[Job], outcomes: list[Outcome], timings: dict[str, float]) -> None:
+        try:
+            self._deliver(jobs, outcomes, timings)
+        except Exception as exc:  # noqa: BLE001 (e.g. the event loop closed while stopping)
+            log.error("could not deliver %d answer(s)", len(jobs), exc_info=exc)
 
     def _forget(self, n: int) -> None:
         self._queued -= n
@@ -321,14 +370,29 @@ class Batcher:
             self.on_load_change(self.load())
 
 
-def warmup(detector: Detector, batch_sizes: Sequence[int]) -> float:
+def is_sticky_device_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the device context is lost for good."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = str(exc).lower()
+        if any(sign in text for sign in _STICKY_DEVICE_ERRORS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def warmup(detector: Detector, batch_sizes: Sequence[int], progress: Callable[[str], None] | None = None) -> float:
     """Run each batch size once on gray images, so the first request pays no setup; the
     seconds per image of the largest batch (the first estimate admission works with)."""
+    say = progress or (lambda text: None)
+    say("warming up the pipeline (on a GPU: compiling and capturing each batch bucket)")
     detector.pipeline.warmup()  # the GPU pipeline captures one CUDA graph per batch-size bucket
     size = detector.meta.imgsz
     image = np.full((size, size, 3), 114, np.uint8)
     seconds = 0.0
-    for n in batch_sizes:
+    for k, n in enumerate(batch_sizes, 1):
+        say(f"warming up batch size {n} ({k} of {len(batch_sizes)})")
         t0 = time.perf_counter()
         detector.detect([image] * n, detector.params())
         seconds = (time.perf_counter() - t0) / n

@@ -19,6 +19,7 @@ from typing import Any
 from app.config import Settings
 from app.contracts import DetectParams
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
+from app.imaging.headers import ImageHeader
 from app.ipc import wire
 from app.ipc.layout import RunLayout
 from app.ipc.ring import Ring
@@ -33,10 +34,12 @@ SERVER_SIDE = (Overloaded, DeviceError, RequestTimeout)  # these fail the whole 
 class _Request:
     """One HTTP request's images on their way: sent ``window`` at a time, answered in any order."""
 
-    def __init__(self, client: InferenceClient, images: list[bytes], params: DetectParams, deadline: float) -> None:
+    def __init__(self, client: InferenceClient, images: list[bytes], params: DetectParams, deadline: float,
+                 headers: list[ImageHeader] | None = None) -> None:
         self.client = client
         self.id = next(client._ids)
         self.images = images
+        self.headers = headers
         self.params = params
         self.deadline = deadline
         self.outcomes: list[wire.Outcome | None] = [None] * len(images)
@@ -102,15 +105,23 @@ class _Link(asyncio.Protocol):
             except OSError:  # not started yet, or restarting
                 await asyncio.sleep(_RECONNECT_S)
                 continue
+            # This connection's own objects: connection_lost may run during any await below and
+            # clear the attributes (or a next connection replace them).
+            ring, hello, lost, transport = self.ring, self._hello, self._lost, self.transport
             try:
-                info = await asyncio.wait_for(asyncio.shield(self._hello), 30.0)
-                self.ring.unlink()  # mapped on both sides now: nothing to leave behind
+                info = await asyncio.wait_for(asyncio.shield(hello), 30.0)
+                ring.unlink()  # mapped on both sides now: nothing to leave behind
+                if lost.done():  # lost right after its hello
+                    raise ConnectionError("closed after hello")
                 self.client.info = self.info = info
                 self.connected = True
-                await self._lost
+                await lost
             except (asyncio.TimeoutError, ConnectionError):
-                if self.transport is not None:
-                    self.transport.abort()
+                transport.abort()
+                await asyncio.sleep(_RECONNECT_S)
+            except Exception as exc:  # noqa: BLE001 (this task must outlive any one connection)
+                log.error("connection to inference worker %d failed", self.index, exc_info=exc)
+                transport.abort()
                 await asyncio.sleep(_RECONNECT_S)
 
     def connection_made(self, transport: Any) -> None:
@@ -157,8 +168,9 @@ class _Link(asyncio.Protocol):
             raise Overloaded("too much image data is waiting for inference; retry shortly")
         self.waiting[(request.id, index)] = (request, offset)
         request.links.add(self)
+        header = request.headers[index] if request.headers is not None else None
         self.transport.write(wire.image(wire.ImageRef(request.id, index, offset, len(data), request.deadline,
-                                                      request.params)))
+                                                      request.params, header)))
 
     def cancel(self, req_id: int) -> None:
         if self.transport is not None:
@@ -200,14 +212,18 @@ class InferenceClient:
         return any(link.connected and link.status.read().state == wire.READY for link in self._links)
 
     def workers(self) -> list[dict]:
-        """Each inference worker as an operator sees it: ready, queued images, pid, device."""
+        """Each inference worker as an operator sees it: ready, queued images, pid, device, and
+        what it is doing while it starts (its warm-up step)."""
         out = []
         for i, link in enumerate(self._links):
             load = link.status.read() if link.connected else None
             info = link.info or {}
-            out.append({"worker": i, "ready": load is not None and load.state == wire.READY,
+            ready = load is not None and load.state == wire.READY
+            out.append({"worker": i, "ready": ready,
                         "queued_images": load.pending if load else 0, "pid": info.get("pid"),
-                        "device": info.get("device"), "restarts": info.get("generation", 0)})
+                        "device": info.get("device"), "restarts": info.get("generation", 0),
+                        "phase": "" if ready else (link.status.read_phase() or "starting"),
+                        "standby_ready": link.status.read_standby() != 0})
         return out
 
     def pick(self) -> _Link:
@@ -235,11 +251,14 @@ class InferenceClient:
             raise wire.over_budget(chosen_load.queued_s(1), self.settings.budget_s)
         return chosen
 
-    async def detect(self, images: list[bytes], params: DetectParams) -> list[wire.Outcome]:
-        """Each image's outcome, in order (its own error inside). Raises Overloaded, DeviceError
-        or RequestTimeout when the request as a whole cannot be served."""
+    async def detect(self, images: list[bytes], params: DetectParams,
+                     headers: list[ImageHeader] | None = None) -> list[wire.Outcome]:
+        """Each image's outcome, in order (its own error inside). ``headers``: each image's, as
+        checked here; they travel with the bytes, so the inference worker does not read them
+        again. Raises Overloaded, DeviceError or RequestTimeout when the request as a whole
+        cannot be served."""
         timeout = self.settings.request_timeout_s
-        request = _Request(self, images, params, time.monotonic() + timeout)
+        request = _Request(self, images, params, time.monotonic() + timeout, headers)
         for _ in range(min(len(images), self.settings.window)):
             request.send_next()
         try:

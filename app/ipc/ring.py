@@ -67,11 +67,6 @@ class Ring:
         while self._live and self._live[0][2]:
             self._live.popleft()
 
-    def free_all(self) -> None:
-        self._live.clear()
-        self._by_offset.clear()
-        self.used = 0
-
     def unlink(self) -> None:
         try:
             os.unlink(self.path)

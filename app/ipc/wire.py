@@ -28,6 +28,7 @@ import numpy as np
 from app import errors
 from app.contracts import DetectParams
 from app.errors import YolopipeError
+from app.imaging.headers import ImageHeader, JpegHeader
 from app.types import Detections
 
 FRAME = struct.Struct("<IB")
@@ -37,6 +38,11 @@ STREAM = 5  # video streams' control and events, on their own socket (app.ipc.st
 # req_id, index, ring offset, length, deadline (time.monotonic, shared by the host's processes),
 # conf, iou, max_det, agnostic, number of class ids (then that many int32)
 _IMAGE = struct.Struct("<QIQIdddIBH")
+# Then the header the HTTP worker read (so the inference worker never parses it again): format
+# (0: none sent), height, width, channels, bits, work bytes; a JPEG's components, precision,
+# coding flags (progressive 1, arithmetic 2, lossless 4), orientation and scans.
+_HEADER = struct.Struct("<BIIBBQBBBBI")
+_FORMATS = ("", "jpeg", "png", "bmp", "tiff", "webp")
 _CANCEL = struct.Struct("<Q")
 # req_id, index, ok, width, height, decode_ms, queue_ms, rows (then rows × 6 float32) or, when
 # not ok, code and message lengths (then both, UTF-8)
@@ -96,6 +102,7 @@ class ImageRef:
     length: int
     deadline: float
     params: DetectParams
+    header: ImageHeader | None = None  # as the HTTP worker read it (a JPEG's chroma sampling stays behind)
 
 
 def image(ref: ImageRef) -> bytes:
@@ -105,13 +112,36 @@ def image(ref: ImageRef) -> bytes:
                        p.agnostic, len(classes))
     if classes:
         body += struct.pack(f"<{len(classes)}i", *classes)
-    return frame(IMAGE, body)
+    return frame(IMAGE, body + _pack_header(ref.header))
 
 
 def read_image(body: bytes) -> ImageRef:
     req_id, index, offset, length, deadline, conf, iou, max_det, agnostic, n = _IMAGE.unpack_from(body)
     classes = struct.unpack_from(f"<{n}i", body, _IMAGE.size) if n else None
-    return ImageRef(req_id, index, offset, length, deadline, DetectParams(conf, iou, max_det, classes, bool(agnostic)))
+    header = _unpack_header(body, _IMAGE.size + 4 * n)
+    return ImageRef(req_id, index, offset, length, deadline, DetectParams(conf, iou, max_det, classes, bool(agnostic)),
+                    header)
+
+
+def _pack_header(h: ImageHeader | None) -> bytes:
+    if h is None:
+        return _HEADER.pack(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+    j = h.jpeg
+    flags = 0 if j is None else (j.progressive | j.arithmetic << 1 | j.lossless << 2)
+    return _HEADER.pack(_FORMATS.index(h.format), h.height, h.width, h.channels, h.bits, h.work_bytes,
+                        0 if j is None else j.components, 0 if j is None else j.precision, flags,
+                        0 if j is None else j.orientation, 0 if j is None else j.scans)
+
+
+def _unpack_header(body: bytes, pos: int) -> ImageHeader | None:
+    fmt, height, width, channels, bits, work, comps, precision, flags, orientation, scans = _HEADER.unpack_from(body, pos)
+    if not fmt:
+        return None
+    jpeg = None
+    if comps:
+        jpeg = JpegHeader(height, width, comps, precision, progressive=bool(flags & 1), arithmetic=bool(flags & 2),
+                          lossless=bool(flags & 4), sampling=(), orientation=orientation, scans=scans)
+    return ImageHeader(_FORMATS[fmt], height, width, channels, bits, work, jpeg)
 
 
 def cancel(req_id: int) -> bytes:
@@ -202,6 +232,8 @@ def _errors_by_code() -> dict[str, type[YolopipeError]]:
 # --- the load an inference worker publishes --------------------------------------------
 STARTING, READY, DRAINING = 0, 1, 2
 _STATUS = struct.Struct("<QIIdI")  # generation, state, images admitted and unanswered, s/image, lanes
+_STANDBY_AT = 48  # u32: the pid of the worker's warm standby, once it is ready
+_PHASE_AT, _PHASE_MAX = 64, 256  # then a short text: the warm-up step of a starting worker
 
 
 @dataclass(frozen=True)
@@ -246,6 +278,24 @@ class StatusBlock:
 
     def read(self) -> Load:
         return Load(*_STATUS.unpack_from(self._map, 0))
+
+    def write_standby(self, pid: int) -> None:
+        """The pid of this worker's warm standby (0: none ready). Written by the standby itself,
+        a field the serving worker never writes."""
+        struct.pack_into("<I", self._map, _STANDBY_AT, pid)
+
+    def read_standby(self) -> int:
+        return struct.unpack_from("<I", self._map, _STANDBY_AT)[0]
+
+    def write_phase(self, text: str) -> None:
+        """What a starting worker is doing (its warm-up step), for /readyz and /v1/model."""
+        data = text.encode()[:_PHASE_MAX]
+        self._map[_PHASE_AT + 2 : _PHASE_AT + 2 + len(data)] = data
+        struct.pack_into("<H", self._map, _PHASE_AT, len(data))
+
+    def read_phase(self) -> str:
+        (n,) = struct.unpack_from("<H", self._map, _PHASE_AT)
+        return bytes(self._map[_PHASE_AT + 2 : _PHASE_AT + 2 + min(n, _PHASE_MAX)]).decode(errors="replace")
 
     def close(self) -> None:
         self._map.close()

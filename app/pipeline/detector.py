@@ -16,7 +16,9 @@ from app.boxes import rows_to_detections
 from app.config import MAX_PIXELS
 from app.contracts import DetectParams, ImageResult, Pipeline, PipelineInput, PipelineRun, make_params
 from app.errors import InvalidParameter, YolopipeError
-from app.imaging.decode import check_image, decode_image
+from app.imaging.check import check_image
+from app.imaging.decode import decode_image
+from app.imaging.headers import ImageHeader, sniff_format
 from app.pipeline.overlap import run_overlapped
 from app.types import ModelMeta
 
@@ -57,17 +59,33 @@ class Detector:
         return make_params(**kwargs, num_classes=len(self.names))
 
     # --- work ------------------------------------------------------------------------
-    def prepare(self, item: bytes | np.ndarray) -> PipelineInput:
-        """Decode on the CPU unless the pipeline decodes this item itself (JPEG on the GPU)."""
+    def prepare(self, item: bytes | np.ndarray, header: ImageHeader | None = None) -> PipelineInput:
+        """Decode on the CPU unless the pipeline decodes this item itself (JPEG on the GPU).
+        ``header``: the image's, already checked (the service's HTTP workers read it)."""
         if isinstance(item, np.ndarray):
             if item.ndim != 3 or item.shape[2] != 3 or item.dtype != np.uint8:
                 raise InvalidParameter(f"arrays must be BGR uint8 [H, W, 3], got {item.dtype} {item.shape}")
             return item
         data = bytes(item)
-        header = check_image(data, max_pixels=self.max_pixels)  # format, size and memory, before any pixel
-        if self.pipeline.decodes_jpeg and header.format == "jpeg":
+        if header is None:
+            header = check_image(data, max_pixels=self.max_pixels)  # format, size and memory, before any pixel
+        if self._gpu_decodes(header):
             return data  # the GPU decodes it; a corrupt one comes back as an error in its slot
-        return decode_image(data, max_pixels=self.max_pixels)
+        return decode_image(data, max_pixels=self.max_pixels, header=header)
+
+    def decodes_itself(self, header: ImageHeader | None, data: Any = b"") -> bool:
+        """Whether the pipeline decodes these bytes (so no CPU decode is needed before it)."""
+        if header is None:
+            fmt = sniff_format(bytes(data[:16]))
+            return self.pipeline.decodes_jpeg and fmt == "jpeg"
+        return self._gpu_decodes(header)
+
+    def _gpu_decodes(self, header: ImageHeader) -> bool:
+        """The one place that decides it: a JPEG the GPU decoders take (8-bit, 1 or 3 components,
+        Huffman); CMYK, 12-bit, arithmetic and lossless ones decode on the CPU, like Ultralytics."""
+        if not self.pipeline.decodes_jpeg or header.format != "jpeg":
+            return False
+        return header.jpeg is None or header.jpeg.gpu_decodable
 
     def detect(self, items: Sequence[bytes | np.ndarray], params: DetectParams | None = None) -> list[ImageResult]:
         """Detections for each item, in order; a bad item gets an error, the others go on."""

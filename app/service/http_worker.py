@@ -19,7 +19,6 @@ from app.api.main import create_app
 from app.config import Settings
 from app.ipc.client import InferenceClient
 from app.ipc.layout import RunLayout
-from app.runtime import inference_devices
 from app.service.processes import die_with_parent, setup_logging, write_metrics_to
 
 
@@ -31,6 +30,7 @@ class OwnWorkers(InferenceClient):
         self._pool = None
 
     async def start(self, wait_s: float = 30.0) -> None:
+        from app.runtime import inference_devices  # here: an HTTP worker of `serve` must not load the model's code
         from app.service.pool import InferencePool
 
         devices = inference_devices(self.settings)

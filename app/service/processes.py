@@ -7,6 +7,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -26,15 +28,34 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+_MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+
 def write_metrics_to(folder: Path) -> None:
-    """Metrics of this process go to files in ``folder`` (prometheus_client's multiprocess mode).
+    """Metrics of this (worker) process go to files in ``folder`` (prometheus_client's
+    multiprocess mode, chosen by this variable when prometheus_client is imported).
 
-    prometheus_client picks its storage when imported, and a spawned child may have imported
-    it already (while re-importing the parent's main module), so pick again."""
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder)
-    from prometheus_client import values
+    A worker normally has it from its parent (``metrics_folder``) or sets it before importing
+    prometheus_client. Only if a spawned child imported prometheus_client first (re-importing
+    its parent's main module) is the storage picked again, with prometheus_client's own chooser."""
+    os.environ[_MULTIPROC_DIR] = str(folder)
+    values = sys.modules.get("prometheus_client.values")
+    if values is not None and values.ValueClass is not values.get_value_class():
+        values.ValueClass = values.get_value_class()
 
-    values.ValueClass = values.get_value_class()
+
+@contextmanager
+def metrics_folder(folder: Path) -> Iterator[None]:
+    """Processes started inside write their metrics to ``folder``; the variable is put back after."""
+    previous = os.environ.get(_MULTIPROC_DIR)
+    os.environ[_MULTIPROC_DIR] = str(folder)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(_MULTIPROC_DIR, None)
+        else:
+            os.environ[_MULTIPROC_DIR] = previous
 
 
 def setup_logging() -> None:

@@ -27,7 +27,7 @@ from app.ipc.layout import RunLayout
 from app.runtime import inference_devices
 from app.service.http_worker import http_worker_main
 from app.service.pool import InferencePool
-from app.service.processes import setup_logging
+from app.service.processes import metrics_folder, setup_logging
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -41,18 +41,22 @@ def serve(settings: Settings) -> None:
     n_http = http_worker_count(serving.workers, len(devices), on_gpu=devices[0] is not None)
     _check_port_free(serving.host, serving.port)
     layout = RunLayout.create(len(devices))
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(layout.metrics_dir)  # every child writes there
+    with metrics_folder(layout.metrics_dir):  # every child writes there
+        _supervise(serving, layout, devices, n_http)
+    log.info("stopped")
+
+
+def _supervise(serving: Settings, layout: RunLayout, devices: list[str | None], n_http: int) -> None:
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     pool = InferencePool(serving, layout, devices)
-    http = HttpWorkers(serving, layout, n_http)
+    http = HttpWorkers(serving, layout, n_http, stop)
     try:
         log.info("starting %d inference worker(s) (%s) and %d HTTP worker(s) on %s:%d; run folder %s",
                  len(devices), ", ".join(f"cuda:{d}" if d is not None else "cpu" for d in devices), n_http,
                  serving.host, serving.port, layout.root)
-        pool.start()
-        if stop.is_set():
-            return
+        if not pool.start(stop):
+            return  # SIGTERM while the inference workers warmed up
         http.start()
         log.info("serving on http://%s:%d", serving.host, serving.port)
         while not stop.is_set():
@@ -65,7 +69,6 @@ def serve(settings: Settings) -> None:
         layout.remove()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    log.info("stopped")
 
 
 def http_worker_count(given: int, inference_workers: int, *, on_gpu: bool) -> int:
@@ -91,10 +94,13 @@ def _check_port_free(host: str, port: int) -> None:
 
 
 class HttpWorkers:
-    def __init__(self, settings: Settings, layout: RunLayout, count: int) -> None:
+    """``stop``: set by SIGTERM; no pause or wait here outlasts it by more than a fraction of a second."""
+
+    def __init__(self, settings: Settings, layout: RunLayout, count: int, stop: threading.Event) -> None:
         self.settings = settings
         self.layout = layout
         self.count = count
+        self._stop = stop
         self._ctx = multiprocessing.get_context("spawn")
         self._procs: list[Any] = [None] * count
         self._started_at = [0.0] * count
@@ -116,7 +122,13 @@ class HttpWorkers:
         self._procs[slot] = proc
         self._started_at[slot] = time.monotonic()
         try:
-            message = receive.recv() if wait([receive, proc.sentinel], 60.0) else "no answer within 60 s"
+            deadline = time.monotonic() + 60.0
+            while not wait([receive, proc.sentinel], 0.1):
+                if self._stop.is_set():
+                    return None  # stopping: it is terminated with the others
+                if time.monotonic() > deadline:
+                    return "no answer within 60 s"
+            message = receive.recv()
         except EOFError:
             message = f"exited with code {proc.exitcode}"
         finally:
@@ -137,7 +149,8 @@ class HttpWorkers:
             self._pauses[slot] = min(10.0, max(0.5, 2 * self._pauses[slot])) if lived < _YOUNG_S else 0.0
             log.error("HTTP worker pid %d ended with exit code %s after %.0f s; starting another%s", proc.pid,
                       proc.exitcode, lived, f" in {self._pauses[slot]:.1f} s" if self._pauses[slot] else "")
-            time.sleep(self._pauses[slot])
+            if self._stop.wait(self._pauses[slot]):
+                return
             error = self._spawn(slot)
             if error is not None:
                 log.error("HTTP worker could not start: %s", error)

@@ -5,7 +5,9 @@ shared-memory ring (``HELLO``), then sends image descriptors (``IMAGE``). The
 batcher batches images from every HTTP worker and each answer goes back on the socket it came
 from, a batch's answers to one HTTP worker in one frame. Its load goes to a status block the
 HTTP workers read. SIGTERM: refuse new work, finish the admitted work, exit 0; SIGINT is
-ignored (a terminal's Ctrl-C reaches every process; the supervisor decides the order).
+ignored (a terminal's Ctrl-C reaches every process; the supervisor decides the order). A
+device that became unusable (the batcher's ``on_fatal``) drains the same way and exits with
+``EXIT_DEVICE_LOST``, for the pool to start a fresh process.
 
 Neither torch nor prometheus_client is imported at module level: the process entry first
 sets the environment they read (the GPU this worker may see, the metrics folder).
@@ -30,6 +32,8 @@ from app.ipc.ring import map_ring
 
 log = logging.getLogger("yolopipe.serving")
 
+EXIT_DEVICE_LOST = 4  # the device context died: the pool starts this worker again
+
 
 @dataclass(frozen=True)
 class WorkerSpec:
@@ -40,9 +44,11 @@ class WorkerSpec:
     parent_pid: int
 
 
-def worker_main(spec: WorkerSpec, settings: Any, report: Any) -> None:
+def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = None) -> None:
     """Process entry (multiprocessing, spawn). ``report``: a pipe to the pool, which gets
-    ``("ready", info)`` or ``("error", code, message)``."""
+    ``("ready", info)`` or ``("error", code, message)``. With ``promote`` (a pipe from the
+    pool) this is a standby: it opens and warms its detector, reports ``("standby", pid)``,
+    and takes over the worker's socket only when the pool sends it a generation number."""
     from app.runtime import open_detector_from
     from app.service.processes import die_with_parent, setup_logging, write_metrics_to
 
@@ -59,28 +65,30 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any) -> None:
         report.send(("error", exc.code, str(exc)))
         raise SystemExit(3) from None
     try:
-        _run(_serve(spec, settings, detector, report))
+        lost = _run(_serve(spec, settings, detector, report, promote))
     finally:
-        detector.close()
+        if not lost:  # a dead context cannot free anything: just exit
+            detector.close()
+    if lost:
+        os._exit(EXIT_DEVICE_LOST)
 
 
-def _run(main: Any) -> None:
+def _run(main: Any) -> Any:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(main)
-        return
-    uvloop.run(main)
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
-async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) -> None:
+async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, promote: Any = None) -> str | None:
+    """Serve until SIGTERM (None) or until the device is lost (why)."""
     from app.ipc.metrics import WorkerMetrics, gpu_memory_readers
 
     loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stopping.set)
     metrics = WorkerMetrics(str(spec.index))
-    if spec.generation:
-        metrics.restarts.labels(str(spec.index)).inc()
-    status = wire.StatusBlock(spec.layout.status(spec.index), writable=True)
     socket_path = spec.layout.socket(spec.index)
     connections: set[_Connection] = set()
 
@@ -89,11 +97,35 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) ->
 
     batcher = Batcher(detector, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
                       budget_s=settings.budget_s, deliver=deliver, metrics=metrics, generation=spec.generation)
-    batcher.on_load_change = status.write
     sizes = (1,) if detector.pipeline.backend == "onnxruntime" else tuple(sorted({1, batcher.max_batch}))
-    await asyncio.to_thread(batcher.start, sizes)
+    # A first start shows its warm-up steps (in the log and /readyz); a standby warms quietly
+    # beside the worker that owns the status block.
+    starting = None if promote is not None else wire.StatusBlock(spec.layout.status(spec.index), writable=True)
+
+    def progress(text: str) -> None:
+        log.info("inference worker %d: %s", spec.index, text)
+        if starting is not None:
+            starting.write_phase(text)
+
+    await asyncio.to_thread(batcher.start, sizes, progress)
+    if starting is not None:
+        starting.write_phase("")
+        starting.close()
+    generation = spec.generation
+    if promote is not None:
+        generation = await _stand_by(spec, report, promote, stopping)
+        if generation is None:  # stopped (or the pool went away) before taking over
+            loop.remove_signal_handler(signal.SIGTERM)
+            await asyncio.to_thread(batcher.close, 0.0)
+            return None
+        batcher.generation = generation
+    if generation:
+        metrics.restarts.labels(str(spec.index)).inc()
+    # Only now: the status block and the socket belong to the worker that serves.
+    status = wire.StatusBlock(spec.layout.status(spec.index), writable=True)
+    batcher.on_load_change = status.write
     info = {
-        "worker": spec.index, "generation": spec.generation, "pid": os.getpid(),
+        "worker": spec.index, "generation": generation, "pid": os.getpid(),
         "device": "cpu" if spec.device is None else f"cuda:{spec.device}",
         **detector.info(),
         "meta": asdict(detector.meta),
@@ -121,18 +153,18 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) ->
 
     streams = StreamHost(spec.index, settings, detector, spec.layout, loop, batcher)
     await streams.start()
-    stopping = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stopping.set)
+    batcher.on_fatal = lambda reason: loop.call_soon_threadsafe(stopping.set)
     status.write(batcher.load())
     report.send(("ready", info))
     log.info("inference worker %d ready: %s on %s/%s (%s), batch %d, %d lane(s)", spec.index, detector.meta.name,
              info["backend"], info["precision"], info["device"], batcher.max_batch, batcher.lanes)
     await stopping.wait()
 
-    log.info("inference worker %d draining", spec.index)
+    log.info("inference worker %d draining%s", spec.index, " (device lost)" if batcher.fatal else "")
     server.close()
     await streams.close()
-    await asyncio.to_thread(batcher.close, settings.request_timeout_s)
+    # After a device loss the running batches can only fail: do not wait for them long.
+    await asyncio.to_thread(batcher.close, 1.0 if batcher.fatal else settings.request_timeout_s)
     status.write(batcher.load())
     await asyncio.sleep(0)  # let the last answers go out
     for conn in list(connections):
@@ -141,7 +173,40 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any) ->
     batcher.on_load_change = None
     stop_sampling.set()
     status.close()
+    loop.remove_signal_handler(signal.SIGTERM)
     log.info("inference worker %d stopped", spec.index)
+    return batcher.fatal
+
+
+async def _stand_by(spec: WorkerSpec, report: Any, promote: Any, stopping: asyncio.Event) -> int | None:
+    """Warm and waiting: the generation to serve as once the pool promotes this process, or
+    None when it is stopped first."""
+    loop = asyncio.get_running_loop()
+    promoted: asyncio.Future = loop.create_future()
+
+    def on_message() -> None:
+        loop.remove_reader(promote.fileno())
+        try:
+            promoted.set_result(promote.recv())
+        except (EOFError, OSError):  # the pool is gone
+            promoted.set_result(None)
+
+    loop.add_reader(promote.fileno(), on_message)
+    marker = wire.StatusBlock(spec.layout.status(spec.index), writable=True)
+    marker.write_standby(os.getpid())  # for operators and benchmarks: the worker has a warm standby
+    report.send(("standby", os.getpid()))
+    log.info("inference worker %d standby ready (pid %d)", spec.index, os.getpid())
+    stopped = asyncio.ensure_future(stopping.wait())
+    await asyncio.wait((promoted, stopped), return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    marker.write_standby(0)  # taking over, or leaving: no standby ready now
+    marker.close()
+    if not promoted.done():
+        loop.remove_reader(promote.fileno())
+        return None
+    if promoted.result() is not None:
+        log.info("inference worker %d standby (pid %d) takes over", spec.index, os.getpid())
+    return promoted.result()
 
 
 class _Connection(asyncio.Protocol):

@@ -30,12 +30,12 @@ BODY_LIMIT = 2 * 1024 * 1024
 SERVER = f"""
 import sys, uvicorn
 from app.service.http_worker import create_service_app
-from app.api.protocol import HttpLimits, uvicorn_options
+from app.api.protocol import uvicorn_options
 from app.config import Settings
-settings = Settings(backend="onnxruntime", artifacts_dir=sys.argv[1], max_wait_ms=5, max_body_bytes={BODY_LIMIT})
-limits = HttpLimits(head_timeout_s=1.0, body_idle_timeout_s=1.0, keep_alive_s=5)
+settings = Settings(backend="onnxruntime", artifacts_dir=sys.argv[1], max_wait_ms=5, max_body_bytes={BODY_LIMIT},
+                    request_window=2, head_timeout_s=1.0, body_idle_timeout_s=1.0, keep_alive_s=5)
 uvicorn.run(create_service_app(settings), host="127.0.0.1", port=int(sys.argv[2]), log_level="info",
-            access_log=False, **uvicorn_options(settings, limits))
+            access_log=False, **uvicorn_options(settings))
 """
 
 
@@ -45,6 +45,7 @@ class Reply:
     body: bytes
     seconds: float
     responses: int  # complete responses read
+    statuses: list[int]  # of each complete response, in order
 
 
 def exchange(port: int, steps: list, *, responses: int = 1, timeout: float = 8.0) -> Reply:
@@ -81,25 +82,34 @@ def exchange(port: int, steps: list, *, responses: int = 1, timeout: float = 8.0
             data += chunk
     except OSError:  # a reset after (or instead of) the answer, or our own hang-up
         pass
+    if responses == 0:  # a client that never reads: it sends everything, then closes
+        sender.join(timeout)
     seconds = time.monotonic() - start
     done.set()
     sender.join(timeout)
     sock.close()
     status = int(data[9:12]) if data.startswith(b"HTTP/1.1 ") else None
-    return Reply(status, data.partition(b"\r\n\r\n")[2], seconds, _complete(data))
+    statuses = _statuses(data)
+    return Reply(status, data.partition(b"\r\n\r\n")[2], seconds, len(statuses), statuses)
 
 
 def _complete(data: bytes) -> int:
     """How many whole responses (with Content-Length bodies) ``data`` holds."""
-    count = 0
+    return len(_statuses(data))
+
+
+def _statuses(data: bytes) -> list[int]:
+    """The status of each whole response (with a Content-Length body) in ``data``."""
+    out = []
     while b"\r\n\r\n" in data:
         head, _, rest = data.partition(b"\r\n\r\n")
         length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                        if line.lower().startswith(b"content-length:")), 0)
         if len(rest) < length:
             break
-        count, data = count + 1, rest[length:]
-    return count
+        out.append(int(head[9:12]))
+        data = rest[length:]
+    return out
 
 
 def request(method: str = "POST", path: str = "/v1/detect", headers: dict | None = None, body: bytes = b"",
@@ -132,6 +142,7 @@ class Case:
     status: int | None
     code: str | None = None  # the error code; None for a success or no answer
     responses: int = 1
+    statuses: list[int] | None = None  # of every response, when several are read
 
 
 GET_HEALTHZ = request("GET", "/healthz")
@@ -167,6 +178,10 @@ CASES: dict[str, Case] = {
     "lowercase_method": Case(lambda c: [b"get /healthz HTTP/1.1\r\n\r\n"], 501, "not_implemented"),
     "http_1_2": Case(lambda c: [request("GET", "/healthz", version="HTTP/1.2")], 505, "http_version_not_supported"),
     "http_3_0": Case(lambda c: [request("GET", "/healthz", version="HTTP/3.0")], 505, "http_version_not_supported"),
+    "http_2_0_request_line": Case(lambda c: [request("GET", "/healthz", version="HTTP/2.0")], 505,
+                                  "http_version_not_supported"),
+    "http_0_9_request_line": Case(lambda c: [request("GET", "/healthz", version="HTTP/0.9")], 505,
+                                  "http_version_not_supported"),
     "http2_preface": Case(lambda c: [b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"], 505, "http_version_not_supported"),
     "trace_method": Case(lambda c: [request("TRACE", "/healthz")], 405, "method_not_allowed"),
     "propfind_method": Case(lambda c: [request("PROPFIND", "/healthz")], 405, "method_not_allowed"),
@@ -202,7 +217,8 @@ CASES: dict[str, Case] = {
                                  408, "read_timeout"),
     "idle_connection": Case(lambda c: [3.0], None),
     "only_blank_lines": Case(lambda c: [b"\r\n\r\n", 3.0], None),
-    "tls_client_hello": Case(lambda c: [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(40), 1.0], None),
+    "tls_client_hello": Case(lambda c: [b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(40), 1.0], 400,
+                             "bad_request"),
     # --- clients that hang up: nobody to answer; counted as 499, never 500
     "hangup_mid_raw_body": Case(lambda c: [request(headers={"Content-Type": "image/jpeg", "Content-Length": 100_000})
                                            + c["jpeg"][:100], 0.2, "hangup"], None),
@@ -213,6 +229,21 @@ CASES: dict[str, Case] = {
     # --- served as plain HTTP/1.1
     "pipelined_then_garbage": Case(lambda c: [GET_HEALTHZ + b"FOO / HTTP/1.1\r\n\r\n"], 200, None, responses=2),
     "hundred_pipelined": Case(lambda c: [GET_HEALTHZ * 100], 200, None, responses=100),
+    # --- pipelining: a refused request is answered after those before it, which all run
+    "two_pipelined_then_garbage": Case(lambda c: [GET_HEALTHZ * 2 + b"FOO / HTTP/1.1\r\n\r\n"], 200, responses=3,
+                                       statuses=[200, 200, 501]),
+    "pipelined_then_bad_chunk": Case(lambda c: [GET_HEALTHZ * 2 + chunked() + b"zz\r\n"], 200, responses=3,
+                                     statuses=[200, 200, 400]),
+    "pipelined_detect_then_garbage": Case(lambda c: [image(c["jpeg"]) + GET_HEALTHZ + bytes(range(1, 64))], 200,
+                                          responses=3, statuses=[200, 200, 400]),
+    "pipelined_never_read": Case(lambda c: [request("GET", "/openapi.json") * 400, 1.0], None, responses=0),
+    "upgrade_h2c_then_pipelined": Case(lambda c: [request("GET", "/healthz", {"Connection": "Upgrade", "Upgrade": "h2c"})
+                                                  + GET_HEALTHZ * 2], 200, responses=3, statuses=[200, 200, 200]),
+    "upgrade_websocket_then_pipelined": Case(lambda c: [request("GET", "/healthz", {"Connection": "Upgrade",
+                                                                                    "Upgrade": "websocket"})
+                                                        + GET_HEALTHZ], 200, responses=2, statuses=[200, 200]),
+    "upgrade_with_a_body": Case(lambda c: [request(headers={"Connection": "Upgrade", "Upgrade": "h2c",
+                                                            "Content-Length": 20}) + GET_HEALTHZ[:20]], 400, "bad_request"),
     "upgrade_h2c": Case(lambda c: [request("GET", "/healthz", {"Connection": "Upgrade", "Upgrade": "h2c"})], 200),
     "upgrade_websocket": Case(lambda c: [request("GET", "/healthz", {"Connection": "Upgrade", "Upgrade": "websocket",
                                                                      "Sec-WebSocket-Version": 13})], 200),
@@ -244,6 +275,13 @@ CASES: dict[str, Case] = {
     "float_tiff": Case(lambda c: [image(c["forge"].tiff(64, 48, bits=32, sample_format=3), "image/tiff")], 415,
                        "unsupported_media_type"),
     "gif": Case(lambda c: [image(c["gif"], "image/gif")], 415, "unsupported_media_type"),
+    # --- decode work a header does not show: bounded before decoding
+    "progressive_jpeg_1000_scans": Case(lambda c: [image(c["forge"].jpeg_with_scans(c["progressive"], 1_000))], 413,
+                                        "image_too_large"),
+    "png_1x1_inflating_to_64mb": Case(lambda c: [image(c["forge"].png_inflating_to(1, 1, 64 << 20), "image/png")], 400,
+                                      "invalid_image"),
+    "jpeg_soi_then_png": Case(lambda c: [image(c["jpeg"][:2] + b"\xff\xe0\x00\x04ab" + c["forge"].png(640, 480))],
+                              400, "invalid_image"),
     "pdf_as_png": Case(lambda c: [image(b"%PDF-1.7\n%%EOF\n", "image/png")], 415, "unsupported_media_type"),
     "empty_body": Case(lambda c: [image(b"")], 400, "invalid_image"),
     "truncated_jpeg": Case(lambda c: [image(c["jpeg"][:400])], 400, "invalid_image"),
@@ -310,7 +348,10 @@ def ctx(forge, assets_dir) -> dict:
     pil.resize((64, 48)).convert("P").save(gif, "GIF")
     small = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)[:320, :320]
     tiff16 = cv2.imencode(".tiff", small.astype(np.uint16) * 257)[1].tobytes()
-    return {"forge": forge, "jpeg": jpeg, "cmyk": buf.getvalue(), "gif": gif.getvalue(), "tiff16": tiff16}
+    progressive = io.BytesIO()
+    pil.resize((64, 48)).save(progressive, "JPEG", progressive=True)
+    return {"forge": forge, "jpeg": jpeg, "cmyk": buf.getvalue(), "gif": gif.getvalue(), "tiff16": tiff16,
+            "progressive": progressive.getvalue()}
 
 
 def healthz_ms(port: int) -> float:
@@ -335,6 +376,8 @@ def test_hostile_input_gets_its_documented_answer(server, ctx, name):
         assert json.loads(reply.body) == {"error": {"code": case.code, "message": json.loads(reply.body)["error"]["message"]}}
     elif case.status == 200:
         assert reply.responses == case.responses
+    if case.statuses is not None:
+        assert reply.statuses == case.statuses
     assert healthz_ms(port) < 1_000 and proc.poll() is None
 
 
@@ -390,6 +433,29 @@ def test_a_part_named_only_by_filename_star_is_read_as_a_file(server, ctx):
     port, _, _, _ = server
     reply = exchange(port, [multipart([("name=\"image\"; filename*=UTF-8''b%C3%BCs.jpg", ctx["jpeg"])])])
     assert reply.status == 200 and json.loads(reply.body)["image"] == "büs.jpg"
+
+
+def _metric(port: int, name: str) -> float:
+    text = exchange(port, [request("GET", "/metrics")]).body.decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_a_client_that_hangs_up_stops_costing_work(server, ctx):
+    port, _, _, _ = server
+    small = cv2.imencode(".jpg", cv2.imdecode(np.frombuffer(ctx["jpeg"], np.uint8), cv2.IMREAD_COLOR)[:96, :128])[1]
+    images = 40  # two at a time at the inference worker (the request window)
+    before = _metric(port, 'yolopipe_images_total{outcome="ok"')
+    body = multipart([(f'name="images"; filename="{i}.jpg"', small.tobytes()) for i in range(images)],
+                      "/v1/detect/batch")
+    exchange(port, [body, 1.0, "hangup"])
+    deadline, idle_since = time.monotonic() + 120, None
+    while idle_since is None or time.monotonic() - idle_since < 2.0:  # the worker idle for 2 s
+        assert time.monotonic() < deadline
+        idle = _metric(port, "yolopipe_queue_depth") == 0
+        idle_since = (idle_since or time.monotonic()) if idle else None
+        time.sleep(0.05)
+    computed = _metric(port, 'yolopipe_images_total{outcome="ok"') - before
+    assert computed < images / 2, computed  # only what was already running when it left
 
 
 def test_a_batch_of_pixel_bombs_stays_within_the_request_budget(server, ctx):

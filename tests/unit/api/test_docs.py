@@ -41,3 +41,23 @@ def test_the_service_docs_work_offline():
     from app.service.http_worker import create_service_app
 
     _docs_page_assets(TestClient(create_service_app()))
+
+
+@pytest.mark.parametrize("range_header, status", [("bytes=abc", 400), ("bytes=5-2", 400), ("items=0-1", 400),
+                                                  ("bytes=999999999-", 416)])
+def test_a_bad_range_on_an_asset_is_answered_in_the_json_error_shape(range_header, status):
+    app = FastAPI(title="t", docs_url=None, redoc_url=None)
+    install_docs(app)
+    r = TestClient(app).get("/docs-assets/swagger-ui.css", headers={"Range": range_header})
+    assert r.status_code == status and r.headers["content-type"] == "application/json"
+    assert set(r.json()) == {"error"} and set(r.json()["error"]) == {"code", "message"}
+    assert r.json()["error"]["code"] == {400: "bad_request", 416: "range_not_satisfiable"}[status]
+
+
+def test_a_good_range_on_an_asset_is_still_served():
+    app = FastAPI(title="t", docs_url=None, redoc_url=None)
+    install_docs(app)
+    client = TestClient(app)
+    whole = client.get("/docs-assets/swagger-ui.css").content
+    part = client.get("/docs-assets/swagger-ui.css", headers={"Range": "bytes=0-9"})
+    assert part.status_code == 206 and part.content == whole[:10]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import struct
+import zlib
 
 import cv2
 import numpy as np
@@ -13,7 +14,8 @@ from PIL import Image
 
 from app.config import MAX_DECODE_BYTES
 from app.errors import ImageTooLarge, InvalidImage, UnsupportedMediaType
-from app.imaging.decode import check_image, decode_bytes, decode_image
+from app.imaging.check import check_image, decode_bytes
+from app.imaging.decode import decode_image
 from app.imaging.headers import read_header, sniff_format
 
 
@@ -54,7 +56,6 @@ VARIANTS = {
     "jpeg_444": (lambda f, b: pil(rgb(b), "JPEG", subsampling=0), ".jpg"),
     "jpeg_exif_rotated": (lambda f, b: pil(rgb(b), "JPEG", exif=exif6()), ".jpg"),
     "jpeg_fill_bytes_before_sof": (lambda f, b: f.jpeg_with_size(cv(b, ".jpg"), 203, 271, fill=5), ".jpg"),
-    "jpeg_garbage_before_sof": (lambda f, b: f.jpeg_with_size(cv(b, ".jpg"), 203, 271, garbage=b"\x00junk"), ".jpg"),
     "png_rgb": (lambda f, b: cv(b, ".png"), ".png"),
     "png_rgba": (lambda f, b: cv(cv2.cvtColor(b, cv2.COLOR_BGR2BGRA), ".png"), ".png"),
     "png_rgba_16bit": (lambda f, b: cv(cv2.cvtColor(b, cv2.COLOR_BGR2BGRA).astype(np.uint16) * 257, ".png"), ".png"),
@@ -151,7 +152,6 @@ BOMBS = {
     "webp_vp8l_16383": lambda f, jpeg: f.riff_webp(f.vp8l(16_383, 16_383)),
     "png_rgb_30000": lambda f, jpeg: f.png(30_000, 30_000, rows=2),
     # more of each class
-    "jpeg_garbage_then_sof_30000": lambda f, jpeg: f.jpeg_with_size(jpeg, 30_000, 30_000, garbage=b"\x00\x01junk"),
     "jpeg_progressive_65535": lambda f, jpeg: _with_marker(f.jpeg_with_size(jpeg, 65_535, 65_535), 0xC2),
     "jpeg_arithmetic_40000": lambda f, jpeg: _with_marker(f.jpeg_with_size(jpeg, 40_000, 40_000), 0xC9),
     "jpeg_lossless_40000": lambda f, jpeg: _with_marker(f.jpeg_with_size(jpeg, 40_000, 40_000), 0xC3),
@@ -236,6 +236,13 @@ def _tiff_entries(*entries: tuple[int, int, int]) -> bytes:
 
 
 UNREADABLE = {
+    "jpeg_garbage_then_sof_30000": lambda f, j: f.jpeg_with_size(j, 30_000, 30_000, garbage=b"\x00\x01junk"),
+    "jpeg_app0_then_png": lambda f, j: j[:2] + b"\xff\xe0\x00\x04ab" + f.png(640, 480),
+    "jpeg_soi_then_png": lambda f, j: b"\xff\xd8\xff" + f.png(640, 480),
+    "jpeg_soi_then_png_at_its_idat": lambda f, j: b"\xff\xd8\xff" + f.png(640, 480)[8:],
+    "jpeg_unknown_marker_before_frame": lambda f, j: j[:2] + b"\xff\x89\x00\x04ab" + j[2:],
+    "png_1x1_inflating_to_64mb": lambda f, j: f.png_inflating_to(1, 1, 64 << 20),
+    "png_640x480_inflating_past_its_rows": lambda f, j: f.png_inflating_to(640, 480, 640 * 3 * 480 + 480 + 1),
     "jpeg_scan_before_frame": lambda f, j: j[:2] + b"\xff\xda\x00\x02" + j[f.jpeg_sof(j):],
     "jpeg_second_soi": lambda f, j: j[:2] + b"\xff\xd8" + j[2:],
     "jpeg_segment_length_1": lambda f, j: j[:2] + b"\xff\xe1\x00\x01" + j[2:],
@@ -288,3 +295,42 @@ def test_formats_opencv_knows_but_we_refuse(data, no_decode):
 def test_tiff_samples_we_cannot_scale_are_refused_with_a_clear_message(bits, sample_format, message, forge, no_decode):
     with pytest.raises(UnsupportedMediaType, match=message):
         decode_image(forge.tiff(64, 48, bits=bits, sample_format=sample_format))
+
+
+def _progressive(bus: np.ndarray, size: int = 64) -> bytes:
+    return pil(rgb(cv2.resize(bus, (size, size))), "JPEG", progressive=True, quality=90)
+
+
+def test_a_jpeg_with_a_thousand_scans_is_refused_without_decoding(forge, bus, no_decode):
+    data = forge.jpeg_with_scans(_progressive(bus), 1_000)
+    assert read_header(data).jpeg.scans == 1_000
+    with pytest.raises(ImageTooLarge, match="1,000 scans"):
+        decode_image(data)
+
+
+def test_ordinary_progressive_jpegs_and_pngs_pass_the_work_checks(forge, bus):
+    progressive = _progressive(bus, 640)
+    facts = read_header(progressive).jpeg
+    assert facts.progressive and 1 < facts.scans <= 12
+    assert decode_image(progressive).shape == (640, 640, 3)
+    assert decode_image(cv(bus, ".png")).shape == bus.shape
+    adam7 = _adam7_png(forge, 37, 23)
+    assert decode_image(adam7).shape == (23, 37, 3)
+
+
+def _adam7_png(forge, width: int, height: int) -> bytes:
+    """An interlaced RGB PNG (Adam7 passes of filter-0 scanlines): its exact inflated size."""
+    from app.imaging.headers import _png_raw_bytes
+
+    raw = _png_raw_bytes(width, height, 24, interlaced=True)
+    ihdr = forge.png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 1))
+    idat = forge.png_chunk(b"IDAT", zlib.compress(b"\x00" * raw))
+    return b"\x89PNG\r\n\x1a\n" + ihdr + idat + forge.png_chunk(b"IEND", b"")
+
+
+def test_the_jpeg_facts_a_gpu_decoder_needs_come_from_the_one_parser(bus):
+    baseline = cv(bus, ".jpg")
+    facts = read_header(baseline).jpeg
+    assert (facts.width, facts.height, facts.components, facts.precision) == (bus.shape[1], bus.shape[0], 3, 8)
+    assert facts.gpu_decodable and not facts.progressive and facts.scans == 1
+    assert facts.sampling[0] == (2, 2)  # OpenCV's default 4:2:0

@@ -57,7 +57,7 @@ class Harness:
 
     def close(self) -> None:
         self.batcher.close(30.0)
-        self.ring.free_all()
+        self.ring.close()
 
 
 @pytest.fixture()
@@ -253,3 +253,86 @@ def test_close_finishes_admitted_work_and_refuses_new(harness, detector, bus):
         closer.join(60)
     answers = {o.req_id: o for o, _ in h.collect(2)}
     assert answers[1].error is None and answers[2].error is None
+
+
+def test_a_lane_that_raises_answers_its_batch_with_an_error_and_serves_on(harness, detector, bus):
+    h = harness()
+    real_prepare = detector.prepare
+    calls = []
+
+    def surprising_once(item, header=None):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("a decoder surprise, not one of ours")
+        return real_prepare(item, header)
+
+    detector.prepare = surprising_once
+    try:
+        h.admit(h.job(bus, 1))
+        (failed, _), = h.collect(1)
+        assert h.batcher.load().pending == 0  # the failed job is no longer counted as queued work
+        h.admit(h.job(bus, 2))
+        (served, _), = h.collect(1)
+    finally:
+        del detector.prepare
+    assert isinstance(failed.error, DeviceError) and "ValueError" in str(failed.error)
+    assert served.error is None and len(served.detections) > 0
+    assert h.batcher.load().pending == 0 and h.batcher.fatal is None
+
+
+def test_a_lost_device_context_refuses_work_answers_the_queue_and_asks_for_a_restart(harness, detector, bus):
+    h = harness()
+    lost: list[str] = []
+    h.batcher.on_fatal = lost.append
+    gate = threading.Event()
+    entered: list[int] = []
+
+    def dead_context(images, params):
+        entered.append(len(images))
+        gate.wait(60)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    detector.pipeline.run = dead_context
+    try:
+        h.admit(h.job(bus, 1))
+        wait_until(lambda: entered == [1])
+        h.admit(h.job(bus, 2))  # queued behind the batch that will find the context dead
+        gate.set()
+        answers = {o.req_id: o for o, _ in h.collect(2)}
+        assert isinstance(answers[1].error, DeviceError) and isinstance(answers[2].error, DeviceError)
+        assert entered == [1]  # the queued image was answered, not run on a dead device
+        assert len(lost) == 1 and "illegal memory access" in lost[0]
+        assert h.batcher.load().state == 2 and h.batcher.load().pending == 0  # draining: routed elsewhere
+        assert isinstance(h.batcher.admit(h.job(bus, 3)), Overloaded)
+    finally:
+        del detector.pipeline.run
+
+
+def test_an_ordinary_device_error_is_not_taken_for_a_lost_context():
+    from app.ipc.batcher import is_sticky_device_error
+
+    assert not is_sticky_device_error(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert is_sticky_device_error(RuntimeError("CUDA error: unspecified launch failure"))
+    wrapped = DeviceError("batch failed")
+    wrapped.__cause__ = RuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+    assert is_sticky_device_error(wrapped)
+
+
+def test_an_image_that_comes_with_its_header_is_not_parsed_again(harness, bus, monkeypatch):
+    import app.imaging.decode
+    import app.pipeline.detector
+    from app.imaging.check import check_image
+
+    header = check_image(bus)  # as the HTTP worker read it
+    h = harness()
+
+    def parsed_again(*args, **kwargs):
+        raise AssertionError("the inference worker read the header again")
+
+    monkeypatch.setattr(app.pipeline.detector, "check_image", parsed_again)
+    monkeypatch.setattr(app.imaging.decode, "check_image", parsed_again)
+    job = h.job(bus, 1)
+    job.ref.header = header
+    h.admit(job)
+    (outcome, _), = h.collect(1)
+    assert outcome.error is None and len(outcome.detections) > 0

@@ -28,6 +28,23 @@ def test_images_round_trip_with_their_parameters():
     assert wire.read_cancel(frames[2][1]) == 2**40
 
 
+def test_an_image_travels_with_the_header_the_http_worker_read(bus, forge):
+    from dataclasses import replace
+
+    from app.imaging.check import check_image
+
+    for data in (bus, forge.png(64, 48), forge.tiff(64, 48, bits=16)):
+        header = check_image(data)
+        ref = wire.ImageRef(1, 0, 0, len(data), 9.0, DetectParams(), header)
+        ((_, body),) = wire.FrameReader().feed(wire.image(ref))
+        back = wire.read_image(body)
+        expected = header if header.jpeg is None else replace(header, jpeg=replace(header.jpeg, sampling=()))
+        assert back.header == expected
+        assert (back.header.jpeg is not None) == (header.format == "jpeg")
+    ((_, body),) = wire.FrameReader().feed(wire.image(wire.ImageRef(1, 0, 0, 1, 9.0, DetectParams())))
+    assert wire.read_image(body).header is None  # bytes from elsewhere: the worker reads the header itself
+
+
 def test_results_round_trip_to_the_same_json_as_the_detector(detected):
     det, results = detected
     outcomes = [wire.Outcome(1, i, r.width, r.height, r.detections, decode_ms=1.5, queue_ms=2.5)

@@ -1,0 +1,56 @@
+"""The supervisor's HTTP workers (real processes): a SIGTERM is not kept waiting by a restart pause."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+
+from app.config import Settings
+from app.ipc.layout import RunLayout
+from app.service.supervisor import HttpWorkers
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_stop_ends_a_restart_pause_at_once():
+    layout = RunLayout.create(0)
+    stop = threading.Event()
+    workers = HttpWorkers(Settings(host="127.0.0.1", port=_free_port()), layout, 1, stop)
+    try:
+        workers.start()
+        (proc,) = workers._procs
+        workers._pauses[0] = 10.0  # it keeps dying young: the next restart waits 10 s
+        os.kill(proc.pid, signal.SIGKILL)
+        replacing = threading.Thread(target=workers.replace_dead, args=(5.0,))
+        replacing.start()
+        proc.join(5.0)
+        stop.set()
+        replacing.join(3.0)  # well before the pause would end
+        assert not replacing.is_alive()
+        assert workers._procs[0] is proc  # and nothing was started while stopping
+    finally:
+        stop.set()
+        workers.stop(0.0)
+        layout.remove()
+
+
+def test_the_metrics_folder_variable_is_put_back_after_serving(tmp_path, monkeypatch):
+    from app.service.processes import metrics_folder
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    with metrics_folder(tmp_path / "a"):
+        assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path / "a")
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/elsewhere")
+    try:
+        with metrics_folder(tmp_path / "b"):
+            raise RuntimeError("the service failed")
+    except RuntimeError:
+        pass
+    assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == "/elsewhere"
