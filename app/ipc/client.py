@@ -231,6 +231,7 @@ class InferenceClient:
         best: tuple[float, int] | None = None
         chosen: _Link | None = None
         chosen_load: wire.Load | None = None
+        chosen_ahead = 0
         turn = next(self._turn)
         n = len(self._links)
         for k in range(n):
@@ -240,15 +241,19 @@ class InferenceClient:
             load = link.status.read()
             if load.state != wire.READY:
                 continue
-            # The work queued ahead of this image: idle workers tie (and the rotation shares the
-            # work) however differently their per-image times were last measured.
-            key = (load.queued_s(), len(link.waiting))
+            # The work queued ahead of this image, counting what this HTTP worker sent that the
+            # worker has not taken in yet (a batch request sends several before the status moves):
+            # idle workers tie, and the rotation shares the work.
+            ahead = max(load.pending, len(link.waiting))
+            key = (wire.queued_seconds(ahead, load.seconds_per_image, load.lanes), ahead)
             if best is None or key < best:
-                best, chosen, chosen_load = key, link, load
+                best, chosen, chosen_ahead = key, link, ahead
+                chosen_load = load
         if chosen is None or chosen_load is None:
             raise Overloaded("no inference worker is ready (starting or restarting); retry shortly")
-        if chosen_load.pending and chosen_load.queued_s(1) > self.settings.budget_s:
-            raise wire.over_budget(chosen_load.queued_s(1), self.settings.budget_s)
+        queued = wire.queued_seconds(chosen_ahead + 1, chosen_load.seconds_per_image, chosen_load.lanes)
+        if chosen_ahead and queued > self.settings.budget_s:
+            raise wire.over_budget(queued, self.settings.budget_s)
         return chosen
 
     async def detect(self, images: list[bytes], params: DetectParams,
