@@ -45,8 +45,6 @@ Kernel sequence (all on the caller's stream, only for the first ``batch`` images
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import cuda
 
@@ -680,29 +678,3 @@ class GpuNms:
     def __exit__(self, *exc) -> None:
         self.free()
 
-    def __del__(self) -> None:  # best effort; free() is the contract
-        try:
-            self.free()
-        except Exception:
-            pass
-
-
-def device_bytes(max_batch: int, num_classes: int, num_anchors: int, max_det: int = 300,
-                 candidate_capacity: int | None = None) -> int:
-    """Device memory a :class:`GpuNms` of these sizes allocates (for sizing decisions)."""
-    B, A = max_batch, num_anchors
-    C = num_anchors if candidate_capacity is None else candidate_capacity
-    W = math.ceil(C / WORD_BITS)
-    return (
-        3 * 4 * B  # num_candidates, cand_count, tickets
-        + 3 * 4 * B * A
-        + 3 * 4 * B * C
-        + 2 * 16 * B * C
-        + 8 * B * C * W
-        + 8 * B * W
-        + 24 * B * max_det
-        + 4 * B * max_det
-        + 4 * B
-        + 8
-        + 4 * (2 + num_classes)
-    )

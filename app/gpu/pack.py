@@ -39,19 +39,6 @@ def bucket_sizes(max_batch: int) -> list[int]:
     return sizes
 
 
-def split_even(n: int, parts: int) -> list[range]:
-    """``range(n)`` cut into at most ``parts`` contiguous, non-empty pieces of near-equal size."""
-    parts = max(1, min(int(parts), n))
-    base, extra = divmod(n, parts)
-    out, start = [], 0
-    for k in range(parts):
-        stop = start + base + (1 if k < extra else 0)
-        if stop > start:
-            out.append(range(start, stop))
-        start = stop
-    return out
-
-
 @dataclass
 class BatchPlan:
     """Where each image of a batch goes; batch position ``j`` is ``placed[j]``."""

@@ -4,9 +4,8 @@ Image bytes never travel on the socket: an HTTP worker copies them into its shar
 ring (``app.ipc.ring``) and sends a descriptor (``IMAGE``: where the bytes are, the
 request's parameters and deadline). The inference worker answers each image exactly once
 (``RESULTS``: detections as float32 rows, or an error code), which is also when the HTTP
-worker may reuse that part of its ring. ``bench/ipc_roundtrip.py`` measured this against
-sending the bytes inline on the socket and pyzmq: the ring costs the inference worker ~20 µs
-per 230 KB image, the others 110–240 µs.
+worker may reuse that part of its ring. The ring was chosen by measurement against sending the
+bytes inline on the socket and pyzmq (``bench/ipc_roundtrip.py``, figures in ``bench/results/``).
 
 Every frame is ``<u32 body length><u8 kind><body>``. Each inference worker also publishes its
 load in a small shared status block (``StatusBlock``), which every HTTP worker reads to route

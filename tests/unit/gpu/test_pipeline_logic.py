@@ -11,22 +11,13 @@ import pytest
 from app.errors import DeviceError
 from app.gpu.driver import CudaDriver
 from app.gpu.gate import Gate
-from app.gpu.pack import bucket_sizes, split_even
+from app.gpu.pack import bucket_sizes
 
 
 def test_bucket_sizes():
     assert bucket_sizes(1) == [1]
     assert bucket_sizes(128) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert bucket_sizes(12) == [1, 2, 4, 8, 12]
-
-
-@pytest.mark.parametrize("n,parts", [(1, 8), (16, 8), (17, 8), (128, 15), (5, 1), (7, 3)])
-def test_split_even_covers_everything_once(n, parts):
-    pieces = split_even(n, parts)
-    assert [i for r in pieces for i in r] == list(range(n))
-    assert len(pieces) == min(n, parts)
-    sizes = [len(r) for r in pieces]
-    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
 
 
 def _started(target) -> threading.Thread:
