@@ -151,7 +151,7 @@ def _jpeg(data: bytes) -> ImageHeader | None:
             facts = JpegHeader(height, width, comps, bits, progressive=marker in _SOF_PROGRESSIVE,
                                arithmetic=marker in _SOF_ARITHMETIC, lossless=marker in _SOF_LOSSLESS,
                                sampling=tuple((factors[3 * c + 1] >> 4, factors[3 * c + 1] & 0x0F) for c in range(comps)),
-                               orientation=orientation, scans=data.count(b"\xff\xda", i))
+                               orientation=orientation, scans=_scans(data, i, marker))
             return ImageHeader("jpeg", height, width, comps, bits, jpeg=facts)
         if marker not in _BEFORE_FRAME:  # a second SOI, EOI, a scan before any frame, an unknown marker
             return None
@@ -162,6 +162,14 @@ def _jpeg(data: bytes) -> ImageHeader | None:
             if marker == 0xE1 and data[i + 2 : i + 8] == b"Exif\x00\x00":
                 orientation = _exif_orientation(data[i + 8 : i + length])
             i += length
+
+
+def _scans(data: bytes, start: int, marker: int) -> int:
+    """SOS markers after the frame header, counted only where they can be many: a sequential JPEG
+    codes each component in one scan, while a progressive one may refine in any number (the
+    decode-time bomb ``MAX_JPEG_SCANS`` bounds). Counting reads the whole file, so the usual
+    baseline JPEG, parsed on every request path, is not read past its header."""
+    return data.count(b"\xff\xda", start) if marker in _SOF_PROGRESSIVE else 1
 
 
 def _exif_orientation(tiff: bytes) -> int:
