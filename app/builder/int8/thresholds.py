@@ -91,6 +91,37 @@ def compute_ranges(histograms: dict[str, AbsHistogram], method: str, *,
     return {name: tensor_range(h, "max" if name in keep else method) for name, h in histograms.items()}
 
 
+def silu_floor(step: float) -> float:
+    """The smallest ``c`` with ``|SiLU(-c)| = c / (1 + e^c)`` below ``step / 2`` (past the minimum
+    at -1.28): a pre-activation clipped at ``-c`` changes the SiLU output by less than its rounding."""
+    c = 1.28
+    while c < 40.0 and c / (1.0 + np.exp(c)) > step / 2:
+        c += 0.01
+    return c
+
+
+def silu_preactivation_ranges(ranges: dict[str, tuple[float, float]], pairs: dict[str, str],
+                              levels: int = 255) -> dict[str, tuple[float, float]]:
+    """The ranges of the tensors that enter a SiLU (``pairs``: pre-activation → SiLU output),
+    fitted to what SiLU makes of them; for the CPU model, which quantizes Conv outputs to fuse.
+
+    A pre-activation's |x| threshold is set by its large negative values (down to -45 after the
+    first Conv), which SiLU squashes to ~0: u8 over ``[-T, T]`` spends half its steps there. Its
+    range becomes ``[-c, hi]``: ``-c`` where clipping changes SiLU's output by less than half the
+    output's u8 step, ``hi`` the SiLU output's (SiLU(x) ≈ x up there). About 2x finer steps (bench:
+    F1 0.939 → 0.964 against FP32 on another distribution)."""
+    out = dict(ranges)
+    for pre, post in pairs.items():
+        if pre not in ranges or post not in ranges:
+            continue
+        lo, hi = ranges[pre]
+        post_lo, post_hi = ranges[post]
+        if post_hi <= post_lo:
+            continue
+        out[pre] = (max(lo, -silu_floor((post_hi - post_lo) / levels)), min(hi, post_hi) if post_hi > 0 else hi)
+    return out
+
+
 def to_tensors_data(ranges: dict[str, tuple[float, float]], method: str):
     """ONNX Runtime's ``TensorsData`` (what ``quantize_static`` reads from a calibration cache)."""
     from onnxruntime.quantization import CalibrationMethod
