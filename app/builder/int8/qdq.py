@@ -83,8 +83,8 @@ def write_qdq_model(onnx_path: Path, out_path: Path, ranges_path: Path, method: 
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
-    ort_method = {"entropy": CalibrationMethod.Entropy, "max": CalibrationMethod.MinMax,
-                  "percentile": CalibrationMethod.Percentile}[method]
+    ort_method = {"entropy": CalibrationMethod.Entropy, "max": CalibrationMethod.MinMax, "mse": CalibrationMethod.MinMax,
+                  "percentile": CalibrationMethod.Percentile}[method]  # a label: the ranges come from the cache
     with _quiet_ort_advice():
         quantize_static(
             str(onnx_path),

@@ -261,5 +261,23 @@ def test_unreadable_images_are_refused(tmp_path, private_engines, calib_root, im
 
 
 def test_unknown_method():
-    with pytest.raises(CalibrationError, match="entropy, max, percentile"):
+    with pytest.raises(CalibrationError, match="entropy, max, mse, percentile"):
         calibrate("sample", ".", method="kl")
+
+
+def test_the_gate_hint_names_options_the_command_has():
+    import re
+
+    import typer
+
+    from app.builder.int8.calibration import gate_error
+    from app.builder.int8.report import summarize
+    from app.cli import cli
+
+    report = summarize("model.int8-cpu.onnx", [], [], [])
+    hint = gate_error(report, 0.9).hint
+    named = set(re.findall(r"--[a-z][a-z0-9-]+", hint))
+    command = typer.main.get_command(cli).commands["calibrate"]
+    options = {opt for param in command.params for opt in param.opts}
+    assert {"--max-float-layers", "--allow-low-accuracy", "--heldout-images", "--method"} <= named <= options
+    assert "_" not in hint.replace("--", "")  # no code parameter names
