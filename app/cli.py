@@ -144,7 +144,7 @@ def calibrate(
                                               "videos give --frames-per-video frames each). 64+ advised, 8 at least.")],
     weights: Weights = "sample",
     num_images: Annotated[int, typer.Option(help="Calibration images to use at most.")] = 512,
-    method: Annotated[Optional[str], typer.Option(help="entropy (TensorRT's) | max | mse | percentile [default: percentile, "
+    method: Annotated[Optional[str], typer.Option(help="entropy (TensorRT's) | max | mse | percentile [default: mse, "
                                                        "the one that held up best: calibration/README.md].")] = None,
     heldout_images: Annotated[Optional[Path], typer.Option(help="A separate folder for the accuracy report, of other "
                                                                 "scenes or cameras: the trustworthy figure [default: "

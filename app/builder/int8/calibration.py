@@ -61,6 +61,7 @@ from app.builder.int8.thresholds import (
     ENTROPY_LEVELS,
     ENTROPY_START_BIN,
     METHODS,
+    MSE_CANDIDATES,
     PERCENTILE,
     compute_ranges,
     silu_preactivation_ranges,
@@ -68,7 +69,9 @@ from app.builder.int8.thresholds import (
 )
 from app.errors import AccuracyGateFailed, CalibrationError
 
-DEFAULT_METHOD = "percentile"  # see calibration/README.md: TensorRT's entropy clips post-SiLU activations hard
+# mse: the TensorRT model's F1 on another distribution 0.935 → 0.960 over percentile, the CPU
+# model's 0.957 → 0.968 (bench/results/*-int8-libraries-cpu.json); entropy clips SiLU outputs hard.
+DEFAULT_METHOD = "mse"
 TARGET_F1 = 0.97  # accuracy control aims the F1 interval's lower bound here (issue #20's goal vs FP32)
 OVERESTIMATE_NOTE = (
     "the held-out images come from --images, the cameras and scenes calibrated on: they overestimate the "
@@ -128,6 +131,8 @@ def _settings_key() -> str:
 def _method_key(method: str) -> str:
     if method == "entropy":
         return f"entropy-trt{HISTOGRAM_BINS}s{ENTROPY_START_BIN}q{ENTROPY_LEVELS}-silu"
+    if method == "mse":
+        return f"mse{MSE_CANDIDATES}-silu"
     return f"percentile{PERCENTILE}-silu" if method == "percentile" else f"{method}-silu"  # silu: pre-activations fitted
 
 

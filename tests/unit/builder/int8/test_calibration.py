@@ -223,7 +223,7 @@ def test_writing_a_model_leaves_the_root_logger_alone(calibrated, tmp_path):
 def test_rerun_and_other_methods_use_the_histogram_cache(calibrated, image_dir, private_engines, calib_root):
     assert calibrated.cache_path.is_file() and calibrated.cache_path.is_relative_to(calib_root)
     again = run(image_dir, private_engines, calib_root, allow_low_accuracy=True)
-    assert again.method == DEFAULT_METHOD == "percentile"
+    assert again.method == DEFAULT_METHOD == "mse"
     assert again.cache_hit and not calibrated.cache_hit and again.cache_path == calibrated.cache_path
     assert again.timings_s["calibration_s"] < calibrated.timings_s["calibration_s"]
 
