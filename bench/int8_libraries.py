@@ -169,7 +169,7 @@ def main() -> None:
                             "interleaved in one loop so the load hit them alike"},
         "versions": versions(("onnxruntime", "onnx", "numpy", "nncf", "opencv-python-headless")),
         "modelopt": subprocess.run([args.modelopt_python, "-c", "import modelopt; print(modelopt.__version__)"],
-                                   capture_output=True, text=True).stdout.strip() if args.modelopt_python else None,
+                                   capture_output=True, text=True, check=False).stdout.strip() if args.modelopt_python else None,
         "model": "sample (YOLOv8s-size, 2 classes), imgsz 640",
         "calibration_set": "84 images: the 20 photos of images/ + every 3rd frame of dance.avi (64 frames)",
         "heldout_set": f"{len(heldout)} images of another distribution (bench/int8_heldout.py), "

@@ -37,7 +37,6 @@ from app.imaging.letterbox import to_input
 SENSITIVITY_IMAGES = 8
 SHORTLIST = 16  # Convs measured per model: the largest rounding-noise-to-signal ratios of 57
 MAX_FLOAT_LAYERS = 6
-MAX_CPU_FLOAT_SHARE = 0.05  # unfused Convs run at FP32 speed: 11 % of the FLOPs made 0.705x FP32 (bench)
 SCORE_FLOOR = 0.05
 
 

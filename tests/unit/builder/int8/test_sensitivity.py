@@ -119,6 +119,7 @@ def test_accuracy_control_reverts_the_installed_models_layers_and_caches(tmp_pat
         shutil.copyfile(sample_model_dir / f, private / f)
     # Three candidate Convs per model keep the test short; calibrate studies all of them.
     every = mixed.candidates
+    monkeypatch.setattr(mixed, "MAX_CPU_FLOAT_SHARE", 1.0)  # off by default (latency); on here to test it
     monkeypatch.setattr(mixed, "candidates", lambda model, target, skip=(): every(model, target, skip)[:3])
     options = {"heldout_images": held, "artifacts_dir": root, "calibration_root": tmp_path / "c", "min_f1": 0.999,
                "target_f1": 1.01, "max_float_layers": 2, "sensitivity_images": 2, "min_images": 4}

@@ -118,7 +118,7 @@ def test_mse_threshold_is_the_best_s8_clip_on_the_samples_themselves():
         values = values.astype(np.float32)
         h = histogram_of(values)
 
-        def sample_mse(t: float) -> float:  # s8 symmetric fake-quantization of the real values
+        def sample_mse(t: float, values=values) -> float:  # s8 symmetric fake-quantization of the values
             step = t / 127
             return float(np.mean((np.clip(np.round(values / step), -127, 127) * step - values) ** 2))
 
