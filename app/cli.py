@@ -166,14 +166,18 @@ def calibrate(
                                               "videos give --frames-per-video frames each). 64+ advised, 8 at least.")],
     weights: Weights = "sample",
     num_images: Annotated[int, typer.Option(help="Calibration images to use at most.")] = 512,
-    method: Annotated[Optional[str], typer.Option(help="entropy (TensorRT's) | max | percentile [default: percentile, "
+    method: Annotated[Optional[str], typer.Option(help="entropy (TensorRT's) | max | mse | percentile [default: mse, "
                                                        "the one that held up best: calibration/README.md].")] = None,
-    heldout_images: Annotated[Optional[Path], typer.Option(help="A separate folder for the accuracy report "
-                                                                "[default: hold out images of --images].")] = None,
+    heldout_images: Annotated[Optional[Path], typer.Option(help="A separate folder for the accuracy report, of other "
+                                                                "scenes or cameras: the trustworthy figure [default: "
+                                                                "hold out images of --images, which overestimates].")] = None,
     holdout: Annotated[int, typer.Option(help="Images of --images held out for the report (never calibrated on).")] = 100,
     frames_per_video: Annotated[int, typer.Option(help="Frames sampled from each video.")] = 32,
-    max_float_layers: Annotated[int, typer.Option(help="Mixed precision: Convs kept float, most sensitive first, "
-                                                       "until the gate passes.")] = 6,
+    max_float_layers: Annotated[int, typer.Option(help="Mixed precision, per model: layers reverted to float (most "
+                                                       "sensitive first, measured on that model) while it is below "
+                                                       "--min-f1 or --target-f1; 0: off.")] = 6,
+    target_f1: Annotated[float, typer.Option(help="Accuracy control: mixed precision reverts layers while the "
+                                                  "lower bound of the held-out F1's 95 % interval is below this.")] = 0.97,
     imgsz: Imgsz = 640,
     artifacts_dir: ArtifactsDir = None,
     min_f1: Annotated[float, typer.Option(help="Accuracy gate: the lower bound of INT8-vs-FP32 F1's 95 % interval "
@@ -194,7 +198,7 @@ def calibrate(
         weights, images, num_images=num_images, method=method or DEFAULT_METHOD, imgsz=imgsz,
         artifacts_dir=artifacts_dir, min_f1=min_f1, allow_low_accuracy=allow_low_accuracy, console=console,
         heldout_images=heldout_images, holdout=holdout, frames_per_video=frames_per_video,
-        max_float_layers=max_float_layers,
+        max_float_layers=max_float_layers, target_f1=target_f1,
     )
     for path in (result.tensorrt_qdq_path, result.cpu_qdq_path, result.report_path):
         console.print(f"wrote {path}", highlight=False)

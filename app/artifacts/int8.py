@@ -12,7 +12,8 @@ Calibration caches live in its ``calibration/`` folder: the activation histogram
 calibration pass (``.npz``, every method's ranges come from them), keyed by the FP32 model's
 sha256, the histogram settings and a hash of the calibration images' contents, and each method's
 per-tensor ranges in ONNX Runtime's calibration-cache format (``.json``), which
-``quantize_static`` reads.
+``quantize_static`` reads, and the layer sensitivities mixed precision measured on each model
+(``-sens-<target>.json``), keyed by everything they depend on.
 """
 
 from __future__ import annotations
@@ -63,3 +64,8 @@ def histogram_cache_path(onnx_sha256: str, settings: str, images_sha256: str, ro
 def calibration_cache_path(onnx_sha256: str, method: str, images_sha256: str, root: Path) -> Path:
     """The per-tensor ranges of one (model, method + settings, image list) calibration."""
     return Path(root) / f"{onnx_sha256[:16]}-{method}-{images_sha256[:16]}.json"
+
+
+def sensitivity_cache_path(key: str, target: str, root: Path) -> Path:
+    """The per-layer sensitivities of one ``target`` model (``key``: a hash of what they depend on)."""
+    return Path(root) / f"{key[:24]}-sens-{target}.json"

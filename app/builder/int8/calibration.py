@@ -10,10 +10,11 @@
 4. Two Q/DQ models from those ranges (``qdq.py``): ``model.int8.onnx`` for TensorRT (s8) and
    ``model.int8-cpu.onnx`` for ONNX Runtime on a CPU (u8 activations); the head tail and the
    head's last Convs stay float (``graph.py``).
-5. Both against FP32 on the held-out images (``report.py``). The gate: the lower bound of the
-   F1's 95 % interval ≥ ``min_f1``. Below it, mixed precision (``sensitivity.py``) keeps the
-   most sensitive Convs float, one by one, up to ``max_float_layers``. Still below: the new
-   models are not installed (the report is written) unless ``allow_low_accuracy``.
+5. Both against FP32 on the held-out images (``report.py``). Accuracy control (``mixed.py``):
+   a model below the gate or below ``target_f1`` gets the sensitivity of its own layers measured
+   and the most sensitive reverted, one by one, up to ``max_float_layers``. The gate: the lower
+   bound of the F1's 95 % interval ≥ ``min_f1`` for both models; below it the new models are not
+   installed (the report is written) unless ``allow_low_accuracy``.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from app.artifacts.int8 import (
     int8_cpu_model_path,
     int8_qdq_model_path,
     int8_report_path,
+    sensitivity_cache_path,
 )
-from app.builder.int8 import graph
+from app.builder.int8 import graph, mixed
 from app.builder.int8.histograms import HISTOGRAM_BINS, OVERSAMPLE, load_histograms, save_histograms
 from app.builder.int8.images import (
     ADVISED_CALIBRATION,
@@ -45,6 +47,7 @@ from app.builder.int8.images import (
     split_items,
     warn,
 )
+from app.builder.int8.mixed import PLACEMENT_VERSION, Outcome, accuracy_control, sensitivity_key
 from app.builder.int8.qdq import write_qdq_model
 from app.builder.int8.report import HeldOut, Int8Report, detect, print_report, save_report, summarize
 from app.builder.int8.sensitivity import (
@@ -52,19 +55,28 @@ from app.builder.int8.sensitivity import (
     SENSITIVITY_IMAGES,
     LayerSensitivity,
     flops_share,
-    layer_sensitivity,
+    noise_ratios,
 )
 from app.builder.int8.thresholds import (
     ENTROPY_LEVELS,
     ENTROPY_START_BIN,
     METHODS,
+    MSE_CANDIDATES,
     PERCENTILE,
     compute_ranges,
+    silu_preactivation_ranges,
     to_tensors_data,
 )
 from app.errors import AccuracyGateFailed, CalibrationError
 
-DEFAULT_METHOD = "percentile"  # see calibration/README.md: TensorRT's entropy clips post-SiLU activations hard
+# mse: the TensorRT model's F1 on another distribution 0.935 → 0.960 over percentile, the CPU
+# model's 0.965 → 0.967 (bench/results/2026-12-01-int8-libraries-cpu.json); entropy clips SiLU outputs hard.
+DEFAULT_METHOD = "mse"
+TARGET_F1 = 0.97  # accuracy control aims the F1 interval's lower bound here (issue #20's goal vs FP32)
+OVERESTIMATE_NOTE = (
+    "the held-out images come from --images, the cameras and scenes calibrated on: they overestimate the "
+    "agreement on other images (measured: F1 0.959 here, 0.928 on another distribution). For a trustworthy "
+    "figure pass --heldout-images DIR with images of other days, scenes or cameras.")
 
 
 @dataclass
@@ -79,17 +91,25 @@ class CalibrationResult:
     method: str
     passed: bool  # both reports' F1 lower bounds reached min_f1
     installed: bool  # the models in model_dir are the new ones
-    float_layers: list[str]  # Convs kept float by mixed precision (besides the head's)
+    float_layers: list[str]  # TensorRT model: Convs kept float by mixed precision (besides the head's)
     calibration_images: list[str]
     heldout_images: list[str]
     cache_path: Path  # the histograms of the calibration pass
     cache_hit: bool
-    sensitivity: list[LayerSensitivity] = field(default_factory=list)
+    sensitivity: list[LayerSensitivity] = field(default_factory=list)  # the TensorRT model's, when measured
+    cpu_float_layers: list[str] = field(default_factory=list)  # CPU model: Convs whose output stays float
+    cpu_sensitivity: list[LayerSensitivity] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
 
 
 def passes(report: Int8Report, min_f1: float) -> bool:
     return report.f1_ci95[0] >= min_f1 and not report.lost_all
+
+
+def good_enough(report: Int8Report, min_f1: float, target_f1: float) -> bool:
+    """Accuracy control's aim: the F1 interval's lower bound at ``target_f1`` (the same confidence
+    the gate asks of ``min_f1``: held-out images of the calibration's scenes flatter the point F1)."""
+    return passes(report, max(min_f1, target_f1))
 
 
 def gate_error(report: Int8Report, min_f1: float) -> AccuracyGateFailed:
@@ -98,8 +118,9 @@ def gate_error(report: Int8Report, min_f1: float) -> AccuracyGateFailed:
         f"{report.int8_model} agrees with FP32 at F1 {report.f1:.3f} (95 % interval {report.f1_ci95[0]:.3f}–"
         f"{report.f1_ci95[1]:.3f}) on {report.images} held-out images, below the required {min_f1:.2f}{lost}; "
         "the INT8 models were not installed",
-        hint="use more images like the ones you serve, allow more float layers (--max-float-layers), "
-        "try another method, or accept it with --allow-low-accuracy",
+        hint="use more images like the ones you serve (--images), raise --max-float-layers, try another --method, "
+        "or install them anyway with --allow-low-accuracy (the ranges and layer sensitivities are cached: it does "
+        "not measure them again); --heldout-images DIR gives a figure for other scenes and cameras",
     )
 
 
@@ -109,8 +130,10 @@ def _settings_key() -> str:
 
 def _method_key(method: str) -> str:
     if method == "entropy":
-        return f"entropy-trt{HISTOGRAM_BINS}s{ENTROPY_START_BIN}q{ENTROPY_LEVELS}"
-    return f"percentile{PERCENTILE}" if method == "percentile" else method
+        return f"entropy-trt{HISTOGRAM_BINS}s{ENTROPY_START_BIN}q{ENTROPY_LEVELS}-silu"
+    if method == "mse":
+        return f"mse{MSE_CANDIDATES}-silu"
+    return f"percentile{PERCENTILE}-silu" if method == "percentile" else f"{method}-silu"  # silu: pre-activations fitted
 
 
 def load_heldout(items, imgsz: int, root: Path, console) -> HeldOut:
@@ -137,6 +160,7 @@ def calibrate(
     holdout: int = HOLDOUT,
     frames_per_video: int = FRAMES_PER_VIDEO,
     max_float_layers: int = MAX_FLOAT_LAYERS,
+    target_f1: float = TARGET_F1,
     sensitivity_images: int = SENSITIVITY_IMAGES,
     min_report_boxes: int = MIN_REPORT_BOXES,
     min_images: int = MIN_CALIBRATION,
@@ -148,7 +172,8 @@ def calibrate(
 
     ``heldout_images``: a separate folder for the report (then ``images`` is all calibration).
     ``holdout``: images held out of ``images`` otherwise. ``frames_per_video``: frames sampled
-    from each video. ``max_float_layers``: the cap of mixed precision (0: off).
+    from each video. ``max_float_layers``: the cap of mixed precision (0: off); it runs for a model
+    below the gate or below ``target_f1``.
     Raises ``CalibrationError`` for unusable inputs and for a failed gate (see ``passes``).
     """
     from rich.console import Console
@@ -225,52 +250,62 @@ def calibrate(
 
     ranges_path = calibration_cache_path(onnx_sha, _method_key(method), digest, cache_root)
     inputs = [i.name for i in model.graph.input]
-    save_tensors_data(to_tensors_data(compute_ranges(histograms, method, full_range=inputs), method), ranges_path)
+    ranges = silu_preactivation_ranges(compute_ranges(histograms, method, full_range=inputs), graph.silu_pairs(model))
+    save_tensors_data(to_tensors_data(ranges, method), ranges_path)
     timings["ranges_s"] = time.perf_counter() - t2
 
-    final_trt, final_cpu = int8_qdq_model_path(model_dir), int8_cpu_model_path(model_dir, must_exist=False)
-    tmp_trt = final_trt.with_name(final_trt.stem + ".new.onnx")
-    tmp_cpu = final_cpu.with_name(final_cpu.stem + ".new.onnx")
+    finals = {"tensorrt": int8_qdq_model_path(model_dir), "cpu": int8_cpu_model_path(model_dir, must_exist=False)}
+    temps = {t: path.with_name(path.stem + ".new.onnx") for t, path in finals.items()}
 
     t3 = time.perf_counter()
     fp32_dets = detect(onnx_path, heldout)
 
-    def write_and_report(target: str, float_layers: list[str]) -> Int8Report:
-        path, final = (tmp_trt, final_trt) if target == "tensorrt" else (tmp_cpu, final_cpu)
-        write_qdq_model(onnx_path, path, ranges_path, method, target=target, float_nodes=keep_float + float_layers)
-        return summarize(final.name, heldout.names, fp32_dets, detect(path, heldout),
+    def evaluate(target: str, path: Path) -> Int8Report:
+        return summarize(finals[target].name, heldout.names, fp32_dets, detect(path, heldout),
                          min_boxes=min_report_boxes, min_images=min(holdout, HOLDOUT))
 
-    float_layers: list[str] = []
-    report, cpu_report = write_and_report("tensorrt", []), write_and_report("cpu", [])
+    reports = {}
+    for target, path in temps.items():
+        write_qdq_model(onnx_path, path, ranges_path, method, target=target, float_nodes=keep_float)
+        reports[target] = evaluate(target, path)
     timings["write_and_report_s"] = time.perf_counter() - t3
-    sensitivity: list[LayerSensitivity] = []
-    if not (passes(report, min_f1) and passes(cpu_report, min_f1)) and max_float_layers > 0 and exclude_head_tail:
-        # The float set is chosen on the TensorRT model (the product); the CPU model gets the same.
-        t4 = time.perf_counter()
+
+    # Accuracy control, on each model as it will be installed: below the gate or the target,
+    # its most sensitive layers are reverted (sensitivities cached, see mixed.py).
+    t4 = time.perf_counter()
+    outcomes: dict[str, Outcome] = {}
+    flops = graph.conv_flops(model)
+    held_key = items_digest(held_items)
+    subset = heldout.subset(sensitivity_images)
+    for target, path in temps.items():
+        if max_float_layers <= 0 or not exclude_head_tail or good_enough(reports[target], min_f1, target_f1):
+            continue
+        if target == "cpu" and mixed.MAX_CPU_FLOAT_SHARE <= 0:  # no latency budget for unfused layers
+            continue
         from app.builder.int8.collect import with_progress
 
-        layers = graph.conv_layers(model, keep_float)
-        flops = graph.conv_flops(model)
-        console.print(f"F1 lower bound below {min_f1:.2f}: measuring the sensitivity of {len(layers)} Convs on "
-                      f"{min(sensitivity_images, len(heldout))} held-out images")
-        _, sensitivity = layer_sensitivity(
-            onnx_path, tmp_trt, layers, heldout.subset(sensitivity_images), flops,
-            progress=lambda seq: with_progress(seq, len(layers), "sensitivity", console))
-        for layer in sensitivity[:max_float_layers]:
-            float_layers.append(layer.layer)
-            report = write_and_report("tensorrt", float_layers)
-            console.print(f"kept {len(float_layers)} Convs float ({flops_share(float_layers, flops):.1%} of the FLOPs): "
-                          f"F1 {report.f1:.3f} [{report.f1_ci95[0]:.3f}, {report.f1_ci95[1]:.3f}]")
-            if passes(report, min_f1):
-                break
-        cpu_report = write_and_report("cpu", float_layers)
+        key = sensitivity_key(onnx_sha, ranges_path.name, target, PLACEMENT_VERSION, sorted(keep_float), held_key,
+                              subset.names)
+        outcomes[target] = accuracy_control(
+            target, path, onnx_path, reports[target], subset, lambda p, t=target: evaluate(t, p),
+            lambda r: good_enough(r, min_f1, target_f1), skip_nodes=keep_float, flops=flops,
+            cap=max_float_layers, cache_path=sensitivity_cache_path(key, target, cache_root), console=console,
+            noise=lambda layers, t=target: noise_ratios(model, histograms, ranges, t, layers),
+            progress=lambda seq, n, label: with_progress(seq, n, label, console))
+        reports[target] = outcomes[target].report
+    if outcomes:
         timings["mixed_precision_s"] = time.perf_counter() - t4
+    report, cpu_report = reports["tensorrt"], reports["cpu"]
+    tmp_trt, tmp_cpu, final_trt, final_cpu = temps["tensorrt"], temps["cpu"], finals["tensorrt"], finals["cpu"]
+    float_layers = outcomes["tensorrt"].layers if "tensorrt" in outcomes else []
+    cpu_float = outcomes["cpu"].layers if "cpu" in outcomes else []
+    sensitivity = outcomes["tensorrt"].sensitivity if "tensorrt" in outcomes else []
     print_report([report, cpu_report], console)
 
+    if heldout_images is None:
+        console.print(f"[bold]note:[/bold] {OVERESTIMATE_NOTE}", highlight=False)
     passed = passes(report, min_f1) and passes(cpu_report, min_f1)
     installed = passed or allow_low_accuracy
-    flops = graph.conv_flops(model)
     payload = {
         "model": meta.name,
         "fp32_onnx_sha256": meta.onnx_sha256,
@@ -284,12 +319,18 @@ def calibrate(
         "installed": installed,
         "trustworthy": report.trustworthy,
         "float_nodes": keep_float,
-        "mixed_precision": {
-            "float_convs": float_layers,
-            "float_convs_gflops": round(sum(flops.get(layer, 0) for layer in float_layers) / 1e9, 4),
-            "float_convs_flops_share": round(flops_share(float_layers, flops), 5),
-            "sensitivity": [s.to_json() for s in sensitivity],
-        },
+        "target_f1": target_f1,
+        "mixed_precision": {target: {
+            "reverted": "the Convs kept float" if target == "tensorrt" else "the Convs' outputs (pre-activations) "
+                        "kept float: int8 input and weight, not fused",
+            "layers": o.layers,
+            "gflops": round(sum(flops.get(layer, 0) for layer in o.layers) / 1e9, 4),
+            "flops_share": round(flops_share(o.layers, flops), 5),
+            "sensitivity_from_cache": o.cache_hit,
+            "sensitivity": [s.to_json() for s in o.sensitivity],
+        } for target, o in outcomes.items()},
+        "heldout_source": "separate folder (--heldout-images)" if heldout_images is not None else
+                          "held out of --images (same cameras and scenes as the calibration: overestimates)",
         "cache": str(cache_path),
         "cache_hit": cache_hit,
         "ranges": str(ranges_path),
@@ -308,7 +349,8 @@ def calibrate(
     return CalibrationResult(
         model_dir=model_dir, onnx_path=onnx_path, tensorrt_qdq_path=final_trt, cpu_qdq_path=final_cpu,
         report_path=report_path, report=report, cpu_report=cpu_report, method=method, passed=passed,
-        installed=installed, float_layers=float_layers, calibration_images=[i.name for i in calib_used],
+        installed=installed, float_layers=float_layers, cpu_float_layers=cpu_float,
+        cpu_sensitivity=outcomes["cpu"].sensitivity if "cpu" in outcomes else [], calibration_images=[i.name for i in calib_used],
         heldout_images=heldout.names, cache_path=cache_path, cache_hit=cache_hit, sensitivity=sensitivity,
         timings_s=timings,
     )

@@ -12,6 +12,11 @@ from app.errors import CalibrationError
 
 # Ops whose inputs get Q/DQ in the TensorRT model (ModelOpt's INT8 placement for CNNs).
 TENSORRT_OP_TYPES = ("Conv", "Add", "Concat", "MaxPool", "Resize")
+# The CPU model quantizes the same ops, outputs too, so that ONNX Runtime fuses QLinearConv,
+# QLinearAdd, QLinearConcat and u8 MaxPool/Resize. SiLU's Sigmoid and Mul and the C2f Split stay
+# float: quantized, ORT would run them as QLinearSigmoid/QLinearMul, but each adds one more
+# rounding of every activation (bench/results/*-int8-libraries-cpu.json has the measurement).
+CPU_OP_TYPES = TENSORRT_OP_TYPES
 
 
 def _ranks(model) -> dict[str, int]:
@@ -115,6 +120,36 @@ def activation_tensors(model, skip_nodes: list[str] = ()) -> list[str]:
             if name and name in floats and name not in initializers and name not in wanted:
                 wanted.append(name)
     return wanted
+
+
+def silu_pairs(model) -> dict[str, str]:
+    """SiLU pre-activations: ``{x: y}`` for every ``y = Mul(x, Sigmoid(x))`` (YOLOv8's activation)."""
+    nodes = list(model.graph.node)
+    sigmoid_of = {n.output[0]: n.input[0] for n in nodes if n.op_type == "Sigmoid"}
+    pairs = {}
+    for n in nodes:
+        if n.op_type == "Mul" and len(n.input) == 2:
+            a, b = n.input
+            for x, s in ((a, b), (b, a)):
+                if sigmoid_of.get(s) == x:
+                    pairs[x] = n.output[0]
+    return pairs
+
+
+def prune_dead(model):
+    """Drop the nodes whose outputs nothing reads (bypassed Q/DQ pairs) and unused initializers."""
+    outputs = {o.name for o in model.graph.output}
+    while True:
+        read = {i for n in model.graph.node for i in n.input} | outputs
+        dead = [n for n in model.graph.node if not any(o in read for o in n.output)]
+        if not dead:
+            break
+        for n in dead:
+            model.graph.node.remove(n)
+    read = {i for n in model.graph.node for i in n.input} | outputs
+    for init in [i for i in model.graph.initializer if i.name not in read]:
+        model.graph.initializer.remove(init)
+    return model
 
 
 def augmented_model(model, tensors: list[str]):

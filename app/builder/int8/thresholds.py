@@ -21,7 +21,7 @@ symmetric around zero quantized to 256 levels, a search starting at 1/8 of the r
 range fixed by the first image (see ``histograms.py``).
 
 Percentile: the smallest bin edge with at least ``percentile`` % of ``|x|`` below it. Max: the
-largest ``|x|``. Every threshold ``T`` becomes the range ``[max(min x, -T), min(max x, T)]``:
+largest ``|x|``. MSE: the threshold with the least rounding-plus-clipping squared error in s8. Every threshold ``T`` becomes the range ``[max(min x, -T), min(max x, T)]``:
 symmetric int8 (TensorRT) uses ``max(|lo|, |hi|) = T``; the CPU model's u8 keeps the one-sided
 range of post-SiLU tensors.
 """
@@ -35,11 +35,12 @@ import numpy as np
 from app.builder.int8.histograms import AbsHistogram
 from app.errors import CalibrationError
 
-METHODS = ("entropy", "max", "percentile")
+METHODS = ("entropy", "max", "mse", "percentile")
 ENTROPY_START_BIN = 128
 ENTROPY_LEVELS = 128  # 2**7: the magnitude levels of symmetric int8
 SMOOTHING_EPS = 1e-4
 PERCENTILE = 99.999
+MSE_CANDIDATES = 200  # thresholds tried, evenly over (0, max |x|]
 
 
 def entropy_threshold(h: AbsHistogram, *, start_bin: int = ENTROPY_START_BIN, levels: int = ENTROPY_LEVELS) -> float:
@@ -65,11 +66,31 @@ def percentile_threshold(h: AbsHistogram, percentile: float = PERCENTILE) -> flo
     return min((index + 1) * h.width, h.amax)
 
 
+def mse_threshold(h: AbsHistogram, levels: int = 127) -> float:
+    """The threshold of least mean squared error, rounding inside plus clipping beyond, for
+    ``levels`` steps per side (s8 symmetric); every bin's values taken at its centre."""
+    total = h.counts.sum()
+    if h.width == 0.0 or total == 0:
+        return h.amax
+    counts = h.counts.astype(np.float64)
+    centres = (np.arange(counts.size) + 0.5) * h.width
+    best, best_t = np.inf, h.amax
+    for t in np.linspace(h.amax / MSE_CANDIDATES, h.amax, MSE_CANDIDATES):
+        step = t / levels
+        error = np.where(centres <= t, centres - np.round(centres / step) * step, centres - t)
+        mse = float((counts * error**2).sum())
+        if mse < best:
+            best, best_t = mse, float(t)
+    return best_t
+
+
 def threshold(h: AbsHistogram, method: str) -> float:
     if method == "entropy":
         return entropy_threshold(h)
     if method == "percentile":
         return percentile_threshold(h)
+    if method == "mse":
+        return mse_threshold(h)
     if method == "max":
         return h.amax
     raise CalibrationError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
@@ -91,13 +112,44 @@ def compute_ranges(histograms: dict[str, AbsHistogram], method: str, *,
     return {name: tensor_range(h, "max" if name in keep else method) for name, h in histograms.items()}
 
 
+def silu_floor(step: float) -> float:
+    """The smallest ``c`` with ``|SiLU(-c)| = c / (1 + e^c)`` below ``step / 2`` (past the minimum
+    at -1.28): a pre-activation clipped at ``-c`` changes the SiLU output by less than its rounding."""
+    c = 1.28
+    while c < 40.0 and c / (1.0 + np.exp(c)) > step / 2:
+        c += 0.01
+    return c
+
+
+def silu_preactivation_ranges(ranges: dict[str, tuple[float, float]], pairs: dict[str, str],
+                              levels: int = 255) -> dict[str, tuple[float, float]]:
+    """The ranges of the tensors that enter a SiLU (``pairs``: pre-activation → SiLU output),
+    fitted to what SiLU makes of them; for the CPU model, which quantizes Conv outputs to fuse.
+
+    A pre-activation's |x| threshold is set by its large negative values (down to -45 after the
+    first Conv), which SiLU squashes to ~0: u8 over ``[-T, T]`` spends half its steps there. Its
+    range becomes ``[-c, hi]``: ``-c`` where clipping changes SiLU's output by less than half the
+    output's u8 step, ``hi`` the SiLU output's (SiLU(x) ≈ x up there). About 2x finer steps (bench:
+    F1 0.939 → 0.964 against FP32 on another distribution)."""
+    out = dict(ranges)
+    for pre, post in pairs.items():
+        if pre not in ranges or post not in ranges:
+            continue
+        lo, hi = ranges[pre]
+        post_lo, post_hi = ranges[post]
+        if post_hi <= post_lo:
+            continue
+        out[pre] = (max(lo, -silu_floor((post_hi - post_lo) / levels)), min(hi, post_hi) if post_hi > 0 else hi)
+    return out
+
+
 def to_tensors_data(ranges: dict[str, tuple[float, float]], method: str):
     """ONNX Runtime's ``TensorsData`` (what ``quantize_static`` reads from a calibration cache)."""
     from onnxruntime.quantization import CalibrationMethod
     from onnxruntime.quantization.calibrate import TensorData, TensorsData
 
     ort_method = {"entropy": CalibrationMethod.Entropy, "percentile": CalibrationMethod.Percentile,
-                  "max": CalibrationMethod.MinMax}[method]
+                  "max": CalibrationMethod.MinMax, "mse": CalibrationMethod.MinMax}[method]  # a label: ranges given
     return TensorsData(ort_method, {
         name: TensorData(lowest=np.asarray(lo, np.float32), highest=np.asarray(hi, np.float32))
         for name, (lo, hi) in ranges.items()

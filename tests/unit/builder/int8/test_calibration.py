@@ -119,6 +119,74 @@ def test_cpu_model_has_u8_activations(calibrated):
     assert producer[first_conv.input[0]].op_type == "DequantizeLinear"
 
 
+def test_cpu_placement_on_the_exported_graph(calibrated):
+    """No Q/DQ of their own for SiLU and Split (only the fused Conv's output, dequantized), float
+    inputs for the layers kept float, and every other Conv one that ORT fuses."""
+    model, _, producer = _graph(calibrated.cpu_qdq_path)
+    fp32 = onnx.load(str(calibrated.onnx_path))
+    floats = set(graph.float_nodes(fp32))
+    readers = {}
+    for n in model.graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    reads_dq = lambda n: any(producer.get(i) is not None and producer[i].op_type == "DequantizeLinear"
+                             for i in n.input)
+    for n in model.graph.node:
+        if n.name in floats:
+            assert not reads_dq(n), n.name
+        if n.op_type == "Sigmoid":  # read as float by SiLU's Mul
+            assert all(r.op_type != "QuantizeLinear" for r in readers.get(n.output[0], [])), n.name
+        if n.op_type == "Split":  # reads SiLU's float output; its parts are quantized by the Convs reading them
+            assert not reads_dq(n), n.name
+    quantized = [n for n in model.graph.node if n.op_type == "Conv" and n.name not in floats]
+    assert len(quantized) == 57
+    for conv in quantized:  # DQ(x), DQ(w) → Conv → Q: ORT's QLinearConv pattern
+        assert reads_dq(conv) and any(r.op_type == "QuantizeLinear" for r in readers[conv.output[0]]), conv.name
+
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(calibrated.model_dir / "optimized.onnx")
+    ort.InferenceSession(str(calibrated.cpu_qdq_path), opts, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(opts.optimized_model_filepath)
+    (calibrated.model_dir / "optimized.onnx").unlink()
+    fused = [n for n in optimized.graph.node if n.op_type == "QLinearConv"]
+    assert len(fused) == len(quantized)
+    assert not [n for n in optimized.graph.node if n.op_type in ("QLinearSigmoid", "QLinearMul")]
+
+
+def test_cpu_preactivations_get_silu_fitted_ranges(calibrated):
+    """A Conv output entering SiLU: u8 from about -c (where SiLU is ~0) up to the SiLU output's top,
+    not the symmetric [-T, T] its |x| percentile gives."""
+    from app.builder.int8.thresholds import silu_floor
+
+    model, inits, _ = _graph(calibrated.cpu_qdq_path)
+    pairs = graph.silu_pairs(onnx.load(str(calibrated.onnx_path)))
+    assert len(pairs) == 57
+    q_of = {n.input[0]: n for n in model.graph.node if n.op_type == "QuantizeLinear"}
+    from app.builder.int8.histograms import load_histograms
+    from app.builder.int8.thresholds import compute_ranges
+
+    raw = compute_ranges(load_histograms(calibrated.cache_path), calibrated.method)  # before the fit
+    assert all(pre in q_of for pre in pairs)  # every SiLU follows a fused Conv
+    checked = 0
+    for pre, post in pairs.items():
+        if post not in q_of:  # read only by a Split (quantized after it) or by a float head Conv
+            continue
+        def span(tensor):
+            q = q_of[tensor]
+            scale, zp = float(inits[q.input[1]]), int(inits[q.input[2]])
+            return -zp * scale, (255 - zp) * scale
+        lo, hi = span(pre)
+        post_lo, post_hi = span(post)
+        assert hi == pytest.approx(post_hi, rel=0.02, abs=1e-3)
+        floor = min(silu_floor((post_hi - post_lo) / 255), -raw[pre][0])  # or the lowest value seen
+        assert -lo == pytest.approx(floor, rel=0.05, abs=0.02)
+        assert hi - lo < raw[pre][1] - raw[pre][0] + 1e-6
+        checked += 1
+    assert checked >= 40  # 43 of the 57 on this model
+
+
 def test_missing_cpu_model_is_a_clear_error(tmp_path):
     with pytest.raises(ArtifactError, match="no INT8 model") as err:
         int8_cpu_model_path(tmp_path)
@@ -155,7 +223,7 @@ def test_writing_a_model_leaves_the_root_logger_alone(calibrated, tmp_path):
 def test_rerun_and_other_methods_use_the_histogram_cache(calibrated, image_dir, private_engines, calib_root):
     assert calibrated.cache_path.is_file() and calibrated.cache_path.is_relative_to(calib_root)
     again = run(image_dir, private_engines, calib_root, allow_low_accuracy=True)
-    assert again.method == DEFAULT_METHOD == "percentile"
+    assert again.method == DEFAULT_METHOD == "mse"
     assert again.cache_hit and not calibrated.cache_hit and again.cache_path == calibrated.cache_path
     assert again.timings_s["calibration_s"] < calibrated.timings_s["calibration_s"]
 
@@ -193,5 +261,23 @@ def test_unreadable_images_are_not_counted(tmp_path, private_engines, calib_root
 
 
 def test_unknown_method():
-    with pytest.raises(CalibrationError, match="entropy, max, percentile"):
+    with pytest.raises(CalibrationError, match="entropy, max, mse, percentile"):
         calibrate("sample", ".", method="kl")
+
+
+def test_the_gate_hint_names_options_the_command_has():
+    import re
+
+    import typer
+
+    from app.builder.int8.calibration import gate_error
+    from app.builder.int8.report import summarize
+    from app.cli import cli
+
+    report = summarize("model.int8-cpu.onnx", [], [], [])
+    hint = gate_error(report, 0.9).hint
+    named = set(re.findall(r"--[a-z][a-z0-9-]+", hint))
+    command = typer.main.get_command(cli).commands["calibrate"]
+    options = {opt for param in command.params for opt in param.opts}
+    assert {"--max-float-layers", "--allow-low-accuracy", "--heldout-images", "--method"} <= named <= options
+    assert "_" not in hint.replace("--", "")  # no code parameter names

@@ -112,6 +112,36 @@ def test_percentile_and_max_against_numpy():
     assert (np.abs(values) <= got).mean() >= th.PERCENTILE / 100
 
 
+def test_mse_threshold_is_the_best_s8_clip_on_the_samples_themselves():
+    rng = np.random.default_rng(5)
+    for values in (rng.normal(0, 1, 300_000), rng.laplace(0, 1, 300_000), _silu(rng.normal(0, 3, 300_000))):
+        values = values.astype(np.float32)
+        h = histogram_of(values)
+
+        def sample_mse(t: float, values=values) -> float:  # s8 symmetric fake-quantization of the values
+            step = t / 127
+            return float(np.mean((np.clip(np.round(values / step), -127, 127) * step - values) ** 2))
+
+        got = th.mse_threshold(h)
+        grid = np.linspace(h.amax / 200, h.amax, 200)
+        assert sample_mse(got) <= 1.02 * min(sample_mse(t) for t in grid)
+        assert got < h.amax  # clipping the far tail pays
+
+
+def test_silu_fitted_preactivation_range():
+    """Clipping a pre-activation at -c moves SiLU's output by under half its output step; the top
+    follows SiLU's output; tensors outside the pairs are untouched."""
+    ranges = {"pre": (-40.0, 30.0), "post": (-0.28, 20.0), "other": (-3.0, 3.0)}
+    out = th.silu_preactivation_ranges(ranges, {"pre": "post"})
+    step = (20.0 + 0.28) / 255
+    lo, hi = out["pre"]
+    assert hi == 20.0 and out["other"] == (-3.0, 3.0) and out["post"] == ranges["post"]
+    xs = np.linspace(-40, lo, 1000)
+    assert np.abs(_silu(xs) - _silu(np.full_like(xs, lo))).max() <= step / 2 + 1e-6
+    assert lo > -10  # far finer steps than over [-40, 30]
+    assert th.silu_preactivation_ranges({"pre": (-2.0, 5.0), "post": (-0.28, 5.0)}, {"pre": "post"})["pre"][0] == -2.0
+
+
 def test_ranges_keep_one_sided_tensors_one_sided():
     rng = np.random.default_rng(4)
     values = _silu(rng.normal(0, 3, 200_000)).astype(np.float32)
@@ -126,5 +156,5 @@ def test_ranges_keep_one_sided_tensors_one_sided():
 def test_unknown_method_is_a_calibration_error():
     from app.errors import CalibrationError
 
-    with pytest.raises(CalibrationError, match="entropy, max, percentile"):
+    with pytest.raises(CalibrationError, match="entropy, max, mse, percentile"):
         th.threshold(histogram_of(np.ones(10)), "kl")
