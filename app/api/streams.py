@@ -24,6 +24,7 @@ from app.ipc.streams import StreamsClient, check_stream_source, worker_of
 streams_router = APIRouter(prefix="/v1/streams", tags=["streams"])
 
 STREAM_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "a body that is not JSON"},
     404: {"model": ErrorResponse, "description": "no such stream"},
     422: {"model": ErrorResponse, "description": "a source this server may not open, or too many streams"},
     503: {"model": ErrorResponse, "description": "the inference workers are starting or restarting"},
