@@ -38,9 +38,6 @@ class AbsHistogram:
     def amax(self) -> float:
         return max(abs(self.lowest), abs(self.highest))
 
-    def edges(self) -> np.ndarray:
-        return np.arange(self.counts.size + 1) * self.width
-
 
 class _Collecting:
     __slots__ = ("counts", "highest", "lowest", "width", "zeros")
