@@ -8,8 +8,8 @@ interleaved UV plane. The decoder may reuse a frame's surface for a later one, s
 valid until the next batch is asked for: copy it (device to device) into the batch's staging
 before that.
 
-Not yet wired into the pipelines (``app.pipeline.gpu`` takes host frames or JPEG bytes):
-``bench/streams.py --nvdec`` measures decode + letterbox on its own.
+``app.pipeline.sources`` opens these for videos and streams when the detector's pipeline takes
+device NV12 frames (``Pipeline.takes_nv12``): ``own_copy`` makes a frame the caller's.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import BackendUnavailable, InvalidImage
-
-LIVE_PREFIXES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
 
 
 def _nvc() -> Any:
@@ -40,11 +38,12 @@ class Nv12Frame:
 
 
 class NvdecReader:
-    """The NV12 frames of one file or URL, decoded by NVDEC on GPU ``gpu_id``."""
+    """The NV12 frames of one file or URL (``live``: read packet by packet), decoded by NVDEC on
+    GPU ``gpu_id``."""
 
-    def __init__(self, source: str, *, gpu_id: int = 0, batch: int = 8) -> None:
-        self.source, self.gpu_id, self.batch = source, gpu_id, batch
-        self.live = source.lower().startswith(LIVE_PREFIXES)
+    def __init__(self, source: str, *, live: bool = False, gpu_id: int = 0, batch: int = 8) -> None:
+        self.source, self.gpu_id, self.batch, self.live = source, gpu_id, batch, live
+        self._demuxer: Any = None
         nvc = _nvc()
         try:
             if self.live:
@@ -67,8 +66,8 @@ class NvdecReader:
 
         for index, frame in enumerate(self._packets() if self.live else self._batches()):
             planes = torch.from_dlpack(frame)
-            if planes.dim() == 3:  # some versions add a leading batch or channel axis of 1
-                planes = planes.reshape(planes.shape[-2], planes.shape[-1])
+            if planes.dim() != 2:  # some versions add a batch or channel axis of 1: drop it, keep the strides
+                planes = planes.squeeze()
             yield Nv12Frame(index, planes.shape[0] * 2 // 3, planes.shape[1], planes)
 
     def _batches(self) -> Iterator[Any]:
@@ -78,3 +77,17 @@ class NvdecReader:
     def _packets(self) -> Iterator[Any]:
         for packet in self._demuxer:
             yield from self._decoder.Decode(packet)
+
+    def close(self) -> None:
+        self._decoder = self._demuxer = None  # the binding frees its decoder with the object
+
+
+def own_copy(planes: Any) -> Any:
+    """A device copy of a frame's planes that the decoder cannot recycle, complete when returned
+    (the reader's stream is synchronized: a frame handed to another thread is ready to read)."""
+    import torch
+
+    with torch.cuda.device(planes.device):
+        copy = planes.clone()
+        torch.cuda.current_stream().synchronize()
+    return copy

@@ -10,11 +10,11 @@ import subprocess
 import sys
 import textwrap
 
-import cv2
 import numpy as np
 import pytest
 
-from app.imaging.letterbox import PAD_VALUE, letterbox, letterbox_params, to_input
+from app.imaging.letterbox import PAD_VALUE, letterbox_params
+from tests.nv12 import Surface, surface
 from tests.videos import clip_frames
 
 cuda = pytest.importorskip("numba.cuda")
@@ -23,50 +23,11 @@ from app.gpu.nv12 import NV12_PARAMS, fill_nv12_params, launch_nv12_letterbox
 SIZE = 32
 
 
-def to_nv12(bgr: np.ndarray) -> np.ndarray:
-    """BGR (even sizes) → NV12 ``[H * 3 / 2, W]``: OpenCV's I420, with U and V interleaved."""
-    h, w = bgr.shape[:2]
-    i420 = cv2.cvtColor(bgr, cv2.COLOR_BGR2YUV_I420).reshape(-1)
-    y, u, v = i420[: h * w], i420[h * w : h * w * 5 // 4], i420[h * w * 5 // 4 :]
-    uv = np.empty(h * w // 2, np.uint8)
-    uv[0::2], uv[1::2] = u, v
-    return np.concatenate([y, uv]).reshape(h * 3 // 2, w)
-
-
-def with_pitch(nv12: np.ndarray, pitch: int, fill: int = 201) -> np.ndarray:
-    """Rows padded to ``pitch`` bytes with junk, as decoder surfaces are."""
-    rows, w = nv12.shape
-    out = np.full((rows, pitch), fill, np.uint8)
-    out[:, :w] = nv12
-    return out
-
-
 @pytest.fixture(scope="module")
 def frames(assets_dir) -> list[np.ndarray]:
     """Two frames of the test clip (zidane, then bus), full size; each case shrinks them."""
     clip = clip_frames(assets_dir, 12)
     return [clip[0], clip[11]]
-
-
-class Surface:
-    """One decoded picture as a decoder hands it over: NV12 rows of ``pitch`` bytes holding an
-    even-sized coded picture, of which the top-left ``height × width`` is shown."""
-
-    def __init__(self, bgr: np.ndarray, height: int, width: int, pitch: int) -> None:
-        self.coded = to_nv12(bgr)  # bgr has even sizes >= (height, width)
-        self.height, self.width, self.pitch = height, width, pitch
-        self.bytes = with_pitch(self.coded, pitch).reshape(-1)
-        self.luma_rows = self.coded.shape[0] * 2 // 3
-
-    def reference(self) -> np.ndarray:
-        """OpenCV: the whole coded picture to BGR, cropped to what is shown, letterboxed."""
-        bgr = cv2.cvtColor(self.coded, cv2.COLOR_YUV2BGR_NV12)[: self.height, : self.width]
-        return to_input([letterbox(np.ascontiguousarray(bgr), SIZE)[0]])[0]
-
-
-def surface(frame: np.ndarray, height: int, width: int, pitch: int | None = None) -> Surface:
-    coded = cv2.resize(frame, (width + width % 2, height + height % 2), interpolation=cv2.INTER_AREA)
-    return Surface(coded, height, width, pitch or width + width % 2)
 
 
 def run(surfaces: list[Surface | None], gap: int = 7) -> np.ndarray:
@@ -109,13 +70,11 @@ def test_frames_of_mixed_sizes_in_one_staging_buffer(frames):
     surfaces: list[Surface | None] = list(cases.values())
     surfaces.insert(2, None)
     got = run(surfaces)
-    k = 0
-    for s in surfaces:
+    for k, s in enumerate(surfaces):
         if s is None:
             assert np.all(got[k] == np.float32(PAD_VALUE) / np.float32(255)), "the empty slot is padding only"
         else:
             assert_same(got[k], s.reference(), next(name for name, c in cases.items() if c is s))
-        k += 1
 
 
 def test_a_frame_at_the_model_size_is_only_converted(frames):
