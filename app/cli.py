@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from enum import IntEnum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -378,7 +378,7 @@ def predict(
         with console.status("loading model…"):
             detector = open_detector(weights, backend=backend, precision=precision, decode=decode, imgsz=imgsz,
                                      artifacts_dir=artifacts_dir, max_batch=batch, device=device)
-        detector.video_decode = video_decode
+        _set_video_decode(detector, video_decode)
         with detector, _progress_bar() as on_progress:
             info = detector.info()
             console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']}", highlight=False)
@@ -396,6 +396,18 @@ def predict(
         raise typer.Exit(ExitCode.INCOMPLETE)
 
 
+def _set_video_decode(detector: Any, video_decode: str) -> None:
+    """``--video-decode`` on the detector; one this backend cannot use fails now, before any work."""
+    from app.pipeline.sources import video_decoder
+
+    detector.video_decode = video_decode
+    try:
+        video_decoder(detector)
+    except YolopipeError:
+        detector.close()
+        raise
+
+
 def _predict_streams(source: str, out: Path, *, detect: dict, vid_stride: int, track: bool, video_decode: str,
                      **model) -> None:
     """``predict`` on a URL or a ``.streams``/``.txt`` list: every source at once, one JSON line per
@@ -409,7 +421,7 @@ def _predict_streams(source: str, out: Path, *, detect: dict, vid_stride: int, t
     sources = read_source_list(source)
     with console.status("loading model…"):
         detector = open_detector(max_batch=model.pop("batch"), **model)
-    detector.video_decode = video_decode
+    _set_video_decode(detector, video_decode)
     to_stdout = str(out) == "-"
     if not to_stdout:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -111,7 +111,10 @@ class GraphBuilder:
                     self._all(slot, batch, nv12)
             stream.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._live_pool(), stream=stream):
+            # NVDEC readers decode on threads of their own, outside the pipeline's gate: their CUDA
+            # calls (none on this stream) must not invalidate an NV12 batch's capture.
+            mode = "thread_local" if nv12 else "global"
+            with torch.cuda.graph(graph, pool=self._live_pool(), stream=stream, capture_error_mode=mode):
                 head = self._all(slot, batch, nv12)
             stream.synchronize()
         except YolopipeError:

@@ -18,7 +18,7 @@ from typing import Any
 
 from app.config import VIDEO_DECODERS, check_choice
 from app.contracts import DeviceNv12
-from app.errors import BackendUnavailable, InvalidImage, InvalidParameter, YolopipeError
+from app.errors import BackendUnavailable, InvalidImage, InvalidParameter
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +50,11 @@ def open_opencv(source: str, *, timeout_ms: int | None = None) -> Any:
     """An OpenCV capture through its FFmpeg backend, or None when nothing opens."""
     import cv2
 
-    params = [] if timeout_ms is None else [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms,
-                                            cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
-    cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG, params)
+    if timeout_ms is None:
+        cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG)
+    else:
+        params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
+        cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG, params)
     if not cap.isOpened():
         cap.release()
         return None
@@ -65,8 +67,8 @@ def open_source(source: str, decoder: str, *, device: int = 0, timeout_ms: int |
     if decoder == "nvdec":
         try:
             return NvdecCapture(source, device=device)
-        except YolopipeError as exc:
-            log.info("NVDEC cannot read %s (%s); OpenCV reads it", source, exc)
+        except Exception as exc:  # noqa: BLE001 - the binding raises plain errors; OpenCV may still read it
+            log.info("NVDEC cannot read %s (%s: %s); OpenCV reads it", source, type(exc).__name__, exc)
     return open_opencv(source, timeout_ms=timeout_ms)
 
 
