@@ -32,9 +32,9 @@ def _nvc() -> Any:
 @dataclass
 class Nv12Frame:
     index: int
-    height: int
+    height: int  # the picture: the top-left height x width of the Y plane
     width: int
-    planes: Any  # torch uint8 [height * 3 // 2, width] on the device (Y, then interleaved UV)
+    planes: Any  # torch uint8 [rows, cols] on the device: rows * 2 / 3 Y rows, then the interleaved UV rows
 
 
 class NvdecReader:
@@ -56,9 +56,12 @@ class NvdecReader:
                                                   output_color_type=nvc.OutputColorType.NATIVE)
         except Exception as exc:  # noqa: BLE001 - the binding raises plain RuntimeErrors for bad input
             raise InvalidImage(f"NVDEC cannot open {source!r}: {exc}") from None
+        self.shown = (0, 0)  # the picture's (height, width) when the stream says, else the surface's
         if not self.live:
             metadata = self._decoder.get_stream_metadata()
-            self.fps = float(getattr(metadata, "average_fps", 0.0) or 0.0)  # a field not every version names
+            # Fields not every version names: read what is there.
+            self.fps = float(getattr(metadata, "average_fps", 0.0) or 0.0)
+            self.shown = (int(getattr(metadata, "height", 0) or 0), int(getattr(metadata, "width", 0) or 0))
 
     def frames(self) -> Iterator[Nv12Frame]:
         """Every frame in presentation order; each one valid until the next is taken."""
@@ -68,7 +71,9 @@ class NvdecReader:
             planes = torch.from_dlpack(frame)
             if planes.dim() != 2:  # some versions add a batch or channel axis of 1: drop it, keep the strides
                 planes = planes.squeeze()
-            yield Nv12Frame(index, planes.shape[0] * 2 // 3, planes.shape[1], planes)
+            rows, cols = planes.shape[0] * 2 // 3, planes.shape[1]
+            height, width = self.shown
+            yield Nv12Frame(index, min(height, rows) or rows, min(width, cols) or cols, planes)
 
     def _batches(self) -> Iterator[Any]:
         while frames := self._decoder.get_batch_frames(self.batch):
