@@ -12,6 +12,9 @@ One batch, stage by stage (the module that does each):
    launch on the compute stream once both events have fired, then the slot's ``done`` event;
 5. **unpack**: rows per image, once ``done`` has fired.
 
+Device NV12 frames (NVDEC's) take steps 1-2 from ``app.gpu.nv12_input``: copies device to
+device into the slot's staging, then the bucket's NV12 graph.
+
 ``run`` is thread-safe and takes one of ``slots`` batch slots (``app.gpu.slot``) for the
 whole batch, so up to ``slots`` threads calling it keep that many batches in flight: while
 batch N's graph runs, batch N+1 is decoded and uploaded into its own slot and batch N−1's rows
@@ -281,30 +284,29 @@ class GpuPipeline:
                             t_packing=t_decoded)
 
     def _run_nv12(self, slot: BatchSlot, images: Sequence[PipelineInput], params: DetectParams, profile: bool):
-        """Device NV12 frames (``app.gpu.nv12_input``): copied device to device into the slot's
-        staging on the copy stream, then the bucket's NV12 graph."""
         t_start = time.perf_counter()
         results: list[Any] = [None] * len(images)
-        plan = nv12_input.plan_frames(images, self.device, slot.staging.header_bytes, self.max_batch, self.size, results)
+        plan = nv12_input.plan_frames(images, self.device, slot.staging.header_bytes, self.max_batch, self.size,
+                                      results)
         if not plan.placed:
             return PipelineRun(results, {})
         if plan.end - slot.staging.header_bytes > slot.staging.capacity:
             self._grow(slot, plan.end - slot.staging.header_bytes)
         bucket = self.bucket_for(len(plan))
         with self._torch.cuda.device(self.device):
-            nv12_input.stage(slot.staging, plan, bucket, self.copy_stream)
+            nv12_input.stage(slot.staging, plan, bucket, self.copy_stream)  # device to device, then "decoded"
             slot.decoded.record(self.copy_stream)
         t_copied = time.perf_counter()
         return self._launch(slot, plan.placed, plan.host_end, bucket, True, params, profile, nv12=True,
-                            timings={"copy_ms": (t_copied - t_start) * 1e3}, results=results, t_start=t_start,
+                            results=results, timings={"copy_ms": (t_copied - t_start) * 1e3}, t_start=t_start,
                             t_packing=t_copied)
 
     def _launch(self, slot: BatchSlot, placed: list, host_end: int, bucket: int, waits_decoder: bool,
                 params: DetectParams, profile: bool, *, nv12: bool = False, timeline: Timeline | None = None,
                 marks: Any = None, timings: dict[str, float], results: list[Any], t_start: float, t_packing: float
                 ) -> PipelineRun:
-        """The staging is ready (``placed[j]`` = (result index, letterbox, ...) of batch position
-        ``j``): NMS parameters, the graph, upload, launch, wait, rows per image."""
+        """The staging is ready (``placed[j]``: batch position ``j``'s result index and letterbox
+        first): NMS parameters, the graph, upload, launch, wait, rows per image."""
         self._set_nms_params(slot, params)
         captured = slot.graphs.get(graph_key(bucket, nv12))
         if captured is None or (profile and not captured.stage_graphs):
