@@ -6,8 +6,9 @@ both the same way and give the same frame indices, times and sizes.
 Which decoder is resolved once, in ``video_decoder``: ``Detector.video_decode`` (``auto`` |
 ``nvdec`` | ``opencv``, ``app.config.VIDEO_DECODERS``); ``auto`` is NVDEC when the pipeline
 takes device NV12 frames (the GPU pipeline) and PyNvVideoCodec is installed. With NVDEC a
-frame is a ``DeviceNv12`` that never touches the host; a source NVDEC cannot open or decode (a
-codec it lacks) is read by OpenCV instead, so one such source never stops the others.
+frame is a ``DeviceNv12`` that never touches the host; a file NVDEC cannot open or decode (a
+codec it lacks) is read by OpenCV instead, so one such source never stops the others, and so
+are live URLs (see ``open_source``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from app.errors import BackendUnavailable, InvalidImage, InvalidParameter
 log = logging.getLogger(__name__)
 
 LIVE_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
-OPEN_TIMEOUT_MS = 5000
 
 
 def is_live(source: str) -> bool:
@@ -64,7 +64,9 @@ def open_opencv(source: str, *, timeout_ms: int | None = None) -> Any:
 def open_source(source: str, decoder: str, *, device: int = 0, timeout_ms: int | None = None) -> Any:
     """A capture of ``source`` by ``decoder`` (``video_decoder``'s answer), or None when nothing
     opens it (``nvdec``: NVDEC, else OpenCV; see the module docstring for ``auto``)."""
-    if decoder == "nvdec":
+    # Live URLs stay on OpenCV, whose open and read time out (PyNvVideoCodec's demuxer has no
+    # timeout: a camera that never answers would hold its reader thread for good).
+    if decoder == "nvdec" and not is_live(source):
         try:
             return NvdecCapture(source, device=device)
         except Exception as exc:  # noqa: BLE001 - the binding raises plain errors; OpenCV may still read it
