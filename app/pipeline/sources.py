@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.config import VIDEO_DECODERS, check_choice
 from app.contracts import DeviceNv12
 from app.errors import BackendUnavailable, InvalidImage, InvalidParameter
+
+if TYPE_CHECKING:
+    from app.pipeline.detector import Detector
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +33,7 @@ def is_live(source: str) -> bool:
     return source.lower().startswith(LIVE_SCHEMES)
 
 
-def video_decoder(detector: Any) -> str:
+def video_decoder(detector: Detector) -> str:
     """``nvdec`` or ``opencv``: what decodes the detector's videos (see the module docstring)."""
     choice = check_choice("video decoder", detector.video_decode, VIDEO_DECODERS)
     takes_nv12 = detector.pipeline.takes_nv12
