@@ -26,6 +26,7 @@ from app.pipeline.video import check_stride
 
 LIVE_BUFFER = 4  # frames a live stream keeps while the model is busy (newest win)
 FILE_BUFFER = 64  # frames a file reader gets ahead of the model
+NVDEC_FILE_BUFFER = 16  # the same, in device memory (a 1080p NV12 frame is 3 MB; many streams share the GPU)
 BACKOFF_S = (0.5, 8.0)  # first and longest wait before a live source is opened again
 OPEN_TIMEOUT_MS = 5000  # opening or reading a source that gives nothing for this long fails
 LATENCY_WINDOW = 1024  # per stream: the frames whose latency the percentiles are taken over
@@ -80,7 +81,7 @@ class Stream:
         self.tracker: Any = None  # the runner's per-stream tracker, made on first use
         self.added = time.monotonic()
         self._buffer: deque[StreamFrame] = deque()
-        self._limit = LIVE_BUFFER if self.drops else FILE_BUFFER
+        self._limit = LIVE_BUFFER if self.drops else NVDEC_FILE_BUFFER if decoder == "nvdec" else FILE_BUFFER
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self._stop = threading.Event()
