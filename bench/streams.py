@@ -154,7 +154,8 @@ def _letterbox(frames, staging, out, stream, imgsz):
     with torch.cuda.stream(stream):
         for j, (f, size) in enumerate(zip(frames, sizes)):
             staging[offset : offset + size].copy_(f.planes.reshape(-1), non_blocking=True)
-            fill_nv12_params(host[j], letterbox_params(f.height, f.width, imgsz), offset, f.width)
+            rows, cols = f.planes.shape  # the surface may hold more rows than the picture shows
+            fill_nv12_params(host[j], letterbox_params(f.height, f.width, imgsz), offset, cols, rows * 2 // 3)
             offset += size
         params = torch.from_numpy(host).to("cuda")
         launch = cuda.external_stream(stream.cuda_stream)
