@@ -20,6 +20,8 @@ from typing import Any
 
 from app.errors import BackendUnavailable, InvalidImage
 
+OTHER_SURFACES = ("P016", "P010", "YUV444", "NV16", "P216")  # NVDEC's layouts other than NV12
+
 
 def _nvc() -> Any:
     try:
@@ -68,6 +70,9 @@ class NvdecReader:
         import torch
 
         for index, frame in enumerate(self._packets() if self.live else self._batches()):
+            fmt = str(getattr(frame, "format", "")).upper()  # 10-bit and 4:4:4 streams decode to other layouts
+            if any(other in fmt for other in OTHER_SURFACES):
+                raise InvalidImage(f"NVDEC gives {fmt} frames for {self.source!r}; the GPU reads 8-bit 4:2:0 (NV12)")
             planes = torch.from_dlpack(frame)
             if planes.dim() != 2:  # some versions add a batch or channel axis of 1: drop it, keep the strides
                 planes = planes.squeeze()
