@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from enum import IntEnum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -28,7 +28,9 @@ from app.config import (
     IOU,
     MAX_DET,
     PREDICT_BATCH,
+    VIDEO_DECODERS,
     Settings,
+    check_choice,
 )
 from app.errors import AccuracyGateFailed, BackendUnavailable, DeviceError, EngineMismatch, YolopipeError
 
@@ -327,6 +329,8 @@ def predict(
                                                                           "part files) [default: from --out's suffix].")] = None,
     vid_stride: Annotated[int, typer.Option(help="Videos and streams: detect on every N-th frame.", min=1)] = 1,
     track: Annotated[bool, typer.Option(help="Videos and streams: a ByteTrack id per detection (track_id).")] = False,
+    video_decode: Annotated[str, typer.Option(help="Videos and streams: auto | nvdec | opencv (auto: NVDEC on a GPU "
+                                                   "backend when PyNvVideoCodec is installed).")] = "auto",
 ) -> None:
     """Detect objects in the images of SOURCE, as JSON Lines.
 
@@ -338,6 +342,7 @@ def predict(
 
     source = resolve_source(source)
     make_params(conf=conf, iou=iou, max_det=max_det, agnostic=agnostic)  # bad values fail before the model loads
+    check_choice("video decoder", video_decode, VIDEO_DECODERS)
     if track:
         from app.pipeline.tracking import check_tracking_available
 
@@ -349,7 +354,7 @@ def predict(
             raise InvalidParameter("--ray, --save-images, --coco and --resume are for files, not streams")
         return _predict_streams(source, out, weights=weights, backend=backend, precision=precision, decode=decode,
                                 imgsz=imgsz, artifacts_dir=artifacts_dir, batch=batch, device=device,
-                                vid_stride=vid_stride, track=track,
+                                vid_stride=vid_stride, track=track, video_decode=video_decode,
                                 detect=dict(conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic))
     if ray:
         if save_images or coco or track or vid_stride != 1:
@@ -373,6 +378,7 @@ def predict(
         with console.status("loading model…"):
             detector = open_detector(weights, backend=backend, precision=precision, decode=decode, imgsz=imgsz,
                                      artifacts_dir=artifacts_dir, max_batch=batch, device=device)
+        _set_video_decode(detector, video_decode)
         with detector, _progress_bar() as on_progress:
             info = detector.info()
             console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']}", highlight=False)
@@ -390,7 +396,20 @@ def predict(
         raise typer.Exit(ExitCode.INCOMPLETE)
 
 
-def _predict_streams(source: str, out: Path, *, detect: dict, vid_stride: int, track: bool, **model) -> None:
+def _set_video_decode(detector: Any, video_decode: str) -> None:
+    """``--video-decode`` on the detector; one this backend cannot use fails now, before any work."""
+    from app.pipeline.sources import video_decoder
+
+    detector.video_decode = video_decode
+    try:
+        video_decoder(detector)
+    except YolopipeError:
+        detector.close()
+        raise
+
+
+def _predict_streams(source: str, out: Path, *, detect: dict, vid_stride: int, track: bool, video_decode: str,
+                     **model) -> None:
     """``predict`` on a URL or a ``.streams``/``.txt`` list: every source at once, one JSON line per
     processed frame on ``--out`` (``-``: stdout), flushed per frame, until every source has ended."""
     import json
@@ -402,6 +421,7 @@ def _predict_streams(source: str, out: Path, *, detect: dict, vid_stride: int, t
     sources = read_source_list(source)
     with console.status("loading model…"):
         detector = open_detector(max_batch=model.pop("batch"), **model)
+    _set_video_decode(detector, video_decode)
     to_stdout = str(out) == "-"
     if not to_stdout:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,8 @@ DecodeName = Literal["gpu", "nvimgcodec", "nvjpeg", "cpu"]  # GPU backends; gpu:
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DECODERS: tuple[str, ...] = get_args(DecodeName)
+VideoDecodeName = Literal["auto", "nvdec", "opencv"]  # videos and streams; auto: NVDEC for GPU pipelines that have it
+VIDEO_DECODERS: tuple[str, ...] = get_args(VideoDecodeName)
 ENGINE_PRECISIONS = ("int8", "fp16", "fp32")  # what "auto" resolves to, fastest first
 
 # --- detection defaults (Ultralytics' own) ---------------------------------------------------

@@ -116,9 +116,25 @@ class DeviceEngine(Protocol):
     def close(self) -> None: ...
 
 
-# One image as a pipeline takes it: decoded BGR uint8 HWC pixels, or JPEG bytes for a pipeline
-# that decodes JPEG itself (``Pipeline.decodes_jpeg``).
-PipelineInput = np.ndarray | bytes
+@dataclass(frozen=True)
+class DeviceNv12:
+    """One video frame in GPU memory, NV12 as NVDEC decodes it (``app.gpu.nvdec``).
+
+    ``planes``: a torch ``uint8`` CUDA tensor ``[rows, cols]`` whose rows may be strided (the
+    row stride is the pitch): its first ``rows * 2 / 3`` rows are the Y plane, the rest the
+    interleaved UV plane; the picture is its top-left ``height × width``. It must be complete on
+    the device when passed, and left untouched until ``run`` returns (the pipeline copies it).
+    """
+
+    planes: Any
+    height: int
+    width: int
+
+
+# One image as a pipeline takes it: decoded BGR uint8 HWC pixels, JPEG bytes for a pipeline
+# that decodes JPEG itself (``Pipeline.decodes_jpeg``), or a device NV12 frame for one that
+# takes them (``Pipeline.takes_nv12``; a batch holds only those, or none).
+PipelineInput = np.ndarray | bytes | DeviceNv12
 
 
 # One image's NMS rows ``[K, 6]`` (x1, y1, x2, y2, score, class) in input pixels and where it was placed.
@@ -144,13 +160,16 @@ class Pipeline(Protocol):
     max_in_flight: int  # ``run`` calls (each from its own thread) that overlap usefully; 1: serial
     meta: ModelMeta
     decodes_jpeg: bool  # True: JPEG bytes may be passed and are decoded by the pipeline
+    takes_nv12: bool  # True: ``DeviceNv12`` frames may be passed (a batch of them only)
+    device: int | None  # the CUDA device a GPU pipeline runs on (its NV12 frames' too); None on the CPU
 
     def run(self, images: Sequence[PipelineInput], params: DetectParams) -> PipelineRun:
         """At most ``max_batch`` images; a per-image error (e.g. a corrupt JPEG) stands in its slot.
         Safe to call from ``max_in_flight`` threads at once."""
 
-    def warmup(self, batches: Sequence[int] | None = None) -> None:
+    def warmup(self, batches: Sequence[int] | None = None, *, nv12: bool = False) -> None:
         """Do now the one-time work of these batch sizes (all by default), not on first use:
-        the GPU pipeline captures their CUDA graphs; a CPU pipeline has nothing to do."""
+        the GPU pipeline captures their CUDA graphs (``nv12``: those of device NV12 batches);
+        a CPU pipeline has nothing to do."""
 
     def close(self) -> None: ...

@@ -7,6 +7,9 @@ For each N in ``--streams``:
   when every stream kept its source rate with p99 read-to-result latency ≤ 100 ms and < 1 %
   of its frames dropped.
 * yolopipe as fast as possible: every copy read at full speed (files never drop).
+* both for each decoder of ``--video-decode`` (``nvdec``: NVDEC frames straight into the GPU
+  pipeline's NV12 graphs; ``opencv``: OpenCV on the CPU, frames uploaded); each row says its
+  ``decoder``.
 * Ultralytics' own multi-stream predict on a ``.streams`` list of the same files, in a
   subprocess, its model warmed up first. Its stream threads read each file as fast as they
   decode, keeping only the newest frame, and end with the files: ``fps`` is the frames it
@@ -15,10 +18,11 @@ For each N in ``--streams``:
 
 Writes one JSON file: machine, versions, config, rows. The lead runs it on the GPU machine::
 
-    python3 bench/streams.py --clip .data/video/dance-1080p30.mp4 --streams 8,16,32,64,96 --nvdec --out $OUT/streams.json
+    python3 bench/streams.py --clip .vid/dance-1080p30.mp4 --streams 8,16,32,64,96 --video-decode nvdec,opencv \
+        --nvdec-ceiling --out $OUT/streams.json
 
-``--nvdec`` adds, per N, NVDEC + the NV12 letterbox kernel alone (no model): the ceiling of the
-GPU decode path that is not yet wired into the pipeline.
+``--nvdec-ceiling`` adds, per N, NVDEC + the NV12 letterbox kernel alone (no model): the
+ceiling of the GPU decode path, which the as-fast-as-possible NVDEC rows are held to.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ def yolopipe_row(detector, clip: Path, n: int, *, realtime: bool, source_fps: fl
             done[0] += 1
 
     runner = StreamRunner(detector, detector.params(), on_frame, max_wait_ms=max_wait_ms, max_streams=n)
+    decoder = runner.decoder  # app.pipeline.sources.video_decoder: what reads every stream here
     t0 = time.perf_counter()
     streams = [runner.add(str(clip), realtime=realtime) for _ in range(n)]
     runner.run(until_done=True)
@@ -75,6 +80,7 @@ def yolopipe_row(detector, clip: Path, n: int, *, realtime: bool, source_fps: fl
     kept_rate = min(read_fps) >= 0.95 * source_fps
     return {
         "system": "yolopipe", "streams": n, "mode": "realtime" if realtime else "as_fast_as_possible",
+        "decoder": decoder,
         "realtime": bool(realtime and kept_rate and p99 is not None and p99 <= LATENCY_LIMIT_MS
                          and dropped_pct < DROP_LIMIT_PCT),
         "fps": round(done[0] / wall, 1), "p99_latency_ms": round(p99, 2) if p99 is not None else None,
@@ -148,7 +154,8 @@ def _letterbox(frames, staging, out, stream, imgsz):
     with torch.cuda.stream(stream):
         for j, (f, size) in enumerate(zip(frames, sizes)):
             staging[offset : offset + size].copy_(f.planes.reshape(-1), non_blocking=True)
-            fill_nv12_params(host[j], letterbox_params(f.height, f.width, imgsz), offset, f.width)
+            rows, cols = f.planes.shape  # the surface may hold more rows than the picture shows
+            fill_nv12_params(host[j], letterbox_params(f.height, f.width, imgsz), offset, cols, rows * 2 // 3)
             offset += size
         params = torch.from_numpy(host).to("cuda")
         launch = cuda.external_stream(stream.cuda_stream)
@@ -222,8 +229,10 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="torch-cuda: torch.compile each batch bucket first "
                                                             "(~20 s each on a first run)")
     ap.add_argument("--no-ultralytics", action="store_true")
-    ap.add_argument("--nvdec", action="store_true", help="also NVDEC + the NV12 letterbox kernel alone, per N "
-                                                          "(needs PyNvVideoCodec and a GPU)")
+    ap.add_argument("--video-decode", default="auto", help="comma-separated: auto | nvdec | opencv; the yolopipe "
+                                                            "rows run once per decoder")
+    ap.add_argument("--nvdec-ceiling", action="store_true", help="also NVDEC + the NV12 letterbox kernel alone, "
+                                                                  "per N (needs PyNvVideoCodec and a GPU)")
     ap.add_argument("--out", type=Path, default=Path("streams.json"))
     # the Ultralytics subprocess
     ap.add_argument("--ultralytics-worker", action="store_true", help=argparse.SUPPRESS)
@@ -255,12 +264,14 @@ def main() -> None:
     common = {"input": "streams", "width": width, "height": height, "source_fps": round(source_fps, 3)}
     with detector:
         for n in counts:
-            for realtime in (True, False):
-                row = yolopipe_row(detector, args.clip, n, realtime=realtime, source_fps=source_fps,
-                                   max_wait_ms=args.max_wait_ms)
-                rows.append({**common, **row, "backend": info["backend"], "precision": info["precision"]})
-                print(json.dumps(rows[-1]), flush=True)
-            if args.nvdec:
+            for decoder in args.video_decode.split(","):
+                detector.video_decode = decoder
+                for realtime in (True, False):
+                    row = yolopipe_row(detector, args.clip, n, realtime=realtime, source_fps=source_fps,
+                                       max_wait_ms=args.max_wait_ms)
+                    rows.append({**common, **row, "backend": info["backend"], "precision": info["precision"]})
+                    print(json.dumps(rows[-1]), flush=True)
+            if args.nvdec_ceiling:
                 rows.append({**common, **nvdec_row(args.clip, n, args.imgsz)})
                 print(json.dumps(rows[-1]), flush=True)
             if not args.no_ultralytics:
@@ -270,7 +281,8 @@ def main() -> None:
         "machine": machine_info(gpu=gpu), "versions": versions(),
         "config": {"clip": args.clip.name, "frames_per_clip": frames_per_clip, "weights": args.weights,
                    "model": info["model"], "imgsz": args.imgsz, "compile": args.compile, "max_batch": args.max_batch,
-                   "max_wait_ms": args.max_wait_ms, "decode": "OpenCV/FFmpeg on the CPU (one thread per stream)",
+                   "max_wait_ms": args.max_wait_ms, "video_decode": args.video_decode,
+                   "decode": "one reader thread per stream (OpenCV/FFmpeg on the CPU, or NVDEC: see each row)",
                    "latency_limit_ms": LATENCY_LIMIT_MS, "drop_limit_pct": DROP_LIMIT_PCT},
         "rows": rows,
     }

@@ -6,6 +6,9 @@ the slot's pinned results. A bucket's graph is captured once per slot (its stagi
 results addresses are the slot's); the engine input and the graph memory pool are shared by
 every slot, which is safe because all graphs replay on the one compute stream.
 
+A batch of device NV12 frames (``app.gpu.nv12_input``) has its own graph per bucket: the
+NV12 letterbox kernel in the letterbox's place, then the same engine, NMS and copies.
+
 Profiling (``run(..., profile=True)``): CUDA events cannot be recorded between the nodes of
 one graph, so that path replays four graphs captured per stage (preprocess, engine, NMS, D2H)
 with events between them. They run the same kernels on the same buffers as the full graph;
@@ -21,6 +24,8 @@ from typing import Any
 from app.contracts import DeviceEngine
 from app.errors import DeviceError, YolopipeError
 from app.gpu.memory import CapturedBatch, InputBuffer, StreamPair
+from app.gpu.nv12_input import clear_params as clear_nv12_params
+from app.gpu.nv12_input import launch_nv12_input
 from app.gpu.preprocess import launch_letterbox
 from app.gpu.slot import BatchSlot
 
@@ -28,6 +33,11 @@ log = logging.getLogger(__name__)
 
 WARMUP_RUNS = 2  # eager runs per bucket before capture (kernel loading, cuDNN autotune, compile)
 STAGES = ("preprocess", "engine", "nms", "d2h")
+
+
+def graph_key(batch: int, nv12: bool = False) -> int | tuple[str, int]:
+    """A slot's graphs by bucket; the NV12 batches' graphs apart from the images' ones."""
+    return ("nv12", batch) if nv12 else batch
 
 
 class GraphBuilder:
@@ -51,8 +61,11 @@ class GraphBuilder:
         return self.pool
 
     # -------------------------------------------------------------------- the steps
-    def _preprocess(self, slot: BatchSlot, batch: int) -> None:
+    def _preprocess(self, slot: BatchSlot, batch: int, nv12: bool = False) -> None:
         _, input_nb = self.inputs.bucket(batch)
+        if nv12:
+            launch_nv12_input(slot.staging, input_nb, batch, self.compute.numba)
+            return
         launch_letterbox(
             slot.staging.nb_staging, slot.staging.nb_params, input_nb, batch, stream=self.compute.numba
         )
@@ -67,35 +80,42 @@ class GraphBuilder:
     def _d2h(self, slot: BatchSlot, batch: int) -> None:
         slot.results.enqueue_copy(slot.nms.out_rows, slot.nms.out_count, batch, self.compute.numba)
 
-    def _all(self, slot: BatchSlot, batch: int):
-        self._preprocess(slot, batch)
+    def _all(self, slot: BatchSlot, batch: int, nv12: bool = False):
+        self._preprocess(slot, batch, nv12)
         head = self._engine(batch)
         self._nms(slot, head, batch)
         self._d2h(slot, batch)
         return head
 
     # ----------------------------------------------------------------------- capture
-    def captured(self, slot: BatchSlot, batch: int, *, profile: bool, raw_exec: bool) -> CapturedBatch:
+    def captured(self, slot: BatchSlot, batch: int, *, profile: bool, raw_exec: bool, nv12: bool = False
+                 ) -> CapturedBatch:
         """The bucket's graph on ``slot``, captured if missing (and its stage graphs if asked)."""
-        captured = slot.graphs.get(batch)
+        key = graph_key(batch, nv12)
+        captured = slot.graphs.get(key)
         if captured is None:
-            captured = self._capture(slot, batch, raw_exec)
-            slot.graphs.add(captured)
+            captured = self._capture(slot, batch, raw_exec, nv12)
+            slot.graphs.add(captured, key)
         if profile and not captured.stage_graphs:
-            self._capture_stages(slot, captured)
+            self._capture_stages(slot, captured, nv12)
         return captured
 
-    def _capture(self, slot: BatchSlot, batch: int, raw_exec: bool) -> CapturedBatch:
+    def _capture(self, slot: BatchSlot, batch: int, raw_exec: bool, nv12: bool = False) -> CapturedBatch:
         torch = self._torch
         stream = self.compute.torch
         try:
+            if nv12:
+                clear_nv12_params(slot.staging)
             with torch.cuda.stream(stream):
                 for _ in range(WARMUP_RUNS):
-                    self._all(slot, batch)
+                    self._all(slot, batch, nv12)
             stream.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._live_pool(), stream=stream):
-                head = self._all(slot, batch)
+            # NVDEC readers decode on threads of their own, outside the pipeline's gate: their CUDA
+            # calls (none on this stream) must not invalidate an NV12 batch's capture.
+            mode = "thread_local" if nv12 else "global"
+            with torch.cuda.graph(graph, pool=self._live_pool(), stream=stream, capture_error_mode=mode):
+                head = self._all(slot, batch, nv12)
             stream.synchronize()
         except YolopipeError:
             raise
@@ -122,13 +142,13 @@ class GraphBuilder:
             return None
         return ctypes.c_void_p(handle) if handle else None
 
-    def _capture_stages(self, slot: BatchSlot, captured: CapturedBatch) -> None:
+    def _capture_stages(self, slot: BatchSlot, captured: CapturedBatch, nv12: bool = False) -> None:
         torch = self._torch
         stream = self.compute.torch
         batch = captured.batch
         graphs: dict[str, Any] = {name: torch.cuda.CUDAGraph() for name in STAGES}
         with torch.cuda.graph(graphs["preprocess"], pool=self.pool, stream=stream):
-            self._preprocess(slot, batch)
+            self._preprocess(slot, batch, nv12)
         with torch.cuda.graph(graphs["engine"], pool=self.pool, stream=stream):
             head = self._engine(batch)
         with torch.cuda.graph(graphs["nms"], pool=self.pool, stream=stream):

@@ -164,11 +164,12 @@ class CapturedGraphs:
     def __init__(self) -> None:
         self.by_batch: dict[int, CapturedBatch] = {}
 
-    def get(self, batch: int) -> CapturedBatch | None:
+    def get(self, batch: int | tuple[str, int]) -> CapturedBatch | None:
         return self.by_batch.get(batch)
 
-    def add(self, captured: CapturedBatch) -> None:
-        self.by_batch[captured.batch] = captured
+    def add(self, captured: CapturedBatch, key: int | tuple[str, int] | None = None) -> None:
+        """Under its bucket, or ``key`` (``app.gpu.capture.graph_key``: NV12 batches have their own)."""
+        self.by_batch[captured.batch if key is None else key] = captured
 
     def free(self) -> None:
         for captured in self.by_batch.values():

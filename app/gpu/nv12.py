@@ -9,8 +9,10 @@ into ``[B, 3, S, S]``.
 
 Frames are read from one flat ``uint8`` staging buffer (a device-to-device copy of each
 decoded surface: NVDEC's surfaces are its own and recycled), each at its own offset, with a
-row pitch that may exceed the width (NVDEC pads rows); the per-frame placement is an int64
-row of ``NV12_PARAMS`` columns (``Q_*``), so one launch serves any mix of stream sizes.
+row pitch that may exceed the width (NVDEC pads rows) and a UV plane that may start below the
+picture's last row (a coded picture is taller than the one shown); the per-frame placement is
+an int64 row of ``NV12_PARAMS`` columns (``Q_*``), so one launch serves any mix of stream sizes.
+On the frames tests/kernels/test_nv12_kernel.py uses, the output is bit-equal to OpenCV's.
 """
 
 from __future__ import annotations
@@ -91,13 +93,15 @@ def nv12_letterbox_kernel(staging, params, out):
         out[b, c, oy, ox] = np.float32(v) / _F255
 
 
-def fill_nv12_params(row: np.ndarray, lb: Letterbox | None, y_offset: int, pitch: int) -> None:
-    """One frame's params; its UV plane follows the Y plane (``src_h`` rows of ``pitch``)."""
+def fill_nv12_params(row: np.ndarray, lb: Letterbox | None, y_offset: int, pitch: int, luma_rows: int = 0) -> None:
+    """One frame's params. The UV plane follows the Y plane's ``luma_rows`` rows of ``pitch``
+    bytes (default: the picture's height); a decoder's surface may hold more rows than the
+    picture (coded sizes are even, or aligned), and only the top-left ``src_h × src_w`` is read."""
     if lb is None:
         row[:] = 0
         return
     row[Q_Y_OFFSET] = y_offset
-    row[Q_UV_OFFSET] = y_offset + lb.src_h * pitch
+    row[Q_UV_OFFSET] = y_offset + max(luma_rows, lb.src_h) * pitch
     row[Q_PITCH] = pitch
     row[Q_SRC_H], row[Q_SRC_W] = lb.src_h, lb.src_w
     row[Q_NEW_H], row[Q_NEW_W] = lb.new_h, lb.new_w

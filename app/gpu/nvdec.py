@@ -8,8 +8,8 @@ interleaved UV plane. The decoder may reuse a frame's surface for a later one, s
 valid until the next batch is asked for: copy it (device to device) into the batch's staging
 before that.
 
-Not yet wired into the pipelines (``app.pipeline.gpu`` takes host frames or JPEG bytes):
-``bench/streams.py --nvdec`` measures decode + letterbox on its own.
+``app.pipeline.sources`` opens these for videos and streams when the detector's pipeline takes
+device NV12 frames (``Pipeline.takes_nv12``): ``own_copy`` makes a frame the caller's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from app.errors import BackendUnavailable, InvalidImage
 
-LIVE_PREFIXES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
+OTHER_SURFACES = ("P016", "P010", "YUV444", "NV16", "P216")  # NVDEC's layouts other than NV12
 
 
 def _nvc() -> Any:
@@ -34,17 +34,18 @@ def _nvc() -> Any:
 @dataclass
 class Nv12Frame:
     index: int
-    height: int
+    height: int  # the picture: the top-left height x width of the Y plane
     width: int
-    planes: Any  # torch uint8 [height * 3 // 2, width] on the device (Y, then interleaved UV)
+    planes: Any  # torch uint8 [rows, cols] on the device: rows * 2 / 3 Y rows, then the interleaved UV rows
 
 
 class NvdecReader:
-    """The NV12 frames of one file or URL, decoded by NVDEC on GPU ``gpu_id``."""
+    """The NV12 frames of one file or URL (``live``: read packet by packet), decoded by NVDEC on
+    GPU ``gpu_id``."""
 
-    def __init__(self, source: str, *, gpu_id: int = 0, batch: int = 8) -> None:
-        self.source, self.gpu_id, self.batch = source, gpu_id, batch
-        self.live = source.lower().startswith(LIVE_PREFIXES)
+    def __init__(self, source: str, *, live: bool = False, gpu_id: int = 0, batch: int = 8) -> None:
+        self.source, self.gpu_id, self.batch, self.live = source, gpu_id, batch, live
+        self._demuxer: Any = None
         nvc = _nvc()
         try:
             if self.live:
@@ -57,19 +58,27 @@ class NvdecReader:
                                                   output_color_type=nvc.OutputColorType.NATIVE)
         except Exception as exc:  # noqa: BLE001 - the binding raises plain RuntimeErrors for bad input
             raise InvalidImage(f"NVDEC cannot open {source!r}: {exc}") from None
+        self.shown = (0, 0)  # the picture's (height, width) when the stream says, else the surface's
         if not self.live:
             metadata = self._decoder.get_stream_metadata()
-            self.fps = float(getattr(metadata, "average_fps", 0.0) or 0.0)  # a field not every version names
+            # Fields not every version names: read what is there.
+            self.fps = float(getattr(metadata, "average_fps", 0.0) or 0.0)
+            self.shown = (int(getattr(metadata, "height", 0) or 0), int(getattr(metadata, "width", 0) or 0))
 
     def frames(self) -> Iterator[Nv12Frame]:
         """Every frame in presentation order; each one valid until the next is taken."""
         import torch
 
         for index, frame in enumerate(self._packets() if self.live else self._batches()):
+            fmt = str(getattr(frame, "format", "")).upper()  # 10-bit and 4:4:4 streams decode to other layouts
+            if any(other in fmt for other in OTHER_SURFACES):
+                raise InvalidImage(f"NVDEC gives {fmt} frames for {self.source!r}; the GPU reads 8-bit 4:2:0 (NV12)")
             planes = torch.from_dlpack(frame)
-            if planes.dim() == 3:  # some versions add a leading batch or channel axis of 1
-                planes = planes.reshape(planes.shape[-2], planes.shape[-1])
-            yield Nv12Frame(index, planes.shape[0] * 2 // 3, planes.shape[1], planes)
+            if planes.dim() != 2:  # some versions add a batch or channel axis of 1: drop it, keep the strides
+                planes = planes.squeeze()
+            rows, cols = planes.shape[0] * 2 // 3, planes.shape[1]
+            height, width = self.shown
+            yield Nv12Frame(index, min(height, rows) or rows, min(width, cols) or cols, planes)
 
     def _batches(self) -> Iterator[Any]:
         while frames := self._decoder.get_batch_frames(self.batch):
@@ -78,3 +87,17 @@ class NvdecReader:
     def _packets(self) -> Iterator[Any]:
         for packet in self._demuxer:
             yield from self._decoder.Decode(packet)
+
+    def close(self) -> None:
+        self._decoder = self._demuxer = None  # the binding frees its decoder with the object
+
+
+def own_copy(planes: Any) -> Any:
+    """A device copy of a frame's planes that the decoder cannot recycle, complete when returned
+    (the reader's stream is synchronized: a frame handed to another thread is ready to read)."""
+    import torch
+
+    with torch.cuda.device(planes.device):
+        copy = planes.clone()
+        torch.cuda.current_stream().synchronize()
+    return copy

@@ -13,8 +13,9 @@ JPEGs decoded on the GPU never touch the host.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -148,3 +149,18 @@ def _row_pieces(
 def _copy_rows(piece: list[tuple[np.ndarray, np.ndarray]]) -> None:
     for dst, src in piece:
         np.copyto(dst, src)  # NumPy releases the GIL for the copy
+
+
+def checked_frames(images: Sequence[Any], byte_slots: set[int], results: list[Any]) -> list:
+    """``(index, frame)`` of the valid BGR frames; an invalid one gets its error in ``results``."""
+    frames = []
+    for i, value in enumerate(images):
+        if i in byte_slots:
+            continue
+        if not isinstance(value, np.ndarray) or value.ndim != 3 or value.shape[2] != 3 or value.dtype != np.uint8 \
+                or 0 in value.shape:
+            shape = getattr(value, "shape", type(value).__name__)
+            results[i] = InvalidImage(f"frames must be BGR uint8 [H, W, 3], got {getattr(value, 'dtype', '')} {shape}")
+        else:
+            frames.append((i, value))
+    return frames

@@ -18,6 +18,8 @@ class CpuPipeline:
     (``max_in_flight = 1``): the backend's own threads already use every core."""
 
     decodes_jpeg = False
+    takes_nv12 = False
+    device = None
     max_in_flight = 1
 
     def __init__(self, backend: HostBackend, meta: ModelMeta, *, max_batch: int = CPU_MAX_BATCH, max_det: int = MAX_DET) -> None:
@@ -28,7 +30,7 @@ class CpuPipeline:
         self.max_det = max_det
         self._engine = backend
 
-    def warmup(self, batches: Sequence[int] | None = None) -> None:
+    def warmup(self, batches: Sequence[int] | None = None, *, nv12: bool = False) -> None:
         """Nothing to prepare ahead: ONNX Runtime plans a shape on its first run."""
 
     def run(self, images: Sequence[PipelineInput], params: DetectParams) -> PipelineRun:

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from app.boxes import rows_to_detections
-from app.config import MAX_PIXELS
-from app.contracts import DetectParams, ImageResult, Pipeline, PipelineInput, PipelineRun, make_params
+from app.config import MAX_PIXELS, VIDEO_DECODERS, check_choice
+from app.contracts import DetectParams, DeviceNv12, ImageResult, Pipeline, PipelineInput, PipelineRun, make_params
 from app.errors import InvalidParameter, YolopipeError
 from app.imaging.check import check_image
 from app.imaging.decode import decode_image
@@ -31,9 +31,10 @@ class Detector:
     graph of the one before.
     """
 
-    def __init__(self, pipeline: Pipeline, *, max_pixels: int = MAX_PIXELS) -> None:
+    def __init__(self, pipeline: Pipeline, *, max_pixels: int = MAX_PIXELS, video_decode: str = "auto") -> None:
         self.pipeline = pipeline
         self.max_pixels = max_pixels
+        self.video_decode = check_choice("video decoder", video_decode, VIDEO_DECODERS)  # app.pipeline.sources
 
     # --- facts -----------------------------------------------------------------------
     @property
@@ -59,9 +60,13 @@ class Detector:
         return make_params(**kwargs, num_classes=len(self.names))
 
     # --- work ------------------------------------------------------------------------
-    def prepare(self, item: bytes | np.ndarray, header: ImageHeader | None = None) -> PipelineInput:
+    def prepare(self, item: bytes | np.ndarray | DeviceNv12, header: ImageHeader | None = None) -> PipelineInput:
         """Decode on the CPU unless the pipeline decodes this item itself (JPEG on the GPU).
         ``header``: the image's, already checked (the service's HTTP workers read it)."""
+        if isinstance(item, DeviceNv12):
+            if not self.pipeline.takes_nv12:
+                raise InvalidParameter(f"the {self.pipeline.backend} pipeline takes no device NV12 frames")
+            return item
         if isinstance(item, np.ndarray):
             if item.ndim != 3 or item.shape[2] != 3 or item.dtype != np.uint8:
                 raise InvalidParameter(f"arrays must be BGR uint8 [H, W, 3], got {item.dtype} {item.shape}")

@@ -12,6 +12,9 @@ One batch, stage by stage (the module that does each):
    launch on the compute stream once both events have fired, then the slot's ``done`` event;
 5. **unpack**: rows per image, once ``done`` has fired.
 
+Device NV12 frames (NVDEC's) take steps 1-2 from ``app.gpu.nv12_input``: copies device to
+device into the slot's staging, then the bucket's NV12 graph.
+
 ``run`` is thread-safe and takes one of ``slots`` batch slots (``app.gpu.slot``) for the
 whole batch, so up to ``slots`` threads calling it keep that many batches in flight: while
 batch N's graph runs, batch N+1 is decoded and uploaded into its own slot and batch N−1's rows
@@ -36,18 +39,18 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
 from numba import cuda
 
 from app.config import DECODERS, MAX_DET, check_choice
-from app.contracts import DetectParams, DeviceEngine, PipelineInput, PipelineRun
-from app.errors import DeviceError, InvalidImage, InvalidParameter, YolopipeError
-from app.gpu.capture import GraphBuilder
+from app.contracts import DetectParams, DeviceEngine, DeviceNv12, PipelineInput, PipelineRun
+from app.errors import DeviceError, InvalidParameter, YolopipeError
+from app.gpu import nv12_input
+from app.gpu.capture import GraphBuilder, graph_key
 from app.gpu.decode import GpuJpegDecoder, cpu_decode, decoded_size, make_decoder
 from app.gpu.dispatch import Dispatcher
 from app.gpu.gate import Gate
 from app.gpu.memory import CapturedBatch, InputBuffer, StreamPair
-from app.gpu.pack import bucket_sizes, copy_frames, plan_batch, settle_fallbacks, write_header
+from app.gpu.pack import bucket_sizes, checked_frames, copy_frames, plan_batch, settle_fallbacks, write_header
 from app.gpu.slot import BatchSlot
 from app.gpu.timeline import Timeline
 from app.types import ModelMeta
@@ -63,6 +66,7 @@ class GpuPipeline:
     """
 
     decodes_jpeg = True
+    takes_nv12 = True
 
     def __init__(
         self,
@@ -170,14 +174,15 @@ class GpuPipeline:
                 return b
         raise InvalidParameter(f"batch of {n} images is over max_batch {self.max_batch}")
 
-    def warmup(self, batches: Sequence[int] | None = None, *, profile: bool = False) -> None:
-        """Capture the graphs of the buckets of ``batches`` (all by default) on every slot now."""
+    def warmup(self, batches: Sequence[int] | None = None, *, profile: bool = False, nv12: bool = False) -> None:
+        """Capture the graphs of the buckets of ``batches`` (all by default) on every slot now;
+        ``nv12``: those of device NV12 batches instead of images'."""
         if self._closed:
             raise DeviceError("the GPU pipeline was closed")
         with self._exclusive():
             for slot in self.slots:
                 for b in sorted({self.bucket_for(b) for b in (batches or self.buckets)}):
-                    self.graphs.captured(slot, b, profile=profile, raw_exec=slot.dispatch is not None)
+                    self.graphs.captured(slot, b, profile=profile, raw_exec=slot.dispatch is not None, nv12=nv12)
 
     # ---------------------------------------------------------------------- timeline
     def start_timeline(self) -> Timeline:
@@ -221,11 +226,13 @@ class GpuPipeline:
             self._free_slots.put(slot)
 
     def _run(self, slot: BatchSlot, images: Sequence[PipelineInput], params: DetectParams, profile: bool):
+        if any(isinstance(x, DeviceNv12) for x in images):
+            return self._run_nv12(slot, images, params, profile)
         timings: dict[str, float] = {}
         t_start = time.perf_counter()
         results: list[Any] = [None] * len(images)
         byte_slots = [i for i, x in enumerate(images) if isinstance(x, (bytes, bytearray, memoryview))]
-        frames = _checked_frames(images, set(byte_slots), results)
+        frames = checked_frames(images, set(byte_slots), results)
         decoder = self._decoders[self._decode] if byte_slots else None
         timeline = self._timeline
         marks = timeline.begin(len(images), ("decode", "upload", "compute") if decoder else ("upload", "compute")) \
@@ -272,19 +279,46 @@ class GpuPipeline:
         # 2. the host half of the staging, the NMS parameters, the graph.
         write_header(slot.staging.host_params, plan, bucket)
         copy_frames(slot.staging.host_np, plan.frame_copies, self._pool().map, self.host_threads)
+        return self._launch(slot, plan.placed, plan.host_end, bucket, waits_decoder, params, profile,
+                            timeline=timeline, marks=marks, timings=timings, results=results, t_start=t_start,
+                            t_packing=t_decoded)
+
+    def _run_nv12(self, slot: BatchSlot, images: Sequence[PipelineInput], params: DetectParams, profile: bool):
+        t_start = time.perf_counter()
+        results: list[Any] = [None] * len(images)
+        plan = nv12_input.plan_frames(images, self.device, slot.staging.header_bytes, self.max_batch, self.size,
+                                      results)
+        if not plan.placed:
+            return PipelineRun(results, {})
+        if plan.end - slot.staging.header_bytes > slot.staging.capacity:
+            self._grow(slot, plan.end - slot.staging.header_bytes)
+        bucket = self.bucket_for(len(plan))
+        with self._torch.cuda.device(self.device):
+            nv12_input.stage(slot.staging, plan, bucket, self.copy_stream)  # device to device, then "decoded"
+            slot.decoded.record(self.copy_stream)
+        t_copied = time.perf_counter()
+        return self._launch(slot, plan.placed, plan.host_end, bucket, True, params, profile, nv12=True,
+                            results=results, timings={"copy_ms": (t_copied - t_start) * 1e3}, t_start=t_start,
+                            t_packing=t_copied)
+
+    def _launch(self, slot: BatchSlot, placed: list, host_end: int, bucket: int, waits_decoder: bool,
+                params: DetectParams, profile: bool, *, nv12: bool = False, timeline: Timeline | None = None,
+                marks: Any = None, timings: dict[str, float], results: list[Any], t_start: float, t_packing: float
+                ) -> PipelineRun:
+        """The staging is ready (``placed[j]``: batch position ``j``'s result index and letterbox
+        first): NMS parameters, the graph, upload, launch, wait, rows per image."""
         self._set_nms_params(slot, params)
-        captured = slot.graphs.get(bucket)
+        captured = slot.graphs.get(graph_key(bucket, nv12))
         if captured is None or (profile and not captured.stage_graphs):
-            captured = self._capture_while_shared(slot, bucket, profile)
-        t_packed = time.perf_counter()
-        timings["pack_ms"] = (t_packed - t_decoded) * 1e3
+            captured = self._capture_while_shared(slot, bucket, profile, nv12)
+        timings["pack_ms"] = (time.perf_counter() - t_packing) * 1e3
 
         # 3-4. upload and graph launch, then wait for the slot's done event.
         if profile:
-            timings.update(self.dispatcher.profiled(slot, captured, plan.host_end, waits_decoder))
+            timings.update(self.dispatcher.profiled(slot, captured, host_end, waits_decoder))
             path = "torch"
         else:
-            path = self.dispatcher.submit(slot, captured, plan.host_end, waits_decoder, marks, timings)
+            path = self.dispatcher.submit(slot, captured, host_end, waits_decoder, marks, timings)
             t_enqueued = time.perf_counter()
             self.dispatcher.wait(slot, path)
             timings["wait_ms"] = (time.perf_counter() - t_enqueued) * 1e3
@@ -292,12 +326,12 @@ class GpuPipeline:
 
         # 5. rows per image.
         counts, rows = slot.results.counts, slot.results.rows
-        for j, (i, lb, _, _) in enumerate(plan.placed):
+        for j, (i, lb, _, _) in enumerate(placed):
             results[i] = (rows[j, : int(counts[j])].copy(), lb)
         t_end = time.perf_counter()
-        if marks is not None:
+        if marks is not None and timeline is not None:
             timeline.finish(marks)
-        timings.update(unpack_ms=(t_end - t_done) * 1e3, total_ms=(t_end - t_start) * 1e3, batch=float(len(plan)),
+        timings.update(unpack_ms=(t_end - t_done) * 1e3, total_ms=(t_end - t_start) * 1e3, batch=float(len(placed)),
                        bucket=float(bucket), slot=float(slot.index), raw_launch=1.0 if path == "driver" else 0.0)
         self.last_launch_path = path
         return PipelineRun(results, timings)
@@ -332,14 +366,15 @@ class GpuPipeline:
                                     classes=params.classes, agnostic=params.agnostic, stream=self.compute.numba)
             slot.nms_params_key = key
 
-    def _capture_while_shared(self, slot: BatchSlot, bucket: int, profile: bool) -> CapturedBatch:
+    def _capture_while_shared(self, slot: BatchSlot, bucket: int, profile: bool, nv12: bool = False) -> CapturedBatch:
         """Capture from inside a run: give up the share, capture alone, take the share back."""
         self._gate.release_shared()
         try:
             with self._exclusive():
                 if self._closed:
                     raise DeviceError("the GPU pipeline was closed")
-                return self.graphs.captured(slot, bucket, profile=profile, raw_exec=slot.dispatch is not None)
+                return self.graphs.captured(slot, bucket, profile=profile, raw_exec=slot.dispatch is not None,
+                                            nv12=nv12)
         finally:
             self._gate.acquire_shared()
 
@@ -371,17 +406,3 @@ class GpuPipeline:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _checked_frames(images: Sequence[PipelineInput], byte_slots: set[int], results: list[Any]) -> list:
-    """``(index, frame)`` of the valid BGR frames; an invalid one gets its error in ``results``."""
-    frames = []
-    for i, value in enumerate(images):
-        if i in byte_slots:
-            continue
-        if not isinstance(value, np.ndarray) or value.ndim != 3 or value.shape[2] != 3 or value.dtype != np.uint8 \
-                or 0 in value.shape:
-            shape = getattr(value, "shape", type(value).__name__)
-            results[i] = InvalidImage(f"frames must be BGR uint8 [H, W, 3], got {getattr(value, 'dtype', '')} {shape}")
-        else:
-            frames.append((i, value))
-    return frames

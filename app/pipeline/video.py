@@ -3,7 +3,9 @@
 A frame's line is an image's line plus where it sits in the video: ``"frame"`` (0-based,
 presentation order, counted before ``vid_stride`` skips any) and ``"time_s"`` (the frame's
 index over the container's frame rate). Decoding runs on its own thread a few batches ahead,
-so it overlaps with the detector.
+so it overlaps with the detector; by NVDEC into device memory when the detector's GPU
+pipeline has it (``app.pipeline.sources.video_decoder``), by OpenCV otherwise and whenever the
+annotated video is written (that needs the pixels on the host).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from typing import Any
 import cv2
 import numpy as np
 
-from app.contracts import DetectParams, ImageResult
+from app.contracts import DetectParams, DeviceNv12, ImageResult
 from app.errors import InvalidImage, InvalidParameter
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
+from app.pipeline.sources import capture_fps, open_opencv, open_source, video_decoder
 
 # Ultralytics' VID_FORMATS: what it reads as video.
 VIDEO_SUFFIXES = frozenset(
@@ -38,7 +41,7 @@ def is_video(path: Path) -> bool:
 class VideoFrame:
     index: int  # 0-based presentation index in the source
     time_s: float
-    image: np.ndarray  # BGR uint8 HWC
+    image: np.ndarray | DeviceNv12  # BGR uint8 HWC, or NV12 in device memory (NVDEC)
 
 
 def check_stride(vid_stride: int) -> int:
@@ -49,24 +52,22 @@ def check_stride(vid_stride: int) -> int:
 
 def open_capture(source: str) -> cv2.VideoCapture:
     """An OpenCV capture through its FFmpeg backend; ``InvalidImage`` when nothing opens."""
-    cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG)
-    if not cap.isOpened():
-        cap.release()
+    cap = open_opencv(source)
+    if cap is None:
         raise InvalidImage(f"cannot open video {source!r}")
     return cap
 
 
-def frame_rate(cap: cv2.VideoCapture) -> float:
-    fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
-    return fps if 0.0 < fps < 1000.0 else 0.0  # some containers report 0 or nonsense
-
-
-def read_frames(path: Path, *, vid_stride: int = 1, start: int = 0) -> Iterator[VideoFrame]:
+def read_frames(path: Path, *, vid_stride: int = 1, start: int = 0, decoder: str = "opencv",
+                device: int = 0) -> Iterator[VideoFrame]:
     """Every ``vid_stride``-th frame of a video file, from frame ``start`` on (skipped frames are
-    grabbed, never converted). Ends at the end of the file or at the first unreadable frame."""
-    cap = open_capture(str(path))
+    grabbed, never converted), decoded by ``decoder`` (``app.pipeline.sources``). Ends at the end
+    of the file or at the first unreadable frame."""
+    cap = open_source(str(path), decoder, device=device)
+    if cap is None:
+        raise InvalidImage(f"cannot open video {str(path)!r}")
     try:
-        fps = frame_rate(cap)
+        fps = capture_fps(cap)
         index = 0
         while cap.grab():
             if index >= start and index % vid_stride == 0:
@@ -204,7 +205,7 @@ def predict_video(
         summary.error = str(exc)
         write({"image": name, "error": summary.error})
         return summary
-    fps = frame_rate(cap)
+    fps = capture_fps(cap)
     cap.release()
     tracker = None
     if track:
@@ -212,7 +213,11 @@ def predict_video(
 
         tracker = StreamTracker((fps or 30.0) / vid_stride)
     writer = AnnotatedVideo(save_to, fps / vid_stride if fps else 0.0) if annotate and save_to else None
-    frames = prefetch(_chunks(read_frames(path, vid_stride=vid_stride, start=start), batch), depth=3)
+    decoder = "opencv" if writer is not None else video_decoder(detector)
+    if decoder == "nvdec":  # capture the NV12 graphs now: no capture while the reader uses the GPU
+        detector.pipeline.warmup(nv12=True)
+    frames = prefetch(_chunks(read_frames(path, vid_stride=vid_stride, start=start, decoder=decoder,
+                                          device=detector.pipeline.device or 0), batch), depth=3)
 
     def detect(chunk: list[VideoFrame]) -> tuple[list[VideoFrame], list[ImageResult]]:
         return chunk, detector.detect([f.image for f in chunk], params)

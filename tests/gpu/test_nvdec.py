@@ -1,10 +1,18 @@
-"""NVDEC (PyNvVideoCodec) frames into the NV12 letterbox kernel on the device: within one level of
-OpenCV's conversion + letterbox of the very same NV12 bytes, and close to OpenCV's own decode
-of the file (a different decoder and colour converter: a bounded difference)."""
+"""NVDEC (PyNvVideoCodec) frames on the device, through the NV12 letterbox kernel and through
+the GPU pipeline, against OpenCV's decode of the same file through the same pipeline.
+
+Needs a CUDA GPU, ``pynvvideocodec`` and an H.264 clip (PyNvVideoCodec decodes H.264, HEVC and
+AV1, not the MPEG-4 Part 2 OpenCV writes): ``YOLOPIPE_NVDEC_CLIP``, else the test clip
+re-encoded by Debian's ffmpeg where there is one. At most ``CLIP_FRAMES`` of its frames are
+compared. The pipeline is the sample model's fp32 one (``pipe32``: eager torch-cuda, batch 8,
+no torch.compile).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -19,47 +27,154 @@ pytest.importorskip("PyNvVideoCodec")
 
 from numba import cuda
 
+from app.boxes import f1, match_pairs
+from app.contracts import DetectParams, DeviceNv12
+from app.errors import InvalidImage
 from app.gpu.nv12 import NV12_PARAMS, fill_nv12_params, launch_nv12_letterbox
+from app.gpu.nv12_input import Nv12Layout
 from app.gpu.nvdec import NvdecReader
 from app.imaging.letterbox import letterbox, letterbox_params, to_input
-from tests.videos import clip_frames, decoded_frames
+from app.pipeline.detector import Detector
+from app.pipeline.sources import NvdecCapture, video_decoder
+from app.pipeline.streams import predict_streams
+from app.pipeline.video import predict_video
+from tests.videos import decoded_frames, ffmpeg, write_clip, write_h264
 
 SIZE = 640
+CLIP_FRAMES = 48
 
 
 @pytest.fixture(scope="module")
-def clip(tmp_path_factory, assets_dir):
-    """MPEG-4 Part 2 written by OpenCV (no ffmpeg binary needed on the GPU machine)."""
-    path = tmp_path_factory.mktemp("nvdec") / "clip.mp4"
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (640, 480))
-    for frame in clip_frames(assets_dir, 12):
-        writer.write(frame)
-    writer.release()
-    return path
+def clip(tmp_path_factory, assets_dir) -> Path:
+    if os.environ.get("YOLOPIPE_NVDEC_CLIP"):
+        return Path(os.environ["YOLOPIPE_NVDEC_CLIP"])
+    if ffmpeg() is None:
+        pytest.skip("no H.264 clip: set YOLOPIPE_NVDEC_CLIP (there is no ffmpeg here to make one)")
+    root = tmp_path_factory.mktemp("nvdec")
+    return write_h264(root / "clip.mp4", write_clip(root / "clip.avi", assets_dir, 12))
+
+
+@pytest.fixture(scope="module")
+def opencv_frames(clip) -> list[np.ndarray]:
+    return decoded_frames(clip)[:CLIP_FRAMES]
+
+
+def nvdec_frames(path: Path, count: int | None = None) -> list[DeviceNv12]:
+    """The frames as the streams and videos read them (``app.pipeline.sources.NvdecCapture``)."""
+    cap, frames = NvdecCapture(str(path)), []
+    while (count is None or len(frames) < count) and cap.grab():
+        ok, frame = cap.retrieve()
+        assert ok
+        frames.append(frame)
+    cap.release()
+    return frames
 
 
 def letterboxed(planes: torch.Tensor, height: int, width: int) -> np.ndarray:
     row = np.zeros((1, NV12_PARAMS), np.int64)
-    fill_nv12_params(row[0], letterbox_params(height, width, SIZE), 0, width)
-    staging = planes.reshape(-1).contiguous()
+    fill_nv12_params(row[0], letterbox_params(height, width, SIZE), 0, planes.stride(0), planes.shape[0] * 2 // 3)
+    span = Nv12Layout(planes.shape[0], planes.shape[1], planes.stride(0)).span
+    staging = torch.as_strided(planes, (span,), (1,))  # the frame's bytes, rows at its pitch
     out = cuda.device_array((1, 3, SIZE, SIZE), np.float32)
     launch_nv12_letterbox(cuda.as_cuda_array(staging), cuda.to_device(row), out, 1)
     cuda.synchronize()
     return out.copy_to_host()[0]
 
 
-def test_nvdec_frames_through_the_kernel(clip):
+def host_nv12(frame: DeviceNv12) -> np.ndarray:
+    return np.ascontiguousarray(frame.planes.cpu().numpy())
+
+
+def test_nvdec_frames_through_the_kernel(clip, opencv_frames):
     reader = NvdecReader(str(clip))
-    cpu = decoded_frames(clip)
     got = 0
     for frame in reader.frames():
-        assert (frame.height, frame.width) == (480, 640)
+        if frame.index == len(opencv_frames):
+            break
+        assert (frame.height, frame.width) == opencv_frames[frame.index].shape[:2]
         ours = letterboxed(frame.planes, frame.height, frame.width)
-        nv12 = frame.planes.cpu().numpy().reshape(frame.height * 3 // 2, frame.width)
-        same_bytes = to_input([letterbox(cv2.cvtColor(nv12, cv2.COLOR_YUV2BGR_NV12), SIZE)[0]])[0]
-        assert np.abs(ours - same_bytes).max() <= 1.0 / 255 + 1e-6  # the kernel: OpenCV's arithmetic
-        opencv = to_input([letterbox(cpu[frame.index], SIZE)[0]])[0]
-        diff = np.abs(ours - opencv)
+        shown = cv2.cvtColor(frame.planes.cpu().numpy(), cv2.COLOR_YUV2BGR_NV12)[: frame.height, : frame.width]
+        same_bytes = to_input([letterbox(np.ascontiguousarray(shown), SIZE)[0]])[0]
+        np.testing.assert_array_equal(ours, same_bytes)  # the kernel: OpenCV's arithmetic
+        opencv = to_input([letterbox(opencv_frames[frame.index], SIZE)[0]])[0]
+        diff = np.abs(ours - opencv)  # another decoder and colour converter: close, not equal
         assert diff.mean() < 3.0 / 255 and np.percentile(diff, 99) < 16.0 / 255, frame.index
         got += 1
-    assert got == len(cpu) == 12
+    assert got == len(opencv_frames) >= 12
+
+
+def same_detections(a, b) -> float:
+    """F1 of ``b`` against ``a`` over frames (IoU 0.5, same class), and how many ``a`` has."""
+    tp = n_a = n_b = 0
+    for da, db in zip(a, b):
+        tp += len(match_pairs(da.boxes, da.class_ids, db.boxes, db.class_ids, iou_thr=0.5))
+        n_a, n_b = n_a + len(da), n_b + len(db)
+    return f1(tp, n_a, n_b), n_a
+
+
+def test_nvdec_frames_through_the_pipeline_equal_opencv_decoded_frames(gpu, pipe32, clip, opencv_frames):
+    detector = Detector(pipe32)  # not closed here: it owns the session's pipeline
+    params = DetectParams(conf=gpu.CONF, iou=gpu.IOU)
+    pipe32.warmup([8], nv12=True)  # bucket 8 captured ahead; a smaller last batch's bucket inside a run
+    count = len(opencv_frames) - 3  # 12 frames: batches of 8 and 1; 48: 8 x 5 and 5 (bucket 8)
+    device = nvdec_frames(clip, count)
+    assert len(device) == count
+    assert [(f.height, f.width) for f in device] == [f.shape[:2] for f in opencv_frames[:count]]
+    ours = detector.detect(device, params)
+    assert all(r.error is None for r in ours), [r.error for r in ours]
+    assert [(r.width, r.height) for r in ours] == [(f.shape[1], f.shape[0]) for f in opencv_frames[:count]]
+    score, n = same_detections([r.detections for r in detector.detect(opencv_frames[:count], params)],
+                               [r.detections for r in ours])
+    assert n >= count and score >= 0.99, (score, n)
+    # The same NV12 bytes converted by OpenCV on the host, through the image path: the same boxes.
+    host = [np.ascontiguousarray(cv2.cvtColor(host_nv12(f), cv2.COLOR_YUV2BGR_NV12)[: f.height, : f.width])
+            for f in device]
+    score, _ = same_detections([r.detections for r in detector.detect(host, params)], [r.detections for r in ours])
+    assert score >= 0.99, score  # the image letterbox kernel may round a pixel one level apart
+
+
+def test_pitched_frames_and_mixed_batches(gpu, pipe32, clip):
+    (frame,) = nvdec_frames(clip, 1)
+    rows, cols = frame.planes.shape
+    padded = torch.full((rows, cols + 64), 7, dtype=torch.uint8, device=frame.planes.device)
+    padded[:, :cols] = frame.planes
+    pitched = DeviceNv12(padded[:, :cols], frame.height, frame.width)  # rows 64 bytes longer than the picture
+    params = DetectParams(conf=gpu.CONF, iou=gpu.IOU)
+    out = pipe32.run([frame, pitched, np.zeros((frame.height, frame.width, 3), np.uint8)], params).images
+    np.testing.assert_allclose(out[0][0], out[1][0], atol=1e-3)  # the same engine input in two batch positions
+    assert len(out[0][0]) > 0
+    assert isinstance(out[2], InvalidImage)  # a host frame in a batch of device frames: its own error
+
+
+def test_predict_video_and_streams_by_nvdec_equal_opencv(gpu, pipe32, clip, caplog):
+    """The whole file (not only ``CLIP_FRAMES``): every 4th frame as a video, every 8th of two
+    copies as streams; the same frames, times and sizes, and detections F1 >= 0.99."""
+    caplog.set_level(logging.INFO, logger="app.pipeline.sources")
+    nvdec, opencv = Detector(pipe32, video_decode="nvdec"), Detector(pipe32, video_decode="opencv")
+    assert video_decoder(nvdec) == "nvdec" and video_decoder(opencv) == "opencv"
+    params = DetectParams(conf=gpu.CONF, iou=gpu.IOU)
+    total = len(decoded_frames(clip))
+    lines: dict[str, list] = {"nvdec": [], "opencv": []}
+    for name, det in (("nvdec", nvdec), ("opencv", opencv)):
+        summary = predict_video(det, clip, "clip.mp4", lines[name].append, params, batch=4, vid_stride=4)
+        assert summary.frames == len(range(0, total, 4)) and summary.error is None
+    key = [(r["frame"], r["time_s"], r["width"], r["height"]) for r in lines["opencv"]]
+    assert [(r["frame"], r["time_s"], r["width"], r["height"]) for r in lines["nvdec"]] == key
+    assert key[1][0] == 4 and key[1][1] > 0
+    events: dict[str, list] = {"nvdec": [], "opencv": []}
+    for name, det in (("nvdec", nvdec), ("opencv", opencv)):
+        summary = predict_streams(det, [str(clip), str(clip)], events[name].append, params, vid_stride=8)
+        assert summary.frames == 2 * len(range(0, total, 8)) and not summary.failed
+    assert not [r.message for r in caplog.records if "NVDEC cannot read" in r.message]  # no source fell back
+    for decoded in events.values():
+        decoded.sort(key=lambda e: (e["stream"], e["frame"]))
+    assert [(e["stream"], e["frame"], e["time_s"]) for e in events["nvdec"]] == \
+        [(e["stream"], e["frame"], e["time_s"]) for e in events["opencv"]]
+    tp = n_a = n_b = 0
+    for a, b in zip(events["opencv"] + lines["opencv"], events["nvdec"] + lines["nvdec"]):
+        ba = np.array([d["box"] for d in a["detections"]], np.float32).reshape(-1, 4)
+        bb = np.array([d["box"] for d in b["detections"]], np.float32).reshape(-1, 4)
+        ca = np.array([d["class_id"] for d in a["detections"]], int)
+        cb = np.array([d["class_id"] for d in b["detections"]], int)
+        tp, n_a, n_b = tp + len(match_pairs(ba, ca, bb, cb)), n_a + len(ca), n_b + len(cb)
+    assert n_a >= len(key) and f1(tp, n_a, n_b) >= 0.99

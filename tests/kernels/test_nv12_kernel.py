@@ -1,88 +1,120 @@
 """The NV12 letterbox kernel against OpenCV: ``cvtColor(COLOR_YUV2BGR_NV12)`` then the CPU
-letterbox and ``to_input``. Tiny sizes: in the simulator every CUDA thread is a Python thread."""
+letterbox and ``to_input``, on frames of the test clip turned into NV12 the way a decoder lays
+them out (rows padded to a pitch, the UV plane after the Y plane's rows). Tiny sizes: in the
+simulator every CUDA thread is a Python thread."""
 
 from __future__ import annotations
 
-import cv2
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
-from app.imaging.letterbox import PAD_VALUE, letterbox, letterbox_params, to_input
+from app.imaging.letterbox import PAD_VALUE, letterbox_params
+from tests.nv12 import Surface, surface
+from tests.videos import clip_frames
 
 cuda = pytest.importorskip("numba.cuda")
 from app.gpu.nv12 import NV12_PARAMS, fill_nv12_params, launch_nv12_letterbox
 
-ONE_LEVEL = 1.0 / 255.0
 SIZE = 32
 
 
-def bgr_frame(rng, h, w):
-    yy, xx = np.mgrid[0:h, 0:w]
-    base = np.stack([(xx * 9 + yy * 2) % 256, (yy * 13) % 256, (xx * 6 + 30) % 256], axis=-1)
-    return np.clip(base + rng.integers(-25, 26, (h, w, 3)), 0, 255).astype(np.uint8)
+@pytest.fixture(scope="module")
+def frames(assets_dir) -> list[np.ndarray]:
+    """Two frames of the test clip (zidane, then bus), full size; each case shrinks them."""
+    clip = clip_frames(assets_dir, 12)
+    return [clip[0], clip[11]]
 
 
-def to_nv12(bgr):
-    """BGR → NV12 ``[H * 3 / 2, W]``: OpenCV's I420, with U and V interleaved."""
-    h, w = bgr.shape[:2]
-    i420 = cv2.cvtColor(bgr, cv2.COLOR_BGR2YUV_I420).reshape(-1)
-    y, u, v = i420[: h * w], i420[h * w : h * w * 5 // 4], i420[h * w * 5 // 4 :]
-    uv = np.empty(h * w // 2, np.uint8)
-    uv[0::2], uv[1::2] = u, v
-    return np.concatenate([y, uv]).reshape(h * 3 // 2, w)
-
-
-def with_pitch(nv12, pitch, fill=201):
-    """Rows padded to ``pitch`` bytes with junk, as NVDEC surfaces are."""
-    rows, w = nv12.shape
-    out = np.full((rows, pitch), fill, np.uint8)
-    out[:, :w] = nv12
-    return out
-
-
-def reference(nv12):
-    bgr = cv2.cvtColor(nv12, cv2.COLOR_YUV2BGR_NV12)
-    return to_input([letterbox(bgr, SIZE)[0]])[0]
-
-
-def run(frames_with_pitch):
-    """Pack (nv12 [rows, pitch], width) frames into one staging buffer; one launch; a trailing empty slot."""
-    chunks, params, offset = [np.full(5, 9, np.uint8)], [], 5  # a misaligned start: never read
-    for nv12, width in frames_with_pitch:
-        rows, pitch = nv12.shape
+def run(surfaces: list[Surface | None], gap: int = 7) -> np.ndarray:
+    """Every surface at its own offset of one staging buffer (odd gaps of junk between them, a
+    misaligned first one), ``None`` an empty slot; one launch."""
+    chunks, params, offset = [np.full(5, 9, np.uint8)], [], 5
+    for s in surfaces:
         row = np.zeros(NV12_PARAMS, np.int64)
-        fill_nv12_params(row, letterbox_params(rows * 2 // 3, width, SIZE), offset, pitch)
+        if s is None:
+            fill_nv12_params(row, None, 0, 0)
+        else:
+            fill_nv12_params(row, letterbox_params(s.height, s.width, SIZE), offset, s.pitch, s.luma_rows)
+            chunks += [s.bytes, np.full(gap, 77, np.uint8)]
+            offset += s.bytes.size + gap
         params.append(row)
-        chunks.append(nv12.reshape(-1))
-        offset += nv12.size
-    empty = np.zeros(NV12_PARAMS, np.int64)
-    fill_nv12_params(empty, None, 0, 0)
-    params.append(empty)
     staging = cuda.to_device(np.concatenate(chunks))
-    d_params = cuda.to_device(np.stack(params))
     out = cuda.device_array((len(params), 3, SIZE, SIZE), np.float32)
-    launch_nv12_letterbox(staging, d_params, out, len(params))
+    launch_nv12_letterbox(staging, cuda.to_device(np.stack(params)), out, len(params))
     return out.copy_to_host()
 
 
-def test_equals_opencv_conversion_then_letterbox_within_one_level():
-    rng = np.random.default_rng(0)
-    upscale, downscale, portrait = bgr_frame(rng, 20, 30), bgr_frame(rng, 48, 40), bgr_frame(rng, 24, 12)
-    frames = [(to_nv12(upscale), 30), (to_nv12(downscale), 40), (with_pitch(to_nv12(portrait), 16), 12)]
-    got = run(frames)
-    for k, (nv12, width) in enumerate(frames):
-        ref = reference(np.ascontiguousarray(nv12[:, :width]))
-        diff = np.abs(got[k] - ref)
-        assert diff.max() <= ONE_LEVEL + 1e-6, (k, diff.max() * 255)
-        assert (diff > 1e-6).mean() < 0.05, k  # nearly every pixel bit-equal
-    assert np.all(got[-1] == np.float32(PAD_VALUE) / np.float32(255))  # the empty slot is padding
+def assert_same(got: np.ndarray, ref: np.ndarray, what: str) -> None:
+    """Bit-equal: OpenCV's integer colour conversion and its fixed-point resize arithmetic."""
+    diff = np.abs(got - ref)
+    assert diff.max() == 0, (what, f"{int((diff > 0).sum())} values differ, by up to {diff.max() * 255:.2f} levels")
+
+
+def test_frames_of_mixed_sizes_in_one_staging_buffer(frames):
+    """Upscaled, downscaled, exactly halved (what 1280x720 → 640 is), odd-sized (a coded picture
+    larger than the one shown) and portrait frames, with row pitches over the width, and an empty
+    slot between them: each equals OpenCV's conversion + letterbox of its own bytes."""
+    zidane, bus = frames
+    cases = {
+        "upscaled, pitch 48": surface(zidane, 20, 30, pitch=48),
+        "downscaled": surface(bus, 48, 40),
+        "halved": surface(zidane, 36, 64, pitch=80),
+        "odd 21x33 shown of 22x34, pitch 40": surface(bus, 21, 33, pitch=40),
+        "portrait, pitch 16": surface(zidane, 24, 12, pitch=16),
+    }
+    surfaces: list[Surface | None] = list(cases.values())
+    surfaces.insert(2, None)
+    got = run(surfaces)
+    for k, s in enumerate(surfaces):
+        if s is None:
+            assert np.all(got[k] == np.float32(PAD_VALUE) / np.float32(255)), "the empty slot is padding only"
+        else:
+            assert_same(got[k], s.reference(), next(name for name, c in cases.items() if c is s))
+
+
+def test_a_frame_at_the_model_size_is_only_converted(frames):
+    """A frame already ``SIZE`` wide is not resized (the CPU letterbox skips ``cv2.resize``): the
+    colour conversion alone, bit-equal."""
+    s = surface(frames[1], 24, SIZE, pitch=SIZE + 8)
+    got = run([s])[0]
+    np.testing.assert_array_equal(got, s.reference())
 
 
 def test_chroma_reaches_the_right_channels():
     """A saturated red frame comes out red in RGB order (channel 0), not blue."""
     red = np.zeros((16, 16, 3), np.uint8)
     red[..., 2] = 255
-    got = run([(to_nv12(red), 16)])[0]
-    ref = reference(to_nv12(red))
+    s = Surface(red, 16, 16, 16)
+    got = run([s])[0]
     assert got[0, SIZE // 2, SIZE // 2] > 0.9 and got[2, SIZE // 2, SIZE // 2] < 0.1
-    np.testing.assert_allclose(got, ref, atol=ONE_LEVEL + 1e-6)
+    assert_same(got, s.reference(), "red")
+
+
+@pytest.mark.skipif(os.environ.get("YOLOPIPE_REAL_GPU") == "1", reason="compile check is for GPU-less CI")
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_kernel_compiles_for_the_real_target(dtype):
+    """The simulator does not type-check like NVVM does: compile the real kernel to PTX (sm_90)
+    in a subprocess without the simulator; this needs no GPU and no driver."""
+    code = textwrap.dedent(
+        f"""
+        import types as pytypes
+        from numba import cuda, types
+        import numba.cuda.dispatcher as dispatcher
+        # Device functions are compiled for the current device's CC, and there is none here.
+        dispatcher.get_current_device = lambda: pytypes.SimpleNamespace(compute_capability=(9, 0))
+        from app.gpu.nv12 import nv12_letterbox_kernel
+        sig = (types.uint8[::1], types.int64[:, ::1], types.{dtype}[:, :, :, ::1])
+        ptx, _ = cuda.compile_ptx(nv12_letterbox_kernel.py_func, sig, cc=(9, 0))
+        assert ".entry" in ptx
+        print("fma.rn.f64" in ptx)  # the float64 coordinate maths must round each step, as OpenCV
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "False", "float64 coordinate maths was contracted to an FMA"
