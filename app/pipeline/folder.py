@@ -1,10 +1,17 @@
 """Offline batch inference: a folder, a file or a glob → one JSON line per image.
 
-Four stages overlap: file reads (and, for a pipeline that does not decode JPEG itself, OpenCV
-decodes) in a thread pool running a few batches ahead, bounded so memory stays flat on any
-folder size; up to ``pipeline.max_in_flight`` batches in the detector at once (on the GPU:
-decode on the decoder's stream, upload, graph; ``app.pipeline.overlap``); and the JSON lines,
-written by this thread while the next batches run.
+Four stages overlap: file reads and header checks (and, for a pipeline that does not decode
+JPEG itself, OpenCV decodes) in a thread pool running a few batches ahead, bounded so memory
+stays flat on any folder size; up to ``pipeline.max_in_flight`` batches in the pipeline at once
+(on the GPU: decode on the decoder's stream, upload, graph; ``app.pipeline.overlap``), each
+batch's rows turned into its JSON lines in one go by the thread that ran it
+(``app.pipeline.jsonl``); and the writes, by this thread while the next batches run.
+
+Every per-image step of the image half holds the GIL, and the GPU pipeline's threads need it
+to launch the next batch, so the image half makes no object per image beyond what it must:
+names as strings (no ``Path`` per file), reads with ``os.read``, no second header check or
+``ImageResult`` per image (the pipeline is called directly; ``--save-images`` and ``--coco``
+build them), no dict or ``json.dumps`` per image.
 """
 
 from __future__ import annotations
@@ -17,24 +24,28 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import cv2
 import numpy as np
 
 from app.config import PREDICT_BATCH
-from app.contracts import DetectParams, ImageResult
-from app.errors import InvalidParameter, YolopipeError
+from app.contracts import DetectParams, ImageResult, ImageRows
+from app.errors import InvalidImage, InvalidParameter, YolopipeError
 from app.imaging.headers import IMAGE_SUFFIXES
 from app.pipeline.detector import Detector
+from app.pipeline.jsonl import image_result, json_lines
 from app.pipeline.overlap import run_overlapped
-from app.pipeline.video import VIDEO_SUFFIXES, frames_done, is_video, predict_video
+from app.pipeline.video import VIDEO_SUFFIXES, frames_done, predict_video
 
 
-@dataclass(frozen=True)
-class SourceImage:
-    path: Path
+class SourceImage(NamedTuple):
+    file: str  # the file's path as given or found (a ``Path`` works too)
     name: str  # path relative to SOURCE, as written in the output
+
+    @property
+    def path(self) -> Path:
+        return Path(self.file)
 
 
 MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES  # what ``predict`` reads: images and videos
@@ -47,30 +58,62 @@ def list_images(source: str, suffixes: frozenset[str] = IMAGE_SUFFIXES) -> list[
     if src.is_dir():
         return _walk(src, suffixes)
     if src.is_file():
-        return [SourceImage(src, src.name)]
+        return [SourceImage(str(src), src.name)]
     matches = sorted(Path(p) for p in glob.glob(str(src), recursive=True))
     files = [p for p in matches if p.is_file() and p.suffix.lower() in suffixes]
     if not files:
         raise InvalidParameter(f"no images found at {source!r} (a folder, an image file, or a glob pattern)")
     root = _glob_root(src)
-    return [SourceImage(p, _relative(p, root)) for p in files]
+    return [SourceImage(str(p), _relative(p, root)) for p in files]
 
 
 def _walk(root: Path, suffixes: frozenset[str]) -> list[SourceImage]:
-    """A folder's files with these suffixes, recursively, in the order of their relative names: ``os.walk`` and
-    string slicing, since pathlib's ``rglob`` + ``relative_to`` cost ~50 µs a file (half a
-    second of held GIL on a folder of 10,000)."""
-    base = str(root)
-    cut = len(base) + 1 if not base.endswith(os.sep) else len(base)
+    """A folder's files with these suffixes, recursively, in the order of their relative names.
+
+    What ``os.walk`` + ``os.path.isfile`` found (symlinked files in, symlinked folders not
+    entered, unreadable folders left out), with ``os.scandir``'s file types instead of a
+    ``stat`` per file, and names built as strings: pathlib's ``rglob`` + ``relative_to`` cost
+    ~50 µs a file, held GIL the GPU waits behind before the first batch.
+    """
     found: list[tuple[str, str]] = []
-    for folder, _, names in os.walk(base):
-        for name in names:
-            if os.path.splitext(name)[1].lower() in suffixes:
-                full = os.path.join(folder, name)
-                if os.path.isfile(full):
-                    found.append((full[cut:].replace(os.sep, "/"), full))
+    folders = [(str(root), "")]
+    while folders:
+        folder, prefix = folders.pop()
+        try:
+            with os.scandir(folder) as entries:
+                for entry in entries:
+                    if _is_folder(entry):
+                        folders.append((entry.path, f"{prefix}{entry.name}/"))
+                    elif _suffix(entry.name) in suffixes and _is_file(entry):
+                        found.append((prefix + entry.name, entry.path))
+        except OSError:
+            continue
     found.sort(key=lambda f: f[0].split("/"))  # rglob's sorted order: by path components
-    return [SourceImage(Path(full), rel) for rel, full in found]
+    return [SourceImage(full, rel) for rel, full in found]
+
+
+def _suffix(name: str) -> str:
+    """``os.path.splitext(name)[1].lower()`` of a file name, in two string operations for most
+    names (``splitext`` was the listing's biggest cost): none unless a character other than a
+    dot comes before the last dot."""
+    dot = name.rfind(".")
+    if dot > 0 and (name[dot - 1] != "." or name[:dot].lstrip(".")):
+        return name[dot:].lower()
+    return ""
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def _is_file(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_file()  # follows a symlink, like os.path.isfile
+    except OSError:
+        return False
 
 
 def _glob_root(pattern: Path) -> Path:
@@ -115,12 +158,22 @@ def _ends_with_newline(path: Path) -> bool:
 
 
 def _read(img: SourceImage) -> bytes | YolopipeError:
+    """The file's bytes: one ``os.read`` of its size (plus one byte, to see that it did not grow)
+    instead of pathlib's buffered file object, whose layers cost more held GIL than the copy,
+    and each system call gives the GIL away and waits to take it back."""
     try:
-        return img.path.read_bytes()
+        fd = os.open(img.file, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        try:
+            size = os.fstat(fd).st_size
+            parts = [os.read(fd, size + 1)]
+            if len(parts[0]) != size:  # it grew, or a read came back short: read on to the end
+                while parts[-1]:
+                    parts.append(os.read(fd, 1 << 20))
+        finally:
+            os.close(fd)
     except OSError as exc:
-        from app.errors import InvalidImage
-
         return InvalidImage(f"cannot read file: {exc.strerror or exc}")
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _prepared(detector: Detector, img: SourceImage) -> Any:
@@ -242,50 +295,48 @@ def predict_folder(
     if batch < 1:
         raise InvalidParameter(f"batch must be >= 1, got {batch}")
     media = list_images(source, MEDIA_SUFFIXES)
-    images = [m for m in media if not is_video(m.path)]
-    videos = [m for m in media if is_video(m.path)]
+    videos = [m for m in media if _is_video(m)]
+    images = [m for m in media if not _is_video(m)] if videos else media
     summary = FolderSummary()
     done = already_done(out) if resume else set()
-    todo = [img for img in images if img.name not in done]
+    todo = [img for img in images if img.name not in done] if done else images
     summary.skipped = len(images) - len(todo)
     if on_progress:
         on_progress(0, len(todo))
     out.parent.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = []
-    in_flight = detector.pipeline.max_in_flight
+    pipeline, names = detector.pipeline, detector.names
 
-    def detect_chunk(chunk: list[tuple[SourceImage, Any]]) -> tuple[list, list[ImageResult]]:
-        results = [ImageResult(error=x) if isinstance(x, YolopipeError) else None for _, x in chunk]
-        ok = [i for i, res in enumerate(results) if res is None]
-        if ok:
-            for i, res in zip(ok, detector.detect([chunk[i][1] for i in ok], params)):
-                results[i] = res
-        return chunk, results
+    def detect_chunk(chunk: list[tuple[SourceImage, Any]]) -> tuple[list[SourceImage], list, list[str]]:
+        """In a batch thread: the pipeline on the batch's readable images, then its JSON lines."""
+        outputs: list[ImageRows | YolopipeError] = [x for _, x in chunk]
+        ok = [i for i, x in enumerate(outputs) if not isinstance(x, YolopipeError)]
+        for start in range(0, len(ok), pipeline.max_batch):
+            part = ok[start : start + pipeline.max_batch]
+            for i, answer in zip(part, pipeline.run([outputs[i] for i in part], params).images):
+                outputs[i] = answer
+        images = [img for img, _ in chunk]
+        return images, outputs, json_lines([img.name for img in images], outputs, names)
 
-    chunks = _batches(detector, todo, batch, workers, ahead_batches=in_flight + 2)
+    chunks = _batches(detector, todo, batch, workers, ahead_batches=pipeline.max_in_flight + 2)
     with open(out, "a" if resume else "w") as fh:
         if resume and not _ends_with_newline(out):
             fh.write("\n")  # a torn last line stays torn, on its own, instead of swallowing the next one
-        for chunk, results in run_overlapped(detect_chunk, chunks, in_flight):
-            lines = []
-            for (img, _), res in zip(chunk, results):
-                rec = res.to_json(img.name, detector.names)
-                lines.append(json.dumps(rec))
-                summary.images += 1
-                if res.error is not None:
-                    summary.errors += 1
-                    summary.error_files.append(f"{img.name}: {res.error}")
-                else:
-                    summary.detections += len(res.detections or [])
-                    if save_images is not None:
-                        draw_detections(img.path, res, detector.names, Path(save_images) / img.name)
-                if coco is not None:
-                    records.append(rec)
+        for images, outputs, lines in run_overlapped(detect_chunk, chunks, pipeline.max_in_flight):
             lines.append("")
             fh.write("\n".join(lines))
             fh.flush()
+            summary.images += len(images)
+            for img, answer in zip(images, outputs):
+                if isinstance(answer, YolopipeError):
+                    summary.errors += 1
+                    summary.error_files.append(f"{img.name}: {answer}")
+                else:
+                    summary.detections += len(answer[0])
+            if save_images is not None or coco is not None:
+                _keep_results(images, outputs, names, save_images, records if coco is not None else None)
             if on_progress:
-                on_progress(len(chunk), len(todo))
+                on_progress(len(images), len(todo))
         if videos:
             _predict_videos(detector, videos, fh, params, summary, batch=batch, vid_stride=vid_stride, track=track,
                             resume_from=frames_done(out) if resume else {}, save_images=save_images,
@@ -293,6 +344,25 @@ def predict_folder(
     if coco is not None:
         Path(coco).write_text(json.dumps(coco_document(records, detector.names)) + "\n")
     return summary
+
+
+def _is_video(img: SourceImage) -> bool:
+    """``video.is_video(img.path)`` (``Path.suffix``'s rule), without a ``Path`` per file."""
+    name = img.name.rpartition("/")[2]
+    dot = name.rfind(".")
+    suffix = name[dot:].lower() if 0 < dot < len(name) - 1 else ""
+    return suffix in VIDEO_SUFFIXES and suffix != ".gif"
+
+
+def _keep_results(images: list[SourceImage], outputs: list, names: list[str], save_images: Path | None,
+                  records: list[dict[str, Any]] | None) -> None:
+    """``--save-images`` and ``--coco``: each image's ``ImageResult``, drawn and/or kept as its record."""
+    for img, out in zip(images, outputs):
+        res = image_result(out)
+        if save_images is not None and res.error is None:
+            draw_detections(img.path, res, names, Path(save_images) / img.name)
+        if records is not None:
+            records.append(res.to_json(img.name, names))
 
 
 def _predict_videos(
