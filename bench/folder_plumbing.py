@@ -1,25 +1,31 @@
 """What the folder path's host plumbing costs per image, with the GPU emulated (issue #16).
 
-    python bench/folder_plumbing.py [--count 10000] [--batch 128] [--rounds 5] [--rate 7000] [--out FILE]
-    python bench/folder_plumbing.py --real ...      # on a GPU machine: the torch-cuda detector
+    python bench/folder_plumbing.py [--count 10000] [--batch 128] [--rounds 5] [--rates 7000,0] [--out FILE]
+    python bench/folder_plumbing.py --real [--rounds 3] [--out FILE]   # on a GPU machine: torch-cuda
 
 ``predict_folder`` runs over ``--count`` JPEGs (copies of ``--images``, the 20 COCO photos of
 the shared data by default) into a JSONL file, page cache warm, and so does main's image loop
-(``bench/folder_baseline.py``, frozen at b5392d4) on the same folder, in interleaved rounds
-(main, new, main, new, ...). Each round gives img/s, the process CPU time per image (every
-thread: listing, reads, header checks, batching, rows to JSON lines, the writer) and, with the
-stand-in pipeline, the share of the emulated device's time spent waiting for work.
+(``bench/folder_baseline.py``, frozen at b5392d4) on the same folder, in interleaved rounds.
+Each round gives img/s, the process CPU time per image (every thread: listing, reads, header
+checks, batching, rows to JSON lines, the writer) and, with the stand-in pipeline, the share of
+the run the emulated device had no work (``device_idle_pct``; ``*_between_batches_pct``: from
+its first batch to its last), and when its first batch came and how long after its last the
+run ended. ``outputs_identical``: every variant wrote the same bytes.
+
+Variants: ``main``, ``new`` (``predict_folder``) and ``new-default-heap`` (the same with
+``keep_freed_heap`` off). That setting is process-wide, so with the stand-in every round of
+every variant runs in a fresh process (a warm run, then one timed run per ``--rates`` entry).
+``--real`` keeps one detector in this process: main and new-default-heap interleaved first,
+then main+kept-heap and new.
 
 The stand-in (``StandInPipeline``) implements ``app.contracts.Pipeline`` the way
 ``app.pipeline.gpu.GpuPipeline`` does for JPEG bytes: ``max_in_flight`` slots, the same
 per-image host work before the device (``bytes()`` and the JPEG header read of
 ``GpuJpegDecoder.split``) and after it (a copy of each image's rows), and the device work of a
-batch as one GIL-free wait: a single emulated device runs batches one after another at
-``--rate`` images/s, queued in submission order, idle whenever no batch is queued. Its rows are
-replayed: the sample model's real detections of each photo (ONNX Runtime on this CPU, once).
-
-With ``--real`` the detector is ``open_detector("sample", backend="torch-cuda")`` and the
-device idle share is not measured (the rates and CPU times are).
+batch as one GIL-free wait: a single emulated device runs batches one after another at the
+rate, queued in submission order, idle whenever no batch is queued; rate 0: no device time,
+what the host alone sustains. Its rows are replayed: the sample model's real detections of
+each photo (ONNX Runtime on this CPU, once).
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ import argparse
 import datetime as dt
 import json
 import os
+import pickle
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -181,22 +189,72 @@ def run_round(variant: str, detector, folder: Path, out: Path, params, batch: in
     return row
 
 
+VARIANTS = {
+    "main": "main's image loop (bench/folder_baseline.py)",
+    "new": "predict_folder as shipped",
+    "new-default-heap": "predict_folder with glibc's heap thresholds left as they are (keep_freed_heap off)",
+    "main+kept-heap": "main's image loop after keep_freed_heap (--real only)",
+}
+REAL_VARIANTS = ["main", "new-default-heap", "main+kept-heap", "new"]
+
+
+def _rows_of_child(a, variant: str, replies: Path, folder: Path, out: Path) -> list[dict]:
+    """One round of one variant in a fresh process: the heap setting of ``predict_folder`` is
+    process-wide, so no variant inherits another's."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--replies", str(replies),
+           "--folder", str(folder), "--batch", str(a.batch), "--rates", a.rates, "--jsonl", str(out)]
+    if a.no_pipeline_host_work:
+        cmd.append("--no-pipeline-host-work")
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"{variant} round failed:\n{proc.stderr[-4000:]}")
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def child(a) -> None:
+    """``--child VARIANT``: a warm run, then one timed run per rate, a JSON line each."""
+    import app.pipeline.folder as folder_module
+    from app.pipeline.detector import Detector
+
+    if a.child == "new-default-heap":
+        folder_module.keep_freed_heap = lambda: False
+    meta, replies = pickle.loads(a.replies.read_bytes())
+    detector = Detector(StandInPipeline(meta, replies, rate=0, max_batch=a.batch,
+                                        host_work=not a.no_pipeline_host_work))
+    variant = _loop(a.child)
+    params = detector.params()
+    for k, rate in enumerate(float(r) for r in a.rates.split(",")):
+        detector.pipeline.device.rate = rate
+        if k == 0:  # warm: imports, first allocations
+            run_round(variant, detector, a.folder, a.jsonl, params, a.batch)
+        row = run_round(variant, detector, a.folder, a.jsonl, params, a.batch)
+        print(json.dumps({"rate": rate, **row, "variant": a.child}), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", type=Path, default=SHARED_IMAGES, help="folder of JPEGs to copy")
     ap.add_argument("--count", type=int, default=10_000)
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=5, help="A/B rounds (main then new in each)")
+    ap.add_argument("--rounds", type=int, default=5, help="A/B rounds (each variant once per round, in turn)")
     ap.add_argument("--rates", default="7000,0",
                     help="the stand-in device's images/s, one scenario each; 0: no device time (the host's ceiling)")
-    ap.add_argument("--variants", default="main,new", help="which loops run each round: main, new")
+    ap.add_argument("--variants", default=None,
+                    help="which loops run each round, of main, new, new-default-heap (default: all; --real: "
+                         "all four, in two phases)")
     ap.add_argument("--no-pipeline-host-work", action="store_true",
                     help="the stand-in skips GpuPipeline's per-image header read (device wait only)")
     ap.add_argument("--real", action="store_true", help="the torch-cuda detector instead of the stand-in")
+    ap.add_argument("--real-backend", default="torch-cuda", help="--real's backend (onnxruntime: a smoke test on a CPU)")
     ap.add_argument("--weights", default="sample")
     ap.add_argument("--folder", type=Path, default=None, help="keep the copies here (reused when the count matches)")
     ap.add_argument("--out", type=Path, default=None, help="result JSON")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--replies", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--jsonl", type=Path, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child:
+        return child(a)
 
     from app.benchmark.machine import machine_info, versions
     from app.benchmark.workloads import make_folder
@@ -204,36 +262,25 @@ def main() -> None:
     photos = [(p.name, p.read_bytes()) for p in sorted(a.images.iterdir()) if p.suffix.lower() in (".jpg", ".jpeg")]
     tmp = Path(tempfile.mkdtemp(prefix="yolopipe-folder-plumbing-"))
     folder = a.folder or tmp / "images"
-    variants = a.variants.split(",")
+    variants = REAL_VARIANTS if a.real else (a.variants or ",".join(VARIANTS)).split(",")
+    rows: list[dict] = []
     try:
         make_folder(folder, photos, a.count)
-        if a.real:
-            from app.runtime import open_detector
-
-            detector = open_detector(a.weights, backend="torch-cuda", max_batch=a.batch)
-            detector.pipeline.warmup()
-        else:
-            from app.pipeline.detector import Detector
-
-            meta, replies = replayed_rows(photos, a.weights)
-            detector = Detector(StandInPipeline(meta, replies, rate=0, max_batch=a.batch,
-                                                host_work=not a.no_pipeline_host_work))
-        params = detector.params()
         outs = {v: tmp / f"{v}.jsonl" for v in variants}
-        for v in variants:  # warm: page cache, imports, graphs
-            run_round(v, detector, folder, outs[v], params, a.batch)
-        same = len({outs[v].read_bytes() for v in variants}) == 1
-        rows = []
-        rates = [None] if a.real else [float(r) for r in a.rates.split(",")]
-        for rate in rates:
-            if rate is not None:
-                detector.pipeline.device.rate = rate
+        if a.real:
+            rates: list = [None]
+            rows, same = _real_rounds(a, folder, outs)
+        else:
+            rates = [float(r) for r in a.rates.split(",")]
+            replies = tmp / "replies.pkl"
+            replies.write_bytes(pickle.dumps(replayed_rows(photos, a.weights)))
             for r in range(a.rounds):
                 for v in variants:
-                    row = {"rate": rate, "round": r, **run_round(v, detector, folder, outs[v], params, a.batch)}
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
-        detector.close()
+                    for row in _rows_of_child(a, v, replies, folder, outs[v]):
+                        rows.append({"round": r, **row})
+                        print(json.dumps(rows[-1]), flush=True)
+                if r == 0:
+                    same = len({outs[v].read_bytes() for v in variants}) == 1
         medians = {}
         for rate in rates:
             for v in variants:
@@ -242,17 +289,19 @@ def main() -> None:
                 medians[key] = {k: round(statistics.median(row[k] for row in mine), 2)
                                 for k in MEDIAN_KEYS if k in mine[0]}
         result = {
-            "what": "bench/folder_plumbing.py: predict_folder (new) vs main's image loop (bench/folder_baseline.py) "
+            "what": f"bench/folder_plumbing.py: {', '.join(f'{v} = {VARIANTS[v]}' for v in variants)}; "
                     f"over {a.count} page-cached JPEG copies of {len(photos)} photos → JSONL, batch {a.batch}, "
-                    + ("the torch-cuda detector" if a.real else
-                       f"stand-in pipeline: device emulated at {a.rates} img/s (0: none), 3 batches in flight, rows replayed "
-                       "from the sample model" + ("" if a.no_pipeline_host_work else
-                                                   ", GpuPipeline's per-image header read included")),
+                    + (f"the {a.real_backend} detector, every round in this process: main and new-default-heap "
+                       "interleaved, then main+kept-heap and new" if a.real else
+                       f"stand-in pipeline: device emulated at {a.rates} img/s (0: none), 3 batches in flight, rows "
+                       "replayed from the sample model" + ("" if a.no_pipeline_host_work else
+                                                            ", GpuPipeline's per-image header read included")
+                       + "; each round of each variant in a fresh process (a warm run, then one timed run per rate)"),
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "machine": {**machine_info(gpu=a.real), "nproc": os.cpu_count(), "cpu_model": _cpu_model(),
-                        "note": "shared with other jobs" if not a.real else ""},
+            "machine": {**machine_info(gpu=a.real and a.real_backend != "onnxruntime"), "nproc": os.cpu_count(), "cpu_model": _cpu_model(),
+                        "note": "" if a.real else "shared with other jobs"},
             "versions": versions(),
-            "config": {"count": a.count, "batch": a.batch, "rounds": a.rounds, "rates": a.rates, "real": a.real,
+            "config": {"count": a.count, "batch": a.batch, "rounds": a.rounds, "rates": a.rates, "real": a.real and a.real_backend,
                        "workers": 8, "pipeline_host_work": not a.no_pipeline_host_work},
             "outputs_identical": same,
             "medians": medians,
@@ -264,6 +313,35 @@ def main() -> None:
             a.out.write_text(json.dumps(result, indent=1) + "\n")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _real_rounds(a, folder: Path, outs: dict[str, Path]) -> tuple[list[dict], bool]:
+    """``--real``: one detector (torch-cuda, graphs captured first) in this process, two phases
+    of interleaved rounds: glibc's heap as it is (main, new-default-heap), then with
+    ``keep_freed_heap`` in effect, which no process can undo (main+kept-heap, new)."""
+    import app.pipeline.folder as folder_module
+    from app.runtime import open_detector
+
+    rows = []
+    keep = folder_module.keep_freed_heap
+    with open_detector(a.weights, backend=a.real_backend, max_batch=a.batch) as detector:
+        detector.pipeline.warmup()
+        params = detector.params()
+        for phase in (("main", "new-default-heap"), ("main+kept-heap", "new")):
+            folder_module.keep_freed_heap = keep if "new" in phase else (lambda: False)
+            for v in phase:  # warm: page cache, imports, first allocations
+                run_round(_loop(v), detector, folder, outs[v], params, a.batch)
+            for r in range(a.rounds):
+                for v in phase:
+                    row = run_round(_loop(v), detector, folder, outs[v], params, a.batch)
+                    rows.append({"rate": None, "round": r, **row, "variant": v})
+                    print(json.dumps(rows[-1]), flush=True)
+    folder_module.keep_freed_heap = keep
+    return rows, len({out.read_bytes() for out in outs.values()}) == 1
+
+
+def _loop(variant: str) -> str:
+    return "main" if variant.startswith("main") else "new"
 
 
 def _cpu_model() -> str:

@@ -16,15 +16,17 @@ build them), no dict or ``json.dumps`` per image.
 
 from __future__ import annotations
 
-import glob
+import ctypes
+import functools
 import json
 import os
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import cv2
 import numpy as np
@@ -34,103 +36,12 @@ from app.contracts import DetectParams, ImageResult, ImageRows
 from app.errors import InvalidImage, InvalidParameter, YolopipeError
 from app.imaging.headers import IMAGE_SUFFIXES
 from app.pipeline.detector import Detector
+from app.pipeline.files import SourceImage, list_images
 from app.pipeline.jsonl import image_result, json_lines
 from app.pipeline.overlap import run_overlapped
 from app.pipeline.video import VIDEO_SUFFIXES, frames_done, predict_video
 
-
-class SourceImage(NamedTuple):
-    file: str  # the file's path as given or found (a ``Path`` works too)
-    name: str  # path relative to SOURCE, as written in the output
-
-    @property
-    def path(self) -> Path:
-        return Path(self.file)
-
-
 MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES  # what ``predict`` reads: images and videos
-
-
-def list_images(source: str, suffixes: frozenset[str] = IMAGE_SUFFIXES) -> list[SourceImage]:
-    """Files with these suffixes (images by default) of a folder (recursive), a single file, or a
-    glob pattern, sorted."""
-    src = Path(source).expanduser()
-    if src.is_dir():
-        return _walk(src, suffixes)
-    if src.is_file():
-        return [SourceImage(str(src), src.name)]
-    matches = sorted(Path(p) for p in glob.glob(str(src), recursive=True))
-    files = [p for p in matches if p.is_file() and p.suffix.lower() in suffixes]
-    if not files:
-        raise InvalidParameter(f"no images found at {source!r} (a folder, an image file, or a glob pattern)")
-    root = _glob_root(src)
-    return [SourceImage(str(p), _relative(p, root)) for p in files]
-
-
-def _walk(root: Path, suffixes: frozenset[str]) -> list[SourceImage]:
-    """A folder's files with these suffixes, recursively, in the order of their relative names.
-
-    What ``os.walk`` + ``os.path.isfile`` found (symlinked files in, symlinked folders not
-    entered, unreadable folders left out), with ``os.scandir``'s file types instead of a
-    ``stat`` per file, and names built as strings: pathlib's ``rglob`` + ``relative_to`` cost
-    ~50 µs a file, held GIL the GPU waits behind before the first batch.
-    """
-    found: list[tuple[str, str]] = []
-    folders = [(str(root), "")]
-    while folders:
-        folder, prefix = folders.pop()
-        try:
-            with os.scandir(folder) as entries:
-                for entry in entries:
-                    if _is_folder(entry):
-                        folders.append((entry.path, f"{prefix}{entry.name}/"))
-                    elif _suffix(entry.name) in suffixes and _is_file(entry):
-                        found.append((prefix + entry.name, entry.path))
-        except OSError:
-            continue
-    found.sort(key=lambda f: f[0].split("/"))  # rglob's sorted order: by path components
-    return [SourceImage(full, rel) for rel, full in found]
-
-
-def _suffix(name: str) -> str:
-    """``os.path.splitext(name)[1].lower()`` of a file name, in two string operations for most
-    names (``splitext`` was the listing's biggest cost): none unless a character other than a
-    dot comes before the last dot."""
-    dot = name.rfind(".")
-    if dot > 0 and (name[dot - 1] != "." or name[:dot].lstrip(".")):
-        return name[dot:].lower()
-    return ""
-
-
-def _is_folder(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_dir(follow_symlinks=False)
-    except OSError:
-        return False
-
-
-def _is_file(entry: os.DirEntry) -> bool:
-    try:
-        return entry.is_file()  # follows a symlink, like os.path.isfile
-    except OSError:
-        return False
-
-
-def _glob_root(pattern: Path) -> Path:
-    """The leading folders of a glob pattern that hold no wildcard: names are relative to it."""
-    root = Path(pattern.anchor)
-    for part in pattern.parts[len(pattern.parts[:1]) if pattern.anchor else 0 :]:
-        if glob.has_magic(part):
-            break
-        root = root / part
-    return root
-
-
-def _relative(path: Path, root: Path) -> str:
-    try:
-        return path.relative_to(root).as_posix()
-    except ValueError:
-        return path.as_posix()
 
 
 def already_done(out: Path) -> set[str]:
@@ -174,6 +85,23 @@ def _read(img: SourceImage) -> bytes | YolopipeError:
     except OSError as exc:
         return InvalidImage(f"cannot read file: {exc.strerror or exc}")
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+@functools.cache
+def keep_freed_heap() -> bool:
+    """Have glibc keep freed heap memory for the next allocations instead of handing it back to the
+    kernel after every batch, where each file's bytes land on fresh pages that fault in 4 KiB at a
+    time (the reads' system time, bench/results/2026-12-01-cpu-2core-folder-plumbing.json). The
+    thresholds are where glibc's own adjustment tops out (32 MiB mmap, 64 MiB trim). Once per
+    process; False where the C library has no ``mallopt``."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 64 << 20))
 
 
 def _prepared(detector: Detector, img: SourceImage) -> Any:
@@ -294,6 +222,7 @@ def predict_folder(
     they finish (images first, then each video's frames, ``app.pipeline.video``)."""
     if batch < 1:
         raise InvalidParameter(f"batch must be >= 1, got {batch}")
+    keep_freed_heap()
     media = list_images(source, MEDIA_SUFFIXES)
     videos = [m for m in media if _is_video(m)]
     images = [m for m in media if not _is_video(m)] if videos else media

@@ -158,7 +158,8 @@ def test_suffix_rules_are_splitext_and_path_suffix():
     import os
     from pathlib import Path
 
-    from app.pipeline.folder import SourceImage, _is_video, _suffix
+    from app.pipeline.files import _suffix
+    from app.pipeline.folder import SourceImage, _is_video
     from app.pipeline.video import is_video
 
     names = ["a.jpg", ".jpg", "..jpg", "a..jpg", "...", "a.", ".a.JPG", "a", ".", "..", "a.b.c", "x.tar.gz",
