@@ -12,9 +12,10 @@ the run the emulated device had no work (``device_idle_pct``; ``*_between_batche
 its first batch to its last), and when its first batch came and how long after its last the
 run ended. ``outputs_identical``: every variant wrote the same bytes.
 
-Variants: ``main``, ``new`` (``predict_folder``) and ``new-default-heap`` (the same with
-``keep_freed_heap`` off). That setting is process-wide, so with the stand-in every round of
-every variant runs in a fresh process (a warm run, then one timed run per ``--rates`` entry).
+Variants: ``main``, ``new`` (``predict_folder``), ``new-default-heap`` (the same with
+``keep_freed_heap`` off) and ``main+kept-heap`` (main's loop with it on). That setting is
+process-wide, so with the stand-in every round of every variant runs in a fresh process (a warm
+run, then one timed run per ``--rates`` entry).
 ``--real`` keeps one detector in this process: main and new-default-heap interleaved first,
 then main+kept-heap and new.
 
@@ -193,7 +194,7 @@ VARIANTS = {
     "main": "main's image loop (bench/folder_baseline.py)",
     "new": "predict_folder as shipped",
     "new-default-heap": "predict_folder with glibc's heap thresholds left as they are (keep_freed_heap off)",
-    "main+kept-heap": "main's image loop after keep_freed_heap (--real only)",
+    "main+kept-heap": "main's image loop with keep_freed_heap in effect",
 }
 REAL_VARIANTS = ["main", "new-default-heap", "main+kept-heap", "new"]
 
@@ -218,6 +219,8 @@ def child(a) -> None:
 
     if a.child == "new-default-heap":
         folder_module.keep_freed_heap = lambda: False
+    elif a.child == "main+kept-heap":
+        folder_module.keep_freed_heap()
     meta, replies = pickle.loads(a.replies.read_bytes())
     detector = Detector(StandInPipeline(meta, replies, rate=0, max_batch=a.batch,
                                         host_work=not a.no_pipeline_host_work))
@@ -240,8 +243,8 @@ def main() -> None:
     ap.add_argument("--rates", default="7000,0",
                     help="the stand-in device's images/s, one scenario each; 0: no device time (the host's ceiling)")
     ap.add_argument("--variants", default=None,
-                    help="which loops run each round, of main, new, new-default-heap (default: all; --real: "
-                         "all four, in two phases)")
+                    help=f"which loops run each round, of {', '.join(VARIANTS)} (default: all; --real: all, "
+                         "in two phases)")
     ap.add_argument("--no-pipeline-host-work", action="store_true",
                     help="the stand-in skips GpuPipeline's per-image header read (device wait only)")
     ap.add_argument("--real", action="store_true", help="the torch-cuda detector instead of the stand-in")
@@ -299,8 +302,11 @@ def main() -> None:
                        + "; each round of each variant in a fresh process (a warm run, then one timed run per rate)"),
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "machine": {**machine_info(gpu=a.real and a.real_backend != "onnxruntime"), "nproc": os.cpu_count(), "cpu_model": _cpu_model(),
+                        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
                         "note": "" if a.real else "shared with other jobs"},
             "versions": versions(),
+            "code": _git_head(),
+            "baseline": "main at b5392d4: bench/folder_baseline.py",
             "config": {"count": a.count, "batch": a.batch, "rounds": a.rounds, "rates": a.rates, "real": a.real and a.real_backend,
                        "workers": 8, "pipeline_host_work": not a.no_pipeline_host_work},
             "outputs_identical": same,
@@ -342,6 +348,12 @@ def _real_rounds(a, folder: Path, outs: dict[str, Path]) -> tuple[list[dict], bo
 
 def _loop(variant: str) -> str:
     return "main" if variant.startswith("main") else "new"
+
+
+def _git_head() -> str:
+    proc = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "app"], capture_output=True, text=True)
+    return (proc.stdout.strip() or "unknown") + (" + changes in app/" if dirty.stdout.strip() else "")
 
 
 def _cpu_model() -> str:

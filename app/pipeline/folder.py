@@ -244,28 +244,28 @@ def predict_folder(
             part = ok[start : start + pipeline.max_batch]
             for i, answer in zip(part, pipeline.run([outputs[i] for i in part], params).images):
                 outputs[i] = answer
-        images = [img for img, _ in chunk]
-        return images, outputs, json_lines([img.name for img in images], outputs, names)
+        files = [img for img, _ in chunk]
+        return files, outputs, json_lines([img.name for img in files], outputs, names)
 
     chunks = _batches(detector, todo, batch, workers, ahead_batches=pipeline.max_in_flight + 2)
     with open(out, "a" if resume else "w") as fh:
         if resume and not _ends_with_newline(out):
             fh.write("\n")  # a torn last line stays torn, on its own, instead of swallowing the next one
-        for images, outputs, lines in run_overlapped(detect_chunk, chunks, pipeline.max_in_flight):
+        for files, outputs, lines in run_overlapped(detect_chunk, chunks, pipeline.max_in_flight):
             lines.append("")
             fh.write("\n".join(lines))
             fh.flush()
-            summary.images += len(images)
-            for img, answer in zip(images, outputs):
+            summary.images += len(files)
+            for img, answer in zip(files, outputs):
                 if isinstance(answer, YolopipeError):
                     summary.errors += 1
                     summary.error_files.append(f"{img.name}: {answer}")
                 else:
                     summary.detections += len(answer[0])
             if save_images is not None or coco is not None:
-                _keep_results(images, outputs, names, save_images, records if coco is not None else None)
+                _keep_results(files, outputs, names, save_images, records if coco is not None else None)
             if on_progress:
-                on_progress(len(images), len(todo))
+                on_progress(len(files), len(todo))
         if videos:
             _predict_videos(detector, videos, fh, params, summary, batch=batch, vid_stride=vid_stride, track=track,
                             resume_from=frames_done(out) if resume else {}, save_images=save_images,
