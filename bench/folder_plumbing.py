@@ -351,9 +351,15 @@ def _loop(variant: str) -> str:
 
 
 def _git_head() -> str:
-    proc = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "app"], capture_output=True, text=True)
-    return (proc.stdout.strip() or "unknown") + (" + changes in app/" if dirty.stdout.strip() else "")
+    """The checkout's commit, where it is a git checkout (a copy on a GPU machine may not be)."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=False).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "app"], capture_output=True,
+                               text=True, check=False).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (head or "unknown") + (" + changes in app/" if head and dirty else "")
 
 
 def _cpu_model() -> str:
