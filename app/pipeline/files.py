@@ -63,7 +63,9 @@ def _walk(root: Path, suffixes: frozenset[str]) -> list[SourceImage]:
                         found.append((prefix + entry.name, entry.path))
         except OSError:
             continue
-    found.sort(key=lambda f: f[0].split("/"))  # rglob's sorted order: by path components
+    # rglob's sorted order, by path components: the same as by the names with "/" as the lowest
+    # character ("\0", in no file name), and without a list per name
+    found.sort(key=lambda f: f[0].replace("/", "\0"))
     return [SourceImage(full, rel) for rel, full in found]
 
 

@@ -136,16 +136,17 @@ def _batches(
             parts = [chunk[k : k + per_task] for k in range(0, len(chunk), per_task)]
             pending.append((chunk, [pool.submit(_prepared_chunk, detector, part) for part in parts]))
 
-        for chunk in chunks:
+        for chunk in chunks:  # the first batch alone, so the pipeline starts as soon as it can
             submit(chunk)
-            if len(pending) >= ahead_batches:
-                break
+            break
         while pending:
             chunk, futures = pending.popleft()
+            ready = list(zip(chunk, (x for fut in futures for x in fut.result())))
             for nxt in chunks:
                 submit(nxt)
-                break
-            yield list(zip(chunk, (x for fut in futures for x in fut.result())))
+                if len(pending) >= ahead_batches:
+                    break
+            yield ready
 
 
 @dataclass

@@ -168,3 +168,25 @@ def test_suffix_rules_are_splitext_and_path_suffix():
         assert _suffix(name) == os.path.splitext(name)[1].lower(), name
         for rel in (name, f"d.mp4/{name}") if name not in (".", "..") else ():  # no file has those names
             assert _is_video(SourceImage(rel, rel)) == is_video(Path(rel)), rel
+
+
+def test_listing_order_is_by_path_components_on_awkward_names(tmp_path):
+    """Names that sort differently as whole strings and by components ("a/b" vs "a-b", "a.b",
+    "a b", "a0"): the listing keeps the component order."""
+    rng = np.random.default_rng(7)
+    alphabet = list("a-. 0_~")
+    rels = set()
+    while len(rels) < 60:
+        parts = ["".join(rng.choice(alphabet, int(rng.integers(1, 4)))) for _ in range(int(rng.integers(1, 4)))]
+        if all(p.strip(".") and p.strip() == p for p in parts):
+            rels.add("/".join("d" + p for p in parts[:-1]) + ("/" if len(parts) > 1 else "") + "x" + parts[-1] + ".jpg")
+    made = []
+    for rel in rels:
+        p = tmp_path / rel
+        if any(q.is_file() for q in p.parents):
+            continue  # a folder where a file is already: not both
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+        made.append(rel)
+    got = [i.name for i in list_images(str(tmp_path))]
+    assert got == sorted(made, key=lambda n: n.split("/")) and len(got) > 40
