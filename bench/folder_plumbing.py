@@ -322,16 +322,17 @@ def main() -> None:
 
 
 def _real_rounds(a, folder: Path, outs: dict[str, Path]) -> tuple[list[dict], bool]:
-    """``--real``: one detector (torch-cuda, graphs captured first) in this process, two phases
-    of interleaved rounds: glibc's heap as it is (main, new-default-heap), then with
-    ``keep_freed_heap`` in effect, which no process can undo (main+kept-heap, new)."""
+    """``--real``: one detector in this process (torch-cuda; the graphs of the folder's two batch
+    sizes captured first), two phases of interleaved rounds: glibc's heap as it is (main,
+    new-default-heap), then with ``keep_freed_heap`` in effect, which no process can undo
+    (main+kept-heap, new)."""
     import app.pipeline.folder as folder_module
     from app.runtime import open_detector
 
     rows = []
     keep = folder_module.keep_freed_heap
     with open_detector(a.weights, backend=a.real_backend, max_batch=a.batch) as detector:
-        detector.pipeline.warmup()
+        detector.pipeline.warmup([a.batch, a.count % a.batch or a.batch])  # the two sizes the folder's batches have
         params = detector.params()
         for phase in (("main", "new-default-heap"), ("main+kept-heap", "new")):
             folder_module.keep_freed_heap = keep if "new" in phase else (lambda: False)
