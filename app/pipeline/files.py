@@ -47,8 +47,8 @@ def _walk(root: Path, suffixes: frozenset[str]) -> list[SourceImage]:
 
     What ``os.walk`` + ``os.path.isfile`` found (symlinked files in, symlinked folders not
     entered, unreadable folders left out), with ``os.scandir``'s file types instead of a
-    ``stat`` per file, and names built as strings: pathlib's ``rglob`` + ``relative_to`` cost
-    ~50 µs a file, held GIL the GPU waits behind before the first batch.
+    ``stat`` per file, and names built as strings (pathlib's ``rglob`` + ``relative_to`` held
+    the GIL many times longer, and the GPU waits for the listing before its first batch).
     """
     found: list[tuple[str, str]] = []
     folders = [(str(root), "")]
