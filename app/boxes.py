@@ -15,6 +15,8 @@ mirrors Ultralytics' ``non_max_suppression`` and ``torchvision.ops.nms`` in floa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from app.contracts import DetectParams
@@ -112,6 +114,21 @@ def scale_boxes(boxes: np.ndarray, lb: Letterbox) -> np.ndarray:
     out -= np.array([lb.pad_left, lb.pad_top, lb.pad_left, lb.pad_top], np.float32)
     out /= np.array([lb.gain_x, lb.gain_y, lb.gain_x, lb.gain_y], np.float32)
     np.clip(out, 0, np.array([lb.src_w, lb.src_h, lb.src_w, lb.src_h], np.float32), out=out)
+    return out
+
+
+def scale_boxes_stacked(boxes: np.ndarray, lbs: Sequence[Letterbox], counts: Sequence[int]) -> np.ndarray:
+    """``scale_boxes`` of many images in one go: ``boxes`` holds ``counts[i]`` boxes of image ``i``
+    (placed by ``lbs[i]``), one image after another. Each element goes through the same float32
+    operations as in ``scale_boxes``, so the results are bitwise the same (a folder's batch of
+    128 images in a few array ops instead of 128 × 3)."""
+    out = np.array(boxes, dtype=np.float32, copy=True).reshape(-1, 4)
+    per_image = np.array([(lb.pad_left, lb.pad_top, lb.gain_x, lb.gain_y, lb.src_w, lb.src_h) for lb in lbs],
+                         np.float64).reshape(-1, 6).astype(np.float32)  # each value rounded to float32 once, as there
+    per_box = per_image[np.repeat(np.arange(len(per_image)), np.asarray(counts, np.int64))]
+    out -= per_box[:, [0, 1, 0, 1]]
+    out /= per_box[:, [2, 3, 2, 3]]
+    np.clip(out, 0, per_box[:, [4, 5, 4, 5]], out=out)
     return out
 
 

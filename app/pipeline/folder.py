@@ -1,17 +1,26 @@
 """Offline batch inference: a folder, a file or a glob → one JSON line per image.
 
-Four stages overlap: file reads (and, for a pipeline that does not decode JPEG itself, OpenCV
-decodes) in a thread pool running a few batches ahead, bounded so memory stays flat on any
-folder size; up to ``pipeline.max_in_flight`` batches in the detector at once (on the GPU:
-decode on the decoder's stream, upload, graph; ``app.pipeline.overlap``); and the JSON lines,
-written by this thread while the next batches run.
+Four stages overlap: file reads and header checks (and, for a pipeline that does not decode
+JPEG itself, OpenCV decodes) in a thread pool running a few batches ahead, bounded so memory
+stays flat on any folder size; up to ``pipeline.max_in_flight`` batches in the pipeline at once
+(on the GPU: decode on the decoder's stream, upload, graph; ``app.pipeline.overlap``), each
+batch's rows turned into its JSON lines in one go by the thread that ran it
+(``app.pipeline.jsonl``); and the writes, by this thread while the next batches run.
+
+Every per-image step of the image half holds the GIL, and the GPU pipeline's threads need it
+to launch the next batch, so the image half makes no object per image beyond what it must:
+names as strings (no ``Path`` per file), reads with ``os.read``, no second header check or
+``ImageResult`` per image (the pipeline is called directly; ``--save-images`` and ``--coco``
+build them), no dict or ``json.dumps`` per image.
 """
 
 from __future__ import annotations
 
-import glob
+import ctypes
+import functools
 import json
 import os
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,71 +32,16 @@ import cv2
 import numpy as np
 
 from app.config import PREDICT_BATCH
-from app.contracts import DetectParams, ImageResult
-from app.errors import InvalidParameter, YolopipeError
+from app.contracts import DetectParams, ImageResult, ImageRows
+from app.errors import InvalidImage, InvalidParameter, YolopipeError
 from app.imaging.headers import IMAGE_SUFFIXES
 from app.pipeline.detector import Detector
+from app.pipeline.files import SourceImage, list_images
+from app.pipeline.jsonl import image_result, json_lines
 from app.pipeline.overlap import run_overlapped
-from app.pipeline.video import VIDEO_SUFFIXES, frames_done, is_video, predict_video
-
-
-@dataclass(frozen=True)
-class SourceImage:
-    path: Path
-    name: str  # path relative to SOURCE, as written in the output
-
+from app.pipeline.video import VIDEO_SUFFIXES, frames_done, predict_video
 
 MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES  # what ``predict`` reads: images and videos
-
-
-def list_images(source: str, suffixes: frozenset[str] = IMAGE_SUFFIXES) -> list[SourceImage]:
-    """Files with these suffixes (images by default) of a folder (recursive), a single file, or a
-    glob pattern, sorted."""
-    src = Path(source).expanduser()
-    if src.is_dir():
-        return _walk(src, suffixes)
-    if src.is_file():
-        return [SourceImage(src, src.name)]
-    matches = sorted(Path(p) for p in glob.glob(str(src), recursive=True))
-    files = [p for p in matches if p.is_file() and p.suffix.lower() in suffixes]
-    if not files:
-        raise InvalidParameter(f"no images found at {source!r} (a folder, an image file, or a glob pattern)")
-    root = _glob_root(src)
-    return [SourceImage(p, _relative(p, root)) for p in files]
-
-
-def _walk(root: Path, suffixes: frozenset[str]) -> list[SourceImage]:
-    """A folder's files with these suffixes, recursively, in the order of their relative names: ``os.walk`` and
-    string slicing, since pathlib's ``rglob`` + ``relative_to`` cost ~50 µs a file (half a
-    second of held GIL on a folder of 10,000)."""
-    base = str(root)
-    cut = len(base) + 1 if not base.endswith(os.sep) else len(base)
-    found: list[tuple[str, str]] = []
-    for folder, _, names in os.walk(base):
-        for name in names:
-            if os.path.splitext(name)[1].lower() in suffixes:
-                full = os.path.join(folder, name)
-                if os.path.isfile(full):
-                    found.append((full[cut:].replace(os.sep, "/"), full))
-    found.sort(key=lambda f: f[0].split("/"))  # rglob's sorted order: by path components
-    return [SourceImage(Path(full), rel) for rel, full in found]
-
-
-def _glob_root(pattern: Path) -> Path:
-    """The leading folders of a glob pattern that hold no wildcard: names are relative to it."""
-    root = Path(pattern.anchor)
-    for part in pattern.parts[len(pattern.parts[:1]) if pattern.anchor else 0 :]:
-        if glob.has_magic(part):
-            break
-        root = root / part
-    return root
-
-
-def _relative(path: Path, root: Path) -> str:
-    try:
-        return path.relative_to(root).as_posix()
-    except ValueError:
-        return path.as_posix()
 
 
 def already_done(out: Path) -> set[str]:
@@ -115,12 +69,39 @@ def _ends_with_newline(path: Path) -> bool:
 
 
 def _read(img: SourceImage) -> bytes | YolopipeError:
+    """The file's bytes: one ``os.read`` of its size (plus one byte, to see that it did not grow)
+    instead of pathlib's buffered file object, whose layers cost more held GIL than the copy,
+    and each system call gives the GIL away and waits to take it back."""
     try:
-        return img.path.read_bytes()
+        fd = os.open(img.file, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        try:
+            size = os.fstat(fd).st_size
+            parts = [os.read(fd, size + 1)]
+            if len(parts[0]) != size:  # it grew, or a read came back short: read on to the end
+                while parts[-1]:
+                    parts.append(os.read(fd, 1 << 20))
+        finally:
+            os.close(fd)
     except OSError as exc:
-        from app.errors import InvalidImage
-
         return InvalidImage(f"cannot read file: {exc.strerror or exc}")
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+@functools.cache
+def keep_freed_heap() -> bool:
+    """Have glibc keep freed heap memory for the next allocations instead of handing it back to the
+    kernel after every batch, where each file's bytes land on fresh pages that fault in 4 KiB at a
+    time (the reads' system time, bench/results/2026-12-01-cpu-2core-folder-plumbing.json). The
+    thresholds are where glibc's own adjustment tops out (32 MiB mmap, 64 MiB trim). Once per
+    process; False where the C library has no ``mallopt``."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 64 << 20))
 
 
 def _prepared(detector: Detector, img: SourceImage) -> Any:
@@ -155,16 +136,17 @@ def _batches(
             parts = [chunk[k : k + per_task] for k in range(0, len(chunk), per_task)]
             pending.append((chunk, [pool.submit(_prepared_chunk, detector, part) for part in parts]))
 
-        for chunk in chunks:
+        for chunk in chunks:  # the first batch alone, so the pipeline starts as soon as it can
             submit(chunk)
-            if len(pending) >= ahead_batches:
-                break
+            break
         while pending:
             chunk, futures = pending.popleft()
+            ready = list(zip(chunk, (x for fut in futures for x in fut.result())))
             for nxt in chunks:
                 submit(nxt)
-                break
-            yield list(zip(chunk, (x for fut in futures for x in fut.result())))
+                if len(pending) >= ahead_batches:
+                    break
+            yield ready
 
 
 @dataclass
@@ -241,51 +223,50 @@ def predict_folder(
     they finish (images first, then each video's frames, ``app.pipeline.video``)."""
     if batch < 1:
         raise InvalidParameter(f"batch must be >= 1, got {batch}")
+    keep_freed_heap()
     media = list_images(source, MEDIA_SUFFIXES)
-    images = [m for m in media if not is_video(m.path)]
-    videos = [m for m in media if is_video(m.path)]
+    videos = [m for m in media if _is_video(m)]
+    images = [m for m in media if not _is_video(m)] if videos else media
     summary = FolderSummary()
     done = already_done(out) if resume else set()
-    todo = [img for img in images if img.name not in done]
+    todo = [img for img in images if img.name not in done] if done else images
     summary.skipped = len(images) - len(todo)
     if on_progress:
         on_progress(0, len(todo))
     out.parent.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = []
-    in_flight = detector.pipeline.max_in_flight
+    pipeline, names = detector.pipeline, detector.names
 
-    def detect_chunk(chunk: list[tuple[SourceImage, Any]]) -> tuple[list, list[ImageResult]]:
-        results = [ImageResult(error=x) if isinstance(x, YolopipeError) else None for _, x in chunk]
-        ok = [i for i, res in enumerate(results) if res is None]
-        if ok:
-            for i, res in zip(ok, detector.detect([chunk[i][1] for i in ok], params)):
-                results[i] = res
-        return chunk, results
+    def detect_chunk(chunk: list[tuple[SourceImage, Any]]) -> tuple[list[SourceImage], list, list[str]]:
+        """In a batch thread: the pipeline on the batch's readable images, then its JSON lines."""
+        outputs: list[ImageRows | YolopipeError] = [x for _, x in chunk]
+        ok = [i for i, x in enumerate(outputs) if not isinstance(x, YolopipeError)]
+        for start in range(0, len(ok), pipeline.max_batch):
+            part = ok[start : start + pipeline.max_batch]
+            for i, answer in zip(part, pipeline.run([outputs[i] for i in part], params).images):
+                outputs[i] = answer
+        files = [img for img, _ in chunk]
+        return files, outputs, json_lines([img.name for img in files], outputs, names)
 
-    chunks = _batches(detector, todo, batch, workers, ahead_batches=in_flight + 2)
+    chunks = _batches(detector, todo, batch, workers, ahead_batches=pipeline.max_in_flight + 2)
     with open(out, "a" if resume else "w") as fh:
         if resume and not _ends_with_newline(out):
             fh.write("\n")  # a torn last line stays torn, on its own, instead of swallowing the next one
-        for chunk, results in run_overlapped(detect_chunk, chunks, in_flight):
-            lines = []
-            for (img, _), res in zip(chunk, results):
-                rec = res.to_json(img.name, detector.names)
-                lines.append(json.dumps(rec))
-                summary.images += 1
-                if res.error is not None:
-                    summary.errors += 1
-                    summary.error_files.append(f"{img.name}: {res.error}")
-                else:
-                    summary.detections += len(res.detections or [])
-                    if save_images is not None:
-                        draw_detections(img.path, res, detector.names, Path(save_images) / img.name)
-                if coco is not None:
-                    records.append(rec)
+        for files, outputs, lines in run_overlapped(detect_chunk, chunks, pipeline.max_in_flight):
             lines.append("")
             fh.write("\n".join(lines))
             fh.flush()
+            summary.images += len(files)
+            for img, answer in zip(files, outputs):
+                if isinstance(answer, YolopipeError):
+                    summary.errors += 1
+                    summary.error_files.append(f"{img.name}: {answer}")
+                else:
+                    summary.detections += len(answer[0])
+            if save_images is not None or coco is not None:
+                _keep_results(files, outputs, names, save_images, records if coco is not None else None)
             if on_progress:
-                on_progress(len(chunk), len(todo))
+                on_progress(len(files), len(todo))
         if videos:
             _predict_videos(detector, videos, fh, params, summary, batch=batch, vid_stride=vid_stride, track=track,
                             resume_from=frames_done(out) if resume else {}, save_images=save_images,
@@ -293,6 +274,25 @@ def predict_folder(
     if coco is not None:
         Path(coco).write_text(json.dumps(coco_document(records, detector.names)) + "\n")
     return summary
+
+
+def _is_video(img: SourceImage) -> bool:
+    """``video.is_video(img.path)`` (``Path.suffix``'s rule), without a ``Path`` per file."""
+    name = img.name.rpartition("/")[2]
+    dot = name.rfind(".")
+    suffix = name[dot:].lower() if 0 < dot < len(name) - 1 else ""
+    return suffix in VIDEO_SUFFIXES and suffix != ".gif"
+
+
+def _keep_results(images: list[SourceImage], outputs: list, names: list[str], save_images: Path | None,
+                  records: list[dict[str, Any]] | None) -> None:
+    """``--save-images`` and ``--coco``: each image's ``ImageResult``, drawn and/or kept as its record."""
+    for img, out in zip(images, outputs):
+        res = image_result(out)
+        if save_images is not None and res.error is None:
+            draw_detections(img.path, res, names, Path(save_images) / img.name)
+        if records is not None:
+            records.append(res.to_json(img.name, names))
 
 
 def _predict_videos(

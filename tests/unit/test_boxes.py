@@ -95,3 +95,20 @@ def test_threshold_compares_like_torchvision_at_exact_ties(iou):
     scores = np.array([0.9, 0.8], np.float32)
     theirs = torchvision.ops.nms(torch.from_numpy(boxes), torch.from_numpy(scores), iou).numpy()
     np.testing.assert_array_equal(nms_keep_indices(boxes, scores, iou), theirs)
+
+
+def test_scale_boxes_stacked_is_bitwise_scale_boxes_per_image():
+    """Many images' boxes at once (the folder's JSON lines) give the very bits ``scale_boxes`` gives
+    each image alone: boxes inside, outside (clipped), empty images among them."""
+    from app.boxes import scale_boxes_stacked
+
+    rng = np.random.default_rng(3)
+    shapes = [(480, 640), (1080, 810), (33, 1000), (720, 1280), (1, 1), (4000, 3), (640, 640)]
+    counts = [int(rng.integers(0, 9)) if i % 3 else 0 for i in range(40)]
+    lbs = [letterbox_params(*shapes[i % len(shapes)], 640) for i in range(len(counts))]
+    per_image = [rng.uniform(-50, 700, (n, 4)).astype(np.float32) for n in counts]
+    stacked = scale_boxes_stacked(np.concatenate(per_image), lbs, counts)
+    expected = np.concatenate([scale_boxes(b, lb) for b, lb in zip(per_image, lbs)])
+    assert stacked.dtype == np.float32 and stacked.shape == expected.shape
+    assert stacked.tobytes() == expected.tobytes()
+    assert scale_boxes_stacked(np.zeros((0, 4), np.float32), [], []).shape == (0, 4)

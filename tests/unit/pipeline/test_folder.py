@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from app.errors import InvalidParameter
@@ -79,3 +80,113 @@ def test_folder_listing_keeps_rglob_order_and_names(tmp_path):
     got = list_images(str(tmp_path))
     assert [i.path for i in got] == expected
     assert [i.name for i in got] == [p.relative_to(tmp_path).as_posix() for p in expected]
+
+
+def test_folder_lines_equal_the_detectors_per_image_results(folder, tmp_path, artifacts_dir):
+    """The folder path calls the pipeline itself and writes each batch's lines in one go: the file
+    is byte for byte ``json.dumps(to_json)`` of what ``Detector.detect`` gives each file, in
+    listing order, with batches larger than the pipeline's (split) and errors in their place;
+    ``--coco`` and ``--save-images`` get the same results."""
+    from app.pipeline.folder import coco_document, predict_folder
+    from app.runtime import open_detector
+
+    shutil.copy(folder / "bus.jpg", folder / "sub" / "bus copy ü.jpg")
+    out, coco, viz = tmp_path / "p.jsonl", tmp_path / "coco.json", tmp_path / "viz"
+    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=2) as det:
+        params = det.params()
+        summary = predict_folder(det, str(folder), out, params, batch=3, coco=coco, save_images=viz)
+        images = list_images(str(folder))
+        expected = [r.to_json(img.name, det.names) for img, r in
+                    zip(images, det.detect([img.path.read_bytes() for img in images], params))]
+    assert out.read_text() == "".join(json.dumps(rec) + "\n" for rec in expected)
+    assert summary.images == 5 and summary.errors == 2
+    assert summary.detections == sum(len(rec.get("detections", [])) for rec in expected)
+    assert [f.split(":")[0] for f in summary.error_files] == ["broken.jpg", "empty.png"]
+    assert json.loads(coco.read_text()) == json.loads(json.dumps(coco_document(expected, ["Normal", "Fall"])))
+    assert sorted(p.relative_to(viz).as_posix() for p in viz.rglob("*.jpg")) == [
+        "bus.jpg", "sub/bus copy ü.jpg", "sub/zidane.jpg"]
+
+
+def test_read_gives_the_bytes_or_the_reason(tmp_path):
+    from app.errors import InvalidImage
+    from app.pipeline.folder import SourceImage, _read
+
+    data = np.random.default_rng(0).integers(0, 256, 300_001, dtype=np.uint8).tobytes()
+    (tmp_path / "a.jpg").write_bytes(data)
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "dir.jpg").mkdir()
+    assert _read(SourceImage(str(tmp_path / "a.jpg"), "a.jpg")) == data
+    assert _read(SourceImage(tmp_path / "a.jpg", "a.jpg")) == data  # a Path works too
+    assert _read(SourceImage(str(tmp_path / "empty.jpg"), "empty.jpg")) == b""
+    for name, reason in [("gone.jpg", "No such file or directory"), ("dir.jpg", "Is a directory")]:
+        err = _read(SourceImage(str(tmp_path / name), name))
+        assert isinstance(err, InvalidImage) and str(err) == f"cannot read file: {reason}"
+
+
+def test_listing_follows_what_os_walk_and_isfile_found(tmp_path):
+    """Symlinked files are listed, symlinked folders are not entered, broken links and folders
+    named like images are left out: as main's ``os.walk`` + ``os.path.isfile`` listing did."""
+    import os
+
+    from app.imaging.headers import IMAGE_SUFFIXES
+
+    for rel in ["a.jpg", "d/b.png", "d/e/c.jpeg", "..x.jpg", ".jpg", "f.jpg/inner.jpg", "g..JPG"]:
+        p = tmp_path / "root" / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "o.jpg").write_bytes(b"x")
+    root = tmp_path / "root"
+    os.symlink(root / "a.jpg", root / "link.jpg")
+    os.symlink(tmp_path / "outside", root / "linked-dir")
+    os.symlink(tmp_path / "nothing.jpg", root / "broken.jpg")
+
+    expected = []
+    for folder_, _, names in os.walk(root):
+        for name in names:
+            full = os.path.join(folder_, name)
+            if os.path.splitext(name)[1].lower() in IMAGE_SUFFIXES and os.path.isfile(full):
+                expected.append(os.path.relpath(full, root).replace(os.sep, "/"))
+    expected.sort(key=lambda n: n.split("/"))
+    got = list_images(str(root))
+    assert [i.name for i in got] == expected
+    assert "link.jpg" in expected and "f.jpg/inner.jpg" in expected and "g..JPG" in expected
+    assert all(i.path == root / i.name for i in got)
+
+
+def test_suffix_rules_are_splitext_and_path_suffix():
+    import os
+    from pathlib import Path
+
+    from app.pipeline.files import _suffix
+    from app.pipeline.folder import SourceImage, _is_video
+    from app.pipeline.video import is_video
+
+    names = ["a.jpg", ".jpg", "..jpg", "a..jpg", "...", "a.", ".a.JPG", "a", ".", "..", "a.b.c", "x.tar.gz",
+             ".hid.jpg", "..a.b", "a b.JpEg", "é.JPG", "...a", ".a.", "v.MP4", "..mp4", ".mp4", "c.gif", "x.avi"]
+    for name in names:
+        assert _suffix(name) == os.path.splitext(name)[1].lower(), name
+        for rel in (name, f"d.mp4/{name}") if name not in (".", "..") else ():  # no file has those names
+            assert _is_video(SourceImage(rel, rel)) == is_video(Path(rel)), rel
+
+
+def test_listing_order_is_by_path_components_on_awkward_names(tmp_path):
+    """Names that sort differently as whole strings and by components ("a/b" vs "a-b", "a.b",
+    "a b", "a0"): the listing keeps the component order."""
+    rng = np.random.default_rng(7)
+    alphabet = list("a-. 0_~")
+    rels = set()
+    while len(rels) < 60:
+        parts = ["".join(rng.choice(alphabet, int(rng.integers(1, 4)))) for _ in range(int(rng.integers(1, 4)))]
+        if all(p.strip(".") and p.strip() == p for p in parts):
+            rels.add("/".join("d" + p for p in parts[:-1]) + ("/" if len(parts) > 1 else "") + "x" + parts[-1] + ".jpg")
+    made = []
+    for rel in rels:
+        p = tmp_path / rel
+        if any(q.is_file() for q in p.parents):
+            continue  # a folder where a file is already: not both
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+        made.append(rel)
+    got = [i.name for i in list_images(str(tmp_path))]
+    assert got == sorted(made, key=lambda n: n.split("/")) and len(got) > 40
