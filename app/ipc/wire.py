@@ -230,7 +230,8 @@ def _errors_by_code() -> dict[str, type[YolopipeError]]:
 
 # --- the load an inference worker publishes --------------------------------------------
 STARTING, READY, DRAINING = 0, 1, 2
-_STATUS = struct.Struct("<QIIdI")  # generation, state, images admitted and unanswered, s/image, lanes
+# generation, state, images admitted and unanswered, s/image, lanes (in the host's byte order)
+_STATUS = struct.Struct("=QIIdI")
 _STANDBY_AT = 48  # u32: the pid of the worker's warm standby, once it is ready
 _PHASE_AT, _PHASE_MAX = 64, 256  # then a short text: the warm-up step of a starting worker
 
@@ -260,7 +261,9 @@ class StatusBlock:
     """A few numbers in a shared file: one writer (the inference worker), many readers.
 
     Each field is one aligned store, and a reader only needs each to be current, not the
-    set to be consistent: it is a routing and admission hint; the worker re-checks."""
+    set to be consistent: it is a routing and admission hint; the worker re-checks. Fields are
+    written through typed views, never with ``struct.pack_into``, which zero-fills the whole
+    struct before writing it: a reader in another process would see a ready worker as starting."""
 
     def __init__(self, path: Path, *, writable: bool) -> None:
         fd = os.open(path, (os.O_RDWR | os.O_CREAT) if writable else os.O_RDONLY, 0o600)
@@ -271,9 +274,25 @@ class StatusBlock:
             self._map = mmap.mmap(fd, mmap.PAGESIZE, prot=prot)
         finally:
             os.close(fd)
+        self._views: list[memoryview] = []
+        if writable:
+            whole = memoryview(self._map)
+            # The _STATUS fields, one view per type.
+            self._generation = whole[0:8].cast("Q")
+            self._u32 = whole[8:16].cast("I")  # state, pending
+            self._seconds = whole[16:24].cast("d")
+            self._lanes = whole[24:28].cast("I")
+            self._standby = whole[_STANDBY_AT : _STANDBY_AT + 4].cast("I")
+            self._phase_len = whole[_PHASE_AT : _PHASE_AT + 2].cast("H")
+            self._views = [self._generation, self._u32, self._seconds, self._lanes, self._standby, self._phase_len,
+                           whole]
 
     def write(self, load: Load) -> None:
-        _STATUS.pack_into(self._map, 0, load.generation, load.state, load.pending, load.seconds_per_image, load.lanes)
+        self._generation[0] = load.generation
+        self._u32[0] = load.state
+        self._u32[1] = load.pending
+        self._seconds[0] = load.seconds_per_image
+        self._lanes[0] = load.lanes
 
     def read(self) -> Load:
         return Load(*_STATUS.unpack_from(self._map, 0))
@@ -281,20 +300,23 @@ class StatusBlock:
     def write_standby(self, pid: int) -> None:
         """The pid of this worker's warm standby (0: none ready). Written by the standby itself,
         a field the serving worker never writes."""
-        struct.pack_into("<I", self._map, _STANDBY_AT, pid)
+        self._standby[0] = pid
 
     def read_standby(self) -> int:
-        return struct.unpack_from("<I", self._map, _STANDBY_AT)[0]
+        return struct.unpack_from("=I", self._map, _STANDBY_AT)[0]
 
     def write_phase(self, text: str) -> None:
         """What a starting worker is doing (its warm-up step), for /readyz and /v1/model."""
         data = text.encode()[:_PHASE_MAX]
+        self._phase_len[0] = 0  # a reader meanwhile sees no text rather than a mix of two
         self._map[_PHASE_AT + 2 : _PHASE_AT + 2 + len(data)] = data
-        struct.pack_into("<H", self._map, _PHASE_AT, len(data))
+        self._phase_len[0] = len(data)
 
     def read_phase(self) -> str:
-        (n,) = struct.unpack_from("<H", self._map, _PHASE_AT)
+        (n,) = struct.unpack_from("=H", self._map, _PHASE_AT)
         return bytes(self._map[_PHASE_AT + 2 : _PHASE_AT + 2 + min(n, _PHASE_MAX)]).decode(errors="replace")
 
     def close(self) -> None:
+        for view in self._views:
+            view.release()
         self._map.close()

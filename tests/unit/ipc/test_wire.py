@@ -78,3 +78,28 @@ def test_the_status_block_is_shared_between_a_writer_and_readers(tmp_path):
     assert load.queued_s(10) == pytest.approx(50 * 0.002 / 2)
     writer.close()
     reader.close()
+
+
+def _keep_writing_ready(path, times: int) -> None:
+    block = wire.StatusBlock(path, writable=True)
+    for i in range(times):
+        block.write(wire.Load(1, wire.READY, i % 64, 0.002, 2))
+    block.close()
+
+
+def test_a_reader_in_another_process_never_sees_a_ready_worker_as_not_ready(tmp_path):
+    import multiprocessing
+
+    path = tmp_path / "status"
+    writer = wire.StatusBlock(path, writable=True)
+    writer.write(wire.Load(1, wire.READY, 0, 0.002, 2))
+    reader = wire.StatusBlock(path, writable=False)
+    process = multiprocessing.get_context("spawn").Process(target=_keep_writing_ready, args=(path, 500_000))
+    process.start()
+    states = set()
+    while process.is_alive():  # read while it rewrites the block as fast as it can
+        states |= {reader.read().state for _ in range(1000)}
+    process.join()
+    assert process.exitcode == 0 and states == {wire.READY}
+    reader.close()
+    writer.close()
