@@ -43,9 +43,6 @@ _IMAGE = struct.Struct("<QIQIdddIBH")
 _HEADER = struct.Struct("<BIIBBQBBBBI")
 _FORMATS = ("", "jpeg", "png", "bmp", "tiff", "webp")
 _CANCEL = struct.Struct("<Q")
-# req_id, index, ok, width, height, decode_ms, queue_ms, rows (then rows × 6 float32) or, when
-# not ok, code and message lengths (then both, UTF-8)
-_RESULT = struct.Struct("<QIBIIffI")
 _ERROR_TEXT = struct.Struct("<BI")
 
 
@@ -152,6 +149,14 @@ def read_cancel(body: bytes) -> int:
 
 
 # --- inference worker → HTTP worker -------------------------------------------------------
+# One record per answered image: req_id, index, ok, width, height, decode_ms, queue_ms, rows.
+# A RESULTS body is the batch's timings (JSON), the record count, the records, the rows of
+# every ok image (rows × 6 float32, in record order), then each failed image's error code and
+# message (UTF-8, in record order): fixed-size parts the inference worker writes from arrays.
+RECORD = np.dtype([("req_id", "<u8"), ("index", "<u4"), ("ok", "u1"), ("width", "<u4"), ("height", "<u4"),
+                   ("decode_ms", "<f4"), ("queue_ms", "<f4"), ("rows", "<u4")])
+
+
 @dataclass(slots=True)
 class Outcome:
     """One image's answer: detections with the source size, or the error that stopped it."""
@@ -167,48 +172,97 @@ class Outcome:
     batch: dict[str, float] | None = None  # the batch it ran in: batch_ms, batch_size, pipeline stages
 
 
-def results(outcomes: list[Outcome], batch_timings: dict[str, float] | None = None) -> bytes:
-    """One frame for several answers (one batch's answers to one HTTP worker)."""
-    timings = json.dumps(batch_timings or {}).encode()
-    parts = [struct.pack("<H", len(timings)), timings, struct.pack("<I", len(outcomes))]
-    for o in outcomes:
-        if o.error is None:
-            det = o.detections if o.detections is not None else Detections.empty()
-            rows = np.empty((len(det), 6), np.float32)
-            rows[:, :4], rows[:, 4], rows[:, 5] = det.boxes, det.scores, det.class_ids
-            parts.append(_RESULT.pack(o.req_id, o.index, 1, o.width, o.height, o.decode_ms, o.queue_ms, len(det)))
-            parts.append(rows.tobytes())
-        else:
-            code, message = o.error.code.encode(), str(o.error).encode()
-            parts.append(_RESULT.pack(o.req_id, o.index, 0, 0, 0, o.decode_ms, o.queue_ms, 0))
-            parts += [_ERROR_TEXT.pack(len(code), len(message)), code, message]
+@dataclass(slots=True)
+class Answers:
+    """Several images' answers as arrays (what the inference worker writes, a batch at a time):
+    a ``RECORD`` per image, the rows of the ok ones in record order (x1, y1, x2, y2, score,
+    class in source pixels), and each failed image's error by its position."""
+
+    records: np.ndarray
+    rows: np.ndarray
+    errors: dict[int, YolopipeError]
+    timings: dict[str, float]
+
+    @classmethod
+    def of(cls, outcomes: list[Outcome], timings: dict[str, float] | None = None) -> Answers:
+        records = np.zeros(len(outcomes), RECORD)
+        rows, errors = [], {}
+        for i, o in enumerate(outcomes):
+            if o.error is None:
+                det = o.detections if o.detections is not None else Detections.empty()
+                part = np.empty((len(det), 6), np.float32)
+                part[:, :4], part[:, 4], part[:, 5] = det.boxes, det.scores, det.class_ids
+                rows.append(part)
+                records[i] = (o.req_id, o.index, 1, o.width, o.height, o.decode_ms, o.queue_ms, len(det))
+            else:
+                errors[i] = o.error
+                records[i] = (o.req_id, o.index, 0, 0, 0, o.decode_ms, o.queue_ms, 0)
+        return cls(records, np.concatenate(rows) if rows else np.empty((0, 6), np.float32), errors, timings or {})
+
+    def select(self, positions: list[int]) -> Answers:
+        """The answers at ``positions`` (ascending: one owner's share of a batch)."""
+        keep = np.zeros(len(self.records), bool)
+        keep[positions] = True
+        errors = {k: self.errors[p] for k, p in enumerate(positions) if p in self.errors}
+        return Answers(self.records[keep], self.rows[np.repeat(keep, self.records["rows"])], errors, self.timings)
+
+    def outcomes(self) -> list[Outcome]:
+        """As ``Outcome`` objects, each with its own detections (what an HTTP worker reads)."""
+        out = []
+        pos = 0
+        for i, (req_id, index, ok, width, height, decode_ms, queue_ms, n) in enumerate(self.records.tolist()):
+            o = Outcome(req_id, index, width, height, decode_ms=decode_ms, queue_ms=queue_ms, batch=self.timings)
+            if ok:
+                o.detections = Detections.from_rows(self.rows[pos : pos + n])
+                pos += n
+            else:
+                o.error = self.errors.get(i) or YolopipeError("no answer")
+            out.append(o)
+        return out
+
+
+def answers_frame(answers: Answers, timings_json: bytes | None = None) -> bytes:
+    """One RESULTS frame; ``timings_json``: the batch's timings already encoded (shared by owners)."""
+    timings = json.dumps(answers.timings).encode() if timings_json is None else timings_json
+    parts = [struct.pack("<H", len(timings)), timings, struct.pack("<I", len(answers.records)),
+             answers.records.tobytes(), np.ascontiguousarray(answers.rows, np.float32).tobytes()]
+    for i in sorted(answers.errors):
+        error = answers.errors[i]
+        code, message = error.code.encode(), str(error).encode()
+        parts += [_ERROR_TEXT.pack(len(code), len(message)), code, message]
     return frame(RESULTS, b"".join(parts))
 
 
+def results(outcomes: list[Outcome], batch_timings: dict[str, float] | None = None) -> bytes:
+    """One frame for several answers given one by one (errors, tests)."""
+    return answers_frame(Answers.of(outcomes, batch_timings))
+
+
 def read_results(body: bytes) -> tuple[dict[str, float], list[Outcome]]:
+    answers = read_answers(body)
+    return answers.timings, answers.outcomes()
+
+
+def read_answers(body: bytes) -> Answers:
     (n_timings,) = struct.unpack_from("<H", body)
     pos = 2 + n_timings
     timings = json.loads(bytes(body[2:pos])) if n_timings else {}
     (count,) = struct.unpack_from("<I", body, pos)
     pos += 4
-    out = []
-    for _ in range(count):
-        req_id, index, ok, width, height, decode_ms, queue_ms, n = _RESULT.unpack_from(body, pos)
-        pos += _RESULT.size
-        o = Outcome(req_id, index, width, height, decode_ms=decode_ms, queue_ms=queue_ms, batch=timings)
-        if ok:
-            rows = np.frombuffer(body, np.float32, n * 6, pos).reshape(n, 6)
-            o.detections = Detections.from_rows(rows)
-            pos += rows.nbytes
-        else:
-            n_code, n_msg = _ERROR_TEXT.unpack_from(body, pos)
-            pos += _ERROR_TEXT.size
-            code = bytes(body[pos : pos + n_code]).decode()
-            message = bytes(body[pos + n_code : pos + n_code + n_msg]).decode()
-            pos += n_code + n_msg
-            o.error = error_from_code(code, message)
-        out.append(o)
-    return timings, out
+    records = np.frombuffer(body, RECORD, count, pos)
+    pos += records.nbytes
+    n_rows = int(records["rows"].sum())
+    rows = np.frombuffer(body, np.float32, n_rows * 6, pos).reshape(n_rows, 6)
+    pos += rows.nbytes
+    errors = {}
+    for i in np.flatnonzero(records["ok"] == 0).tolist():
+        n_code, n_msg = _ERROR_TEXT.unpack_from(body, pos)
+        pos += _ERROR_TEXT.size
+        code = bytes(body[pos : pos + n_code]).decode()
+        message = bytes(body[pos + n_code : pos + n_code + n_msg]).decode()
+        pos += n_code + n_msg
+        errors[i] = error_from_code(code, message)
+    return Answers(records, rows, errors, timings)
 
 
 def error_from_code(code: str, message: str) -> YolopipeError:

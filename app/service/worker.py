@@ -16,6 +16,7 @@ sets the environment they read (the GPU this worker may see, the metrics folder)
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -92,8 +93,9 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     socket_path = spec.layout.socket(spec.index)
     connections: set[_Connection] = set()
 
-    def deliver(jobs: list, outcomes: list, timings: dict) -> None:
-        loop.call_soon_threadsafe(_send_answers, jobs, outcomes, timings)
+    def deliver(jobs: list, answers: wire.Answers) -> None:
+        """On a lane's thread: each owner's share of a batch as one frame, written by the loop."""
+        loop.call_soon_threadsafe(_send_frames, answer_frames(jobs, answers))
 
     batcher = Batcher(detector, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
                       budget_s=settings.budget_s, deliver=deliver, metrics=metrics, generation=spec.generation)
@@ -136,12 +138,9 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     stop_sampling = threading.Event()
     metrics.sample_gpu_memory(gpu_memory_readers(detector, 0), 5.0, stop_sampling)
 
-    def _send_answers(jobs: list, outcomes: list, timings: dict) -> None:
-        by_owner: dict[Any, list] = {}
-        for job, outcome in zip(jobs, outcomes):
-            by_owner.setdefault(job.owner, []).append(outcome)
-        for owner, answers in by_owner.items():
-            owner.send(wire.results(answers, timings))
+    def _send_frames(frames: list) -> None:
+        for owner, data in frames:
+            owner.send(data)
 
     try:
         os.unlink(socket_path)
@@ -176,6 +175,17 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     loop.remove_signal_handler(signal.SIGTERM)
     log.info("inference worker %d stopped", spec.index)
     return batcher.fatal
+
+
+def answer_frames(jobs: list[Job], answers: wire.Answers) -> list[tuple[Any, bytes]]:
+    """(owner, RESULTS frame) per owner of ``jobs``, whose answers ``answers`` holds in order."""
+    by_owner: dict[Any, list[int]] = {}
+    for i, job in enumerate(jobs):
+        by_owner.setdefault(job.owner, []).append(i)
+    if len(by_owner) == 1:
+        return [(jobs[0].owner, wire.answers_frame(answers))]
+    timings = json.dumps(answers.timings).encode()
+    return [(owner, wire.answers_frame(answers.select(positions), timings)) for owner, positions in by_owner.items()]
 
 
 async def _stand_by(spec: WorkerSpec, report: Any, promote: Any, stopping: asyncio.Event) -> int | None:
@@ -239,15 +249,15 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        jobs: list[Job] = []  # admitted together, after the frames before them
         for kind, body in self.reader.feed(data):
             if kind == wire.IMAGE and self.ring is not None:
                 ref = wire.read_image(body)
-                job = Job(self, ref, self.ring[ref.offset : ref.offset + ref.length])
-                refused = self.batcher.admit(job)
-                if refused is not None:
-                    job.data = None
-                    self.send(wire.results([wire.Outcome(ref.req_id, ref.index, error=refused)]))
-            elif kind == wire.CANCEL:
+                jobs.append(Job(self, ref, self.ring[ref.offset : ref.offset + ref.length]))
+                continue
+            self._admit(jobs)
+            jobs = []
+            if kind == wire.CANCEL:
                 self.batcher.cancel(self, wire.read_cancel(body))
             elif kind == wire.HELLO:
                 self.ring = map_ring(Path(wire.read_hello(body)["ring"]))
@@ -256,3 +266,13 @@ class _Connection(asyncio.Protocol):
                 log.error("unexpected frame kind %d from an HTTP worker; closing its connection", kind)
                 self.close()
                 return
+        self._admit(jobs)
+
+    def _admit(self, jobs: list[Job]) -> None:
+        if not jobs:
+            return
+        refused = [(job, error) for job, error in zip(jobs, self.batcher.admit_many(jobs)) if error is not None]
+        for job, _ in refused:
+            job.data = None
+        if refused:
+            self.send(wire.results([wire.Outcome(j.ref.req_id, j.ref.index, error=e) for j, e in refused]))

@@ -103,3 +103,30 @@ def test_a_reader_in_another_process_never_sees_a_ready_worker_as_not_ready(tmp_
     assert process.exitcode == 0 and states == {wire.READY}
     reader.close()
     writer.close()
+
+
+def test_each_owner_gets_its_share_of_a_batch_in_one_frame(detected):
+    """A batch's answers to three HTTP workers: each frame holds that worker's answers, rows
+    and errors included, and nothing of the others'."""
+    from app.ipc.batcher import Job
+    from app.service.worker import answer_frames
+
+    det, (bus_result, zidane_result) = detected
+    results = [bus_result, zidane_result, None, zidane_result, bus_result]
+    owners = ["a", "b", "a", "c", "a"]
+    outcomes = [wire.Outcome(5, i, r.width, r.height, r.detections) if r is not None else
+                wire.Outcome(5, i, error=ImageTooLarge("too big")) for i, r in enumerate(results)]
+    jobs = [Job(owner, wire.ImageRef(5, i, 0, 0, 0.0, DetectParams()), None) for i, owner in enumerate(owners)]
+    frames = answer_frames(jobs, wire.Answers.of(outcomes, {"batch_ms": 3.0}))
+    assert [owner for owner, _ in frames] == ["a", "b", "c"]
+    for owner, data in frames:
+        ((_, body),) = wire.FrameReader().feed(data)
+        timings, back = wire.read_results(body)
+        assert timings == {"batch_ms": 3.0}
+        assert [o.index for o in back] == [i for i, o in enumerate(owners) if o == owner]
+        for o in back:
+            expected = results[o.index]
+            if expected is None:
+                assert type(o.error) is ImageTooLarge and str(o.error) == "too big"
+            else:
+                assert o.detections.to_json(det.names) == expected.detections.to_json(det.names) != []
