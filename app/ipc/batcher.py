@@ -97,15 +97,16 @@ class Batcher:
         self.fatal: str | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
-    def start(self, warmup_sizes: Sequence[int] = (1,), progress: Callable[[str], None] | None = None) -> None:
+    def start(self, warmup_sizes: Sequence[int] = (1,), progress: Callable[[str], None] | None = None,
+              buckets: Sequence[int] = ()) -> None:
         """Warm the detector up (on the first lane's thread: CUDA state is per thread), then serve.
-        ``progress`` hears each warm-up step."""
+        ``progress`` hears each warm-up step; ``buckets``: see ``warmup``."""
         ready = threading.Event()
         failure: list[BaseException] = []
 
         def first_lane() -> None:
             try:
-                self._seconds_per_image = warmup(self.detector, warmup_sizes, progress)
+                self._seconds_per_image = warmup(self.detector, warmup_sizes, progress, buckets)
             except BaseException as exc:  # noqa: BLE001 (raised by start() in the caller's thread)
                 failure.append(exc)
                 ready.set()
@@ -160,7 +161,7 @@ class Batcher:
             # filling one when a whole batch is there (else it waits out max_wait by itself).
             if self._queued and (not was_queued or self._queued >= self.max_batch > was_queued):
                 self._cond.notify()
-        self._publish()
+        self._publish(gauge=False)
         return refused
 
     def _admit_one(self, job: Job) -> YolopipeError | None:
@@ -385,8 +386,11 @@ class Batcher:
         self._forget(len(jobs))
         return jobs
 
-    def _publish(self) -> None:
-        self.metrics.set_pending(self._pending)
+    def _publish(self, gauge: bool = True) -> None:
+        """The load to the status block; and to the queue-depth gauge, unless it is the IO side's
+        per-read update (batches update the gauge often enough for a scrape)."""
+        if gauge:
+            self.metrics.set_pending(self._pending)
         if self.on_load_change is not None:
             self.on_load_change(self.load())
 
@@ -433,12 +437,22 @@ def is_sticky_device_error(exc: BaseException) -> bool:
     return False
 
 
-def warmup(detector: Detector, batch_sizes: Sequence[int], progress: Callable[[str], None] | None = None) -> float:
+def warmup(detector: Detector, batch_sizes: Sequence[int], progress: Callable[[str], None] | None = None,
+           buckets: Sequence[int] = ()) -> float:
     """Run each batch size once on gray images, so the first request pays no setup; the
-    seconds per image of the largest batch (the first estimate admission works with)."""
+    seconds per image of the largest batch (the first estimate admission works with).
+
+    ``buckets``: the pipeline's batch buckets, prepared one at a time so that progress names
+    each (on a GPU each is compiled on first use, or loaded from the compile cache, and
+    captured as a CUDA graph: the slow part of a start); none: the pipeline's own warm-up."""
     say = progress or (lambda text: None)
-    say("warming up the pipeline (on a GPU: compiling and capturing each batch bucket)")
-    detector.pipeline.warmup()  # the GPU pipeline captures one CUDA graph per batch-size bucket
+    if buckets:
+        for k, b in enumerate(buckets, 1):
+            say(f"compiling and capturing batch bucket {b} ({k} of {len(buckets)})")
+            detector.pipeline.warmup([b])
+    else:
+        say("warming up the pipeline")
+        detector.pipeline.warmup()
     size = detector.meta.imgsz
     image = np.full((size, size, 3), 114, np.uint8)
     seconds = 0.0

@@ -113,10 +113,34 @@ def image(ref: ImageRef) -> bytes:
 
 def read_image(body: bytes) -> ImageRef:
     req_id, index, offset, length, deadline, conf, iou, max_det, agnostic, n = _IMAGE.unpack_from(body)
-    classes = struct.unpack_from(f"<{n}i", body, _IMAGE.size) if n else None
-    header = _unpack_header(body, _IMAGE.size + 4 * n)
-    return ImageRef(req_id, index, offset, length, deadline, DetectParams(conf, iou, max_det, classes, bool(agnostic)),
-                    header)
+    # Parameters and headers repeat from image to image: the same bytes give the same
+    # (immutable) objects, made once.
+    params_at = _IMAGE.size - _PARAMS_SIZE
+    header_at = _IMAGE.size + 4 * n
+    key = bytes(body[params_at:header_at])
+    params = _PARAMS.get(key)
+    if params is None:
+        classes = struct.unpack_from(f"<{n}i", body, _IMAGE.size) if n else None
+        params = _remember(_PARAMS, key, DetectParams(conf, iou, max_det, classes, bool(agnostic)))
+    key = bytes(body[header_at : header_at + _HEADER.size])
+    if key in _HEADERS:
+        header = _HEADERS[key]
+    else:
+        header = _remember(_HEADERS, key, _unpack_header(body, header_at))
+    return ImageRef(req_id, index, offset, length, deadline, params, header)
+
+
+_PARAMS_SIZE = struct.calcsize("<ddIBH")  # the end of _IMAGE: conf, iou, max_det, agnostic, class count
+_PARAMS: dict[bytes, DetectParams] = {}
+_HEADERS: dict[bytes, ImageHeader | None] = {}
+_REMEMBERED = 1024  # distinct values kept per kind (a client sending ever new ones only refills it)
+
+
+def _remember(cache: dict, key: bytes, value: Any) -> Any:
+    if len(cache) >= _REMEMBERED:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def _pack_header(h: ImageHeader | None) -> bytes:

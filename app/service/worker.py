@@ -60,6 +60,11 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = Non
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.device
         settings = settings.model_copy(update={"device": 0})
     setup_logging()
+    if promote is None:  # a first start (or a restart without a standby) says what it is doing
+        phase = wire.StatusBlock(spec.layout.status(spec.index), writable=True)
+        phase.write_phase("opening the model (a first start exports or builds it)")
+        phase.close()
+        log.info("inference worker %d: opening the model", spec.index)
     try:
         detector = open_detector_from(settings)
     except YolopipeError as exc:
@@ -99,7 +104,13 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
 
     batcher = Batcher(detector, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
                       budget_s=settings.budget_s, deliver=deliver, metrics=metrics, generation=spec.generation)
-    sizes = (1,) if detector.pipeline.backend == "onnxruntime" else tuple(sorted({1, batcher.max_batch}))
+    sizes: tuple[int, ...] = (1,)
+    buckets: list[int] = []
+    if detector.pipeline.backend != "onnxruntime":
+        from app.gpu.pack import bucket_sizes  # the GPU pipeline's own buckets (its module is loaded already)
+
+        sizes = tuple(sorted({1, batcher.max_batch}))
+        buckets = bucket_sizes(detector.pipeline.max_batch)
     # A first start shows its warm-up steps (in the log and /readyz); a standby warms quietly
     # beside the worker that owns the status block.
     starting = None if promote is not None else wire.StatusBlock(spec.layout.status(spec.index), writable=True)
@@ -109,7 +120,7 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
         if starting is not None:
             starting.write_phase(text)
 
-    await asyncio.to_thread(batcher.start, sizes, progress)
+    await asyncio.to_thread(batcher.start, sizes, progress, buckets)
     if starting is not None:
         starting.write_phase("")
         starting.close()

@@ -369,3 +369,26 @@ def test_a_batch_of_answers_equals_each_image_scaled_on_its_own(detector, bus, z
         assert np.array_equal(o.detections.boxes, alone.boxes) and np.array_equal(o.detections.scores, alone.scores)
         assert np.array_equal(o.detections.class_ids, alone.class_ids)
     assert all(len(outcomes[i].detections) > 0 for i in (0, 1, 3, 4))
+
+
+def test_warm_up_prepares_and_names_each_bucket_in_turn(detector):
+    """A GPU start compiles and captures bucket after bucket: each is its own step, reported
+    (the log and /readyz show it) before the pipeline does it."""
+    from app.ipc.batcher import warmup
+
+    events: list[str] = []
+    real_warmup = detector.pipeline.warmup
+
+    def recording_warmup(batches=None):
+        events.append(f"pipeline.warmup({batches})")
+        return real_warmup(batches)
+
+    detector.pipeline.warmup = recording_warmup
+    try:
+        assert warmup(detector, (1,), events.append, buckets=[1, 2, 4]) > 0
+    finally:
+        del detector.pipeline.warmup
+    assert events == ["compiling and capturing batch bucket 1 (1 of 3)", "pipeline.warmup([1])",
+                      "compiling and capturing batch bucket 2 (2 of 3)", "pipeline.warmup([2])",
+                      "compiling and capturing batch bucket 4 (3 of 3)", "pipeline.warmup([4])",
+                      "warming up batch size 1 (1 of 1)"]
