@@ -161,7 +161,7 @@ class Batcher:
             # filling one when a whole batch is there (else it waits out max_wait by itself).
             if self._queued and (not was_queued or self._queued >= self.max_batch > was_queued):
                 self._cond.notify()
-        self._publish(gauge=False)
+        self._publish()
         return refused
 
     def _admit_one(self, job: Job) -> YolopipeError | None:
@@ -386,11 +386,8 @@ class Batcher:
         self._forget(len(jobs))
         return jobs
 
-    def _publish(self, gauge: bool = True) -> None:
-        """The load to the status block; and to the queue-depth gauge, unless it is the IO side's
-        per-read update (batches update the gauge often enough for a scrape)."""
-        if gauge:
-            self.metrics.set_pending(self._pending)
+    def _publish(self) -> None:
+        self.metrics.set_pending(self._pending)
         if self.on_load_change is not None:
             self.on_load_change(self.load())
 

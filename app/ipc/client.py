@@ -209,6 +209,10 @@ class InferenceClient:
 
     @property
     def ready(self) -> bool:
+        """An inference worker is ready (and the service's first start is over: it starts ready
+        with every worker, and stays ready while one of them is)."""
+        if self.layout.starting.exists():
+            return False
         return any(link.connected and link.status.read().state == wire.READY for link in self._links)
 
     def workers(self) -> list[dict]:

@@ -116,7 +116,7 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     starting = None if promote is not None else wire.StatusBlock(spec.layout.status(spec.index), writable=True)
 
     def progress(text: str) -> None:
-        log.info("inference worker %d: %s", spec.index, text)
+        log.info("inference worker %d%s: %s", spec.index, "" if starting is not None else " standby", text)
         if starting is not None:
             starting.write_phase(text)
 
