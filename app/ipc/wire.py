@@ -223,12 +223,25 @@ class Answers:
                 records[i] = (o.req_id, o.index, 0, 0, 0, o.decode_ms, o.queue_ms, 0)
         return cls(records, np.concatenate(rows) if rows else np.empty((0, 6), np.float32), errors, timings or {})
 
-    def select(self, positions: list[int]) -> Answers:
-        """The answers at ``positions`` (ascending: one owner's share of a batch)."""
-        keep = np.zeros(len(self.records), bool)
-        keep[positions] = True
-        errors = {k: self.errors[p] for k, p in enumerate(positions) if p in self.errors}
-        return Answers(self.records[keep], self.rows[np.repeat(keep, self.records["rows"])], errors, self.timings)
+    def split(self, groups: list[list[int]]) -> list[Answers]:
+        """The answers at each group of positions (each owner's share of a batch), in that
+        order: records and rows gathered once for all groups, then sliced."""
+        order = np.concatenate([np.asarray(g, np.int64) for g in groups])
+        counts = self.records["rows"].astype(np.int64)
+        starts = np.cumsum(counts) - counts
+        taken = counts[order]
+        ends = np.cumsum(taken)
+        rows = self.rows[np.repeat(starts[order] - (ends - taken), taken) + np.arange(int(ends[-1]) if len(ends) else 0)]
+        records = self.records[order]
+        out = []
+        first = first_row = 0
+        for group in groups:
+            last = first + len(group)
+            last_row = int(ends[last - 1]) if last else 0
+            errors = {k: self.errors[p] for k, p in enumerate(group) if p in self.errors}
+            out.append(Answers(records[first:last], rows[first_row:last_row], errors, self.timings))
+            first, first_row = last, last_row
+        return out
 
     def outcomes(self) -> list[Outcome]:
         """As ``Outcome`` objects, each with its own detections (what an HTTP worker reads)."""

@@ -196,7 +196,8 @@ def answer_frames(jobs: list[Job], answers: wire.Answers) -> list[tuple[Any, byt
     if len(by_owner) == 1:
         return [(jobs[0].owner, wire.answers_frame(answers))]
     timings = json.dumps(answers.timings).encode()
-    return [(owner, wire.answers_frame(answers.select(positions), timings)) for owner, positions in by_owner.items()]
+    shares = answers.split(list(by_owner.values()))
+    return [(owner, wire.answers_frame(share, timings)) for owner, share in zip(by_owner, shares)]
 
 
 async def _stand_by(spec: WorkerSpec, report: Any, promote: Any, stopping: asyncio.Event) -> int | None:
