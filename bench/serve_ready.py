@@ -6,8 +6,9 @@ process start to the first 200 of ``/readyz`` and of ``/v1/detect`` (a 640×480 
 start-up steps ``/readyz``'s 503 body named meanwhile, in order (what an operator sees). The
 first start uses an empty artifacts folder (it exports the model; on a GPU it also builds or
 compiles), the next ones the artifacts it left: the restart that must be ready in ≤ 30 s.
+``--baseline REV`` runs that git revision's server the same way, interleaved start by start.
 
-    python bench/serve_ready.py --restarts 3 --out bench/results/<date>-<machine>-serve-ready.json
+    python bench/serve_ready.py --baseline main --restarts 3 --out bench/results/<date>-<machine>-serve-ready.json
 """
 
 from __future__ import annotations
@@ -48,11 +49,12 @@ def _jpeg() -> bytes:
     return cv2.imencode(".jpg", image)[1].tobytes()
 
 
-def one_start(artifacts: Path, backend: str, log: Path, timeout_s: float) -> dict:
+def one_start(tree: Path, artifacts: Path, backend: str, log: Path, timeout_s: float) -> dict:
+    """One ``yolopipe serve`` of the code in ``tree``, from its start to its first answers, then SIGTERM."""
     import httpx
 
     port = _free_port()
-    env = {**os.environ, "YOLOPIPE_ARTIFACTS_DIR": str(artifacts), "YOLO_OFFLINE": "1"}
+    env = {**os.environ, "YOLOPIPE_ARTIFACTS_DIR": str(artifacts), "YOLO_OFFLINE": "1", "PYTHONPATH": str(tree)}
     base = f"http://127.0.0.1:{port}"
     image = _jpeg()
     steps: list[str] = []
@@ -60,7 +62,7 @@ def one_start(artifacts: Path, backend: str, log: Path, timeout_s: float) -> dic
     with log.open("w") as out:
         started = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--backend", backend, "--host", "127.0.0.1",
-                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env)
+                                 "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tree)
     try:
         with httpx.Client(base_url=base, timeout=5) as http:
             while time.monotonic() - started < timeout_s and proc.poll() is None:
@@ -97,21 +99,39 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", default="onnxruntime")
     p.add_argument("--restarts", type=int, default=3)
+    p.add_argument("--baseline", help="a git revision measured the same way, interleaved")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one start may take")
     p.add_argument("--out")
     args = p.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="yolopipe-ready-"))
+    variants = {"this": ROOT}
     try:
-        artifacts = scratch / "artifacts"
-        first = one_start(artifacts, args.backend, scratch / "first.log", args.timeout)
-        print(f"first start: {first}", file=sys.stderr, flush=True)
-        restarts = []
+        if args.baseline:
+            rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline], check=True,
+                                 capture_output=True, text=True).stdout.strip()
+            tree = scratch / "baseline"
+            tree.mkdir()
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "app"], check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+            variants = {f"baseline {rev}": tree, "this": ROOT}
+        results: dict[str, dict] = {name: {"first_start": None, "restarts": []} for name in variants}
+        artifacts = {name: scratch / f"artifacts-{k}" for k, name in enumerate(variants)}  # each its own, empty at first
+        for name, tree in variants.items():
+            first = one_start(tree, artifacts[name], args.backend, scratch / "first.log", args.timeout)
+            results[name]["first_start"] = first
+            print(f"{name} first start: {first}", file=sys.stderr, flush=True)
         for i in range(args.restarts):
-            restarts.append(one_start(artifacts, args.backend, scratch / f"restart-{i}.log", args.timeout))
-            print(f"restart {i + 1}: {restarts[-1]}", file=sys.stderr, flush=True)
+            for name, tree in variants.items():
+                r = one_start(tree, artifacts[name], args.backend, scratch / "restart.log", args.timeout)
+                results[name]["restarts"].append(r)
+                print(f"{name} restart {i + 1}: {r}", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    ready = [r["ready_s"] for r in restarts if r["ready_s"] is not None]
+    for result in results.values():
+        ready = [r["ready_s"] for r in result["restarts"] if r["ready_s"] is not None]
+        result["restart_ready_s_median"] = round(statistics.median(ready), 2) if ready else None
+        result["restart_ready_le_30s"] = bool(ready) and len(ready) == len(result["restarts"]) and max(ready) <= 30.0
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     out = {
@@ -121,10 +141,7 @@ def main() -> None:
         "versions": versions(),
         "commit": commit,
         "backend": args.backend,
-        "first_start": first,
-        "restarts": restarts,
-        "restart_ready_s_median": statistics.median(ready) if ready else None,
-        "restart_ready_le_30s": bool(ready) and len(ready) == len(restarts) and max(ready) <= 30.0,
+        **results,
     }
     text = json.dumps(out, indent=2)
     if args.out:

@@ -348,7 +348,7 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    summary = {name: {key: statistics.median(x[key] for x in rs) for key in
+    summary = {name: {key: round(statistics.median(x[key] for x in rs), 2) for key in
                       ("requests_per_s", "worker_cpu_us_per_request", "loop_thread_us_per_request",
                        "other_threads_us_per_request", "worker_cores_busy", "p99_ms")} for name, rs in runs.items()}
     out = {
