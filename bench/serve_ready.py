@@ -133,7 +133,7 @@ def main() -> None:
         result["restart_ready_s_median"] = round(statistics.median(ready), 2) if ready else None
         result["restart_ready_le_30s"] = bool(ready) and len(ready) == len(result["restarts"]) and max(ready) <= 30.0
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+                            text=True, check=False).stdout.strip()
     out = {
         "benchmark": "serve_ready",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -289,7 +289,7 @@ def top_functions(raw: Path, n: int = 25) -> dict:
             own[frames[-1]] += k
         for f in set(frames):
             total[f] += k
-    share = lambda c: {f: round(100 * v / max(samples, 1), 1) for f, v in c.most_common(n)}  # noqa: E731
+    share = lambda c: {f: round(100 * v / max(samples, 1), 1) for f, v in c.most_common(n)}
     return {"samples": samples, "self_percent": share(own), "total_percent": share(total)}
 
 
@@ -347,7 +347,7 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+                            text=True, check=False).stdout.strip()
     summary = {name: {key: round(statistics.median(x[key] for x in rs), 2) for key in
                       ("requests_per_s", "worker_cpu_us_per_request", "loop_thread_us_per_request",
                        "other_threads_us_per_request", "worker_cores_busy", "p99_ms")} for name, rs in runs.items()}

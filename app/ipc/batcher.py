@@ -31,22 +31,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
-from app.ipc.wire import DRAINING, READY, RECORD, Answers, ImageRef, Load, Outcome, over_budget, queued_seconds
+from app.ipc.answers import Answers, batch_answers
+from app.ipc.device import is_sticky_device_error, warmup
+from app.ipc.wire import DRAINING, READY, ImageRef, Load, Outcome, over_budget, queued_seconds
 from app.pipeline.detector import Detector
 
 log = logging.getLogger("yolopipe.serving")
 
-# What CUDA says when the context is lost for good: nothing in this process can use the
-# device again, so the process must be restarted (retrying batches would fail them all).
-_STICKY_DEVICE_ERRORS = (
-    "illegal memory access", "illegal address", "illegal instruction", "misaligned address",
-    "unspecified launch failure", "device-side assert", "launch failed", "uncorrectable ecc",
-    "context is destroyed", "cuda_error_illegal", "cuda_error_launch_failed", "cuda_error_ecc",
-    "cuda_error_hardware_stack_error", "hardware stack error", "cuda_error_assert",
-)
 _EWMA_WEIGHT = 0.2  # of the newest batch: about the last five batches count
 # Timing keys the batcher reports itself; a pipeline stage of the same name gets a prefix.
 _BATCHER_TIMINGS = frozenset({"decode_ms", "queue_ms", "batch_ms", "batch_size", "total_ms"})
@@ -390,72 +382,3 @@ class Batcher:
         self.metrics.set_pending(self._pending)
         if self.on_load_change is not None:
             self.on_load_change(self.load())
-
-
-def batch_answers(batch: list[Job], start: float, placed: list[tuple[int, Any]], errors: dict[int, YolopipeError],
-                  timings: dict[str, float]) -> Answers:
-    """A batch's answers as arrays: each placed image's NMS rows taken back to source pixels
-    (``app.boxes.scale_boxes``' float32 operations, on the whole batch at once)."""
-    records = np.zeros(len(batch), RECORD)
-    records["req_id"] = [j.ref.req_id for j in batch]
-    records["index"] = [j.ref.index for j in batch]
-    records["decode_ms"] = [j.decode_ms for j in batch]
-    records["queue_ms"] = [(start - j.admitted_at) * 1e3 for j in batch]
-    if not placed:
-        return Answers(records, np.empty((0, 6), np.float32), errors, timings)
-    positions = [i for i, _ in placed]
-    parts = [np.asarray(rows, np.float32).reshape(-1, 6) for _, (rows, _) in placed]
-    boxes = [lb for _, (_, lb) in placed]
-    counts = [len(p) for p in parts]
-    records["ok"][positions] = 1
-    records["width"][positions] = [lb.src_w for lb in boxes]
-    records["height"][positions] = [lb.src_h for lb in boxes]
-    records["rows"][positions] = counts
-    rows = np.concatenate(parts)  # a copy: the pipeline's own rows are left as they were
-    pads = np.repeat(np.array([(lb.pad_left, lb.pad_top) * 2 for lb in boxes], np.float32), counts, 0)
-    gains = np.repeat(np.array([(lb.gain_x, lb.gain_y) * 2 for lb in boxes], np.float32), counts, 0)
-    limits = np.repeat(np.array([(lb.src_w, lb.src_h) * 2 for lb in boxes], np.float32), counts, 0)
-    xyxy = rows[:, :4]
-    xyxy -= pads
-    xyxy /= gains
-    np.clip(xyxy, 0, limits, out=xyxy)
-    return Answers(records, rows, errors, timings)
-
-
-def is_sticky_device_error(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) says the device context is lost for good."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        text = str(exc).lower()
-        if any(sign in text for sign in _STICKY_DEVICE_ERRORS):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-def warmup(detector: Detector, batch_sizes: Sequence[int], progress: Callable[[str], None] | None = None,
-           buckets: Sequence[int] = ()) -> float:
-    """Run each batch size once on gray images, so the first request pays no setup; the
-    seconds per image of the largest batch (the first estimate admission works with).
-
-    ``buckets``: the pipeline's batch buckets, prepared one at a time so that progress names
-    each (on a GPU each is compiled on first use, or loaded from the compile cache, and
-    captured as a CUDA graph: the slow part of a start); none: the pipeline's own warm-up."""
-    say = progress or (lambda text: None)
-    if buckets:
-        for k, b in enumerate(buckets, 1):
-            say(f"compiling and capturing batch bucket {b} ({k} of {len(buckets)})")
-            detector.pipeline.warmup([b])
-    else:
-        say("warming up the pipeline")
-        detector.pipeline.warmup()
-    size = detector.meta.imgsz
-    image = np.full((size, size, 3), 114, np.uint8)
-    seconds = 0.0
-    for k, n in enumerate(batch_sizes, 1):
-        say(f"warming up batch size {n} ({k} of {len(batch_sizes)})")
-        t0 = time.perf_counter()
-        detector.detect([image] * n, detector.params())
-        seconds = (time.perf_counter() - t0) / n
-    return seconds

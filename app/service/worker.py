@@ -27,6 +27,7 @@ from typing import Any
 
 from app.errors import YolopipeError
 from app.ipc import wire
+from app.ipc.answers import Answers, answers_frame, results
 from app.ipc.batcher import Batcher, Job
 from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
@@ -98,7 +99,7 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     socket_path = spec.layout.socket(spec.index)
     connections: set[_Connection] = set()
 
-    def deliver(jobs: list, answers: wire.Answers) -> None:
+    def deliver(jobs: list, answers: Answers) -> None:
         """On a lane's thread: each owner's share of a batch as one frame, written by the loop."""
         loop.call_soon_threadsafe(_send_frames, answer_frames(jobs, answers))
 
@@ -188,16 +189,16 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     return batcher.fatal
 
 
-def answer_frames(jobs: list[Job], answers: wire.Answers) -> list[tuple[Any, bytes]]:
+def answer_frames(jobs: list[Job], answers: Answers) -> list[tuple[Any, bytes]]:
     """(owner, RESULTS frame) per owner of ``jobs``, whose answers ``answers`` holds in order."""
     by_owner: dict[Any, list[int]] = {}
     for i, job in enumerate(jobs):
         by_owner.setdefault(job.owner, []).append(i)
     if len(by_owner) == 1:
-        return [(jobs[0].owner, wire.answers_frame(answers))]
+        return [(jobs[0].owner, answers_frame(answers))]
     timings = json.dumps(answers.timings).encode()
     shares = answers.split(list(by_owner.values()))
-    return [(owner, wire.answers_frame(share, timings)) for owner, share in zip(by_owner, shares)]
+    return [(owner, answers_frame(share, timings)) for owner, share in zip(by_owner, shares)]
 
 
 async def _stand_by(spec: WorkerSpec, report: Any, promote: Any, stopping: asyncio.Event) -> int | None:
@@ -287,4 +288,4 @@ class _Connection(asyncio.Protocol):
         for job, _ in refused:
             job.data = None
         if refused:
-            self.send(wire.results([wire.Outcome(j.ref.req_id, j.ref.index, error=e) for j, e in refused]))
+            self.send(results([wire.Outcome(j.ref.req_id, j.ref.index, error=e) for j, e in refused]))

@@ -16,10 +16,11 @@ import pytest
 
 from app.contracts import DetectParams
 from app.errors import DeviceError, Overloaded, RequestTimeout
+from app.ipc.answers import answers_frame, read_results
 from app.ipc.batcher import Batcher, Job
 from app.ipc.metrics import WorkerMetrics
 from app.ipc.ring import Ring, map_ring
-from app.ipc.wire import FrameReader, ImageRef, answers_frame, read_results
+from app.ipc.wire import FrameReader, ImageRef
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +313,7 @@ def test_a_lost_device_context_refuses_work_answers_the_queue_and_asks_for_a_res
 
 
 def test_an_ordinary_device_error_is_not_taken_for_a_lost_context():
-    from app.ipc.batcher import is_sticky_device_error
+    from app.ipc.device import is_sticky_device_error
 
     assert not is_sticky_device_error(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert is_sticky_device_error(RuntimeError("CUDA error: unspecified launch failure"))
@@ -344,13 +345,11 @@ def test_an_image_that_comes_with_its_header_is_not_parsed_again(harness, bus, m
 def test_a_batch_of_answers_equals_each_image_scaled_on_its_own(detector, bus, zidane):
     """``batch_answers`` takes a whole batch's rows to source pixels at once: bit for bit what
     ``rows_to_detections`` gives each image alone, whatever its letterbox."""
+    import cv2
     import numpy as np
 
     from app.boxes import rows_to_detections
-    from app.ipc.batcher import batch_answers
-    from app.ipc.wire import Answers
-
-    import cv2
+    from app.ipc.answers import Answers, batch_answers
 
     pixels = cv2.imdecode(np.frombuffer(bus, np.uint8), cv2.IMREAD_COLOR)
     images = [detector.prepare(bus), detector.prepare(zidane), cv2.resize(pixels, (300, 900)),
@@ -374,7 +373,7 @@ def test_a_batch_of_answers_equals_each_image_scaled_on_its_own(detector, bus, z
 def test_warm_up_prepares_and_names_each_bucket_in_turn(detector):
     """A GPU start compiles and captures bucket after bucket: each is its own step, reported
     (the log and /readyz show it) before the pipeline does it."""
-    from app.ipc.batcher import warmup
+    from app.ipc.device import warmup
 
     events: list[str] = []
     real_warmup = detector.pipeline.warmup

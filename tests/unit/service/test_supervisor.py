@@ -67,8 +67,8 @@ def test_serve_whose_model_cannot_open_says_why_and_exits_while_its_http_workers
     missing = tmp_path / "missing.pt"
     proc = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--backend", "onnxruntime", "--weights",
                            str(missing), "--host", "127.0.0.1", "--port", str(_free_port())],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
     assert proc.returncode == ExitCode.USAGE, proc.stderr
     assert f"error: weights file not found: {missing}" in proc.stderr
-    folder = [line for line in proc.stderr.splitlines() if "run folder" in line][0].rsplit(" ", 1)[1]
+    folder = next(line for line in proc.stderr.splitlines() if "run folder" in line).rsplit(" ", 1)[1]
     assert not os.path.exists(folder)
