@@ -222,9 +222,10 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request) -> Any:
     client: InferenceClient | None = request.app.state.inference
     if client is None or request.app.state.draining or not client.ready:
-        doing = "; ".join(f"worker {w['worker']}: {w['phase']}" for w in client.workers()) if client else ""
-        return JSONResponse(error_body("not_ready", "no inference worker is ready" + (f" ({doing})" if doing else "")),
-                            status_code=503)
+        workers = client.workers() if client else []
+        doing = "; ".join(f"worker {w['worker']}: {'ready' if w['ready'] else w['phase']}" for w in workers)
+        what = "the inference workers are starting" if any(w["ready"] for w in workers) else "no inference worker is ready"
+        return JSONResponse(error_body("not_ready", what + (f" ({doing})" if doing else "")), status_code=503)
     return {"status": "ready"}
 
 

@@ -31,23 +31,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from app.contracts import ImageResult
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
+from app.ipc.answers import Answers, batch_answers
+from app.ipc.device import is_sticky_device_error, warmup
 from app.ipc.wire import DRAINING, READY, ImageRef, Load, Outcome, over_budget, queued_seconds
 from app.pipeline.detector import Detector
 
 log = logging.getLogger("yolopipe.serving")
 
-# What CUDA says when the context is lost for good: nothing in this process can use the
-# device again, so the process must be restarted (retrying batches would fail them all).
-_STICKY_DEVICE_ERRORS = (
-    "illegal memory access", "illegal address", "illegal instruction", "misaligned address",
-    "unspecified launch failure", "device-side assert", "launch failed", "uncorrectable ecc",
-    "context is destroyed", "cuda_error_illegal", "cuda_error_launch_failed", "cuda_error_ecc",
-    "cuda_error_hardware_stack_error", "hardware stack error", "cuda_error_assert",
-)
 _EWMA_WEIGHT = 0.2  # of the newest batch: about the last five batches count
 # Timing keys the batcher reports itself; a pipeline stage of the same name gets a prefix.
 _BATCHER_TIMINGS = frozenset({"decode_ms", "queue_ms", "batch_ms", "batch_size", "total_ms"})
@@ -68,7 +59,8 @@ class Job:
         return self.owner, self.ref.req_id
 
 
-Deliver = Callable[[list[Job], list[Outcome], dict[str, float]], None]
+# The answers of ``jobs`` (in their order); called from a lane thread.
+Deliver = Callable[[list[Job], Answers], None]
 
 
 class Batcher:
@@ -97,15 +89,16 @@ class Batcher:
         self.fatal: str | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
-    def start(self, warmup_sizes: Sequence[int] = (1,), progress: Callable[[str], None] | None = None) -> None:
+    def start(self, warmup_sizes: Sequence[int] = (1,), progress: Callable[[str], None] | None = None,
+              buckets: Sequence[int] = ()) -> None:
         """Warm the detector up (on the first lane's thread: CUDA state is per thread), then serve.
-        ``progress`` hears each warm-up step."""
+        ``progress`` hears each warm-up step; ``buckets``: see ``warmup``."""
         ready = threading.Event()
         failure: list[BaseException] = []
 
         def first_lane() -> None:
             try:
-                self._seconds_per_image = warmup(self.detector, warmup_sizes, progress)
+                self._seconds_per_image = warmup(self.detector, warmup_sizes, progress, buckets)
             except BaseException as exc:  # noqa: BLE001 (raised by start() in the caller's thread)
                 failure.append(exc)
                 ready.set()
@@ -146,20 +139,35 @@ class Batcher:
 
     def admit(self, job: Job) -> YolopipeError | None:
         """Queue ``job``; or the error to answer it with at once."""
+        return self.admit_many([job])[0]
+
+    def admit_many(self, jobs: list[Job]) -> list[YolopipeError | None]:
+        """Queue each of ``jobs`` (what one read from a socket brought), under one lock; per job
+        None or the error to answer it with at once."""
+        refused: list[YolopipeError | None] = []
         with self._cond:
-            if self._closing or self.fatal:
-                return Overloaded("the server is shutting down; retry")
-            queued_s = queued_seconds(self._pending + 1, self._seconds_per_image, self.lanes)
-            if self._pending and queued_s > self.budget_s:
-                return over_budget(queued_s, self.budget_s)
-            self._pending += 1
-            self._queued += 1
-            queue = self._requests.get(job.key)
-            if queue is None:
-                self._requests[job.key] = queue = deque()
-            queue.append(job)
-            self._cond.notify()
+            was_queued = self._queued
+            for job in jobs:
+                refused.append(self._admit_one(job))
+            # Wake a lane only when it has something to do: an idle one for the first job, a
+            # filling one when a whole batch is there (else it waits out max_wait by itself).
+            if self._queued and (not was_queued or self._queued >= self.max_batch > was_queued):
+                self._cond.notify()
         self._publish()
+        return refused
+
+    def _admit_one(self, job: Job) -> YolopipeError | None:
+        if self._closing or self.fatal:
+            return Overloaded("the server is shutting down; retry")
+        queued_s = queued_seconds(self._pending + 1, self._seconds_per_image, self.lanes)
+        if self._pending and queued_s > self.budget_s:
+            return over_budget(queued_s, self.budget_s)
+        self._pending += 1
+        self._queued += 1
+        queue = self._requests.get(job.key)
+        if queue is None:
+            self._requests[job.key] = queue = deque()
+        queue.append(job)
         return None
 
     def cancel(self, owner: Hashable, req_id: int) -> None:
@@ -193,14 +201,14 @@ class Batcher:
         """Run one batch and answer every job of it, whatever happens: a lane must not die."""
         start = time.perf_counter()
         try:
-            outcomes, timings = self._compute(batch, start)
+            answers = self._compute(batch, start)
         except Exception as exc:  # noqa: BLE001 (a bug or a decoder's surprise: fail this batch, serve on)
             log.error("a lane failed on a batch of %d; answering it with an error", len(batch), exc_info=exc)
             self.metrics.device_errors.inc()
             error = DeviceError(f"the inference worker failed on this batch ({type(exc).__name__}); retry")
-            outcomes, timings = [Outcome(j.ref.req_id, j.ref.index, error=error) for j in batch], {}
+            answers = Answers.of([Outcome(j.ref.req_id, j.ref.index, error=error) for j in batch])
             self._check_sticky(exc)
-        ok = sum(o.error is None for o in outcomes)
+        ok = len(batch) - len(answers.errors)
         end = time.perf_counter()
         with self._cond:
             if ok:
@@ -211,7 +219,7 @@ class Batcher:
             self._cond.notify_all()
         for job in batch:
             job.data = None
-        self._safe_deliver(batch, outcomes, timings)
+        self._safe_deliver(batch, answers)
         self._publish()
 
     def _next_batch(self) -> tuple[list[Job] | None, list[Job]]:
@@ -255,37 +263,40 @@ class Batcher:
                     break
         self._queued -= len(batch) + len(expired)
         self._pending -= len(expired)
+        if self._queued:  # work left over: another lane starts forming the next batch
+            self._cond.notify()
         return batch, expired
 
-    def _compute(self, batch: list[Job], start: float) -> tuple[list[Outcome], dict[str, float]]:
+    def _compute(self, batch: list[Job], start: float) -> Answers:
+        """Every job's answer, as arrays: rows go from the pipeline to the wire in one go per batch."""
         m = self.metrics
-        for job in batch:
-            m.stage_latency.labels("queue").observe(start - job.admitted_at)
+        m.observe_stage("queue", [start - j.admitted_at for j in batch])
         prepared = self._prepare(batch)
-        ok = [i for i, p in enumerate(prepared) if not isinstance(p, YolopipeError)]
-        outcomes = [Outcome(j.ref.req_id, j.ref.index, decode_ms=j.decode_ms,
-                            queue_ms=(start - j.admitted_at) * 1e3) for j in batch]
-        for i, p in enumerate(prepared):
-            if isinstance(p, YolopipeError):
-                outcomes[i].error = p
+        errors = {i: p for i, p in enumerate(prepared) if isinstance(p, YolopipeError)}
+        ok = [i for i in range(len(batch)) if i not in errors]
         m.batch_size.observe(len(ok))
         run_start = time.perf_counter()
+        placed: list[tuple[int, Any]] = []  # (position, (rows, letterbox))
         stage_timings: dict[str, float] = {}
         if ok:
-            results, stage_timings = self._detect([prepared[i] for i in ok], batch[0].ref.params)
-            for i, result in zip(ok, results):
-                o = outcomes[i]
-                o.width, o.height, o.detections, o.error = result.width, result.height, result.detections, result.error
+            images, stage_timings = self._detect([prepared[i] for i in ok], batch[0].ref.params)
+            for i, out in zip(ok, images):
+                if isinstance(out, YolopipeError):
+                    errors[i] = out
+                else:
+                    placed.append((i, out))
         end = time.perf_counter()
         timings: dict[str, float] = {"batch_ms": round((end - run_start) * 1e3, 3), "batch_size": len(ok)}
-        m.stage_latency.labels("batch").observe(end - run_start)
+        m.stage("batch").observe(end - run_start)
         for name, ms in stage_timings.items():
             name = f"pipeline_{name}" if name in _BATCHER_TIMINGS else name
-            m.stage_latency.labels(name.removesuffix("_ms")).observe(ms / 1e3)
+            m.stage(name.removesuffix("_ms")).observe(ms / 1e3)
             timings[name] = round(float(ms), 3)
-        for o in outcomes:
-            m.images("ok" if o.error is None else "failed").inc()
-        return outcomes, timings
+        if placed:
+            m.images("ok").inc(len(placed))
+        if errors:
+            m.images("failed").inc(len(errors))
+        return batch_answers(batch, start, placed, errors, timings)
 
     def _prepare(self, batch: list[Job]) -> list[Any]:
         """Decoded pixels (or JPEG bytes for a pipeline that decodes them) or the image's error."""
@@ -297,6 +308,7 @@ class Batcher:
             out = [self._prepare_one(j) for j in batch]
         for job in batch:
             job.data = None  # nothing reads the ring from here on
+        self.metrics.observe_stage("decode", [j.decode_ms / 1e3 for j in batch])
         return out
 
     def _prepare_one(self, job: Job) -> Any:
@@ -307,22 +319,24 @@ class Batcher:
             return exc
         finally:
             job.decode_ms = (time.perf_counter() - t0) * 1e3
-            self.metrics.stage_latency.labels("decode").observe(job.decode_ms / 1e3)
 
-    def _detect(self, items: list[Any], params: Any) -> tuple[list[ImageResult], dict[str, float]]:
+    def _detect(self, items: list[Any], params: Any) -> tuple[list[Any], dict[str, float]]:
+        """One pipeline run of prepared items (a batch is never over the pipeline's max_batch):
+        per item its rows and letterbox or its error, and the run's stage timings."""
         try:
-            return self.detector.detect_timed(items, params)
+            run = self.detector.pipeline.run(items, params)
+            return run.images, run.timings
         except YolopipeError as exc:
             if isinstance(exc, DeviceError):
                 self.metrics.device_errors.inc()
             log.warning("batch of %d failed: %s", len(items), exc)
-            return [ImageResult(error=exc) for _ in items], {}
+            return [exc] * len(items), {}
         except Exception as exc:  # the accelerator failed (e.g. out of memory): fail this batch, keep serving
             log.error("batch of %d failed on the device", len(items), exc_info=exc)
             self.metrics.device_errors.inc()
             error = DeviceError(f"the device failed while running this batch ({type(exc).__name__}); retry")
             self._check_sticky(exc)
-            return [ImageResult(error=error) for _ in items], {}
+            return [error] * len(items), {}
 
     def _check_sticky(self, exc: BaseException) -> None:
         """A dead device context: refuse new work, answer the queue, have the process restarted."""
@@ -341,15 +355,15 @@ class Batcher:
     # --- bookkeeping -----------------------------------------------------------------------
     def _answer(self, jobs: list[Job], error: YolopipeError) -> None:
         if jobs:
-            outcomes = [Outcome(j.ref.req_id, j.ref.index, error=error) for j in jobs]
+            answers = Answers.of([Outcome(j.ref.req_id, j.ref.index, error=error) for j in jobs])
             for job in jobs:
                 job.data = None
-            self._safe_deliver(jobs, outcomes, {})
+            self._safe_deliver(jobs, answers)
             self._publish()
 
-    def _safe_deliver(self, jobs: list[Job], outcomes: list[Outcome], timings: dict[str, float]) -> None:
+    def _safe_deliver(self, jobs: list[Job], answers: Answers) -> None:
         try:
-            self._deliver(jobs, outcomes, timings)
+            self._deliver(jobs, answers)
         except Exception as exc:  # noqa: BLE001 (e.g. the event loop closed while stopping)
             log.error("could not deliver %d answer(s)", len(jobs), exc_info=exc)
 
@@ -368,32 +382,3 @@ class Batcher:
         self.metrics.set_pending(self._pending)
         if self.on_load_change is not None:
             self.on_load_change(self.load())
-
-
-def is_sticky_device_error(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) says the device context is lost for good."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        text = str(exc).lower()
-        if any(sign in text for sign in _STICKY_DEVICE_ERRORS):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-def warmup(detector: Detector, batch_sizes: Sequence[int], progress: Callable[[str], None] | None = None) -> float:
-    """Run each batch size once on gray images, so the first request pays no setup; the
-    seconds per image of the largest batch (the first estimate admission works with)."""
-    say = progress or (lambda text: None)
-    say("warming up the pipeline (on a GPU: compiling and capturing each batch bucket)")
-    detector.pipeline.warmup()  # the GPU pipeline captures one CUDA graph per batch-size bucket
-    size = detector.meta.imgsz
-    image = np.full((size, size, 3), 114, np.uint8)
-    seconds = 0.0
-    for k, n in enumerate(batch_sizes, 1):
-        say(f"warming up batch size {n} ({k} of {len(batch_sizes)})")
-        t0 = time.perf_counter()
-        detector.detect([image] * n, detector.params())
-        seconds = (time.perf_counter() - t0) / n
-    return seconds

@@ -21,6 +21,7 @@ from app.contracts import DetectParams
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
 from app.imaging.headers import ImageHeader
 from app.ipc import wire
+from app.ipc.answers import read_results
 from app.ipc.layout import RunLayout
 from app.ipc.ring import Ring
 
@@ -150,7 +151,7 @@ class _Link(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         for kind, body in self.reader.feed(data):
             if kind == wire.RESULTS:
-                _, outcomes = wire.read_results(body)
+                _, outcomes = read_results(body)
                 for outcome in outcomes:
                     entry = self.waiting.pop((outcome.req_id, outcome.index), None)
                     if entry is None:
@@ -209,6 +210,10 @@ class InferenceClient:
 
     @property
     def ready(self) -> bool:
+        """An inference worker is ready (and the service's first start is over: it starts ready
+        with every worker, and stays ready while one of them is)."""
+        if self.layout.starting.exists():
+            return False
         return any(link.connected and link.status.read().state == wire.READY for link in self._links)
 
     def workers(self) -> list[dict]:

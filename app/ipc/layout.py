@@ -30,6 +30,12 @@ class RunLayout:
     def metrics_dir(self) -> Path:
         return self.root / "metrics"
 
+    @property
+    def starting(self) -> Path:
+        """There while ``yolopipe serve`` starts its inference workers: its HTTP workers already
+        answer, and are not ready until every inference worker is."""
+        return self.root / "starting"
+
     def socket(self, worker: int) -> Path:
         return self.root / f"worker-{worker}.sock"
 

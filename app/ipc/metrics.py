@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -48,8 +49,22 @@ class WorkerMetrics:
             "yolopipe_gpu_memory_bytes", "GPU memory by source (allocator: the framework's pool; device: used on "
             "the whole device, from NVML)", ["worker", "source"], multiprocess_mode="livesum", registry=r)
 
+        self._stages: dict[str, Any] = {}
+
     def images(self, outcome: str) -> Any:
         return self._images.labels(outcome, self.worker)
+
+    def stage(self, name: str) -> Any:
+        """The latency histogram of one stage (looked up once: ``labels`` costs more than ``observe``)."""
+        child = self._stages.get(name)
+        if child is None:
+            child = self._stages[name] = self.stage_latency.labels(name)
+        return child
+
+    def observe_stage(self, name: str, seconds: list[float]) -> None:
+        """Several observations of one stage at once (a batch's images): the same histogram as
+        observing each, with one write per bucket touched instead of two per value."""
+        observe_many(self.stage(name), seconds)
 
     def set_pending(self, n: int) -> None:
         self._pending.set(n)
@@ -68,6 +83,27 @@ class WorkerMetrics:
         thread = threading.Thread(target=loop, name="yolopipe-gpu-memory", daemon=True)
         thread.start()
         return thread
+
+
+def observe_many(histogram: Any, values: list[float]) -> None:
+    """``histogram.observe(v)`` for each of ``values``, one increment per bucket touched.
+
+    prometheus_client has no call for it, so this adds to the child's bucket and sum values
+    the way its ``observe`` does; where those are not there (another version), it observes one
+    by one."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for v in values:
+            histogram.observe(v)
+        return
+    if not values:
+        return
+    found = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))
+    total.inc(float(sum(values)))
+    for i in np.flatnonzero(found).tolist():
+        buckets[i].inc(int(found[i]))
 
 
 def render_dir(path: Path) -> bytes:

@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from app import errors
 from app.contracts import DetectParams
 from app.errors import YolopipeError
@@ -43,10 +41,6 @@ _IMAGE = struct.Struct("<QIQIdddIBH")
 _HEADER = struct.Struct("<BIIBBQBBBBI")
 _FORMATS = ("", "jpeg", "png", "bmp", "tiff", "webp")
 _CANCEL = struct.Struct("<Q")
-# req_id, index, ok, width, height, decode_ms, queue_ms, rows (then rows × 6 float32) or, when
-# not ok, code and message lengths (then both, UTF-8)
-_RESULT = struct.Struct("<QIBIIffI")
-_ERROR_TEXT = struct.Struct("<BI")
 
 
 def frame(kind: int, body: bytes) -> bytes:
@@ -116,10 +110,34 @@ def image(ref: ImageRef) -> bytes:
 
 def read_image(body: bytes) -> ImageRef:
     req_id, index, offset, length, deadline, conf, iou, max_det, agnostic, n = _IMAGE.unpack_from(body)
-    classes = struct.unpack_from(f"<{n}i", body, _IMAGE.size) if n else None
-    header = _unpack_header(body, _IMAGE.size + 4 * n)
-    return ImageRef(req_id, index, offset, length, deadline, DetectParams(conf, iou, max_det, classes, bool(agnostic)),
-                    header)
+    # Parameters and headers repeat from image to image: the same bytes give the same
+    # (immutable) objects, made once.
+    params_at = _IMAGE.size - _PARAMS_SIZE
+    header_at = _IMAGE.size + 4 * n
+    key = bytes(body[params_at:header_at])
+    params = _PARAMS.get(key)
+    if params is None:
+        classes = struct.unpack_from(f"<{n}i", body, _IMAGE.size) if n else None
+        params = _remember(_PARAMS, key, DetectParams(conf, iou, max_det, classes, bool(agnostic)))
+    key = bytes(body[header_at : header_at + _HEADER.size])
+    if key in _HEADERS:
+        header = _HEADERS[key]
+    else:
+        header = _remember(_HEADERS, key, _unpack_header(body, header_at))
+    return ImageRef(req_id, index, offset, length, deadline, params, header)
+
+
+_PARAMS_SIZE = struct.calcsize("<ddIBH")  # the end of _IMAGE: conf, iou, max_det, agnostic, class count
+_PARAMS: dict[bytes, DetectParams] = {}
+_HEADERS: dict[bytes, ImageHeader | None] = {}
+_REMEMBERED = 1024  # distinct values kept per kind (a client sending ever new ones only refills it)
+
+
+def _remember(cache: dict, key: bytes, value: Any) -> Any:
+    if len(cache) >= _REMEMBERED:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def _pack_header(h: ImageHeader | None) -> bytes:
@@ -151,7 +169,7 @@ def read_cancel(body: bytes) -> int:
     return _CANCEL.unpack_from(body)[0]
 
 
-# --- inference worker → HTTP worker -------------------------------------------------------
+# --- inference worker → HTTP worker (the RESULTS frames: app.ipc.answers) -----------------
 @dataclass(slots=True)
 class Outcome:
     """One image's answer: detections with the source size, or the error that stopped it."""
@@ -165,50 +183,6 @@ class Outcome:
     decode_ms: float = 0.0
     queue_ms: float = 0.0
     batch: dict[str, float] | None = None  # the batch it ran in: batch_ms, batch_size, pipeline stages
-
-
-def results(outcomes: list[Outcome], batch_timings: dict[str, float] | None = None) -> bytes:
-    """One frame for several answers (one batch's answers to one HTTP worker)."""
-    timings = json.dumps(batch_timings or {}).encode()
-    parts = [struct.pack("<H", len(timings)), timings, struct.pack("<I", len(outcomes))]
-    for o in outcomes:
-        if o.error is None:
-            det = o.detections if o.detections is not None else Detections.empty()
-            rows = np.empty((len(det), 6), np.float32)
-            rows[:, :4], rows[:, 4], rows[:, 5] = det.boxes, det.scores, det.class_ids
-            parts.append(_RESULT.pack(o.req_id, o.index, 1, o.width, o.height, o.decode_ms, o.queue_ms, len(det)))
-            parts.append(rows.tobytes())
-        else:
-            code, message = o.error.code.encode(), str(o.error).encode()
-            parts.append(_RESULT.pack(o.req_id, o.index, 0, 0, 0, o.decode_ms, o.queue_ms, 0))
-            parts += [_ERROR_TEXT.pack(len(code), len(message)), code, message]
-    return frame(RESULTS, b"".join(parts))
-
-
-def read_results(body: bytes) -> tuple[dict[str, float], list[Outcome]]:
-    (n_timings,) = struct.unpack_from("<H", body)
-    pos = 2 + n_timings
-    timings = json.loads(bytes(body[2:pos])) if n_timings else {}
-    (count,) = struct.unpack_from("<I", body, pos)
-    pos += 4
-    out = []
-    for _ in range(count):
-        req_id, index, ok, width, height, decode_ms, queue_ms, n = _RESULT.unpack_from(body, pos)
-        pos += _RESULT.size
-        o = Outcome(req_id, index, width, height, decode_ms=decode_ms, queue_ms=queue_ms, batch=timings)
-        if ok:
-            rows = np.frombuffer(body, np.float32, n * 6, pos).reshape(n, 6)
-            o.detections = Detections.from_rows(rows)
-            pos += rows.nbytes
-        else:
-            n_code, n_msg = _ERROR_TEXT.unpack_from(body, pos)
-            pos += _ERROR_TEXT.size
-            code = bytes(body[pos : pos + n_code]).decode()
-            message = bytes(body[pos + n_code : pos + n_code + n_msg]).decode()
-            pos += n_code + n_msg
-            o.error = error_from_code(code, message)
-        out.append(o)
-    return timings, out
 
 
 def error_from_code(code: str, message: str) -> YolopipeError:
@@ -230,7 +204,8 @@ def _errors_by_code() -> dict[str, type[YolopipeError]]:
 
 # --- the load an inference worker publishes --------------------------------------------
 STARTING, READY, DRAINING = 0, 1, 2
-_STATUS = struct.Struct("<QIIdI")  # generation, state, images admitted and unanswered, s/image, lanes
+# generation, state, images admitted and unanswered, s/image, lanes (in the host's byte order)
+_STATUS = struct.Struct("=QIIdI")
 _STANDBY_AT = 48  # u32: the pid of the worker's warm standby, once it is ready
 _PHASE_AT, _PHASE_MAX = 64, 256  # then a short text: the warm-up step of a starting worker
 
@@ -260,7 +235,9 @@ class StatusBlock:
     """A few numbers in a shared file: one writer (the inference worker), many readers.
 
     Each field is one aligned store, and a reader only needs each to be current, not the
-    set to be consistent: it is a routing and admission hint; the worker re-checks."""
+    set to be consistent: it is a routing and admission hint; the worker re-checks. Fields are
+    written through typed views, never with ``struct.pack_into``, which zero-fills the whole
+    struct before writing it: a reader in another process would see a ready worker as starting."""
 
     def __init__(self, path: Path, *, writable: bool) -> None:
         fd = os.open(path, (os.O_RDWR | os.O_CREAT) if writable else os.O_RDONLY, 0o600)
@@ -271,9 +248,25 @@ class StatusBlock:
             self._map = mmap.mmap(fd, mmap.PAGESIZE, prot=prot)
         finally:
             os.close(fd)
+        self._views: list[memoryview] = []
+        if writable:
+            whole = memoryview(self._map)
+            # The _STATUS fields, one view per type.
+            self._generation = whole[0:8].cast("Q")
+            self._u32 = whole[8:16].cast("I")  # state, pending
+            self._seconds = whole[16:24].cast("d")
+            self._lanes = whole[24:28].cast("I")
+            self._standby = whole[_STANDBY_AT : _STANDBY_AT + 4].cast("I")
+            self._phase_len = whole[_PHASE_AT : _PHASE_AT + 2].cast("H")
+            self._views = [self._generation, self._u32, self._seconds, self._lanes, self._standby, self._phase_len,
+                           whole]
 
     def write(self, load: Load) -> None:
-        _STATUS.pack_into(self._map, 0, load.generation, load.state, load.pending, load.seconds_per_image, load.lanes)
+        self._generation[0] = load.generation
+        self._u32[0] = load.state
+        self._u32[1] = load.pending
+        self._seconds[0] = load.seconds_per_image
+        self._lanes[0] = load.lanes
 
     def read(self) -> Load:
         return Load(*_STATUS.unpack_from(self._map, 0))
@@ -281,20 +274,23 @@ class StatusBlock:
     def write_standby(self, pid: int) -> None:
         """The pid of this worker's warm standby (0: none ready). Written by the standby itself,
         a field the serving worker never writes."""
-        struct.pack_into("<I", self._map, _STANDBY_AT, pid)
+        self._standby[0] = pid
 
     def read_standby(self) -> int:
-        return struct.unpack_from("<I", self._map, _STANDBY_AT)[0]
+        return struct.unpack_from("=I", self._map, _STANDBY_AT)[0]
 
     def write_phase(self, text: str) -> None:
         """What a starting worker is doing (its warm-up step), for /readyz and /v1/model."""
         data = text.encode()[:_PHASE_MAX]
+        self._phase_len[0] = 0  # a reader meanwhile sees no text rather than a mix of two
         self._map[_PHASE_AT + 2 : _PHASE_AT + 2 + len(data)] = data
-        struct.pack_into("<H", self._map, _PHASE_AT, len(data))
+        self._phase_len[0] = len(data)
 
     def read_phase(self) -> str:
-        (n,) = struct.unpack_from("<H", self._map, _PHASE_AT)
+        (n,) = struct.unpack_from("=H", self._map, _PHASE_AT)
         return bytes(self._map[_PHASE_AT + 2 : _PHASE_AT + 2 + min(n, _PHASE_MAX)]).decode(errors="replace")
 
     def close(self) -> None:
+        for view in self._views:
+            view.release()
         self._map.close()

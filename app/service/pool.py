@@ -60,14 +60,14 @@ class InferencePool:
         self._first_done = [threading.Event() for _ in devices]
         self._keepers: list[threading.Thread] = []
         self.info: dict | None = None  # worker 0's hello: the model and its limits
+        for i in range(len(devices)):
+            StatusBlock(layout.status(i), writable=True).close()  # readers (HTTP workers) can open it at once
 
     def start(self, stop: threading.Event | None = None) -> bool:
         """Start every worker and wait until each is ready; raises the first one's start-up error.
         Worker 0 goes first so that a first export of the model happens once. False (the pool
         stopped) as soon as ``stop`` is set: a SIGTERM does not wait for a warm-up to end."""
         stop = stop or threading.Event()
-        for i in range(len(self.devices)):
-            StatusBlock(self.layout.status(i), writable=True).close()  # readers can open it at once
         try:
             self._start_keeper(0)
             self._wait_first(0, stop)

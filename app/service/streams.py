@@ -24,6 +24,7 @@ import numpy as np
 from app.contracts import DetectParams, ImageResult
 from app.errors import InvalidParameter, YolopipeError
 from app.ipc import wire
+from app.ipc.answers import read_results
 from app.ipc.streams import check_stream_source, stream_socket
 from app.pipeline.streams import StreamFrame, StreamRunner, frame_event
 
@@ -159,7 +160,7 @@ class BatcherFrames:
 
     def send(self, data: bytes) -> None:
         for _kind, body in wire.FrameReader().feed(data):
-            for outcome in wire.read_results(body)[1]:
+            for outcome in read_results(body)[1]:
                 with self._lock:
                     future = self._waiting.pop((outcome.req_id, outcome.index), None)
                 if future is not None:

@@ -55,9 +55,26 @@ def _supervise(serving: Settings, layout: RunLayout, devices: list[str | None], 
         log.info("starting %d inference worker(s) (%s) and %d HTTP worker(s) on %s:%d; run folder %s",
                  len(devices), ", ".join(f"cuda:{d}" if d is not None else "cpu" for d in devices), n_http,
                  serving.host, serving.port, layout.root)
-        if not pool.start(stop):
+        # The HTTP workers start while the inference workers warm up, so that /readyz answers
+        # meanwhile: 503 naming each worker's start-up step (opening the model, each bucket).
+        pool_started: dict[str, Any] = {}
+        layout.starting.touch()  # not ready until every inference worker is
+        starting = threading.Thread(target=_start_pool, args=(pool, stop, pool_started), name="yolopipe-pool-start")
+        starting.start()
+        try:
+            http.start()
+            if not pool_started.get("done"):
+                log.info("HTTP workers listening; /readyz says ready once the inference workers are")
+        except BaseException:
+            stop.set()  # the inference workers stop warming up
+            raise
+        finally:
+            starting.join()
+        if "error" in pool_started:
+            raise pool_started["error"]
+        if not pool_started["started"]:
             return  # SIGTERM while the inference workers warmed up
-        http.start()
+        layout.starting.unlink()
         log.info("serving on http://%s:%d", serving.host, serving.port)
         while not stop.is_set():
             http.replace_dead(timeout=0.5)
@@ -69,6 +86,17 @@ def _supervise(serving: Settings, layout: RunLayout, devices: list[str | None], 
         layout.remove()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _start_pool(pool: InferencePool, stop: threading.Event, out: dict[str, Any]) -> None:
+    """``pool.start`` on its own thread: ``out`` gets ``started`` or the ``error`` it raised."""
+    try:
+        out["started"] = pool.start(stop)
+    except BaseException as exc:  # noqa: BLE001 (raised again by the supervisor's thread)
+        out["error"] = exc
+        stop.set()  # an HTTP worker still starting gives up at once
+    finally:
+        out["done"] = True
 
 
 def http_worker_count(given: int, inference_workers: int, *, on_gpu: bool) -> int:

@@ -16,6 +16,7 @@ sets the environment they read (the GPU this worker may see, the metrics folder)
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ from typing import Any
 
 from app.errors import YolopipeError
 from app.ipc import wire
+from app.ipc.answers import Answers, answers_frame, results
 from app.ipc.batcher import Batcher, Job
 from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
@@ -59,6 +61,11 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = Non
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.device
         settings = settings.model_copy(update={"device": 0})
     setup_logging()
+    if promote is None:  # a first start (or a restart without a standby) says what it is doing
+        phase = wire.StatusBlock(spec.layout.status(spec.index), writable=True)
+        phase.write_phase("opening the model (a first start exports or builds it)")
+        phase.close()
+        log.info("inference worker %d: opening the model", spec.index)
     try:
         detector = open_detector_from(settings)
     except YolopipeError as exc:
@@ -92,22 +99,29 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     socket_path = spec.layout.socket(spec.index)
     connections: set[_Connection] = set()
 
-    def deliver(jobs: list, outcomes: list, timings: dict) -> None:
-        loop.call_soon_threadsafe(_send_answers, jobs, outcomes, timings)
+    def deliver(jobs: list, answers: Answers) -> None:
+        """On a lane's thread: each owner's share of a batch as one frame, written by the loop."""
+        loop.call_soon_threadsafe(_send_frames, answer_frames(jobs, answers))
 
     batcher = Batcher(detector, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
                       budget_s=settings.budget_s, deliver=deliver, metrics=metrics, generation=spec.generation)
-    sizes = (1,) if detector.pipeline.backend == "onnxruntime" else tuple(sorted({1, batcher.max_batch}))
+    sizes: tuple[int, ...] = (1,)
+    buckets: list[int] = []
+    if detector.pipeline.backend != "onnxruntime":
+        from app.gpu.pack import bucket_sizes  # the GPU pipeline's own buckets (its module is loaded already)
+
+        sizes = tuple(sorted({1, batcher.max_batch}))
+        buckets = bucket_sizes(detector.pipeline.max_batch)
     # A first start shows its warm-up steps (in the log and /readyz); a standby warms quietly
     # beside the worker that owns the status block.
     starting = None if promote is not None else wire.StatusBlock(spec.layout.status(spec.index), writable=True)
 
     def progress(text: str) -> None:
-        log.info("inference worker %d: %s", spec.index, text)
+        log.info("inference worker %d%s: %s", spec.index, "" if starting is not None else " standby", text)
         if starting is not None:
             starting.write_phase(text)
 
-    await asyncio.to_thread(batcher.start, sizes, progress)
+    await asyncio.to_thread(batcher.start, sizes, progress, buckets)
     if starting is not None:
         starting.write_phase("")
         starting.close()
@@ -136,12 +150,9 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     stop_sampling = threading.Event()
     metrics.sample_gpu_memory(gpu_memory_readers(detector, 0), 5.0, stop_sampling)
 
-    def _send_answers(jobs: list, outcomes: list, timings: dict) -> None:
-        by_owner: dict[Any, list] = {}
-        for job, outcome in zip(jobs, outcomes):
-            by_owner.setdefault(job.owner, []).append(outcome)
-        for owner, answers in by_owner.items():
-            owner.send(wire.results(answers, timings))
+    def _send_frames(frames: list) -> None:
+        for owner, data in frames:
+            owner.send(data)
 
     try:
         os.unlink(socket_path)
@@ -176,6 +187,18 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     loop.remove_signal_handler(signal.SIGTERM)
     log.info("inference worker %d stopped", spec.index)
     return batcher.fatal
+
+
+def answer_frames(jobs: list[Job], answers: Answers) -> list[tuple[Any, bytes]]:
+    """(owner, RESULTS frame) per owner of ``jobs``, whose answers ``answers`` holds in order."""
+    by_owner: dict[Any, list[int]] = {}
+    for i, job in enumerate(jobs):
+        by_owner.setdefault(job.owner, []).append(i)
+    if len(by_owner) == 1:
+        return [(jobs[0].owner, answers_frame(answers))]
+    timings = json.dumps(answers.timings).encode()
+    shares = answers.split(list(by_owner.values()))
+    return [(owner, answers_frame(share, timings)) for owner, share in zip(by_owner, shares)]
 
 
 async def _stand_by(spec: WorkerSpec, report: Any, promote: Any, stopping: asyncio.Event) -> int | None:
@@ -239,15 +262,15 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        jobs: list[Job] = []  # admitted together, after the frames before them
         for kind, body in self.reader.feed(data):
             if kind == wire.IMAGE and self.ring is not None:
                 ref = wire.read_image(body)
-                job = Job(self, ref, self.ring[ref.offset : ref.offset + ref.length])
-                refused = self.batcher.admit(job)
-                if refused is not None:
-                    job.data = None
-                    self.send(wire.results([wire.Outcome(ref.req_id, ref.index, error=refused)]))
-            elif kind == wire.CANCEL:
+                jobs.append(Job(self, ref, self.ring[ref.offset : ref.offset + ref.length]))
+                continue
+            self._admit(jobs)
+            jobs = []
+            if kind == wire.CANCEL:
                 self.batcher.cancel(self, wire.read_cancel(body))
             elif kind == wire.HELLO:
                 self.ring = map_ring(Path(wire.read_hello(body)["ring"]))
@@ -256,3 +279,13 @@ class _Connection(asyncio.Protocol):
                 log.error("unexpected frame kind %d from an HTTP worker; closing its connection", kind)
                 self.close()
                 return
+        self._admit(jobs)
+
+    def _admit(self, jobs: list[Job]) -> None:
+        if not jobs:
+            return
+        refused = [(job, error) for job, error in zip(jobs, self.batcher.admit_many(jobs)) if error is not None]
+        for job, _ in refused:
+            job.data = None
+        if refused:
+            self.send(results([wire.Outcome(j.ref.req_id, j.ref.index, error=e) for j, e in refused]))

@@ -16,10 +16,11 @@ import pytest
 
 from app.contracts import DetectParams
 from app.errors import DeviceError, Overloaded, RequestTimeout
+from app.ipc.answers import answers_frame, read_results
 from app.ipc.batcher import Batcher, Job
 from app.ipc.metrics import WorkerMetrics
 from app.ipc.ring import Ring, map_ring
-from app.ipc.wire import ImageRef
+from app.ipc.wire import FrameReader, ImageRef
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,10 @@ class Harness:
         self.batcher = Batcher(detector, deliver=self._deliver, metrics=WorkerMetrics("0"), **options)
         self.batcher.start()
 
-    def _deliver(self, jobs, outcomes, timings) -> None:
+    def _deliver(self, jobs, answers) -> None:
+        # Through the wire, as the HTTP worker reads them.
+        timings, outcomes = read_results(FrameReader().feed(answers_frame(answers))[0][1])
+        assert [(o.req_id, o.index) for o in outcomes] == [(j.ref.req_id, j.ref.index) for j in jobs]
         for outcome in outcomes:
             self.answers.put((outcome, timings))
 
@@ -309,7 +313,7 @@ def test_a_lost_device_context_refuses_work_answers_the_queue_and_asks_for_a_res
 
 
 def test_an_ordinary_device_error_is_not_taken_for_a_lost_context():
-    from app.ipc.batcher import is_sticky_device_error
+    from app.ipc.device import is_sticky_device_error
 
     assert not is_sticky_device_error(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert is_sticky_device_error(RuntimeError("CUDA error: unspecified launch failure"))
@@ -336,3 +340,54 @@ def test_an_image_that_comes_with_its_header_is_not_parsed_again(harness, bus, m
     h.admit(job)
     (outcome, _), = h.collect(1)
     assert outcome.error is None and len(outcome.detections) > 0
+
+
+def test_a_batch_of_answers_equals_each_image_scaled_on_its_own(detector, bus, zidane):
+    """``batch_answers`` takes a whole batch's rows to source pixels at once: bit for bit what
+    ``rows_to_detections`` gives each image alone, whatever its letterbox."""
+    import cv2
+    import numpy as np
+
+    from app.boxes import rows_to_detections
+    from app.ipc.answers import Answers, batch_answers
+
+    pixels = cv2.imdecode(np.frombuffer(bus, np.uint8), cv2.IMREAD_COLOR)
+    images = [detector.prepare(bus), detector.prepare(zidane), cv2.resize(pixels, (300, 900)),
+              cv2.resize(pixels, (1000, 120))]  # four letterboxes: tall, wide, padded both ways
+    run = detector.pipeline.run(images, detector.params(conf=0.01))
+    placed = [(i, out) for i, out in zip((0, 1, 3, 4), run.images)]
+    jobs = [Job("a", ImageRef(7, i, 0, 0, 0.0, DetectParams()), None) for i in range(5)]
+    errors = {2: Overloaded("the request was cancelled")}
+    answers = batch_answers(jobs, time.perf_counter(), placed, errors, {"batch_ms": 1.0})
+    outcomes = Answers(answers.records, answers.rows, answers.errors, answers.timings).outcomes()
+    assert [o.index for o in outcomes] == [0, 1, 2, 3, 4]
+    assert type(outcomes[2].error) is Overloaded
+    for (_, (rows, lb)), o in zip(placed, [outcomes[i] for i in (0, 1, 3, 4)]):
+        alone = rows_to_detections(rows, lb)
+        assert (o.width, o.height) == (lb.src_w, lb.src_h)
+        assert np.array_equal(o.detections.boxes, alone.boxes) and np.array_equal(o.detections.scores, alone.scores)
+        assert np.array_equal(o.detections.class_ids, alone.class_ids)
+    assert all(len(outcomes[i].detections) > 0 for i in (0, 1, 3, 4))
+
+
+def test_warm_up_prepares_and_names_each_bucket_in_turn(detector):
+    """A GPU start compiles and captures bucket after bucket: each is its own step, reported
+    (the log and /readyz show it) before the pipeline does it."""
+    from app.ipc.device import warmup
+
+    events: list[str] = []
+    real_warmup = detector.pipeline.warmup
+
+    def recording_warmup(batches=None):
+        events.append(f"pipeline.warmup({batches})")
+        return real_warmup(batches)
+
+    detector.pipeline.warmup = recording_warmup
+    try:
+        assert warmup(detector, (1,), events.append, buckets=[1, 2, 4]) > 0
+    finally:
+        del detector.pipeline.warmup
+    assert events == ["compiling and capturing batch bucket 1 (1 of 3)", "pipeline.warmup([1])",
+                      "compiling and capturing batch bucket 2 (2 of 3)", "pipeline.warmup([2])",
+                      "compiling and capturing batch bucket 4 (3 of 3)", "pipeline.warmup([4])",
+                      "warming up batch size 1 (1 of 1)"]

@@ -12,6 +12,7 @@ from app.config import Settings
 from app.contracts import DetectParams
 from app.errors import DeviceError
 from app.ipc import wire
+from app.ipc.answers import results
 from app.ipc.client import InferenceClient
 from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
@@ -44,7 +45,7 @@ class Peer(asyncio.Protocol):
                     self.transport.close()
                     return
                 self.seen.append(bytes(self.ring[ref.offset : ref.offset + ref.length]))
-                self.transport.write(wire.results([wire.Outcome(ref.req_id, ref.index, width=ref.length, height=1)]))
+                self.transport.write(results([wire.Outcome(ref.req_id, ref.index, width=ref.length, height=1)]))
 
 
 @pytest.fixture()

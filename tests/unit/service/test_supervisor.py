@@ -54,3 +54,21 @@ def test_the_metrics_folder_variable_is_put_back_after_serving(tmp_path, monkeyp
     except RuntimeError:
         pass
     assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == "/elsewhere"
+
+
+def test_serve_whose_model_cannot_open_says_why_and_exits_while_its_http_workers_start(tmp_path):
+    """The HTTP workers start beside the inference workers' warm-up (so /readyz can show it);
+    a model that cannot open still ends ``serve`` with its own error, and nothing is left."""
+    import subprocess
+    import sys
+
+    from app.cli import ExitCode
+
+    missing = tmp_path / "missing.pt"
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--backend", "onnxruntime", "--weights",
+                           str(missing), "--host", "127.0.0.1", "--port", str(_free_port())],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
+    assert proc.returncode == ExitCode.USAGE, proc.stderr
+    assert f"error: weights file not found: {missing}" in proc.stderr
+    folder = next(line for line in proc.stderr.splitlines() if "run folder" in line).rsplit(" ", 1)[1]
+    assert not os.path.exists(folder)

@@ -1,0 +1,163 @@
+"""What the inference worker answers, as arrays: a batch's answers and their RESULTS frames.
+
+A RESULTS body is the batch's timings (JSON), the record count, one ``RECORD`` per image, the
+rows of every ok image (rows × 6 float32: x1, y1, x2, y2, score, class in source pixels, in
+record order), then each failed image's error code and message (UTF-8, in record order):
+fixed-size parts the inference worker writes from arrays, a batch at a time, with no object
+per image. An HTTP worker reads them back as ``Outcome`` objects.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.errors import YolopipeError
+from app.ipc.wire import RESULTS, Outcome, error_from_code, frame
+from app.types import Detections
+
+_ERROR_TEXT = struct.Struct("<BI")  # code and message lengths
+# One record per answered image: req_id, index, ok, width, height, decode_ms, queue_ms, rows.
+RECORD = np.dtype([("req_id", "<u8"), ("index", "<u4"), ("ok", "u1"), ("width", "<u4"), ("height", "<u4"),
+                   ("decode_ms", "<f4"), ("queue_ms", "<f4"), ("rows", "<u4")])
+
+
+@dataclass(slots=True)
+class Answers:
+    """Several images' answers as arrays (what the inference worker writes, a batch at a time):
+    a ``RECORD`` per image, the rows of the ok ones in record order (x1, y1, x2, y2, score,
+    class in source pixels), and each failed image's error by its position."""
+
+    records: np.ndarray
+    rows: np.ndarray
+    errors: dict[int, YolopipeError]
+    timings: dict[str, float]
+
+    @classmethod
+    def of(cls, outcomes: list[Outcome], timings: dict[str, float] | None = None) -> Answers:
+        records = np.zeros(len(outcomes), RECORD)
+        rows, errors = [], {}
+        for i, o in enumerate(outcomes):
+            if o.error is None:
+                det = o.detections if o.detections is not None else Detections.empty()
+                part = np.empty((len(det), 6), np.float32)
+                part[:, :4], part[:, 4], part[:, 5] = det.boxes, det.scores, det.class_ids
+                rows.append(part)
+                records[i] = (o.req_id, o.index, 1, o.width, o.height, o.decode_ms, o.queue_ms, len(det))
+            else:
+                errors[i] = o.error
+                records[i] = (o.req_id, o.index, 0, 0, 0, o.decode_ms, o.queue_ms, 0)
+        return cls(records, np.concatenate(rows) if rows else np.empty((0, 6), np.float32), errors, timings or {})
+
+    def split(self, groups: list[list[int]]) -> list[Answers]:
+        """The answers at each group of positions (each owner's share of a batch), in that
+        order: records and rows gathered once for all groups, then sliced."""
+        order = np.concatenate([np.asarray(g, np.int64) for g in groups])
+        counts = self.records["rows"].astype(np.int64)
+        starts = np.cumsum(counts) - counts
+        taken = counts[order]
+        ends = np.cumsum(taken)
+        rows = self.rows[np.repeat(starts[order] - (ends - taken), taken) + np.arange(int(ends[-1]) if len(ends) else 0)]
+        records = self.records[order]
+        out = []
+        first = first_row = 0
+        for group in groups:
+            last = first + len(group)
+            last_row = int(ends[last - 1]) if last else 0
+            errors = {k: self.errors[p] for k, p in enumerate(group) if p in self.errors}
+            out.append(Answers(records[first:last], rows[first_row:last_row], errors, self.timings))
+            first, first_row = last, last_row
+        return out
+
+    def outcomes(self) -> list[Outcome]:
+        """As ``Outcome`` objects, each with its own detections (what an HTTP worker reads)."""
+        out = []
+        pos = 0
+        for i, (req_id, index, ok, width, height, decode_ms, queue_ms, n) in enumerate(self.records.tolist()):
+            o = Outcome(req_id, index, width, height, decode_ms=decode_ms, queue_ms=queue_ms, batch=self.timings)
+            if ok:
+                o.detections = Detections.from_rows(self.rows[pos : pos + n])
+                pos += n
+            else:
+                o.error = self.errors.get(i) or YolopipeError("no answer")
+            out.append(o)
+        return out
+
+
+def answers_frame(answers: Answers, timings_json: bytes | None = None) -> bytes:
+    """One RESULTS frame; ``timings_json``: the batch's timings already encoded (shared by owners)."""
+    timings = json.dumps(answers.timings).encode() if timings_json is None else timings_json
+    parts = [struct.pack("<H", len(timings)), timings, struct.pack("<I", len(answers.records)),
+             answers.records.tobytes(), np.ascontiguousarray(answers.rows, np.float32).tobytes()]
+    for i in sorted(answers.errors):
+        error = answers.errors[i]
+        code, message = error.code.encode(), str(error).encode()
+        parts += [_ERROR_TEXT.pack(len(code), len(message)), code, message]
+    return frame(RESULTS, b"".join(parts))
+
+
+def results(outcomes: list[Outcome], batch_timings: dict[str, float] | None = None) -> bytes:
+    """One frame for several answers given one by one (errors, tests)."""
+    return answers_frame(Answers.of(outcomes, batch_timings))
+
+
+def read_results(body: bytes) -> tuple[dict[str, float], list[Outcome]]:
+    answers = read_answers(body)
+    return answers.timings, answers.outcomes()
+
+
+def read_answers(body: bytes) -> Answers:
+    (n_timings,) = struct.unpack_from("<H", body)
+    pos = 2 + n_timings
+    timings = json.loads(bytes(body[2:pos])) if n_timings else {}
+    (count,) = struct.unpack_from("<I", body, pos)
+    pos += 4
+    records = np.frombuffer(body, RECORD, count, pos)
+    pos += records.nbytes
+    n_rows = int(records["rows"].sum())
+    rows = np.frombuffer(body, np.float32, n_rows * 6, pos).reshape(n_rows, 6)
+    pos += rows.nbytes
+    errors = {}
+    for i in np.flatnonzero(records["ok"] == 0).tolist():
+        n_code, n_msg = _ERROR_TEXT.unpack_from(body, pos)
+        pos += _ERROR_TEXT.size
+        code = bytes(body[pos : pos + n_code]).decode()
+        message = bytes(body[pos + n_code : pos + n_code + n_msg]).decode()
+        pos += n_code + n_msg
+        errors[i] = error_from_code(code, message)
+    return Answers(records, rows, errors, timings)
+
+
+
+def batch_answers(batch: list[Any], start: float, placed: list[tuple[int, Any]], errors: dict[int, YolopipeError],
+                  timings: dict[str, float]) -> Answers:
+    """A batch's answers as arrays: each placed image's NMS rows taken back to source pixels
+    (``app.boxes.scale_boxes``' float32 operations, on the whole batch at once)."""
+    records = np.zeros(len(batch), RECORD)
+    records["req_id"] = [j.ref.req_id for j in batch]
+    records["index"] = [j.ref.index for j in batch]
+    records["decode_ms"] = [j.decode_ms for j in batch]
+    records["queue_ms"] = [(start - j.admitted_at) * 1e3 for j in batch]
+    if not placed:
+        return Answers(records, np.empty((0, 6), np.float32), errors, timings)
+    positions = [i for i, _ in placed]
+    parts = [np.asarray(rows, np.float32).reshape(-1, 6) for _, (rows, _) in placed]
+    boxes = [lb for _, (_, lb) in placed]
+    counts = [len(p) for p in parts]
+    records["ok"][positions] = 1
+    records["width"][positions] = [lb.src_w for lb in boxes]
+    records["height"][positions] = [lb.src_h for lb in boxes]
+    records["rows"][positions] = counts
+    rows = np.concatenate(parts)  # a copy: the pipeline's own rows are left as they were
+    pads = np.repeat(np.array([(lb.pad_left, lb.pad_top) * 2 for lb in boxes], np.float32), counts, 0)
+    gains = np.repeat(np.array([(lb.gain_x, lb.gain_y) * 2 for lb in boxes], np.float32), counts, 0)
+    limits = np.repeat(np.array([(lb.src_w, lb.src_h) * 2 for lb in boxes], np.float32), counts, 0)
+    xyxy = rows[:, :4]
+    xyxy -= pads
+    xyxy /= gains
+    np.clip(xyxy, 0, limits, out=xyxy)
+    return Answers(records, rows, errors, timings)

@@ -1,0 +1,374 @@
+"""The inference worker's own host CPU per request, with the device emulated.
+
+One inference worker (the process that owns the GPU and answers every HTTP worker) runs its
+real serving loop (``app.service.worker._serve``: socket, rings, batcher, answers) in front of
+a stand-in pipeline that costs almost no CPU: each batch waits ``n / rate`` seconds with the
+GIL released (a serial device at ``--rate`` images/s, like a CUDA sync) and returns
+``--rows`` detections per image, with the stage-timing keys of the GPU pipeline. JPEG bytes
+pass through undecoded, as they do to the GPU decoder. Client processes drive it through the
+real ``InferenceClient`` (ring + descriptors, the HTTP worker's side), with no HTTP; each
+holds ``--links`` connections (default 7: two processes make the fan-in of the H200's fourteen
+HTTP workers), so a batch's answers go out in as many frames as in the service.
+
+Reported per variant: requests/s, and the inference worker's CPU time (user + system, all its
+threads) per answered request in the measured window. At 5,000 req/s one core allows 200 µs
+per request for everything that process does; the device itself is not in the figure.
+
+Variants are code trees: ``--baseline REV`` exports that git revision to a temporary folder
+and runs the same measurement on it, interleaved round by round with this tree (A/B/A/B).
+``--profile`` adds one py-spy ``--gil`` recording of each variant's worker (top functions by
+samples holding the GIL; py-spy must be on PATH).
+
+    python bench/worker_host_cost.py --baseline main --rounds 4 --seconds 8 \
+        --out bench/results/<date>-<machine>-worker-host-cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = (640, 480)  # the emulated images' size (width, height): what the stand-in's letterbox assumes
+
+
+# ------------------------------------------------------------------ the stand-in device
+class EmulatedDevice:
+    """A ``Pipeline`` whose batches cost the host almost nothing: one device, batches in turn,
+    each a GIL-free wait of ``n / rate`` s; ``rows`` detections per image in input pixels."""
+
+    backend = "emulated"
+    precision = "fp16"
+    decodes_jpeg = True
+    max_det = 300
+
+    def __init__(self, rate: float, rows: int, max_batch: int = 32, in_flight: int = 2) -> None:
+        import numpy as np
+
+        from app.types import Letterbox, ModelMeta
+
+        self.rate = rate
+        self.max_batch = max_batch
+        self.max_in_flight = in_flight
+        self.meta = ModelMeta(name="emulated", names=[f"class{i}" for i in range(80)], imgsz=640, stride=32,
+                              input_name="images", output_name="output0", input_shape=["batch", 3, 640, 640],
+                              output_shape=["batch", 84, 8400], opset=17, weights_sha256="0" * 64)
+        w, h = SOURCE
+        gain = min(640 / w, 640 / h)
+        new_w, new_h = round(w * gain), round(h * gain)
+        self.letterbox = Letterbox(h, w, new_h, new_w, (640 - new_h) // 2, (640 - new_w) // 2, 640)
+        rng = np.random.default_rng(0)
+        xy = rng.uniform(0, 560, (rows, 2))
+        wh = rng.uniform(10, 80, (rows, 2))
+        self.rows = np.concatenate([xy, xy + wh, rng.uniform(0.3, 1.0, (rows, 1)),
+                                    rng.integers(0, 80, (rows, 1))], 1).astype(np.float32)
+        self._device = threading.Lock()
+
+    def run(self, images, params):
+        from app.contracts import PipelineRun
+
+        t0 = time.perf_counter()
+        with self._device:  # one device: batches run one after another
+            time.sleep(len(images) / self.rate)
+        t1 = time.perf_counter()
+        out = [(self.rows.copy(), self.letterbox) for _ in images]  # the GPU pipeline copies each image's rows too
+        t2 = time.perf_counter()
+        timings = {"decode_ms": 0.0, "pack_ms": 0.0, "wait_ms": (t1 - t0) * 1e3, "unpack_ms": (t2 - t1) * 1e3,
+                   "total_ms": (t2 - t0) * 1e3, "batch": float(len(images)), "bucket": float(len(images)),
+                   "slot": 0.0, "raw_launch": 1.0}
+        return PipelineRun(out, timings)
+
+    def warmup(self, batches=None) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _image(quality: int = 90) -> bytes:
+    """A 640×480 JPEG of about a photo's size (smooth shapes and some noise)."""
+    import cv2
+    import numpy as np
+
+    w, h = SOURCE
+    rng = np.random.default_rng(1)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([(x * 255 // w), (y * 255 // h), ((x + y) * 127 // (w + h))], -1).astype(np.int16)
+    noisy = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+    ok, data = cv2.imencode(".jpg", noisy, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    assert ok
+    return data.tobytes()
+
+
+# ------------------------------------------------------------------ the roles (child processes)
+class _Report:
+    def send(self, message) -> None:
+        print(json.dumps(["report", message[0]]), flush=True)
+
+
+def run_worker(args) -> None:
+    from app.service.processes import write_metrics_to
+
+    layout_root = Path(args.layout)
+    write_metrics_to(layout_root / "metrics")  # as a real worker: metrics in files, before prometheus_client loads
+    from app.config import Settings
+    from app.ipc.layout import RunLayout
+    from app.pipeline.detector import Detector
+    from app.service import worker
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    settings = Settings(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, request_timeout_s=30.0)
+    detector = Detector(EmulatedDevice(args.rate, args.rows, args.max_batch))
+    spec = worker.WorkerSpec(0, None, RunLayout(layout_root, 1), 0, os.getppid())
+    worker._run(worker._serve(spec, settings, detector, _Report()))
+
+
+def run_client(args) -> None:
+    from app.config import Settings
+    from app.contracts import DetectParams
+    from app.errors import YolopipeError
+    from app.imaging.check import check_image
+    from app.ipc.client import InferenceClient
+    from app.ipc.layout import RunLayout
+
+    data = _image()
+    header = check_image(data)
+    # A small ring per link: --links of them per process, each as an HTTP worker's.
+    settings = Settings(max_batch=args.max_batch, request_timeout_s=30.0, ring_mb=8, max_body_bytes=1 << 20)
+    start, end = args.start, args.end
+    counts = collections.Counter()
+    latencies: list[float] = []
+    batch_sizes: list[float] = []
+    refusals: collections.Counter = collections.Counter()
+
+    async def loop_one(client) -> None:
+        params = DetectParams()
+        while time.monotonic() < end:
+            sent = time.monotonic()
+            try:
+                (outcome,) = await client.detect([data], params, [header])
+                ok = outcome.error is None and len(outcome.detections) == args.rows
+                key = "ok" if ok else "wrong"
+                batch_sizes.append(outcome.batch.get("batch_size", 0))
+            except YolopipeError as exc:
+                key = exc.code
+                refusals[str(exc)] += 1
+                await asyncio.sleep(0.001)
+            answered = time.monotonic()
+            if sent >= start and answered <= end:
+                counts[key] += 1
+                latencies.append(answered - sent)
+
+    async def main() -> None:
+        clients = [InferenceClient(settings, RunLayout(Path(args.layout), 1)) for _ in range(args.links)]
+        for client in clients:
+            await client.start(wait_s=60.0)
+        await asyncio.gather(*(loop_one(clients[i % len(clients)]) for i in range(args.concurrency)))
+        for client in clients:
+            await client.close()
+
+    import uvloop
+
+    uvloop.run(main())
+    Path(args.result).write_text(json.dumps({"counts": counts, "latencies": latencies, "refusals": refusals,
+                                             "mean_batch": sum(batch_sizes) / max(len(batch_sizes), 1)}))
+
+
+# ------------------------------------------------------------------ the orchestrator
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system time of every thread of ``pid`` so far (or of its thread ``tid``)."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def export_tree(rev: str, into: Path) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "app"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def measure(tree: Path, args, profile_to: Path | None = None) -> dict:
+    """One run of one variant: start its worker, drive it, read its CPU time over the window."""
+    from app.ipc.layout import RunLayout
+
+    layout = RunLayout.create(1)
+    env = {**os.environ, "PYTHONPATH": str(tree), "YOLOPIPE_CODE_TREE": str(tree)}
+    me = [sys.executable, str(Path(__file__).resolve())]
+    common = ["--layout", str(layout.root), "--max-batch", str(args.max_batch), "--rows", str(args.rows),
+              "--links", str(args.links)]
+    worker = subprocess.Popen([*me, "--role", "worker", "--rate", str(args.rate), "--max-wait-ms",
+                               str(args.max_wait_ms), *common], env=env, stdout=subprocess.PIPE, text=True)
+    clients: list[subprocess.Popen] = []
+    try:
+        for line in worker.stdout:
+            if line.startswith('["report"'):
+                assert json.loads(line)[1] == "ready", line
+                break
+        else:
+            raise RuntimeError("the worker ended before it was ready")
+        start = time.monotonic() + args.warmup
+        end = start + args.seconds
+        for k in range(args.clients):
+            clients.append(subprocess.Popen(
+                [*me, "--role", "client", "--concurrency", str(args.concurrency), "--start", str(start),
+                 "--end", str(end), "--result", str(layout.root / f"client-{k}.json"), *common], env=env))
+        time.sleep(max(0.0, start - time.monotonic()))
+        cpu0, loop0 = cpu_seconds(worker.pid), cpu_seconds(worker.pid, worker.pid)
+        spy = None
+        if profile_to is not None:
+            spy = subprocess.Popen(["py-spy", "record", "--gil", "--nonblocking", "--rate", "1000", "--format", "raw",
+                                    "--duration", str(int(args.seconds)), "--pid", str(worker.pid),
+                                    "--output", str(profile_to)], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        time.sleep(max(0.0, end - time.monotonic()))
+        cpu1, loop1 = cpu_seconds(worker.pid), cpu_seconds(worker.pid, worker.pid)
+        for c in clients:
+            c.wait(timeout=120)
+        results = [json.loads((layout.root / f"client-{k}.json").read_text()) for k in range(len(clients))]
+        if spy is not None:
+            spy.wait(timeout=120)
+    finally:
+        for c in clients:
+            if c.poll() is None:
+                c.kill()
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        layout.remove()
+    counts = collections.Counter()
+    latencies = []
+    for r in results:
+        counts.update(r["counts"])
+        latencies += r["latencies"]
+    ok = counts.get("ok", 0)
+    refusals = collections.Counter()
+    for r in results:
+        refusals.update(r["refusals"])
+    latencies.sort()
+    pct = (lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3, 2)) if latencies else (
+        lambda q: None)
+    return {"requests_per_s": round(ok / args.seconds, 1), "worker_cpu_us_per_request": round(
+        (cpu1 - cpu0) / max(ok, 1) * 1e6, 1), "worker_cores_busy": round((cpu1 - cpu0) / args.seconds, 3),
+        # the event loop's thread (reading descriptors, admitting, writing answers) and the rest
+        # (the lanes: batching, the stand-in device's call, answers as arrays)
+        "loop_thread_us_per_request": round((loop1 - loop0) / max(ok, 1) * 1e6, 1),
+        "other_threads_us_per_request": round((cpu1 - cpu0 - loop1 + loop0) / max(ok, 1) * 1e6, 1),
+        "answers": dict(counts), "p50_ms": pct(0.5), "p99_ms": pct(0.99),
+        "mean_batch_size": round(statistics.mean(r["mean_batch"] for r in results), 1), "refusals": dict(refusals)}
+
+
+def top_functions(raw: Path, n: int = 25) -> dict:
+    """py-spy's raw (collapsed) stacks → the share of GIL-holding samples per function, self and total."""
+    own, total, samples = collections.Counter(), collections.Counter(), 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        k = int(count)
+        frames = [f.split(" (")[0] + " (" + f.split(" (")[1].split(":")[0] + ")" if " (" in f else f
+                  for f in stack.split(";")[1:]]  # the first frame is the thread
+        samples += k
+        if frames:
+            own[frames[-1]] += k
+        for f in set(frames):
+            total[f] += k
+    share = lambda c: {f: round(100 * v / max(samples, 1), 1) for f, v in c.most_common(n)}
+    return {"samples": samples, "self_percent": share(own), "total_percent": share(total)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--role", choices=("bench", "worker", "client"), default="bench")
+    p.add_argument("--layout")
+    p.add_argument("--start", type=float)
+    p.add_argument("--end", type=float)
+    p.add_argument("--result", help="where a client writes its counts")
+    p.add_argument("--rate", type=float, default=7000.0, help="the emulated device's images/s")
+    p.add_argument("--rows", type=int, default=20, help="detections per image")
+    p.add_argument("--max-batch", type=int, default=32)
+    p.add_argument("--max-wait-ms", type=float, default=2.0)
+    p.add_argument("--clients", type=int, default=2, help="client processes (HTTP workers' stand-ins)")
+    p.add_argument("--concurrency", type=int, default=32, help="requests in flight per client process")
+    p.add_argument("--links", type=int, default=7, help="connections to the worker per client process (each an "
+                   "HTTP worker's: its own ring and socket; the answers of a batch go out one frame per link)")
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--baseline", help="a git revision measured beside this tree, interleaved")
+    p.add_argument("--profile", action="store_true", help="one py-spy --gil recording per variant")
+    p.add_argument("--out")
+    args = p.parse_args()
+    if args.role != "bench":
+        sys.path.insert(0, os.environ.get("YOLOPIPE_CODE_TREE", str(ROOT)))
+        (run_worker if args.role == "worker" else run_client)(args)
+        return
+
+    sys.path.insert(0, str(ROOT))
+    from app.benchmark.machine import machine_info, versions
+
+    variants = {"this": ROOT}
+    scratch = Path(tempfile.mkdtemp(prefix="yolopipe-bench-"))
+    try:
+        if args.baseline:
+            rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline], check=True,
+                                 capture_output=True, text=True).stdout.strip()
+            variants = {f"baseline {rev}": export_tree(rev, scratch / "baseline"), "this": ROOT}
+        runs: dict[str, list[dict]] = {name: [] for name in variants}
+        for r in range(args.rounds):
+            for name, tree in variants.items():
+                result = measure(tree, args)
+                runs[name].append(result)
+                print(f"round {r + 1} {name}: {result}", file=sys.stderr, flush=True)
+        profiles = {}
+        if args.profile:
+            if shutil.which("py-spy") is None:
+                raise SystemExit("--profile needs py-spy on PATH")
+            for name, tree in variants.items():
+                raw = scratch / f"{name.split()[0]}.txt"
+                measure(tree, args, profile_to=raw)
+                profiles[name] = top_functions(raw) if raw.exists() else {"error": "py-spy wrote nothing"}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, check=False).stdout.strip()
+    summary = {name: {key: round(statistics.median(x[key] for x in rs), 2) for key in
+                      ("requests_per_s", "worker_cpu_us_per_request", "loop_thread_us_per_request",
+                       "other_threads_us_per_request", "worker_cores_busy", "p99_ms")} for name, rs in runs.items()}
+    out = {
+        "benchmark": "worker_host_cost",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {**machine_info(), "nproc": os.cpu_count(), "note": "shared with other jobs"},
+        "versions": versions(("numpy", "uvloop", "prometheus-client", "fastapi")),
+        "commit": commit,
+        "setup": {k: getattr(args, k) for k in ("rate", "rows", "max_batch", "max_wait_ms", "clients", "concurrency",
+                                                "links", "seconds", "warmup", "rounds")},
+        "image_bytes": len(_image()),
+        "median": summary,
+        "runs": runs,
+        "profiles": profiles,
+    }
+    text = json.dumps(out, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The inference worker's batcher on a real GPU pipeline: warm-up bucket by bucket, and a
+batch of JPEGs read from a shared-memory ring answered as the detector answers them."""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+
+import pytest
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    pytest.skip("the Numba CUDA simulator is on: these tests need a real GPU", allow_module_level=True)
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+
+from app.gpu.pack import bucket_sizes
+from app.imaging.check import check_image
+from app.ipc.answers import answers_frame, read_results
+from app.ipc.batcher import Batcher, Job
+from app.ipc.metrics import WorkerMetrics
+from app.ipc.ring import Ring, map_ring
+from app.ipc.wire import FrameReader, ImageRef
+from app.pipeline.detector import Detector
+
+
+def test_the_batcher_warms_each_bucket_and_answers_a_batch_as_the_detector_does(gpu, sample_model_dir, meta,
+                                                                                assets_dir, tmp_path):
+    pipeline = gpu.make_pipeline(sample_model_dir, meta, "fp16", max_batch=8, slots=2)
+    detector = Detector(pipeline)
+    answers: queue.Queue = queue.Queue()
+
+    def deliver(jobs, batch_answers):
+        for outcome in read_results(FrameReader().feed(answers_frame(batch_answers))[0][1])[1]:
+            answers.put(outcome)
+
+    steps: list[str] = []
+    batcher = Batcher(detector, max_batch=8, max_wait_ms=50, budget_s=60.0, deliver=deliver,
+                      metrics=WorkerMetrics("0"))
+    ring = Ring(tmp_path / "ring", 16 * 2**20)
+    try:
+        batcher.start((1, 8), steps.append, bucket_sizes(pipeline.max_batch))
+        buckets = bucket_sizes(pipeline.max_batch)
+        assert steps[: len(buckets)] == [f"compiling and capturing batch bucket {b} ({k} of {len(buckets)})"
+                                         for k, b in enumerate(buckets, 1)]
+        view = map_ring(ring.path)
+        images = [(assets_dir / name).read_bytes() for name in ("bus.jpg", "zidane.jpg")] * 3
+        jobs = []
+        for i, data in enumerate(images):
+            offset = ring.put(data)
+            ref = ImageRef(1, i, offset, len(data), time.monotonic() + 60, detector.params(), check_image(data))
+            jobs.append(Job("a", ref, view[offset : offset + len(data)]))
+        assert batcher.admit_many(jobs) == [None] * len(jobs)
+        got = sorted((answers.get(timeout=60) for _ in images), key=lambda o: o.index)
+        expected = detector.detect(images, detector.params())  # the same images in one batch of the same bucket
+        for o, e in zip(got, expected):
+            assert o.error is None and (o.width, o.height) == (e.width, e.height)
+            assert o.detections.to_json(detector.names) == e.detections.to_json(detector.names) != []
+    finally:
+        batcher.close(10.0)
+        ring.close()
+        pipeline.close()

@@ -1,0 +1,89 @@
+"""The inference pool's self-healing, with real worker processes (the CPU model) behind the
+real app: a worker whose device context dies exits for a restart, the pool starts it again,
+and /readyz says so meanwhile.
+
+The fault is injected into the real pipeline of the first generation of the worker (its
+``run`` raises CUDA's illegal-address error once the test drops a marker file in the run
+folder); the pool's processes start from ``_loses_its_device`` instead of ``worker_main``."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+import app.service.pool
+from app.config import Settings
+from app.service.http_worker import create_service_app
+from app.service.worker import EXIT_DEVICE_LOST, worker_main
+
+MARKER = "lose-the-device"
+
+
+def _loses_its_device(spec, settings, report, promote=None):
+    """``worker_main``, whose first generation loses its device once the marker file exists."""
+    import app.runtime
+
+    real_open = app.runtime.open_detector_from
+    marker = spec.layout.root / MARKER
+
+    def open_detector_from(settings):
+        detector = real_open(settings)
+        if spec.generation == 0:
+            real_run = detector.pipeline.run
+
+            def run(images, params):
+                if marker.exists():
+                    raise RuntimeError("CUDA error: an illegal memory access was encountered")
+                return real_run(images, params)
+
+            detector.pipeline.run = run
+        return detector
+
+    app.runtime.open_detector_from = open_detector_from
+    worker_main(spec, settings, report, promote)
+
+
+def _until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"{what}: not within {timeout:g} s")
+
+
+@pytest.mark.parametrize("standby", [False, True], ids=["restarted", "standby"])
+def test_a_worker_that_loses_its_device_is_restarted_and_readyz_goes_false_then_true(
+        standby, artifacts_dir, bus, monkeypatch, caplog):
+    monkeypatch.setattr(app.service.pool, "worker_main", _loses_its_device)
+    settings = Settings(weights="sample", backend="onnxruntime", artifacts_dir=artifacts_dir, standby=standby,
+                        max_wait_ms=1, request_timeout_s=20.0)
+    files = {"image": ("bus.jpg", bus, "image/jpeg")}
+    caplog.set_level(logging.ERROR, logger="yolopipe.serving")
+    with TestClient(create_service_app(settings)) as http:
+        inference = http.app.state.inference
+        assert http.get("/readyz").status_code == 200
+        first = http.post("/v1/detect", files=files)
+        assert first.status_code == 200 and first.json()["detections"]
+        if standby:
+            _until(lambda: inference.workers()[0]["standby_ready"], 120, "a standby warmed up")
+        (inference.layout.root / MARKER).touch()
+        pid = inference.workers()[0]["pid"]
+
+        failed = http.post("/v1/detect", files=files)
+        assert failed.status_code == 503 and failed.json()["error"]["code"] == "device_error"
+        not_ready = _until(lambda: (r := http.get("/readyz")).status_code == 503 and r, 30, "/readyz went false")
+        assert not_ready.json()["error"]["code"] == "not_ready"
+        _until(lambda: http.get("/readyz").status_code == 200, 120, "/readyz came back")
+
+        again = http.post("/v1/detect", files=files)
+        assert again.status_code == 200
+        assert again.json()["detections"] == first.json()["detections"]
+        worker = inference.workers()[0]
+        assert worker["pid"] != pid and worker["restarts"] == 1
+    ended = [r.getMessage() for r in caplog.records if "ended with exit code" in r.getMessage()]
+    assert ended and f"exit code {EXIT_DEVICE_LOST} " in ended[0], ended
