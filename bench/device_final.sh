@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The last GPU call of 2026-12-01's second session (about 3 minutes of device time were left):
 # the GPU tests of what changed (NV12 kernel and NVDEC into the pipeline, the pipeline's image
-# path, the folder path), then the folder benchmark with the real detector.
+# path, the folder path, the batcher on the GPU), then the folder benchmark with the real detector.
 #   carry: [".whlx/site.tar.xz", ".whlx/torch-cache.tgz", ".vid/pynvc-site.tar.xz", ".vid/dance-48f.mp4", ".cache", ".data"]
 #   bash bench/device_final.sh
 # Everything it writes goes under $OUT; the logs are written as they go, so a cut-off run keeps
@@ -17,7 +17,7 @@ export YOLOPIPE_NVDEC_CLIP=$PWD/.vid/dance-48f.mp4
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu-tests.log"
 
 timeout "${TESTS_TIMEOUT:-90}" python3 -m pytest tests/kernels/test_nv12_kernel.py tests/kernels/test_nv12_input.py \
-  tests/gpu/test_nvdec.py tests/gpu/test_gpu_pipeline.py tests/gpu/test_gpu_folder.py \
+  tests/gpu/test_nvdec.py tests/gpu/test_gpu_pipeline.py tests/gpu/test_gpu_folder.py tests/gpu/test_batcher_gpu.py \
   -q -rs -p no:cacheprovider --durations=15 2>&1 | tee -a "$OUT/gpu-tests.log" | tail -25
 
 timeout "${FOLDER_TIMEOUT:-150}" python3 bench/folder_plumbing.py --real --images .data/images --rounds 1 \

@@ -219,6 +219,8 @@ def detect_tables(
         compute=_actor_pool(ray, plan),
         num_gpus=1 if plan.gpu else None,
         num_cpus=1,
+        # Ray packs actors onto the node that asks first; "one per node" needs them spread.
+        scheduling_strategy="SPREAD",
     )
     try:
         yield from ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2)
