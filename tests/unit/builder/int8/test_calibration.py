@@ -214,7 +214,7 @@ def test_writing_a_model_leaves_the_root_logger_alone(calibrated, tmp_path):
 
     root = logging.getLogger()
     before = (root.level, list(root.filters), list(root.handlers))
-    ranges = Path(json.loads(int8_report_path(calibrated.model_dir).read_text())["ranges"])
+    ranges = Path(json.loads(int8_report_path(calibrated.model_dir).read_text())["ranges"]["cpu"])
     write_qdq_model(calibrated.onnx_path, tmp_path / "m.onnx", ranges, calibrated.method, target="cpu",
                     float_nodes=graph.float_nodes(onnx.load(str(calibrated.onnx_path))))
     assert (root.level, root.filters, root.handlers) == before
