@@ -19,7 +19,13 @@ Every model is scored against FP32 on the held-out folder through the serving pa
 NumPy NMS, boxes in original pixels; ``app.builder.int8.report``): F1 at conf 0.25 with its
 bootstrap 95 % interval. Then CPU latency at batch 1, all rows interleaved in one loop.
 
-    python bench/int8_libraries.py --data ../shared/data --modelopt-python /path/to/venv/bin/python
+Candidates (``candidates``, F1 only): what each of the TensorRT model's steps is worth, written
+from the default run's cached histograms and scored the same way (plain s8 with the CPU model's
+ranges, + the shift, + the shift's own-range mse, + bias correction; the installed model adds
+mixed precision), the same placement in u8 (unfused: the accuracy bound without zero points), and
+the CPU model with bias correction or with the TensorRT model's ranges.
+
+    python bench/int8_libraries.py --data ../shared/data --modelopt-python /path/to/venv/bin/python --tag -v2
 """
 
 from __future__ import annotations
@@ -93,6 +99,61 @@ def run_modelopt(python: str, fp32: Path, out: Path, inputs: list[np.ndarray], w
     return time.perf_counter() - t0
 
 
+def candidates(model_dir: Path, work: Path, calib_dir: Path) -> dict[str, Path]:
+    """The TensorRT model step by step, and CPU-model variants, from the default run's ranges."""
+    import onnx
+
+    from app.builder.int8 import graph
+    from app.builder.int8.bias import IMAGES, bias_errors, correct_biases
+    from app.builder.int8.qdq import write_qdq_model
+    from app.builder.int8.shift import shift_activations
+    from bench.int8_placement import write as write_u8
+
+    own = json.loads((model_dir / "int8_report.json").read_text())
+    fp32_path = model_dir / "model.onnx"
+    fp32 = onnx.load(str(fp32_path))
+    floats = graph.float_nodes(fp32)
+    paths = {t: Path(p) for t, p in own["ranges"].items()}
+    ranges = {t: _ranges(p) for t, p in paths.items()}
+    held = set(own["heldout_images"])
+    items = [i for i in list_items(calib_dir) if i.relative_name(calib_dir) not in held]
+    picks = items[:: max(1, len(items) // IMAGES)][:IMAGES]
+    batches = [to_input([image]) for _, image, _ in letterboxed(picks, 640)]
+    out: dict[str, Path] = {}
+
+    def write(name: str, ranges_path: Path, target: str, finish=None) -> None:
+        path = work / f"candidate-{len(out)}.onnx"
+        write_qdq_model(fp32_path, path, ranges_path, own["method"], target=target, float_nodes=floats)
+        if finish is not None:
+            onnx.save(finish(onnx.load(str(path))), str(path))
+        out[name] = path
+
+    write("TensorRT model: plain s8, the CPU model's |x| ranges (no shift, bias correction or mixed precision)",
+          paths["cpu"], "tensorrt")
+    write("TensorRT model: + shifted s8 (same ranges)", paths["cpu"], "tensorrt",
+          lambda m: shift_activations(m, ranges["cpu"])[0])
+    write("TensorRT model: + shifted s8, own-range mse", paths["tensorrt"], "tensorrt",
+          lambda m: shift_activations(m, ranges["tensorrt"])[0])
+
+    def corrected(m):
+        m = shift_activations(m, ranges["tensorrt"])[0]
+        return correct_biases(m, bias_errors(m, fp32, batches))
+
+    write("TensorRT model: + shifted s8, own-range mse, bias correction (before mixed precision)",
+          paths["tensorrt"], "tensorrt", corrected)
+    out["TensorRT placement in u8, |x| ranges (unfused, zero points: what the shift approaches)"] = write_u8(
+        fp32_path, work / "candidate-u8.onnx", ranges["cpu"], graph.CPU_OP_TYPES, floats, outputs=False)
+    write("CPU model + bias correction", paths["cpu"], "cpu",
+          lambda m: correct_biases(m, bias_errors(m, fp32, batches)))
+    write("CPU model with the TensorRT model's own-range mse ranges", paths["tensorrt"], "cpu")
+    return out
+
+
+def _ranges(path: Path) -> dict[str, tuple[float, float]]:
+    data = json.loads(path.read_text())["data"]
+    return {k: (float(v["lowest"]["data"]), float(v["highest"]["data"])) for k, v in data.items()}
+
+
 def figures(report) -> dict:
     return {"f1": round(report.f1, 4), "f1_ci95": [round(v, 4) for v in report.f1_ci95],
             "precision": round(report.precision, 4), "recall": round(report.recall, 4),
@@ -107,6 +168,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--tag", default="", help="appended to the result's file name (keeps an earlier run's file)")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="yolopipe-int8-libs-"))
     calib_dir = make_calibration(args.data, work / "calibration")
@@ -121,7 +183,7 @@ def main() -> None:
     for f in ("model.onnx", "meta.json", "weights.pt"):
         shutil.copyfile(sample / f, private / f)
     cli = [sys.executable, "-m", "app.cli", "calibrate", "--images", str(calib_dir), "--artifacts-dir", str(engines)]
-    rows, runs = {}, {}
+    rows, runs, extra_models = {}, {}, {}
     for label, extra in (("default options", []), ("--method percentile", ["--method", "percentile"])):
         t0 = time.perf_counter()
         proc = subprocess.run([*cli, *extra], capture_output=True, text=True, check=False)
@@ -139,6 +201,8 @@ def main() -> None:
             shutil.copyfile(private / name, kept)
             title = f"yolopipe {name}" + (" (TensorRT-bound, run in ORT)" if name == "model.int8.onnx" else "")
             rows[title + suffix] = {"path": kept, "calibration_s": seconds}
+        if not extra:  # before the next run replaces the report and its ranges
+            extra_models = candidates(private, work, calib_dir)
 
     fp32 = private / "model.onnx"
     fp32_b1 = batch1(fp32, work / "model-b1.onnx")
@@ -157,6 +221,10 @@ def main() -> None:
     for name, row in rows.items():
         row["heldout"] = figures(summarize(name, heldout.names, reference, detect(row["path"], heldout, batch=1)))
         print(name, row["heldout"], flush=True)
+    scored = {}
+    for name, path in extra_models.items():
+        scored[name] = figures(summarize(name, heldout.names, reference, detect(path, heldout, batch=1)))
+        print(name, scored[name], flush=True)
     latency = interleaved_latency({"fp32": fp32, **{name: row["path"] for name, row in rows.items()}},
                                   rounds=args.rounds)
     fp32_ms = latency["fp32"]["median_ms"]
@@ -182,11 +250,12 @@ def main() -> None:
                   "latency_ms": latency[name]["median_ms"], "latency_over_fp32": round(latency[name]["median_ms"] /
                                                                                         fp32_ms, 3)}
                  for name, row in rows.items()],
+        "candidates": [{"model": name, **row} for name, row in scored.items()],
         "fp32_latency_ms": latency["fp32"],
         "latency": latency,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{result['date']}-int8-libraries-cpu.json"
+    path = args.out / f"{result['date']}-int8-libraries-cpu{args.tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
     if args.work is None:
