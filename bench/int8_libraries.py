@@ -25,7 +25,7 @@ ranges, + the shift, + the shift's own-range mse, + bias correction; the install
 mixed precision), the same placement in u8 (unfused: the accuracy bound without zero points), and
 the CPU model with bias correction or with the TensorRT model's ranges.
 
-    python bench/int8_libraries.py --data ../shared/data --modelopt-python /path/to/venv/bin/python --tag -v2
+    python bench/int8_libraries.py --data ../shared/data --modelopt-python /path/to/venv/bin/python --tag=-v2
 """
 
 from __future__ import annotations
