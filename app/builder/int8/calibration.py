@@ -6,9 +6,11 @@
    the model's artifacts folder (``calibration/``) by settings and image contents, so a rerun or another method
    skips it.
 3. Each tensor's range from the histograms by the method (``thresholds.py``: entropy as
-   TensorRT does it, percentile, or max), saved in ONNX Runtime's calibration-cache format.
-4. Two Q/DQ models from those ranges (``qdq.py``): ``model.int8.onnx`` for TensorRT (s8) and
-   ``model.int8-cpu.onnx`` for ONNX Runtime on a CPU (u8 activations); the head tail and the
+   TensorRT does it, percentile, mse or max), saved in ONNX Runtime's calibration-cache format
+   (for mse one file per model: the TensorRT model's fits its shifted s8).
+4. Two Q/DQ models from those ranges (``qdq.py``): ``model.int8.onnx`` for TensorRT (s8, its
+   one-sided activations quantized shifted, ``shift.py``, and its biases corrected, ``bias.py``)
+   and ``model.int8-cpu.onnx`` for ONNX Runtime on a CPU (u8 activations); the head tail and the
    head's last Convs stay float (``graph.py``).
 5. Both against FP32 on the held-out images (``report.py``). Accuracy control (``mixed.py``):
    a model below the gate or below ``target_f1`` gets the sensitivity of its own layers measured
