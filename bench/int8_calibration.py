@@ -10,6 +10,8 @@ written and compared with FP32 on the held-out images (the report ``calibrate`` 
 default method's sensitivity per Conv on a few held-out images, and mixed precision: the most
 sensitive Convs kept float, one by one, up to a cap. The CPU is shared with other work: timings
 are what this machine gave at that moment (the result file says so, with the load average).
+The mixed-precision steps rewrite the TensorRT model plain (no shifted s8, no bias correction):
+what those are worth is in ``bench/int8_libraries.py``'s candidates.
 
     python bench/int8_calibration.py [--data ../shared/data] [--calibration 512] [--max-float 6]
 """
