@@ -10,6 +10,8 @@ written and compared with FP32 on the held-out images (the report ``calibrate`` 
 default method's sensitivity per Conv on a few held-out images, and mixed precision: the most
 sensitive Convs kept float, one by one, up to a cap. The CPU is shared with other work: timings
 are what this machine gave at that moment (the result file says so, with the load average).
+The mixed-precision steps rewrite the TensorRT model plain (no shifted s8, no bias correction):
+what those are worth is in ``bench/int8_libraries.py``'s candidates.
 
     python bench/int8_calibration.py [--data ../shared/data] [--calibration 512] [--max-float 6]
 """
@@ -62,7 +64,7 @@ def mixed_precision(result, heldout, *, images: int, cap: int, target: float, co
     model = onnx.load(str(result.onnx_path))
     keep = graph.float_nodes(model)
     layers, flops = graph.conv_layers(model, keep), graph.conv_flops(model)
-    ranges = Path(json.loads(result.report_path.read_text())["ranges"])
+    ranges = {t: Path(p) for t, p in json.loads(result.report_path.read_text())["ranges"].items()}
     t0 = time.perf_counter()
     base, ranked = layer_sensitivity(result.onnx_path, result.tensorrt_qdq_path, layers, heldout.subset(images), flops)
     sensitivity_s = time.perf_counter() - t0
@@ -70,7 +72,7 @@ def mixed_precision(result, heldout, *, images: int, cap: int, target: float, co
     steps, chosen = [], []
 
     def evaluate(target: str, path: Path) -> dict:
-        write_qdq_model(result.onnx_path, path, ranges, result.method, target=target, float_nodes=keep + chosen)
+        write_qdq_model(result.onnx_path, path, ranges[target], result.method, target=target, float_nodes=keep + chosen)
         report = summarize(path.name, heldout.names, fp32, detect(path, heldout))
         return {"f1": round(report.f1, 4), "f1_ci95": [round(v, 4) for v in report.f1_ci95],
                 "f1_conf01": round(report.f1_conf01, 4), "lost_all": len(report.lost_all)}
@@ -90,7 +92,7 @@ def mixed_precision(result, heldout, *, images: int, cap: int, target: float, co
 
         cpu_path, all_int8 = Path(tmp) / "cpu.onnx", Path(tmp) / "cpu-all-int8.onnx"
         cpu = evaluate("cpu", cpu_path)
-        write_qdq_model(result.onnx_path, all_int8, ranges, result.method, target="cpu", float_nodes=keep)
+        write_qdq_model(result.onnx_path, all_int8, ranges["cpu"], result.method, target="cpu", float_nodes=keep)
         latency = interleaved_latency({"fp32": result.onnx_path, "int8": all_int8, "int8-mixed": cpu_path}, rounds=20)
     return {"method": result.method, "sensitivity_images": images, "sensitivity_s": round(sensitivity_s, 1),
             "int8_f1_conf01_on_those_images": round(base, 4), "ranked": [s.to_json() for s in ranked],

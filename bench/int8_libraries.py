@@ -7,8 +7,9 @@ on, crops, degraded frames, photos shipped in packages and their variants), neve
 Rows, each calibrated on the same 84 images with the same letterbox:
 
 * yolopipe: ``yolopipe calibrate --images <84>`` with default options (the CLI, timed; its own
-  report holds out 42 of the 84), both installed models; then ``--method percentile`` (the same
-  histograms, from the cache);
+  report holds out 42 of the 84), both installed models; then ``--max-float-layers 12`` (a larger
+  float budget for accuracy control; histograms and sensitivities from the cache) and
+  ``--method percentile`` (the same histograms);
 * NNCF PTQ (``nncf.quantize``, performance preset), the head tail and Sigmoid ignored as
   Ultralytics' OpenVINO export ignores them (its patterns, on the ONNX node names);
 * ModelOpt ONNX PTQ (``python -m modelopt.onnx.quantization``, int8, entropy, CPU calibration), run
@@ -19,7 +20,13 @@ Every model is scored against FP32 on the held-out folder through the serving pa
 NumPy NMS, boxes in original pixels; ``app.builder.int8.report``): F1 at conf 0.25 with its
 bootstrap 95 % interval. Then CPU latency at batch 1, all rows interleaved in one loop.
 
-    python bench/int8_libraries.py --data ../shared/data --modelopt-python /path/to/venv/bin/python
+Candidates (``candidates``, F1 only): what each of the TensorRT model's steps is worth, written
+from the default run's cached histograms and scored the same way (plain s8 with the CPU model's
+ranges, + the shift, + the shift's own-range mse, + bias correction; the installed model adds
+mixed precision), the same placement in u8 (unfused: the accuracy bound without zero points), and
+the CPU model with bias correction or with the TensorRT model's ranges.
+
+    python bench/int8_libraries.py --data ../shared/data --modelopt-python /path/to/venv/bin/python --tag=-v2
 """
 
 from __future__ import annotations
@@ -93,6 +100,69 @@ def run_modelopt(python: str, fp32: Path, out: Path, inputs: list[np.ndarray], w
     return time.perf_counter() - t0
 
 
+def candidates(model_dir: Path, work: Path, calib_dir: Path) -> dict[str, Path]:
+    """The TensorRT model step by step, and CPU-model variants, from the default run's ranges."""
+    import onnx
+    from onnxruntime.quantization.calibrate import save_tensors_data
+
+    from app.builder.int8 import graph
+    from app.builder.int8.bias import IMAGES, bias_errors, correct_biases
+    from app.builder.int8.histograms import load_histograms
+    from app.builder.int8.qdq import write_qdq_model
+    from app.builder.int8.shift import shift_activations
+    from app.builder.int8.thresholds import compute_ranges, silu_preactivation_ranges, to_tensors_data
+    from bench.int8_placement import write as write_u8
+
+    own = json.loads((model_dir / "int8_report.json").read_text())
+    fp32_path = model_dir / "model.onnx"
+    fp32 = onnx.load(str(fp32_path))
+    floats = graph.float_nodes(fp32)
+    paths = {t: Path(p) for t, p in own["ranges"].items()}
+    ranges = {t: _ranges(p) for t, p in paths.items()}
+    held = set(own["heldout_images"])
+    items = [i for i in list_items(calib_dir) if i.relative_name(calib_dir) not in held]
+    picks = items[:: max(1, len(items) // IMAGES)][:IMAGES]
+    batches = [to_input([image]) for _, image, _ in letterboxed(picks, 640)]
+    out: dict[str, Path] = {}
+
+    def write(name: str, ranges_path: Path, target: str, finish=None) -> None:
+        path = work / f"candidate-{len(out)}.onnx"
+        write_qdq_model(fp32_path, path, ranges_path, own["method"], target=target, float_nodes=floats)
+        if finish is not None:
+            onnx.save(finish(onnx.load(str(path))), str(path))
+        out[name] = path
+
+    write("TensorRT model: plain s8, the CPU model's |x| ranges (no shift, bias correction or mixed precision)",
+          paths["cpu"], "tensorrt")
+    write("TensorRT model: + shifted s8 (same ranges)", paths["cpu"], "tensorrt",
+          lambda m: shift_activations(m, ranges["cpu"])[0])
+    write("TensorRT model: + shifted s8, own-range mse", paths["tensorrt"], "tensorrt",
+          lambda m: shift_activations(m, ranges["tensorrt"])[0])
+
+    def corrected(m):
+        m = shift_activations(m, ranges["tensorrt"])[0]
+        return correct_biases(m, bias_errors(m, fp32, batches))
+
+    write("TensorRT model: + shifted s8, own-range mse, bias correction (before mixed precision)",
+          paths["tensorrt"], "tensorrt", corrected)
+    out["TensorRT placement in u8, |x| ranges (unfused, zero points: what the shift approaches)"] = write_u8(
+        fp32_path, work / "candidate-u8.onnx", ranges["cpu"], graph.CPU_OP_TYPES, floats, outputs=False)
+    write("CPU model + bias correction", paths["cpu"], "cpu",
+          lambda m: correct_biases(m, bias_errors(m, fp32, batches)))
+    write("CPU model with the TensorRT model's own-range mse ranges", paths["tensorrt"], "cpu")
+    # Pre-activations clipped where SiLU's output moves by under 1/8 of its step, not 1/2 (-c lower).
+    raw = compute_ranges(load_histograms(Path(own["cache"])), own["method"], full_range=["images"])
+    finer = silu_preactivation_ranges(raw, graph.silu_pairs(fp32), levels=4 * 255)
+    save_tensors_data(to_tensors_data(finer, own["method"]), work / "candidate-floor.json")
+    write("CPU model, pre-activations clipped at a 4x smaller SiLU error (-c lower)", work / "candidate-floor.json", "cpu")
+    return out
+
+
+def _ranges(path: Path) -> dict[str, tuple[float, float]]:
+    data = json.loads(path.read_text())["data"]
+    return {k: (float(v["lowest"]["data"]), float(v["highest"]["data"])) for k, v in data.items()}
+
+
 def figures(report) -> dict:
     return {"f1": round(report.f1, 4), "f1_ci95": [round(v, 4) for v in report.f1_ci95],
             "precision": round(report.precision, 4), "recall": round(report.recall, 4),
@@ -107,6 +177,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--tag", default="", help="appended to the result's file name (keeps an earlier run's file)")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="yolopipe-int8-libs-"))
     calib_dir = make_calibration(args.data, work / "calibration")
@@ -121,8 +192,9 @@ def main() -> None:
     for f in ("model.onnx", "meta.json", "weights.pt"):
         shutil.copyfile(sample / f, private / f)
     cli = [sys.executable, "-m", "app.cli", "calibrate", "--images", str(calib_dir), "--artifacts-dir", str(engines)]
-    rows, runs = {}, {}
-    for label, extra in (("default options", []), ("--method percentile", ["--method", "percentile"])):
+    rows, runs, extra_models = {}, {}, {}
+    for label, extra in (("default options", []), ("--max-float-layers 12", ["--max-float-layers", "12"]),
+                         ("--method percentile", ["--method", "percentile"])):
         t0 = time.perf_counter()
         proc = subprocess.run([*cli, *extra], capture_output=True, text=True, check=False)
         seconds = time.perf_counter() - t0
@@ -139,6 +211,8 @@ def main() -> None:
             shutil.copyfile(private / name, kept)
             title = f"yolopipe {name}" + (" (TensorRT-bound, run in ORT)" if name == "model.int8.onnx" else "")
             rows[title + suffix] = {"path": kept, "calibration_s": seconds}
+        if not extra:  # before the next run replaces the report and its ranges
+            extra_models = candidates(private, work, calib_dir)
 
     fp32 = private / "model.onnx"
     fp32_b1 = batch1(fp32, work / "model-b1.onnx")
@@ -157,6 +231,10 @@ def main() -> None:
     for name, row in rows.items():
         row["heldout"] = figures(summarize(name, heldout.names, reference, detect(row["path"], heldout, batch=1)))
         print(name, row["heldout"], flush=True)
+    scored = {}
+    for name, path in extra_models.items():
+        scored[name] = figures(summarize(name, heldout.names, reference, detect(path, heldout, batch=1)))
+        print(name, scored[name], flush=True)
     latency = interleaved_latency({"fp32": fp32, **{name: row["path"] for name, row in rows.items()}},
                                   rounds=args.rounds)
     fp32_ms = latency["fp32"]["median_ms"]
@@ -175,18 +253,20 @@ def main() -> None:
         "heldout_set": f"{len(heldout)} images of another distribution (bench/int8_heldout.py), "
                        f"{rows[next(iter(rows))]['heldout']['fp32_boxes']} FP32 boxes at conf 0.25",
         "yolopipe_command": "yolopipe calibrate --images <84 images> (default method mse; then again with "
-                            "--method percentile, which reads the first run's histogram cache)",
+                            "--max-float-layers 12 and with --method percentile, which read the first run's "
+                            "histogram cache)",
         "yolopipe_runs": runs,
         "goal": "F1 >= 0.97 vs FP32 on the other distribution for both yolopipe models; CPU model <= 0.7x FP32",
         "rows": [{"model": name, "calibration_s": round(row["calibration_s"], 1), **row["heldout"],
                   "latency_ms": latency[name]["median_ms"], "latency_over_fp32": round(latency[name]["median_ms"] /
                                                                                         fp32_ms, 3)}
                  for name, row in rows.items()],
+        "candidates": [{"model": name, **row} for name, row in scored.items()],
         "fp32_latency_ms": latency["fp32"],
         "latency": latency,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{result['date']}-int8-libraries-cpu.json"
+    path = args.out / f"{result['date']}-int8-libraries-cpu{args.tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
     if args.work is None:

@@ -6,9 +6,11 @@
    the model's artifacts folder (``calibration/``) by settings and image contents, so a rerun or another method
    skips it.
 3. Each tensor's range from the histograms by the method (``thresholds.py``: entropy as
-   TensorRT does it, percentile, or max), saved in ONNX Runtime's calibration-cache format.
-4. Two Q/DQ models from those ranges (``qdq.py``): ``model.int8.onnx`` for TensorRT (s8) and
-   ``model.int8-cpu.onnx`` for ONNX Runtime on a CPU (u8 activations); the head tail and the
+   TensorRT does it, percentile, mse or max), saved in ONNX Runtime's calibration-cache format
+   (for mse one file per model: the TensorRT model's fits its shifted s8).
+4. Two Q/DQ models from those ranges (``qdq.py``): ``model.int8.onnx`` for TensorRT (s8, its
+   one-sided activations quantized shifted, ``shift.py``, and its biases corrected, ``bias.py``)
+   and ``model.int8-cpu.onnx`` for ONNX Runtime on a CPU (u8 activations); the head tail and the
    head's last Convs stay float (``graph.py``).
 5. Both against FP32 on the held-out images (``report.py``). Accuracy control (``mixed.py``):
    a model below the gate or below ``target_f1`` gets the sensitivity of its own layers measured
@@ -33,6 +35,8 @@ from app.artifacts.int8 import (
     sensitivity_cache_path,
 )
 from app.builder.int8 import graph, mixed
+from app.builder.int8.bias import IMAGES as BIAS_IMAGES
+from app.builder.int8.bias import bias_errors, correct_biases
 from app.builder.int8.histograms import HISTOGRAM_BINS, OVERSAMPLE, load_histograms, save_histograms
 from app.builder.int8.images import (
     ADVISED_CALIBRATION,
@@ -48,7 +52,7 @@ from app.builder.int8.images import (
     warn,
 )
 from app.builder.int8.mixed import PLACEMENT_VERSION, Outcome, accuracy_control, sensitivity_key
-from app.builder.int8.qdq import write_qdq_model
+from app.builder.int8.qdq import TARGETS, write_qdq_model
 from app.builder.int8.report import HeldOut, Int8Report, detect, print_report, save_report, summarize
 from app.builder.int8.sensitivity import (
     MAX_FLOAT_LAYERS,
@@ -57,6 +61,7 @@ from app.builder.int8.sensitivity import (
     flops_share,
     noise_ratios,
 )
+from app.builder.int8.shift import shift_activations
 from app.builder.int8.thresholds import (
     ENTROPY_LEVELS,
     ENTROPY_START_BIN,
@@ -68,6 +73,7 @@ from app.builder.int8.thresholds import (
     to_tensors_data,
 )
 from app.errors import AccuracyGateFailed, CalibrationError
+from app.imaging.letterbox import to_input
 
 # mse: the TensorRT model's F1 on another distribution 0.935 → 0.960 over percentile, the CPU
 # model's 0.965 → 0.967 (bench/results/2026-12-01-int8-libraries-cpu.json); entropy clips SiLU outputs hard.
@@ -128,11 +134,11 @@ def _settings_key() -> str:
     return f"{HISTOGRAM_BINS}x{OVERSAMPLE}all"  # every float activation, the head tail's too
 
 
-def _method_key(method: str) -> str:
+def _method_key(method: str, target: str) -> str:
     if method == "entropy":
         return f"entropy-trt{HISTOGRAM_BINS}s{ENTROPY_START_BIN}q{ENTROPY_LEVELS}-silu"
-    if method == "mse":
-        return f"mse{MSE_CANDIDATES}-silu"
+    if method == "mse":  # the TensorRT model's fits each tensor's own (shifted) range
+        return f"mse{MSE_CANDIDATES}{'own' if target == 'tensorrt' else ''}-silu"
     return f"percentile{PERCENTILE}-silu" if method == "percentile" else f"{method}-silu"  # silu: pre-activations fitted
 
 
@@ -248,10 +254,14 @@ def calibrate(
     t2 = time.perf_counter()
     from onnxruntime.quantization.calibrate import save_tensors_data
 
-    ranges_path = calibration_cache_path(onnx_sha, _method_key(method), digest, cache_root)
     inputs = [i.name for i in model.graph.input]
-    ranges = silu_preactivation_ranges(compute_ranges(histograms, method, full_range=inputs), graph.silu_pairs(model))
-    save_tensors_data(to_tensors_data(ranges, method), ranges_path)
+    pairs = graph.silu_pairs(model)
+    ranges, ranges_paths = {}, {}
+    for target in TARGETS:  # the TensorRT model's mse fits its shifted s8 (shift.py), the CPU model's |x|
+        ranges[target] = silu_preactivation_ranges(
+            compute_ranges(histograms, method, full_range=inputs, own_range=target == "tensorrt"), pairs)
+        ranges_paths[target] = calibration_cache_path(onnx_sha, _method_key(method, target), digest, cache_root)
+        save_tensors_data(to_tensors_data(ranges[target], method), ranges_paths[target])
     timings["ranges_s"] = time.perf_counter() - t2
 
     finals = {"tensorrt": int8_qdq_model_path(model_dir), "cpu": int8_cpu_model_path(model_dir, must_exist=False)}
@@ -264,9 +274,20 @@ def calibrate(
         return summarize(finals[target].name, heldout.names, fp32_dets, detect(path, heldout),
                          min_boxes=min_report_boxes, min_images=min(holdout, HOLDOUT))
 
-    reports = {}
+    reports, bases, finishers, shifted = {}, {}, {}, {}
     for target, path in temps.items():
-        write_qdq_model(onnx_path, path, ranges_path, method, target=target, float_nodes=keep_float)
+        write_qdq_model(onnx_path, path, ranges_paths[target], method, target=target, float_nodes=keep_float)
+        if target == "tensorrt":
+            # One-sided activations quantized shifted (shift.py), then bias correction (bias.py);
+            # mixed precision reverts layers in the written model and finishes each copy the same way.
+            t_bias = time.perf_counter()
+            bases[target] = onnx.load(str(path))
+            finished, shifted = shift_activations(bases[target], ranges[target])
+            picks = calib_used[:: max(1, len(calib_used) // BIAS_IMAGES)][:BIAS_IMAGES]
+            errors = bias_errors(finished, model, [to_input([im]) for _, im, _ in letterboxed(picks, imgsz)])
+            finishers[target] = lambda m, r=ranges[target], e=errors: correct_biases(shift_activations(m, r)[0], e)
+            onnx.save(correct_biases(finished, errors), str(path))
+            timings["bias_correction_s"] = time.perf_counter() - t_bias
         reports[target] = evaluate(target, path)
     timings["write_and_report_s"] = time.perf_counter() - t3
 
@@ -284,13 +305,14 @@ def calibrate(
             continue
         from app.builder.int8.collect import with_progress
 
-        key = sensitivity_key(onnx_sha, ranges_path.name, target, PLACEMENT_VERSION, sorted(keep_float), held_key,
+        key = sensitivity_key(onnx_sha, ranges_paths[target].name, target, PLACEMENT_VERSION, sorted(keep_float), held_key,
                               subset.names)
         outcomes[target] = accuracy_control(
             target, path, onnx_path, reports[target], subset, lambda p, t=target: evaluate(t, p),
             lambda r: good_enough(r, min_f1, target_f1), skip_nodes=keep_float, flops=flops,
             cap=max_float_layers, cache_path=sensitivity_cache_path(key, target, cache_root), console=console,
-            noise=lambda layers, t=target: noise_ratios(model, histograms, ranges, t, layers),
+            noise=lambda layers, t=target: noise_ratios(model, histograms, ranges[t], t, layers),
+            base_model=bases.get(target), finish=finishers.get(target),
             progress=lambda seq, n, label: with_progress(seq, n, label, console))
         reports[target] = outcomes[target].report
     if outcomes:
@@ -333,7 +355,8 @@ def calibrate(
                           "held out of --images (same cameras and scenes as the calibration: overestimates)",
         "cache": str(cache_path),
         "cache_hit": cache_hit,
-        "ranges": str(ranges_path),
+        "ranges": {target: str(path) for target, path in ranges_paths.items()},
+        "tensorrt_shifted_activations": len(shifted),
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
         **report.to_json(),
         "cpu_variant": cpu_report.to_json(),

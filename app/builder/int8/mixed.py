@@ -25,7 +25,7 @@ from app.builder.int8.sensitivity import (
     with_reverted,
 )
 
-PLACEMENT_VERSION = "v2"  # bump when the Q/DQ placement changes: cached sensitivities are then stale
+PLACEMENT_VERSION = "v3"  # bump when the Q/DQ placement changes: cached sensitivities are then stale
 # The CPU model's reverted layers run unfused at FP32 speed, and SiLU in float already puts it at
 # 0.66x FP32: 4.8 % of the FLOPs reverted made 0.72x, with no gain on another distribution
 # (bench/results/2026-12-01-int8-cpu-placement-cpu-mixed-on.json). So off by default; raise it to try.
@@ -61,17 +61,22 @@ def accuracy_control(target: str, qdq_path: Path, fp32_path: Path, report: Int8R
                      evaluate: Callable[[Path], Int8Report], done: Callable[[Int8Report], bool], *,
                      skip_nodes: Sequence[str], flops: dict[str, int], cap: int, cache_path: Path,
                      noise: Callable[[list[str]], dict[str, float]] | None = None,
+                     base_model=None, finish: Callable | None = None,
                      console=None, progress: Callable = iter) -> Outcome:
     """Revert the most sensitive layers of the model at ``qdq_path`` (rewritten in place) until
     ``done(report)`` or the cap: ``cap`` layers, and for the CPU model ``MAX_CPU_FLOAT_SHARE`` of the
     FLOPs (its float Convs run at FP32 speed).
 
     ``noise`` (layers → rounding noise over signal) shortlists the layers measured on images.
+    ``base_model``: the Q/DQ model layers are reverted in (default: the file at ``qdq_path``);
+    ``finish``: applied to every reverted copy before it is run or saved (the TensorRT model's
+    activation shift, ``shift.py``, is applied after the reverting).
     The cap is tried first (one evaluation on the held-out images); if it reaches the target,
     the fewest layers that still do are found by bisection (a few more)."""
     import onnx
 
-    base = onnx.load(str(qdq_path))
+    base = base_model if base_model is not None else onnx.load(str(qdq_path))
+    finish = finish or (lambda model: model)
     ranked = load_sensitivity(cache_path)
     hit = ranked is not None
     if hit:
@@ -84,7 +89,7 @@ def accuracy_control(target: str, qdq_path: Path, fp32_path: Path, report: Int8R
         _print(console, f"{target} model: measuring the sensitivity of {len(layers)} Convs on {len(subset)} "
                         "held-out images")
         _, ranked = layer_sensitivity(fp32_path, qdq_path, layers, subset, flops, target=target,
-                                      progress=lambda seq: progress(seq, len(layers), f"sensitivity ({target})"))
+                                      base_model=base, finish=finish, progress=lambda seq: progress(seq, len(layers), f"sensitivity ({target})"))
         save_sensitivity(cache_path, ranked, {"target": target, "images": subset.names})
     order: list[str] = []
     for layer in (s.layer for s in ranked):
@@ -97,7 +102,7 @@ def accuracy_control(target: str, qdq_path: Path, fp32_path: Path, report: Int8R
     on_disk = [0]
 
     def attempt(k: int) -> Int8Report:
-        onnx.save(with_reverted(base, target, order[:k]), str(qdq_path))
+        onnx.save(finish(with_reverted(base, target, order[:k])), str(qdq_path))
         on_disk[0] = k
         tried[k] = evaluate(qdq_path)
         r = tried[k]
@@ -115,7 +120,7 @@ def accuracy_control(target: str, qdq_path: Path, fp32_path: Path, report: Int8R
             lo, hi = (lo, mid) if done(attempt(mid)) else (mid, hi)
         best = hi
     if on_disk[0] != best:  # the file installed is the one chosen
-        onnx.save(with_reverted(base, target, order[:best]), str(qdq_path))
+        onnx.save(finish(with_reverted(base, target, order[:best])), str(qdq_path))
     return Outcome(tried[best], order[:best], list(ranked), hit)
 
 

@@ -8,7 +8,8 @@ Two models come from the same ranges:
   weights, Q/DQ on the inputs (not the outputs) of Conv, Add, Concat, MaxPool and Resize (the
   placement NVIDIA's ModelOpt uses; SiLU stays float), float weights with a Q→DQ pair and a
   float bias: TensorRT's parser refuses a DequantizeLinear fed by an int32 bias
-  (onnx-tensorrt#850, onnxruntime#14229).
+  (onnx-tensorrt#850, onnxruntime#14229). ``calibration.py`` then quantizes its one-sided
+  activations shifted (``shift.py``) and corrects its biases (``bias.py``).
 * ``target="cpu"``: u8 asymmetric activations (ORT's fast kernels; s8 symmetric Q/DQ runs
   ~1.3x slower than FP32 on a CPU), s8 per-channel weights, Q/DQ on the inputs and outputs of
   the same ops, so that ORT fuses QLinearConv, QLinearAdd and QLinearConcat. Not on SiLU's

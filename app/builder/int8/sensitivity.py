@@ -132,9 +132,10 @@ def noise_ratios(fp32_model, histograms: dict, ranges: dict[str, tuple[float, fl
                  layers: Sequence[str]) -> dict[str, float]:
     """Each layer's rounding noise over signal, from the calibration histograms alone: the
     quantized tensor's step² / 12 over the mean square of the activation it becomes (TensorRT: the
-    Conv input, s8 symmetric; CPU: the pre-activation, u8 over its range, against SiLU's output).
+    Conv input, s8 symmetric, shifted when one-sided; CPU: the pre-activation, u8 over its range, against SiLU's output).
     A cheap first ranking: only the ``SHORTLIST`` highest are measured on images."""
     from app.builder.int8.graph import silu_pairs
+    from app.builder.int8.shift import shift_of
 
     pairs = silu_pairs(fp32_model)
     nodes = {n.name: n for n in fp32_model.graph.node}
@@ -146,7 +147,11 @@ def noise_ratios(fp32_model, histograms: dict, ranges: dict[str, tuple[float, fl
         if tensor not in ranges or signal_tensor not in histograms:
             continue
         lo, hi = ranges[tensor]
-        step = max(abs(lo), abs(hi)) / 127 if target == "tensorrt" else (hi - min(lo, 0.0)) / 255
+        if target == "tensorrt":
+            shifted = shift_of(lo, hi)
+            step = shifted[0] if shifted else max(abs(lo), abs(hi)) / 127
+        else:
+            step = (hi - min(lo, 0.0)) / 255
         h = histograms[signal_tensor]
         centers = (np.arange(h.counts.size) + 0.5) * h.width
         signal = float((h.counts * centers**2).sum() / max(h.counts.sum(), 1))
@@ -165,14 +170,17 @@ def _scores_and_detections(session: OrtModel, subset: HeldOut):
 
 
 def layer_sensitivity(fp32_path: Path, qdq_path: Path, layers: Sequence[str], subset: HeldOut,
-                      flops: dict[str, int], *, target: str = "tensorrt",
+                      flops: dict[str, int], *, target: str = "tensorrt", base_model=None,
+                      finish: Callable | None = None,
                       progress: Callable = iter) -> tuple[float, list[LayerSensitivity]]:
     """The INT8 model's F1 at conf 0.1 on ``subset``, and each layer alone reverted (the
-    ``target``'s way), most sensitive (least score error left) first."""
+    ``target``'s way), most sensitive (least score error left) first. ``base_model`` and ``finish``:
+    as in ``mixed.accuracy_control`` (the layer is reverted in ``base_model``, then ``finish`` runs)."""
     import onnx
 
     fp32_scores, fp32_dets = _scores_and_detections(OrtModel(fp32_path), subset)
-    qdq = onnx.load(str(qdq_path))
+    qdq = base_model if base_model is not None else onnx.load(str(qdq_path))
+    finish = finish or (lambda model: model)
 
     def measure(session: OrtModel) -> tuple[float, float]:
         scores, dets = _scores_and_detections(session, subset)
@@ -185,7 +193,7 @@ def layer_sensitivity(fp32_path: Path, qdq_path: Path, layers: Sequence[str], su
     base_f1, _ = measure(OrtModel(qdq_path))
     out = []
     for layer in progress(layers):
-        agree, error = measure(OrtModel(REVERT[target](qdq, layer).SerializeToString()))
+        agree, error = measure(OrtModel(finish(REVERT[target](qdq, layer)).SerializeToString()))
         out.append(LayerSensitivity(layer, agree, error, flops.get(layer, 0) / 1e9))
     return base_f1, sorted(out, key=lambda s: (s.score_error, -s.f1))
 

@@ -21,7 +21,8 @@ symmetric around zero quantized to 256 levels, a search starting at 1/8 of the r
 range fixed by the first image (see ``histograms.py``).
 
 Percentile: the smallest bin edge with at least ``percentile`` % of ``|x|`` below it. Max: the
-largest ``|x|``. MSE: the threshold with the least rounding-plus-clipping squared error in s8. Every threshold ``T`` becomes the range ``[max(min x, -T), min(max x, T)]``:
+largest ``|x|``. MSE: the threshold with the least rounding-plus-clipping squared error on the grid the
+tensor gets. Every threshold ``T`` becomes the range ``[max(min x, -T), min(max x, T)]``:
 symmetric int8 (TensorRT) uses ``max(|lo|, |hi|) = T``; the CPU model's u8 keeps the one-sided
 range of post-SiLU tensors.
 """
@@ -66,17 +67,20 @@ def percentile_threshold(h: AbsHistogram, percentile: float = PERCENTILE) -> flo
     return min((index + 1) * h.width, h.amax)
 
 
-def mse_threshold(h: AbsHistogram, levels: int = 127) -> float:
-    """The threshold of least mean squared error, rounding inside plus clipping beyond, for
-    ``levels`` steps per side (s8 symmetric); every bin's values taken at its centre."""
+def mse_threshold(h: AbsHistogram, *, own_range: bool = False, steps: int = 254) -> float:
+    """The threshold ``T`` of least mean squared error, rounding inside plus clipping beyond, every
+    bin's values taken at its centre. ``own_range``: the tensor is quantized over its own range
+    ``[max(lowest, -T), min(highest, T)]`` in ``steps`` steps, as the TensorRT model's shifted s8
+    does (``shift.py``); else over ``[-T, T]`` (plain s8, ``T / 127`` steps)."""
     total = h.counts.sum()
     if h.width == 0.0 or total == 0:
         return h.amax
     counts = h.counts.astype(np.float64)
     centres = (np.arange(counts.size) + 0.5) * h.width
+    below, above = (max(0.0, -h.lowest), max(0.0, h.highest)) if own_range else (np.inf, np.inf)
     best, best_t = np.inf, h.amax
     for t in np.linspace(h.amax / MSE_CANDIDATES, h.amax, MSE_CANDIDATES):
-        step = t / levels
+        step = (min(below, t) + min(above, t)) / steps
         error = np.where(centres <= t, centres - np.round(centres / step) * step, centres - t)
         mse = float((counts * error**2).sum())
         if mse < best:
@@ -84,32 +88,34 @@ def mse_threshold(h: AbsHistogram, levels: int = 127) -> float:
     return best_t
 
 
-def threshold(h: AbsHistogram, method: str) -> float:
+def threshold(h: AbsHistogram, method: str, *, own_range: bool = False) -> float:
     if method == "entropy":
         return entropy_threshold(h)
     if method == "percentile":
         return percentile_threshold(h)
     if method == "mse":
-        return mse_threshold(h)
+        return mse_threshold(h, own_range=own_range)
     if method == "max":
         return h.amax
     raise CalibrationError(f"unknown calibration method {method!r}; choose one of {', '.join(METHODS)}")
 
 
-def tensor_range(h: AbsHistogram, method: str) -> tuple[float, float]:
+def tensor_range(h: AbsHistogram, method: str, *, own_range: bool = False) -> tuple[float, float]:
     """``[lo, hi]`` for one tensor: the seen range clipped to ``±threshold``."""
-    t = threshold(h, method)
+    t = threshold(h, method, own_range=own_range)
     return max(h.lowest, -t), min(h.highest, t)
 
 
 def compute_ranges(histograms: dict[str, AbsHistogram], method: str, *,
-                   full_range: Sequence[str] = ()) -> dict[str, tuple[float, float]]:
+                   full_range: Sequence[str] = (), own_range: bool = False) -> dict[str, tuple[float, float]]:
     """Every tensor's range by ``method``; the ``full_range`` tensors (the model input) keep all
-    they span. The input is a letterboxed image in [0, 1] whose pad value, 114/255 = 0.447, is the
+    they span. ``own_range``: mse fits each tensor quantized over its own range (the TensorRT model's
+    shifted s8), not over ``[-T, T]``. The input is a letterboxed image in [0, 1] whose pad value, 114/255 = 0.447, is the
     largest spike of its histogram: the KL search clips right there, and every brighter pixel
     would saturate."""
     keep = set(full_range)
-    return {name: tensor_range(h, "max" if name in keep else method) for name, h in histograms.items()}
+    return {name: tensor_range(h, "max" if name in keep else method, own_range=own_range)
+            for name, h in histograms.items()}
 
 
 def silu_floor(step: float) -> float:

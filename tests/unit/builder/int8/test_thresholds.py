@@ -128,6 +128,29 @@ def test_mse_threshold_is_the_best_s8_clip_on_the_samples_themselves():
         assert got < h.amax  # clipping the far tail pays
 
 
+def test_own_range_mse_is_the_best_clip_for_the_shifted_grid():
+    """A one-sided tensor (SiLU output) quantized over its own range [lo, T] in 254 steps, as the
+    TensorRT model's shifted s8 does: the threshold is the best on the samples themselves, and
+    higher than plain s8's (finer steps make clipping the dearer error)."""
+    rng = np.random.default_rng(6)
+    values = _silu(rng.normal(0, 3, 300_000)).astype(np.float32)
+    h = histogram_of(values)
+
+    def shifted_mse(t: float) -> float:
+        lo = max(float(values.min()), -t)
+        step = (t - lo) / 254
+        mid = (t + lo) / 2
+        q = np.clip(np.round((values - mid) / step), -127, 127) * step + mid
+        return float(np.mean((q - values) ** 2))
+
+    got = th.mse_threshold(h, own_range=True)
+    grid = np.linspace(h.amax / 200, h.amax, 200)
+    assert shifted_mse(got) <= 1.02 * min(shifted_mse(t) for t in grid)
+    assert got > th.mse_threshold(h)
+    symmetric = histogram_of(rng.normal(0, 1, 300_000).astype(np.float32))
+    assert th.mse_threshold(symmetric, own_range=True) == th.mse_threshold(symmetric)  # ±T is its own range
+
+
 def test_silu_fitted_preactivation_range():
     """Clipping a pre-activation at -c moves SiLU's output by under half its output step; the top
     follows SiLU's output; tensors outside the pairs are untouched."""
