@@ -329,8 +329,9 @@ def predict(
                                                                           "part files) [default: from --out's suffix].")] = None,
     vid_stride: Annotated[int, typer.Option(help="Videos and streams: detect on every N-th frame.", min=1)] = 1,
     track: Annotated[bool, typer.Option(help="Videos and streams: a ByteTrack id per detection (track_id).")] = False,
-    video_decode: Annotated[str, typer.Option(help="Videos and streams: auto | nvdec | opencv (auto: NVDEC on a GPU "
-                                                   "backend when PyNvVideoCodec is installed).")] = "auto",
+    video_decode: Annotated[str, typer.Option(help="Videos and streams: auto | nvdec | opencv (auto: OpenCV; nvdec: "
+                                                   "NVDEC on a GPU backend, needs PyNvVideoCodec; not yet verified "
+                                                   "end to end).")] = "auto",
 ) -> None:
     """Detect objects in the images of SOURCE, as JSON Lines.
 

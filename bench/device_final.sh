@@ -5,7 +5,7 @@
 #   carry: [".whlx/site.tar.xz", ".whlx/torch-cache.tgz", ".vid/pynvc-site.tar.xz", ".vid/dance-48f.mp4", ".cache", ".data"]
 #   bash bench/device_final.sh
 # Everything it writes goes under $OUT; the logs are written as they go, so a cut-off run keeps
-# what it did.
+# what it did (-v: one line per test, so a cut-off run still names its failures).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/site
@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 
 timeout "${TESTS_TIMEOUT:-90}" python3 -m pytest tests/kernels/test_nv12_kernel.py tests/kernels/test_nv12_input.py \
   tests/gpu/test_nvdec.py tests/gpu/test_gpu_pipeline.py tests/gpu/test_gpu_folder.py tests/gpu/test_batcher_gpu.py \
-  -q -rs -p no:cacheprovider --durations=15 2>&1 | tee -a "$OUT/gpu-tests.log" | tail -25
+  -v -rs -p no:cacheprovider --durations=15 2>&1 | tee -a "$OUT/gpu-tests.log" | tail -25
 
 timeout "${FOLDER_TIMEOUT:-150}" python3 bench/folder_plumbing.py --real --images .data/images --rounds 1 \
   --out "$OUT/folder-plumbing.json" 2>&1 | tee "$OUT/folder-plumbing.log" | tail -12

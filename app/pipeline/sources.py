@@ -4,8 +4,10 @@ the GPU, behind one capture interface (``grab``, ``retrieve``, ``release``, as
 both the same way and give the same frame indices, times and sizes.
 
 Which decoder is resolved once, in ``video_decoder``: ``Detector.video_decode`` (``auto`` |
-``nvdec`` | ``opencv``, ``app.config.VIDEO_DECODERS``); ``auto`` is NVDEC when the pipeline
-takes device NV12 frames (the GPU pipeline) and PyNvVideoCodec is installed. With NVDEC a
+``nvdec`` | ``opencv``, ``app.config.VIDEO_DECODERS``); ``auto`` is OpenCV for now: NVDEC's
+kernel and pipeline runs passed on the H200, but its end-to-end comparisons with OpenCV's
+frames did not (bench/results/2026-12-01-nvidia-h200-session2-README.md), so NVDEC is asked
+for by name (``nvdec``: a GPU pipeline with PyNvVideoCodec installed). With NVDEC a
 frame is a ``DeviceNv12`` that never touches the host; a file NVDEC cannot open or decode (a
 codec it lacks) is read by OpenCV instead, so one such source never stops the others, and so
 are live URLs (see ``open_source``).
@@ -39,9 +41,9 @@ def video_decoder(detector: Detector) -> str:
     takes_nv12 = detector.pipeline.takes_nv12
     if choice == "opencv":
         return "opencv"
-    installed = importlib.util.find_spec("PyNvVideoCodec") is not None
     if choice == "auto":
-        return "nvdec" if takes_nv12 and installed else "opencv"
+        return "opencv"
+    installed = importlib.util.find_spec("PyNvVideoCodec") is not None
     if not takes_nv12:
         raise InvalidParameter(f"NVDEC decoding needs a GPU backend, not {detector.pipeline.backend}")
     if not installed:

@@ -41,6 +41,21 @@ def test_the_cpu_pipeline_reads_with_opencv(detector):
         Detector(detector.pipeline, video_decode="ffmpeg")
 
 
+def test_auto_reads_with_opencv_even_on_a_pipeline_that_takes_device_frames(monkeypatch):
+    """NVDEC is asked for by name until its end-to-end GPU comparisons pass (see app.pipeline.sources)."""
+    import importlib.util
+    import types
+
+    gpu_like = types.SimpleNamespace(video_decode="auto", pipeline=types.SimpleNamespace(takes_nv12=True, backend="torch-cuda"))
+    assert video_decoder(gpu_like) == "opencv"
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "PyNvVideoCodec" else real_find_spec(name, *a))
+    assert video_decoder(gpu_like) == "opencv"
+    gpu_like.video_decode = "nvdec"
+    assert video_decoder(gpu_like) == "nvdec"
+
+
 def test_device_frames_are_refused_by_the_cpu_pipeline(detector):
     torch = pytest.importorskip("torch")
     (result,) = detector.detect([DeviceNv12(torch.zeros((30, 20), dtype=torch.uint8), 20, 20)])
