@@ -6,15 +6,13 @@ Every command turns a ``YolopipeError`` into one red line (plus a hint) and an e
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import os
 import traceback
-from collections.abc import Callable, Iterator
 from enum import IntEnum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -341,6 +339,8 @@ def predict(
     from app.contracts import make_params
     from app.errors import InvalidParameter
 
+    from app.cli.predict_output import predict_streams_command, progress_bar, set_video_decode
+
     source = resolve_source(source)
     make_params(conf=conf, iou=iou, max_det=max_det, agnostic=agnostic)  # bad values fail before the model loads
     check_choice("video decoder", video_decode, VIDEO_DECODERS)
@@ -353,7 +353,7 @@ def predict(
     if is_stream_source(source):
         if ray or save_images or coco or resume:
             raise InvalidParameter("--ray, --save-images, --coco and --resume are for files, not streams")
-        return _predict_streams(source, out, weights=weights, backend=backend, precision=precision, decode=decode,
+        return predict_streams_command(source, out, weights=weights, backend=backend, precision=precision, decode=decode,
                                 imgsz=imgsz, artifacts_dir=artifacts_dir, batch=batch, device=device,
                                 vid_stride=vid_stride, track=track, video_decode=video_decode,
                                 detect=dict(conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic))
@@ -362,7 +362,7 @@ def predict(
             raise InvalidParameter("--save-images, --coco, --track and --vid-stride are not available with --ray")
         from app.distributed import predict_with_ray
 
-        with _progress_bar() as on_progress:
+        with progress_bar() as on_progress:
             summary = predict_with_ray(
                 source, out, address=ray_address, weights=weights, backend=backend, precision=precision, imgsz=imgsz,
                 artifacts_dir=artifacts_dir, conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic,
@@ -379,8 +379,8 @@ def predict(
         with console.status("loading model…"):
             detector = open_detector(weights, backend=backend, precision=precision, decode=decode, imgsz=imgsz,
                                      artifacts_dir=artifacts_dir, max_batch=batch, device=device)
-        _set_video_decode(detector, video_decode)
-        with detector, _progress_bar() as on_progress:
+        set_video_decode(detector, video_decode)
+        with detector, progress_bar() as on_progress:
             info = detector.info()
             console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']}", highlight=False)
             params = detector.params(conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic)
@@ -395,65 +395,6 @@ def predict(
                   f"{skipped} → {out}", highlight=False)
     if summary.errors:
         raise typer.Exit(ExitCode.INCOMPLETE)
-
-
-def _set_video_decode(detector: Any, video_decode: str) -> None:
-    """``--video-decode`` on the detector; one this backend cannot use fails now, before any work."""
-    from app.pipeline.sources import video_decoder
-
-    detector.video_decode = video_decode
-    try:
-        video_decoder(detector)
-    except YolopipeError:
-        detector.close()
-        raise
-
-
-def _predict_streams(source: str, out: Path, *, detect: dict, vid_stride: int, track: bool, video_decode: str,
-                     **model) -> None:
-    """``predict`` on a URL or a ``.streams``/``.txt`` list: every source at once, one JSON line per
-    processed frame on ``--out`` (``-``: stdout), flushed per frame, until every source has ended."""
-    import json
-    import sys
-
-    from app.pipeline.streams import predict_streams, read_source_list
-    from app.runtime import open_detector
-
-    sources = read_source_list(source)
-    with console.status("loading model…"):
-        detector = open_detector(max_batch=model.pop("batch"), **model)
-    _set_video_decode(detector, video_decode)
-    to_stdout = str(out) == "-"
-    if not to_stdout:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    with detector, (contextlib.nullcontext(sys.stdout) if to_stdout else open(out, "w")) as fh:
-        info = detector.info()
-        console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']} · "
-                      f"{len(sources)} streams", highlight=False)
-
-        def write(rec: dict) -> None:
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
-
-        summary = predict_streams(detector, sources, write, detector.params(**detect), vid_stride=vid_stride,
-                                  track=track)
-    for line in summary.failed[:20]:
-        console.print(f"[yellow]failed[/] {escape(line)}", highlight=False)
-    console.print(f"{summary.streams} streams, {summary.frames} frames, {summary.detections} detections, "
-                  f"{summary.dropped} dropped, {len(summary.failed)} failed → {out}", highlight=False)
-    if summary.failed:
-        raise typer.Exit(ExitCode.INCOMPLETE)
-
-
-@contextlib.contextmanager
-def _progress_bar() -> Iterator[Callable[[int, int], None]]:
-    """A progress bar on stderr; yields its ``on_progress(advance, total)``."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    columns = (TextColumn("predict"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("predict", total=None)
-        yield lambda advance, total: progress.update(task, total=total, advance=advance)
 
 
 @cli.command(cls=Command, add_help_option=False,
@@ -473,6 +414,3 @@ def bench(ctx: typer.Context) -> None:
 def main() -> None:
     cli()
 
-
-if __name__ == "__main__":
-    main()
