@@ -12,8 +12,9 @@ the run the emulated device had no work (``device_idle_pct``; ``*_between_batche
 its first batch to its last), and when its first batch came and how long after its last the
 run ended. ``outputs_identical``: every variant wrote the same bytes.
 
-Variants: ``main``, ``new`` (``predict_folder``), ``new-default-heap`` (the same with
-``keep_freed_heap`` off) and ``main+kept-heap`` (main's loop with it on). That setting is
+Variants: ``main``, ``new`` (``predict_folder`` as ``yolopipe predict`` runs it: after
+``keep_freed_heap``), ``new-default-heap`` (the same without it) and ``main+kept-heap``
+(main's loop with it on). That setting is
 process-wide, so with the stand-in every round of every variant runs in a fresh process (a warm
 run, then one timed run per ``--rates`` entry).
 ``--real`` keeps one detector in this process: main and new-default-heap interleaved first,
@@ -192,7 +193,7 @@ def run_round(variant: str, detector, folder: Path, out: Path, params, batch: in
 
 VARIANTS = {
     "main": "main's image loop (bench/folder_baseline.py)",
-    "new": "predict_folder as shipped",
+    "new": "predict_folder as yolopipe predict runs it (keep_freed_heap called first)",
     "new-default-heap": "predict_folder with glibc's heap thresholds left as they are (keep_freed_heap off)",
     "main+kept-heap": "main's image loop with keep_freed_heap in effect",
 }
@@ -217,9 +218,7 @@ def child(a) -> None:
     import app.pipeline.folder as folder_module
     from app.pipeline.detector import Detector
 
-    if a.child == "new-default-heap":
-        folder_module.keep_freed_heap = lambda: False
-    elif a.child == "main+kept-heap":
+    if a.child in ("new", "main+kept-heap"):  # as yolopipe predict does, once per process
         folder_module.keep_freed_heap()
     meta, replies = pickle.loads(a.replies.read_bytes())
     detector = Detector(StandInPipeline(meta, replies, rate=0, max_batch=a.batch,
@@ -335,7 +334,8 @@ def _real_rounds(a, folder: Path, outs: dict[str, Path]) -> tuple[list[dict], bo
         detector.pipeline.warmup([a.batch, a.count % a.batch or a.batch])  # the two sizes the folder's batches have
         params = detector.params()
         for phase in (("main", "new-default-heap"), ("main+kept-heap", "new")):
-            folder_module.keep_freed_heap = keep if "new" in phase else (lambda: False)
+            if "new" in phase:
+                keep()  # as yolopipe predict does; no process can undo it
             for v in phase:  # warm: page cache, imports, first allocations
                 run_round(_loop(v), detector, folder, outs[v], params, a.batch)
             for r in range(a.rounds):
@@ -343,7 +343,6 @@ def _real_rounds(a, folder: Path, outs: dict[str, Path]) -> tuple[list[dict], bo
                     row = run_round(_loop(v), detector, folder, outs[v], params, a.batch)
                     rows.append({"rate": None, "round": r, **row, "variant": v})
                     print(json.dumps(rows[-1]), flush=True)
-    folder_module.keep_freed_heap = keep
     return rows, len({out.read_bytes() for out in outs.values()}) == 1
 
 

@@ -371,7 +371,7 @@ def predict(
     else:
         if any(v is not None for v in (ray_address, gpu_actors, cpu_actors, output_format)):
             raise InvalidParameter("--ray-address, --gpu-actors, --cpu-actors and --format need --ray")
-        from app.pipeline.folder import MEDIA_SUFFIXES, list_images, predict_folder
+        from app.pipeline.folder import MEDIA_SUFFIXES, keep_freed_heap, list_images, predict_folder
         from app.runtime import open_detector
 
         if not list_images(source, MEDIA_SUFFIXES):  # fail fast, before loading a model
@@ -380,6 +380,7 @@ def predict(
             detector = open_detector(weights, backend=backend, precision=precision, decode=decode, imgsz=imgsz,
                                      artifacts_dir=artifacts_dir, max_batch=batch, device=device)
         set_video_decode(detector, video_decode)
+        keep_freed_heap()  # this process is ours: glibc may keep what it frees between batches
         with detector, progress_bar() as on_progress:
             info = detector.info()
             console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']}", highlight=False)

@@ -92,8 +92,9 @@ def keep_freed_heap() -> bool:
     """Have glibc keep freed heap memory for the next allocations instead of handing it back to the
     kernel after every batch, where each file's bytes land on fresh pages that fault in 4 KiB at a
     time (the reads' system time, bench/results/2026-12-01-cpu-2core-folder-plumbing.json). The
-    thresholds are where glibc's own adjustment tops out (32 MiB mmap, 64 MiB trim). Once per
-    process; False where the C library has no ``mallopt``."""
+    thresholds are where glibc's own adjustment tops out (32 MiB mmap, 64 MiB trim). It changes the
+    whole process, so the library never calls it: ``yolopipe predict`` does, once, for its own
+    process. False where the C library has no ``mallopt``."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -223,7 +224,6 @@ def predict_folder(
     they finish (images first, then each video's frames, ``app.pipeline.video``)."""
     if batch < 1:
         raise InvalidParameter(f"batch must be >= 1, got {batch}")
-    keep_freed_heap()
     media = list_images(source, MEDIA_SUFFIXES)
     videos = [m for m in media if _is_video(m)]
     images = [m for m in media if not _is_video(m)] if videos else media
