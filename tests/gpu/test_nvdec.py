@@ -4,8 +4,19 @@ the GPU pipeline, against OpenCV's decode of the same file through the same pipe
 Needs a CUDA GPU, ``pynvvideocodec`` and an H.264 clip (PyNvVideoCodec decodes H.264, HEVC and
 AV1, not the MPEG-4 Part 2 OpenCV writes): ``YOLOPIPE_NVDEC_CLIP``, else the test clip
 re-encoded by Debian's ffmpeg where there is one. At most ``CLIP_FRAMES`` of its frames are
-compared. The pipeline is the sample model's fp32 one (``pipe32``: eager torch-cuda, batch 8,
-no torch.compile).
+compared. The pipeline is the sample model's fp32 one (eager torch-cuda, batch 8, no
+torch.compile), this module's own (``pipe``), not the session's ``pipe32``: these tests grow
+its staging to 1080p batches, capture NV12 and image graphs of every bucket and run it from
+reader and batch threads, none of which may reach the tests that run after them.
+
+Detections are held to two references. The same NV12 bytes converted to BGR by OpenCV on the
+host and run through the image path: the same boxes (F1 >= 0.99; only the image letterbox
+kernel's rounding differs). OpenCV's own decode of the file: the same decoded picture (H.264
+decoding is exact) through another colour conversion (swscale's, with its own chroma
+upsampling and rounding, not ``cvtColor``'s NV12 one; 1.2 levels apart on average on the
+H.264 High 1080p clip), which moves scores by up to ~0.07 and flips the boxes near the
+confidence threshold of a crowded scene: F1 >= 0.95, see
+bench/results/2026-12-01-cpu-nvdec-f1-reference.md (0.974 and 0.977 measured there).
 """
 
 from __future__ import annotations
@@ -42,6 +53,16 @@ from tests.videos import decoded_frames, ffmpeg, write_clip, write_h264
 
 SIZE = 640
 CLIP_FRAMES = 48
+F1_SAME_BYTES = 0.99  # the NVDEC path against the image path on the same NV12 bytes
+F1_OPENCV_DECODE = 0.95  # against OpenCV's own decode and colour conversion of the file (see above)
+
+
+@pytest.fixture(scope="module")
+def pipe(gpu, sample_model_dir, meta):
+    """This module's own fp32 pipeline (see the module docstring), closed after its last test."""
+    p = gpu.make_pipeline(sample_model_dir, meta, "fp32")
+    yield p
+    p.close()
 
 
 @pytest.fixture(scope="module")
@@ -112,10 +133,10 @@ def same_detections(a, b) -> float:
     return f1(tp, n_a, n_b), n_a
 
 
-def test_nvdec_frames_through_the_pipeline_equal_opencv_decoded_frames(gpu, pipe32, clip, opencv_frames):
-    detector = Detector(pipe32)  # not closed here: it owns the session's pipeline
+def test_nvdec_frames_through_the_pipeline_equal_opencv_decoded_frames(gpu, pipe, clip, opencv_frames):
+    detector = Detector(pipe)  # not closed here: the module's fixture closes its pipeline
     params = DetectParams(conf=gpu.CONF, iou=gpu.IOU)
-    pipe32.warmup([8], nv12=True)  # bucket 8 captured ahead; a smaller last batch's bucket inside a run
+    pipe.warmup([8], nv12=True)  # bucket 8 captured ahead; a smaller last batch's bucket inside a run
     count = len(opencv_frames) - 3  # 12 frames: batches of 8 and 1; 48: 8 x 5 and 5 (bucket 8)
     device = nvdec_frames(clip, count)
     assert len(device) == count
@@ -125,32 +146,32 @@ def test_nvdec_frames_through_the_pipeline_equal_opencv_decoded_frames(gpu, pipe
     assert [(r.width, r.height) for r in ours] == [(f.shape[1], f.shape[0]) for f in opencv_frames[:count]]
     score, n = same_detections([r.detections for r in detector.detect(opencv_frames[:count], params)],
                                [r.detections for r in ours])
-    assert n >= count and score >= 0.99, (score, n)
+    assert n >= count and score >= F1_OPENCV_DECODE, (score, n)
     # The same NV12 bytes converted by OpenCV on the host, through the image path: the same boxes.
     host = [np.ascontiguousarray(cv2.cvtColor(host_nv12(f), cv2.COLOR_YUV2BGR_NV12)[: f.height, : f.width])
             for f in device]
     score, _ = same_detections([r.detections for r in detector.detect(host, params)], [r.detections for r in ours])
-    assert score >= 0.99, score  # the image letterbox kernel may round a pixel one level apart
+    assert score >= F1_SAME_BYTES, score  # the image letterbox kernel may round a pixel one level apart
 
 
-def test_pitched_frames_and_mixed_batches(gpu, pipe32, clip):
+def test_pitched_frames_and_mixed_batches(gpu, pipe, clip):
     (frame,) = nvdec_frames(clip, 1)
     rows, cols = frame.planes.shape
     padded = torch.full((rows, cols + 64), 7, dtype=torch.uint8, device=frame.planes.device)
     padded[:, :cols] = frame.planes
     pitched = DeviceNv12(padded[:, :cols], frame.height, frame.width)  # rows 64 bytes longer than the picture
     params = DetectParams(conf=gpu.CONF, iou=gpu.IOU)
-    out = pipe32.run([frame, pitched, np.zeros((frame.height, frame.width, 3), np.uint8)], params).images
+    out = pipe.run([frame, pitched, np.zeros((frame.height, frame.width, 3), np.uint8)], params).images
     np.testing.assert_allclose(out[0][0], out[1][0], atol=1e-3)  # the same engine input in two batch positions
     assert len(out[0][0]) > 0
     assert isinstance(out[2], InvalidImage)  # a host frame in a batch of device frames: its own error
 
 
-def test_predict_video_and_streams_by_nvdec_equal_opencv(gpu, pipe32, clip, caplog):
+def test_predict_video_and_streams_by_nvdec_equal_opencv(gpu, pipe, clip, caplog):
     """The whole file (not only ``CLIP_FRAMES``): every 4th frame as a video, every 8th of two
-    copies as streams; the same frames, times and sizes, and detections F1 >= 0.99."""
+    copies as streams; the same frames, times and sizes, and detections F1 >= ``F1_OPENCV_DECODE``."""
     caplog.set_level(logging.INFO, logger="app.pipeline.sources")
-    nvdec, opencv = Detector(pipe32, video_decode="nvdec"), Detector(pipe32, video_decode="opencv")
+    nvdec, opencv = Detector(pipe, video_decode="nvdec"), Detector(pipe, video_decode="opencv")
     assert video_decoder(nvdec) == "nvdec" and video_decoder(opencv) == "opencv"
     params = DetectParams(conf=gpu.CONF, iou=gpu.IOU)
     total = len(decoded_frames(clip))
@@ -177,4 +198,4 @@ def test_predict_video_and_streams_by_nvdec_equal_opencv(gpu, pipe32, clip, capl
         ca = np.array([d["class_id"] for d in a["detections"]], int)
         cb = np.array([d["class_id"] for d in b["detections"]], int)
         tp, n_a, n_b = tp + len(match_pairs(ba, ca, bb, cb)), n_a + len(ca), n_b + len(cb)
-    assert n_a >= len(key) and f1(tp, n_a, n_b) >= 0.99
+    assert n_a >= len(key) and f1(tp, n_a, n_b) >= F1_OPENCV_DECODE, (f1(tp, n_a, n_b), tp, n_a, n_b)
