@@ -236,29 +236,45 @@ def test_dispatch_is_one_upload_and_one_graph_launch(pipe32, frames, assets_dir,
 
 
 def test_raw_driver_dispatch_is_used_and_equals_torch(gpu, pipe32, frames):
-    """Same graph launched by cuGraphLaunch (after cuMemcpyHtoDAsync) and by torch's replay:
-    bit-equal rows; the driver path is the one a plain run takes."""
-    items = [frames["bus"], frames["zidane"], frames["bus_small"]]
+    """Each slot's graph launched by cuGraphLaunch (after cuMemcpyHtoDAsync) and by torch's
+    replay: bit-equal rows; the driver path is the one a plain run takes. One run per slot in
+    each mode (runs take the slots in turn), the graphs captured before the torch runs, so none
+    is captured without its exec handle; each property has its own message (a run cut short by
+    a timeout keeps only the first line of a failure)."""
+    items = [frames["bus"], frames["zidane"], frames["bus_small"]]  # bucket 4
     params = DetectParams(conf=0.1)
-    run = pipe32.run(items, params)
-    driver = gpu.rows_of(run)
-    assert pipe32.last_launch_path == "driver" and run.timings["raw_launch"] == 1.0
-    assert gpu.slot_of(pipe32, run).graphs.get(4).graph_exec is not None
+    n = len(pipe32.slots)
+
+    def one_run_per_slot() -> dict[int, tuple[list, str, float]]:
+        out = {}
+        for _ in range(n):
+            run = pipe32.run(items, params)
+            out[int(run.timings["slot"])] = (gpu.rows_of(run), pipe32.last_launch_path, run.timings["raw_launch"])
+        assert sorted(out) == list(range(n)), f"runs took slots {sorted(out)}, not each of {n} once"
+        return out
+
+    driver = one_run_per_slot()
+    paths = {k: (path, raw) for k, (_, path, raw) in driver.items()}
+    assert paths == {k: ("driver", 1.0) for k in range(n)}, (paths, pipe32.raw_launch_error)
+    assert [slot.graphs.get(4).graph_exec is not None for slot in pipe32.slots] == [True] * n
     dispatches = [slot.dispatch for slot in pipe32.slots]
     for slot in pipe32.slots:
         slot.dispatch = None  # the torch path, same graphs and buffers
     try:
-        run = pipe32.run(items, params)
-        torch_rows = gpu.rows_of(run)
-        assert pipe32.last_launch_path == "torch" and run.timings["raw_launch"] == 0.0
+        torch_runs = one_run_per_slot()
     finally:
         for slot, d in zip(pipe32.slots, dispatches):
             slot.dispatch = d
-    again = gpu.rows_of(pipe32.run(items, params))  # and back: still the driver, still equal
-    assert pipe32.last_launch_path == "driver"
-    for a, b, c in zip(driver, torch_rows, again):
-        np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(a, c)
+    assert {k: (path, raw) for k, (_, path, raw) in torch_runs.items()} == {k: ("torch", 0.0) for k in range(n)}
+    again = one_run_per_slot()  # and back: still the driver, still equal
+    assert {k: path for k, (_, path, _) in again.items()} == {k: "driver" for k in range(n)}
+    for k in range(n):
+        for j, (a, b, c) in enumerate(zip(driver[k][0], torch_runs[k][0], again[k][0])):
+            np.testing.assert_array_equal(a, b, err_msg=f"slot {k} image {j}: driver vs torch launch of one graph")
+            np.testing.assert_array_equal(a, c, err_msg=f"slot {k} image {j}: two driver launches of one graph")
+    for k in range(1, n):  # the slots' own captures of the same bucket: the same kernels on the same input
+        for j, (a, b) in enumerate(zip(driver[0][0], driver[k][0])):
+            np.testing.assert_array_equal(a, b, err_msg=f"image {j}: slot 0's bucket-4 graph vs slot {k}'s")
 
 
 def test_int8_is_refused(sample_model_dir, meta):
