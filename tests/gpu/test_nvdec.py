@@ -178,14 +178,14 @@ def test_predict_video_and_streams_by_nvdec_equal_opencv(gpu, pipe, clip, caplog
     lines: dict[str, list] = {"nvdec": [], "opencv": []}
     for name, det in (("nvdec", nvdec), ("opencv", opencv)):
         summary = predict_video(det, clip, "clip.mp4", lines[name].append, params, batch=4, vid_stride=4)
-        assert summary.frames == len(range(0, total, 4)) and summary.error is None
+        assert summary.frames == len(range(0, total, 4)) and summary.error is None, (name, summary, total)
     key = [(r["frame"], r["time_s"], r["width"], r["height"]) for r in lines["opencv"]]
     assert [(r["frame"], r["time_s"], r["width"], r["height"]) for r in lines["nvdec"]] == key
     assert key[1][0] == 4 and key[1][1] > 0
     events: dict[str, list] = {"nvdec": [], "opencv": []}
     for name, det in (("nvdec", nvdec), ("opencv", opencv)):
         summary = predict_streams(det, [str(clip), str(clip)], events[name].append, params, vid_stride=8)
-        assert summary.frames == 2 * len(range(0, total, 8)) and not summary.failed
+        assert summary.frames == 2 * len(range(0, total, 8)) and not summary.failed, (name, summary, total)
     assert not [r.message for r in caplog.records if "NVDEC cannot read" in r.message]  # no source fell back
     for decoded in events.values():
         decoded.sort(key=lambda e: (e["stream"], e["frame"]))
