@@ -19,7 +19,7 @@ import importlib.util
 import logging
 from typing import TYPE_CHECKING, Any
 
-from app.config import VIDEO_DECODERS, check_choice
+from app.config import MAX_PIXELS, VIDEO_DECODERS, check_choice
 from app.contracts import DeviceNv12
 from app.errors import BackendUnavailable, InvalidImage, InvalidParameter
 
@@ -73,10 +73,29 @@ def open_source(source: str, decoder: str, *, device: int = 0, timeout_ms: int |
     # timeout: a camera that never answers would hold its reader thread for good).
     if decoder == "nvdec" and not is_live(source):
         try:
-            return NvdecCapture(source, device=device)
+            cap = NvdecCapture(source, device=device)
         except Exception as exc:  # noqa: BLE001 - the binding raises plain errors; OpenCV may still read it
             log.info("NVDEC cannot read %s (%s: %s); OpenCV reads it", source, type(exc).__name__, exc)
-    return open_opencv(source, timeout_ms=timeout_ms)
+        else:
+            return checked_size(cap, source, cap.width, cap.height)
+    cap = open_opencv(source, timeout_ms=timeout_ms)
+    if cap is None:
+        return None
+    import cv2
+
+    return checked_size(cap, source, int(cap.get(cv2.CAP_PROP_FRAME_WIDTH) or 0),
+                        int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT) or 0))
+
+
+def checked_size(cap: Any, source: str, width: int, height: int) -> Any:
+    """``cap``, unless its frames are over the per-image pixel limit (``MAX_PIXELS``: a stream or
+    file that would queue frames of gigabytes): then released, and an ``InvalidImage``, before any
+    frame is read."""
+    if width * height > MAX_PIXELS:
+        cap.release()
+        raise InvalidImage(f"{source!r} has frames of {width}x{height} pixels, over the limit of "
+                           f"{MAX_PIXELS:,} per image")
+    return cap
 
 
 def capture_fps(cap: Any) -> float:
@@ -110,6 +129,7 @@ class NvdecCapture:
             self._first = next(self._frames, None)
         except Exception as exc:  # noqa: BLE001 - the binding raises plain RuntimeErrors for what it cannot decode
             raise InvalidImage(f"NVDEC cannot decode {source!r}: {exc}") from None
+        self.width, self.height = (self._first.width, self._first.height) if self._first is not None else (0, 0)
         self._current: Any = None
 
     def grab(self) -> bool:

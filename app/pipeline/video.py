@@ -25,7 +25,7 @@ from app.contracts import DetectParams, DeviceNv12, ImageResult
 from app.errors import InvalidImage, InvalidParameter
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
-from app.pipeline.sources import capture_fps, open_opencv, open_source, video_decoder
+from app.pipeline.sources import capture_fps, open_source, video_decoder
 
 # Ultralytics' VID_FORMATS: what it reads as video.
 VIDEO_SUFFIXES = frozenset(
@@ -51,8 +51,9 @@ def check_stride(vid_stride: int) -> int:
 
 
 def open_capture(source: str) -> cv2.VideoCapture:
-    """An OpenCV capture through its FFmpeg backend; ``InvalidImage`` when nothing opens."""
-    cap = open_opencv(source)
+    """An OpenCV capture through its FFmpeg backend; ``InvalidImage`` when nothing opens it or
+    its frames are over the pixel limit."""
+    cap = open_source(source, "opencv")
     if cap is None:
         raise InvalidImage(f"cannot open video {source!r}")
     return cap

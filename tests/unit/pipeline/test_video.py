@@ -145,3 +145,19 @@ def test_cli_predict_on_a_video_and_a_broken_one(media, tmp_path, artifacts_dir)
     assert [r["frame"] for r in records if r["image"] == "clip.avi"] == [0, 4, 8]
     assert next(r for r in records if r["image"] == "broken.mp4")["error"].startswith("cannot open video")
     assert "Traceback" not in proc.stderr
+
+
+def test_a_video_whose_frames_are_over_the_pixel_limit_is_refused_before_reading(detector, media, monkeypatch):
+    """Frame size is read from the container before any frame is decoded; a file (or a camera)
+    of giant frames is one clear error, as an image over the limit is."""
+    import app.pipeline.sources as sources
+    from app.pipeline.video import predict_video
+
+    written = []
+    monkeypatch.setattr(sources, "MAX_PIXELS", 640 * 480 - 1)  # the clip's frames are 640x480
+    summary = predict_video(detector, media / "cams" / "clip.avi", "clip.avi", written.append, detector.params())
+    assert summary.frames == 0 and "has frames of 640x480 pixels, over the limit of 307,199" in summary.error
+    assert written == [{"image": "clip.avi", "error": summary.error}]
+    monkeypatch.setattr(sources, "MAX_PIXELS", 640 * 480)
+    ok = predict_video(detector, media / "cams" / "clip.avi", "clip.avi", [].append, detector.params(), vid_stride=8)
+    assert ok.error is None and ok.frames > 0

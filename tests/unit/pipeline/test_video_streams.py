@@ -146,3 +146,26 @@ def test_cli_streams_from_a_list_to_stdout(clips, tmp_path, artifacts_dir):
     assert by_stream == {"0": list(range(0, 12, 2)), "1": list(range(0, 8, 2))}
     assert all("track_id" in d for r in records for d in r["detections"])
     assert "2 streams, 10 frames" in proc.stderr
+
+
+def test_a_source_of_frames_over_the_pixel_limit_fails_alone(detector, clips, per_video, tmp_path, monkeypatch):
+    """Its frame size is read on opening, before any frame is queued (a camera of giant frames
+    would otherwise fill the stream's buffer with them); the other stream runs as it would alone."""
+    import cv2
+    import numpy as np
+
+    import app.pipeline.sources as sources
+
+    big = tmp_path / "big.avi"
+    writer = cv2.VideoWriter(str(big), cv2.VideoWriter_fourcc(*"MJPG"), 10.0, (800, 600))
+    for k in range(3):
+        writer.write(np.full((600, 800, 3), 40 * k, np.uint8))
+    writer.release()
+    monkeypatch.setattr(sources, "MAX_PIXELS", 800 * 600 - 1)  # clips[1] is 640x480: under it
+    lines: list[dict] = []
+    summary = predict_streams(detector, [str(big), str(clips[1])], lines.append, detector.params())
+    good = [r for r in lines if r["stream"] == "1"]
+    assert [r["frame"] for r in good] == [r["frame"] for r in per_video[str(clips[1])]]
+    (bad,) = [r for r in lines if r["stream"] == "0"]
+    assert "has frames of 800x600 pixels, over the limit of 479,999 per image" in bad["error"]
+    assert len(summary.failed) == 1 and summary.frames == 8
