@@ -87,15 +87,28 @@ def open_source(source: str, decoder: str, *, device: int = 0, timeout_ms: int |
                         int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT) or 0))
 
 
+def check_frame(frame: Any, source: str) -> None:
+    """A decoded frame over the pixel limit (a source whose container did not say its size, or
+    changed it mid-stream): an ``InvalidImage``, before the frame is queued."""
+    height, width = (frame.height, frame.width) if isinstance(frame, DeviceNv12) else frame.shape[:2]
+    _refuse_over_limit(source, width, height)
+
+
 def checked_size(cap: Any, source: str, width: int, height: int) -> Any:
-    """``cap``, unless its frames are over the per-image pixel limit (``MAX_PIXELS``: a stream or
-    file that would queue frames of gigabytes): then released, and an ``InvalidImage``, before any
-    frame is read."""
-    if width * height > MAX_PIXELS:
+    """``cap``, unless its frames are over the per-image pixel limit (a stream or file that would
+    queue frames of gigabytes): then released, and an ``InvalidImage``, before any frame is read."""
+    try:
+        _refuse_over_limit(source, width, height)
+    except InvalidImage:
         cap.release()
+        raise
+    return cap
+
+
+def _refuse_over_limit(source: str, width: int, height: int) -> None:
+    if width * height > MAX_PIXELS:  # the images' limit (app.config), read here at each call
         raise InvalidImage(f"{source!r} has frames of {width}x{height} pixels, over the limit of "
                            f"{MAX_PIXELS:,} per image")
-    return cap
 
 
 def capture_fps(cap: Any) -> float:

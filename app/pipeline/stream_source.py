@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from app.contracts import DeviceNv12
-from app.pipeline.sources import capture_fps, is_live, open_source
+from app.pipeline.sources import capture_fps, check_frame, is_live, open_source
 from app.pipeline.video import check_stride
 
 LIVE_BUFFER = 4  # frames a live stream keeps while the model is busy (newest win)
@@ -187,6 +187,7 @@ class Stream:
                 ok, image = cap.retrieve()
                 if not ok or image is None:
                     return index
+                check_frame(image, self.source)
                 now = time.monotonic()
                 time_s = index / self.fps if (self.fps and not self.live) else now - self.added
                 self.stats.frames_read += 1

@@ -25,7 +25,7 @@ from app.contracts import DetectParams, DeviceNv12, ImageResult
 from app.errors import InvalidImage, InvalidParameter
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
-from app.pipeline.sources import capture_fps, open_source, video_decoder
+from app.pipeline.sources import capture_fps, check_frame, open_source, video_decoder
 
 # Ultralytics' VID_FORMATS: what it reads as video.
 VIDEO_SUFFIXES = frozenset(
@@ -75,6 +75,7 @@ def read_frames(path: Path, *, vid_stride: int = 1, start: int = 0, decoder: str
                 ok, image = cap.retrieve()
                 if not ok or image is None:
                     return
+                check_frame(image, str(path))
                 yield VideoFrame(index, round(index / fps, 6) if fps else 0.0, image)
             index += 1
     finally:
@@ -224,7 +225,7 @@ def predict_video(
         return chunk, detector.detect([f.image for f in chunk], params)
 
     try:
-        for chunk, results in run_overlapped(detect, frames, detector.pipeline.max_in_flight):
+        for chunk, results in _frames_detected(detect, frames, detector.pipeline.max_in_flight, summary):
             for frame, result in zip(chunk, results):
                 ids = tracker.update(result.detections) if tracker and result.detections is not None else None
                 write(frame_record(name, frame, result, detector.names, ids))
@@ -237,4 +238,15 @@ def predict_video(
     finally:
         if writer is not None:
             writer.close()
+    if summary.error is not None:  # a frame over the pixel limit after the first ones
+        write({"image": name, "error": summary.error})
     return summary
+
+
+def _frames_detected(detect: Callable, frames: Iterator, in_flight: int, summary: VideoSummary) -> Iterator:
+    """``run_overlapped`` over the video's chunks; a frame the reader refuses ends the video as
+    ``summary.error`` (the chunks before its own are written)."""
+    try:
+        yield from run_overlapped(detect, frames, in_flight)
+    except InvalidImage as exc:
+        summary.error = str(exc)

@@ -161,3 +161,16 @@ def test_a_video_whose_frames_are_over_the_pixel_limit_is_refused_before_reading
     monkeypatch.setattr(sources, "MAX_PIXELS", 640 * 480)
     ok = predict_video(detector, media / "cams" / "clip.avi", "clip.avi", [].append, detector.params(), vid_stride=8)
     assert ok.error is None and ok.frames > 0
+
+
+def test_a_frame_over_the_limit_that_the_container_did_not_announce_ends_the_video_as_an_error(
+        detector, media, monkeypatch):
+    import app.pipeline.sources as sources
+    from app.pipeline.video import predict_video
+
+    monkeypatch.setattr(sources, "checked_size", lambda cap, *_: cap)  # as if the container gave no size
+    monkeypatch.setattr(sources, "MAX_PIXELS", 640 * 480 - 1)
+    written = []
+    summary = predict_video(detector, media / "cams" / "clip.avi", "clip.avi", written.append, detector.params())
+    assert summary.frames == 0 and "has frames of 640x480 pixels" in summary.error
+    assert written == [{"image": "clip.avi", "error": summary.error}]
