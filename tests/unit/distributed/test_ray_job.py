@@ -27,8 +27,10 @@ COPIES = 4  # of the 32-file folder, for the killed-node test
 
 @pytest.fixture(scope="module")
 def cluster():
+    # One CPU on the head node: room for one actor (num_cpus=1), so the job's second actor is on
+    # the worker node whatever Ray's placement does under load (the killed-node test needs one there).
     c = Cluster(initialize_head=True,
-                head_node_args={"num_cpus": 2, "object_store_memory": STORE, "include_dashboard": False})
+                head_node_args={"num_cpus": 1, "object_store_memory": STORE, "include_dashboard": False})
     worker = c.add_node(num_cpus=2, object_store_memory=STORE)
     ray.init(address=c.address, logging_level="WARNING")
     c.wait_for_nodes()
