@@ -258,7 +258,7 @@ def main() -> None:
     if a.child:
         return child(a)
 
-    from app.benchmark.machine import machine_info, versions
+    from app.benchmark.machine import cpu_model, machine_info, versions
     from app.benchmark.workloads import make_folder
 
     photos = [(p.name, p.read_bytes()) for p in sorted(a.images.iterdir()) if p.suffix.lower() in (".jpg", ".jpeg")]
@@ -300,7 +300,7 @@ def main() -> None:
                                                             ", GpuPipeline's per-image header read included")
                        + "; each round of each variant in a fresh process (a warm run, then one timed run per rate)"),
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "machine": {**machine_info(gpu=a.real and a.real_backend != "onnxruntime"), "nproc": os.cpu_count(), "cpu_model": _cpu_model(),
+            "machine": {**machine_info(gpu=a.real and a.real_backend != "onnxruntime"), "nproc": os.cpu_count(), "cpu_model": cpu_model(),
                         "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
                         "note": "" if a.real else "shared with other jobs"},
             "versions": versions(),
@@ -360,16 +360,6 @@ def _git_head() -> str:
     except OSError:
         return "unknown"
     return (head or "unknown") + (" + changes in app/" if head and dirty else "")
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 if __name__ == "__main__":
