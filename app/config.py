@@ -97,6 +97,7 @@ class Settings(BaseSettings):
     max_streams: int = Field(16, ge=0, le=1024)  # video streams one inference worker runs at once (/v1/streams)
     stream_files_root: Path | None = None  # /v1/streams may read video files under this folder (None: URLs only)
     standby: bool = True  # a warm standby per inference worker, which takes over when it dies
+    idle_release_s: float = Field(2.0, ge=0)  # quiet seconds after which a serving process frees what a burst took (0: never)
     # HTTP/1.1 limits the protocol enforces (app.api.protocol)
     max_url_bytes: int = Field(8 * 1024, ge=256)  # the request target (path and query): 414 beyond
     max_head_bytes: int = Field(64 * 1024, ge=1024)  # request line and headers, or chunked trailers: 431 beyond

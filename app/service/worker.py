@@ -16,6 +16,7 @@ sets the environment they read (the GPU this worker may see, the metrics folder)
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from app.ipc.answers import Answers, answers_frame, results
 from app.ipc.batcher import Batcher, Job
 from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
+from app.service.memory import IdleRelease, release_memory
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -122,6 +124,8 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
             starting.write_phase(text)
 
     await asyncio.to_thread(batcher.start, sizes, progress, buckets)
+    release = functools.partial(release_memory, detector.pipeline.release_memory)
+    await asyncio.to_thread(release)  # what opening and warming up left behind (a standby waits at this size)
     if starting is not None:
         starting.write_phase("")
         starting.close()
@@ -137,7 +141,14 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
         metrics.restarts.labels(str(spec.index)).inc()
     # Only now: the status block and the socket belong to the worker that serves.
     status = wire.StatusBlock(spec.layout.status(spec.index), writable=True)
-    batcher.on_load_change = status.write
+    idle = IdleRelease(settings.idle_release_s, release, busy=lambda: batcher.load().pending > 0)
+
+    def on_load_change(load: wire.Load) -> None:
+        status.write(load)
+        idle.touch()
+
+    batcher.on_load_change = on_load_change
+    idle.start()
     info = {
         "worker": spec.index, "generation": generation, "pid": os.getpid(),
         "device": "cpu" if spec.device is None else f"cuda:{spec.device}",
@@ -172,6 +183,7 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     await stopping.wait()
 
     log.info("inference worker %d draining%s", spec.index, " (device lost)" if batcher.fatal else "")
+    await idle.stop()
     server.close()
     await streams.close()
     # After a device loss the running batches can only fail: do not wait for them long.
