@@ -66,7 +66,8 @@ def create_app(settings: Settings, inference: InferenceClient) -> FastAPI:
     app.include_router(oip_router)  # the Open Inference Protocol (KServe v2) under /v2
     app.include_router(streams_router)
     # Outermost last: metrics see every response, including a 413 from the body limit.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
+                       max_in_flight=settings.max_requests_in_flight)
     app.add_middleware(OipErrorShapeMiddleware)  # /v2 errors as {"error": message}, the body limit's too
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app

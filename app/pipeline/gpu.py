@@ -388,15 +388,18 @@ class GpuPipeline:
         with self._exclusive():
             if self._closed:
                 return
-            for slot in self.slots:
-                if slot.staging.capacity > self._first_staging:
-                    slot.resize_staging(self._first_staging)
-                    self.dispatcher.attach(slot)
+            grown = [slot for slot in self.slots if slot.staging.capacity > self._first_staging]
             torch.cuda.synchronize(self.device)
+            for slot in grown:  # freed before the caches are emptied: a new buffer must not split a freed one
+                slot.graphs.free()
+                slot.staging.free()
             torch.cuda.empty_cache()
-            host_empty_cache = getattr(torch._C, "_host_emptyCache", None)  # pinned blocks (torch >= 2.3)
+            host_empty_cache = getattr(torch._C, "_host_emptyCache", None)  # pinned blocks
             if host_empty_cache is not None:
                 host_empty_cache()
+            for slot in grown:
+                slot.resize_staging(self._first_staging)
+                self.dispatcher.attach(slot)
 
     def close(self) -> None:
         """Free every device resource (idempotent), then the engine."""

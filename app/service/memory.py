@@ -6,7 +6,7 @@ keeps freed heap in its arenas (one per thread that allocated), ONNX Runtime kee
 at the largest batch it ran, and torch keeps freed GPU blocks (and pinned host blocks) cached.
 ``IdleRelease`` gives all of it back once the process has been quiet for ``after_s`` seconds:
 nothing in flight, nothing begun meanwhile. Under steady load it never runs, so it costs no
-throughput; after a burst it runs once. bench/results/2026-12-02-cpu-memory-bursts.md has the
+throughput; after a burst it runs once. bench/results/2026-12-01-cpu-memory-bursts.md has the
 measurements that chose it.
 """
 
