@@ -224,7 +224,22 @@ class Tree:
         out = {"tree_rss_mb": round(total, 1), "processes": procs}
         if gpu:
             out["gpu_mb"] = round(sum(gpu.get(pid, 0) for pid in self.roles) / MB, 1)
+        reported = self.gpu_metrics()
+        if reported:
+            out["gpu_metrics_mb"] = reported
         return out
+
+    def gpu_metrics(self) -> dict[str, float]:
+        """What the inference workers report (sampled every 5 s): torch's reserved pool
+        ("allocator") and the device's used memory, per worker."""
+        import httpx
+
+        try:
+            text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        except httpx.HTTPError:
+            return {}
+        found = re.findall(r'^yolopipe_gpu_memory_bytes\{([^}]*)\} ([0-9.e+]+)$', text, re.MULTILINE)
+        return {",".join(sorted(labels.replace('"', "").split(","))): round(float(v) / MB, 1) for labels, v in found}
 
 
 class Sampler:
@@ -255,19 +270,19 @@ class Sampler:
 
 
 # ----------------------------------------------------------------------------- the bursts
-def _request(path: str, body: bytes, content_type: str, host: str) -> bytes:
+def http_request(path: str, body: bytes, content_type: str, host: str) -> bytes:
     return (f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: {content_type}\r\n"
             f"content-length: {len(body)}\r\n\r\n").encode() + body
 
 
-def _multipart(field: str, files: list[bytes]) -> tuple[bytes, str]:
+def multipart(field: str, files: list[bytes]) -> tuple[bytes, str]:
     boundary = "yolopipe-memory-probe"
     parts = [(f'--{boundary}\r\ncontent-disposition: form-data; name="{field}"; filename="{i}.jpg"\r\n'
               "content-type: image/jpeg\r\n\r\n").encode() + data + b"\r\n" for i, data in enumerate(files)]
     return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
-async def _exchange(host: str, port: int, request: bytes, timeout: float) -> int | None:
+async def exchange(host: str, port: int, request: bytes, timeout: float) -> int | None:
     """Send one request, read its response to the end; its status (None: no answer)."""
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
@@ -295,17 +310,17 @@ def _count(statuses: list[int | None]) -> dict[str, int]:
     return out
 
 
-def burst_batch(host: str, port: int, photo: bytes, copies: int = 32, timeout: float = 120.0) -> dict:
-    body, ctype = _multipart("images", [photo] * copies)
-    status = asyncio.run(_exchange(host, port, _request("/v1/detect/batch", body, ctype, host), timeout))
+def burst_batch(host: str, port: int, photo: bytes, copies: int = 32, timeout: float = 300.0) -> dict:
+    body, ctype = multipart("images", [photo] * copies)
+    status = asyncio.run(exchange(host, port, http_request("/v1/detect/batch", body, ctype, host), timeout))
     return {"statuses": _count([status])}
 
 
-def burst_concurrent(host: str, port: int, photo: bytes, clients: int = 500, timeout: float = 120.0) -> dict:
-    request = _request("/v1/detect", photo, "image/jpeg", host)
+def burst_concurrent(host: str, port: int, photo: bytes, clients: int = 500, timeout: float = 300.0) -> dict:
+    request = http_request("/v1/detect", photo, "image/jpeg", host)
 
     async def run() -> list[int | None]:
-        return await asyncio.gather(*(_exchange(host, port, request, timeout) for _ in range(clients)))
+        return await asyncio.gather(*(exchange(host, port, request, timeout) for _ in range(clients)))
 
     return {"statuses": _count(asyncio.run(run()))}
 
@@ -314,7 +329,7 @@ def burst_pipelined(host: str, port: int, photo: bytes, clients: int = 40, reque
                     linger_s: float = 3.0) -> dict:
     """Each client writes ``requests`` requests back to back, reads nothing, and after
     ``linger_s`` closes its socket with a reset (it vanishes)."""
-    request = _request("/v1/detect", photo, "image/jpeg", host)
+    request = http_request("/v1/detect", photo, "image/jpeg", host)
     socks = []
     for _ in range(clients):
         s = socket.create_connection((host, port), timeout=10)
@@ -345,7 +360,8 @@ def burst_pipelined(host: str, port: int, photo: bytes, clients: int = 40, reque
 
 
 # ----------------------------------------------------------------------------- one run
-def run_burst(tree: Tree, name: str, photo: bytes, rest_mb: float, args: argparse.Namespace) -> dict:
+def run_burst(tree: Tree, name: str, photo: bytes, rest_mb: float, args: argparse.Namespace,
+              rest_gpu_mb: float | None = None) -> dict:
     host, port = "127.0.0.1", tree.port
     before = tree.snapshot()
     t0 = time.monotonic()
@@ -385,8 +401,12 @@ def run_burst(tree: Tree, name: str, photo: bytes, rest_mb: float, args: argpars
         "at_last_response": at_last,
         "settled": settled,
     }
-    if "gpu_mb" in settled:
-        row.update(gpu_at_last_response_mb=at_last["gpu_mb"], gpu_settled_mb=settled["gpu_mb"])
+    if "gpu_mb" in settled and rest_gpu_mb is not None:  # device memory back to rest too
+        row.update(gpu_rest_mb=rest_gpu_mb, gpu_at_last_response_mb=at_last["gpu_mb"], gpu_settled_mb=settled["gpu_mb"])
+        row["returned"] = row["returned"] and settled["gpu_mb"] <= rest_gpu_mb * (1 + args.tolerance)
+    if "gpu_settled_mb" in row:
+        print(f"{'':>14}  GPU: {rest_gpu_mb:.0f} MB at rest, {row['gpu_at_last_response_mb']:.0f} at the last "
+              f"response, {row['gpu_settled_mb']:.0f} after {args.settle_s:g} s", flush=True)
     print(f"{name:>14}: {row['before_mb']:.0f} MB before, peak {row['peak_mb']:.0f}, "
           f"{row['at_last_response_mb']:.0f} at the last response, {row['settled_mb']:.0f} after {args.settle_s:g} s "
           f"(rest {rest_mb:.0f}; back within {100 * args.tolerance:g} % after {back_at} s)  {outcome}", flush=True)
@@ -463,7 +483,8 @@ def probe(args: argparse.Namespace) -> dict:
         for round_ in range(args.rounds):
             for name in args.bursts:
                 tree.refresh()
-                rows.append({"round": round_ + 1, **run_burst(tree, name, photo, rest["tree_rss_mb"], args)})
+                rows.append({"round": round_ + 1,
+                             **run_burst(tree, name, photo, rest["tree_rss_mb"], args, rest.get("gpu_mb"))})
         info = httpx_json(f"{url}/v1/model")
     finally:
         if proc is not None:
@@ -492,7 +513,8 @@ def _sample_photo() -> bytes:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bursts", type=lambda s: s.split(","), default=list(BURSTS), help="comma-separated, in order")
     p.add_argument("--weights", default="sample")
     p.add_argument("--backend", default="onnxruntime", help="auto on a GPU server")

@@ -48,6 +48,24 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
+_M_ARENA_MAX = -8  # <malloc.h>
+
+
+def limit_malloc_arenas(arenas: int) -> bool:
+    """At most ``arenas`` glibc arenas in this process. Each thread that allocates otherwise
+    gets an arena of its own (up to 8 per core), and ``malloc_trim`` cannot hand back the free
+    top of a thread's arena: after a burst, an inference worker's decode and ONNX Runtime
+    threads kept tens of MB that way. Call it before threads allocate (glibc fixes the limit
+    when the first thread arena is made). False where there is no glibc ``mallopt``."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_ARENA_MAX, arenas))
+
+
 def release_memory(pipeline_release: Callable[[], None] | None = None) -> None:
     """A full collection (cyclic garbage frees its memory), the pipeline's own release, then
     glibc's ``malloc_trim(0)``: the free pages of every arena go back to the kernel."""

@@ -32,7 +32,7 @@ from app.ipc.answers import Answers, answers_frame, results
 from app.ipc.batcher import Batcher, Job
 from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
-from app.service.memory import IdleRelease, release_memory
+from app.service.memory import IdleRelease, limit_malloc_arenas, release_memory
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -57,6 +57,7 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = Non
     from app.service.processes import die_with_parent, setup_logging, write_metrics_to
 
     die_with_parent(spec.parent_pid)
+    limit_malloc_arenas(2)  # before the decode and backend threads start: see app.service.memory
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     write_metrics_to(spec.layout.metrics_dir)
     if spec.device is not None:

