@@ -198,7 +198,7 @@ async def detect_batch(request: Request, params: ParamsDep, inference: Inference
     images = await read_form_images(request, "images", max_parts=settings.max_images_per_request,
                                     max_body_bytes=settings.max_body_bytes)
     # Each header is checked (format, size, memory, the request's pixel budget) before anything is
-    # decoded; images that fail are answered here, in their slots, the rest go to the inference workers.
+    # decoded; images that fail are answered here, in their places, the rest go to the inference workers.
     checked = check_request_images([data for _, data in images], max_pixels=settings.max_pixels)
     refused = {i: c for i, c in enumerate(checked) if isinstance(c, YolopipeError)}
     sent = [i for i in range(len(images)) if i not in refused]
