@@ -21,7 +21,7 @@ run, then one timed run per ``--rates`` entry).
 then main+kept-heap and new.
 
 The stand-in (``StandInPipeline``) implements ``app.contracts.Pipeline`` the way
-``app.pipeline.gpu.GpuPipeline`` does for JPEG bytes: ``max_in_flight`` slots, the same
+``app.pipeline.gpu.GpuPipeline`` does for JPEG bytes: ``in_flight`` batch slots, the same
 per-image host work before the device (``bytes()`` and the JPEG header read of
 ``GpuJpegDecoder.split``) and after it (a copy of each image's rows), and the device work of a
 batch as one GIL-free wait: a single emulated device runs batches one after another at the
@@ -110,7 +110,9 @@ class StandInPipeline:
         self.meta = meta
         self.max_batch = max_batch
         self.max_det = max_det
-        self.max_in_flight = slots
+        self.in_flight = slots
+        self.buckets: tuple[int, ...] = ()
+        self.takes_nv12 = False
         self.device = EmulatedDevice(rate)
         self._replies = replies
         self._slots = threading.BoundedSemaphore(slots)
@@ -124,7 +126,7 @@ class StandInPipeline:
 
         with self._slots:
             results: list = [None] * len(images)
-            datas = [bytes(x) for x in images]
+            datas = [x.data for x in images]  # EncodedImage: the bytes with the header read once
             if self._host_work:  # GpuJpegDecoder.split reads every header again, holding the GIL
                 for data in datas:
                     read_jpeg_header(data)

@@ -12,7 +12,7 @@
                at most 3 levels (measured on the H200)
 ``nvjpeg``     torchvision ``decode_jpeg(device="cuda")``: no fancy upsampling, so about 16 %
                of the pixels differ from OpenCV's by a level or more
-``cpu``        OpenCV in the pipeline's host threads: bit-exact with Ultralytics
+``opencv``     OpenCV in the pipeline's host threads: bit-exact with Ultralytics (``cpu``: its old name)
 =============  ===========================================================================
 
 A GPU decoder returns, per image, a ``DeviceImage`` (a device buffer it owns, RGB, with its
@@ -44,11 +44,12 @@ from typing import Any
 
 import numpy as np
 
-from app.config import DECODERS, check_choice
+from app.config import MAX_PIXELS, decoder_name
 from app.errors import BackendUnavailable, InvalidImage, YolopipeError
 from app.gpu.jpeg import JpegHeader, apply_orientation, read_jpeg_header
 from app.gpu.preprocess import LAYOUT_CHW_RGB, LAYOUT_HWC_RGB
 from app.imaging.decode import decode_image
+from app.imaging.headers import ImageHeader
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +81,12 @@ def decoded_size(header: JpegHeader) -> tuple[int, int]:
     return header.height, header.width
 
 
-def cpu_decode(data: bytes) -> np.ndarray | YolopipeError:
-    """OpenCV's BGR frame of ``data`` (Ultralytics' reader), or the image's error."""
+def cpu_decode(data: bytes, header: ImageHeader | None = None, *, max_pixels: int = MAX_PIXELS
+               ) -> np.ndarray | YolopipeError:
+    """OpenCV's BGR frame of ``data`` (Ultralytics' reader), or the image's error; ``header``: its
+    header, already read and checked (else it is read here)."""
     try:
-        return decode_image(data)
+        return decode_image(data, max_pixels=max_pixels, header=header)
     except YolopipeError as exc:
         return exc
     except Exception as exc:  # noqa: BLE001 - any decoder failure is this image's fault
@@ -109,12 +112,14 @@ class GpuJpegDecoder:
         self._driver = cuda_driver()
 
     @staticmethod
-    def split(datas: Sequence[bytes]) -> tuple[list[tuple[int, JpegHeader]], dict[int, np.ndarray | YolopipeError]]:
-        """``(index, header)`` of the JPEGs the GPU takes; OpenCV's frame (or the error) of the rest."""
+    def split(datas: Sequence[bytes], headers: Sequence[JpegHeader | None] | None = None
+              ) -> tuple[list[tuple[int, JpegHeader]], dict[int, np.ndarray | YolopipeError]]:
+        """``(index, header)`` of the JPEGs the GPU takes; OpenCV's frame (or the error) of the rest.
+        ``headers``: each one's JPEG header as already read (None: not a JPEG); else read here."""
         gpu: list[tuple[int, JpegHeader]] = []
         host: dict[int, np.ndarray | YolopipeError] = {}
         for i, data in enumerate(datas):
-            header = read_jpeg_header(data)
+            header = headers[i] if headers is not None else read_jpeg_header(data)
             if header is None or not header.gpu_decodable:
                 host[i] = cpu_decode(data)  # not ours, or not a JPEG: OpenCV, or its error
             else:
@@ -204,9 +209,9 @@ class NvJpegDecoder(GpuJpegDecoder):
 
 
 def make_decoder(decode: str, device: int, threads: int) -> GpuJpegDecoder | None:
-    """The GPU decoder ``decode`` names (None for ``cpu``); ``gpu`` takes the best one present."""
-    check_choice("decoder", decode, DECODERS)
-    if decode == "cpu":
+    """The GPU decoder ``decode`` names (None for ``opencv``); ``gpu`` takes the best one present."""
+    decode = decoder_name(decode)
+    if decode == "opencv":
         return None
     if decode == "nvjpeg":
         return NvJpegDecoder(device)

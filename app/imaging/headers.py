@@ -71,6 +71,12 @@ class ImageHeader:
     def pixels(self) -> int:
         return self.height * self.width
 
+    @property
+    def gpu_decodable(self) -> bool:
+        """Whether a GPU JPEG decoder takes this image: the one test of it (``JpegHeader``'s),
+        for the detector's routing and the GPU decoders' alike."""
+        return self.jpeg is not None and self.jpeg.gpu_decodable
+
 
 # File suffixes of the formats read_header accepts: what a folder of images is listed by.
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".jpe", ".png", ".bmp", ".dib", ".tif", ".tiff", ".webp"})

@@ -147,9 +147,11 @@ def test_decode_into_writes_each_image_where_it_was_told(name, varied):
 
 def test_bad_jpeg_in_a_batch_fails_alone(gpu, pipe32, assets_dir):
     """A corrupt JPEG in a GPU-decoded batch gets its own error; the others get their boxes."""
-    good = [(assets_dir / n).read_bytes() for n in ("bus.jpg", "zidane.jpg")]
+    good = [gpu.jpeg((assets_dir / n).read_bytes()) for n in ("bus.jpg", "zidane.jpg")]
     assert pipe32.decoder_name in ("nvimgcodec", "nvjpeg")
-    batch = [good[0], b"\xff\xd8\xff\xe0 corrupt", good[1], b"\xff\xd8" + b"\x00" * 64]
+    # Bytes that are not what their header said (it came with them, read from other bytes).
+    lying = [gpu.jpeg(data, header_of=good[0].data) for data in (b"\xff\xd8\xff\xe0 corrupt", b"\xff\xd8" + b"\x00" * 64)]
+    batch = [good[0], lying[0], good[1], lying[1]]
     out = pipe32.run(batch, DetectParams()).images
     assert isinstance(out[1], InvalidImage) and isinstance(out[3], YolopipeError)
     alone = gpu.rows_of(pipe32.run(good, DetectParams()))

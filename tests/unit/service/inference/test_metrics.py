@@ -5,7 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.exposition import generate_latest
 
-from app.ipc.metrics import LATENCY_BUCKETS, observe_many
+from app.ipc.metrics import LATENCY_BUCKETS
+from app.service.inference.metrics import observe_many
 
 
 def _samples(registry) -> list[str]:

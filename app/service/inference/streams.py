@@ -1,7 +1,9 @@
 """The inference worker's stream host: the video streams of ``/v1/streams`` run here, and their
 frames go through the worker's batcher (``BatcherFrames``), so they share batches with the
-HTTP workers' images and with each other; a frame the batcher refuses (over its time budget)
-comes back as an error and is counted with the stream's drops.
+HTTP workers' images and with each other; their answers come back as arrays, never encoded (the
+batcher's ``deliver`` hands this process's share over as it is). A frame the batcher refuses
+(over its time budget) comes back as an error and is counted with the stream's drops. Each
+processed frame's event is written once, as JSON text (``app.pipeline.streams.event_lines``).
 
 Control and events come on the worker's streams socket (``app.ipc.streams`` has the protocol).
 Events go to each subscriber through the event loop; a subscriber that reads slower than the
@@ -21,12 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from app.contracts import DetectParams, ImageResult
+from app.contracts import DetectedBatch, DetectParams
 from app.errors import InvalidParameter, YolopipeError
 from app.ipc import wire
-from app.ipc.answers import read_results
+from app.ipc.answers import Answers
 from app.ipc.streams import check_stream_source, stream_socket
-from app.pipeline.streams import StreamFrame, StreamRunner, frame_event
+from app.pipeline.streams import StreamFrame, StreamRunner, TrackIds, event_lines
+from app.service.inference.batcher import Job
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -38,8 +41,7 @@ class StreamHost:
                  loop: asyncio.AbstractEventLoop, batcher: Any) -> None:
         self.worker, self.settings, self.detector, self.layout, self.loop = worker, settings, detector, layout, loop
         self.frames = BatcherFrames(batcher, DetectParams(), settings.budget_s)
-        self.runner = StreamRunner(detector, DetectParams(), self._on_frame, max_batch=settings.max_batch,
-                                   max_wait_ms=settings.max_wait_ms, max_streams=settings.max_streams,
+        self.runner = StreamRunner(detector, DetectParams(), self._on_frames, max_streams=settings.max_streams,
                                    detect=self.frames.detect)
         self._subscribers: dict[str, set[asyncio.Transport]] = {}
         self._ids = itertools.count()
@@ -100,11 +102,16 @@ class StreamHost:
             transports.discard(transport)
 
     # --- the runner thread -------------------------------------------------------------
-    def _on_frame(self, frame: StreamFrame, result: ImageResult, ids: list[int | None] | None) -> None:
-        if not self._subscribers.get(frame.stream.id):
+    def _on_frames(self, frames: list[StreamFrame], answers: DetectedBatch, track_ids: TrackIds) -> None:
+        watched = [k for k, f in enumerate(frames) if self._subscribers.get(f.stream.id)]
+        if not watched:
             return
-        data = wire.stream_message({"event": frame_event(frame, result, ids, self.detector.names)})
-        self.loop.call_soon_threadsafe(self._send, frame.stream.id, data)
+        if len(watched) < len(frames):
+            frames, answers = [frames[k] for k in watched], answers.take(watched)
+            track_ids = [track_ids[k] for k in watched]
+        events = event_lines(frames, answers, track_ids, self.detector.names)
+        for frame, event in zip(frames, events):
+            self.loop.call_soon_threadsafe(self._send, frame.stream.id, wire.stream_event(event))
 
     def _send(self, stream_id: str, data: bytes) -> None:
         for t in list(self._subscribers.get(stream_id, ())):
@@ -129,18 +136,17 @@ class StreamHost:
 
 
 class BatcherFrames:
-    """Stream frames as jobs of the worker's batcher. It is the jobs' owner: the worker sends
-    each batch's answers to it (``send``, on the event loop) as it does to an HTTP worker."""
+    """Stream frames as jobs of the worker's batcher. It is the jobs' owner: the batcher's
+    ``deliver`` hands it its share of each batch's answers (``take_answers``, on the batch's
+    thread) as arrays, where an HTTP worker's share is encoded and sent."""
 
     def __init__(self, batcher: Any, params: DetectParams, budget_s: float) -> None:
-        from app.ipc.batcher import Job
-
-        self._job, self.batcher, self.params, self.budget_s = Job, batcher, params, budget_s
+        self.batcher, self.params, self.budget_s = batcher, params, budget_s
         self._waiting: dict[tuple[int, int], Future] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
 
-    def detect(self, images: list[np.ndarray]) -> list[ImageResult]:
+    def detect(self, images: list[np.ndarray]) -> DetectedBatch:
         """Blocks the runner's thread until the batcher has answered every frame."""
         req_id = next(self._ids)
         deadline = time.monotonic() + self.budget_s
@@ -150,21 +156,22 @@ class BatcherFrames:
             with self._lock:
                 self._waiting[(req_id, i)] = future
             futures.append(future)
-            refused = self.batcher.admit(self._job(self, wire.ImageRef(req_id, i, 0, 0, deadline, self.params), image))
+            refused = self.batcher.admit(Job(self, wire.ImageRef(req_id, i, 0, 0, deadline, self.params), image))
             if refused is not None:
                 with self._lock:
                     self._waiting.pop((req_id, i), None)
-                future.set_result(wire.Outcome(req_id, i, error=refused))
-        outcomes = [f.result() for f in futures]
-        return [ImageResult(o.width, o.height, o.detections, o.error) for o in outcomes]
+                future.set_result(DetectedBatch.failed([refused]))
+        return DetectedBatch.concat([f.result() for f in futures])
 
-    def send(self, data: bytes) -> None:
-        for _kind, body in wire.FrameReader().feed(data):
-            for outcome in read_results(body)[1]:
-                with self._lock:
-                    future = self._waiting.pop((outcome.req_id, outcome.index), None)
-                if future is not None:
-                    future.set_result(outcome)
+    def take_answers(self, answers: Answers) -> None:
+        """This owner's share of a batch's answers: each frame's own, to the runner waiting for it."""
+        detected = answers.detected()
+        keys = zip(answers.records["req_id"].tolist(), answers.records["index"].tolist())
+        for k, key in enumerate(keys):
+            with self._lock:
+                future = self._waiting.pop(key, None)
+            if future is not None:
+                future.set_result(detected.take([k]))
 
 
 class _Control(asyncio.Protocol):

@@ -2,7 +2,8 @@
 
 Images reach it as the worker gets them: views of bytes in a shared-memory ring. Faults are
 injected into the real pipeline (``pipeline.run`` wrapped on the instance): a gate that holds
-a lane inside a batch, or one raised exception.
+a batch thread inside a batch, or one raised exception. Each harness runs the real pipeline
+under a run shape of its own (``max_batch``, ``max_wait_ms``), as ``app.runtime`` would hand it.
 """
 
 from __future__ import annotations
@@ -11,16 +12,19 @@ import queue
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 
-from app.contracts import DetectParams
+from app.contracts import DetectParams, EncodedImage
 from app.errors import DeviceError, Overloaded, RequestTimeout
 from app.ipc.answers import answers_frame, read_results
-from app.ipc.batcher import Batcher, Job
-from app.ipc.metrics import WorkerMetrics
 from app.ipc.ring import Ring, map_ring
 from app.ipc.wire import FrameReader, ImageRef
+from app.pipeline.detector import Detector
+from app.service.inference.batcher import Batcher, Job
+from app.service.inference.metrics import WorkerMetrics
+from tests.standins import DecodesItself, count_header_reads
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +35,15 @@ def detector(cpu_detector):
 class Harness:
     """A started batcher, a ring holding the images, and every answer in delivery order."""
 
-    def __init__(self, detector, ring_path, **options) -> None:
+    def __init__(self, detector, ring_path, *, max_batch: int = 4, max_wait_ms: float = 5, pipeline=None,
+                 **options) -> None:
         self.answers: queue.Queue = queue.Queue()
         self.ring = Ring(ring_path, 64 * 1024 * 1024)
         self.view = map_ring(ring_path)
-        options = {"max_batch": 4, "max_wait_ms": 5, "budget_s": 600.0, **options}
-        self.batcher = Batcher(detector, deliver=self._deliver, metrics=WorkerMetrics("0"), **options)
+        shape = replace(detector.shape, max_batch=max_batch, max_wait_ms=max_wait_ms)
+        self.detector = Detector(pipeline or detector.pipeline, shape)  # the real pipeline, this run shape
+        options = {"budget_s": 600.0, **options}
+        self.batcher = Batcher(self.detector, deliver=self._deliver, metrics=WorkerMetrics("0"), **options)
         self.batcher.start()
 
     def _deliver(self, jobs, answers) -> None:
@@ -47,9 +54,9 @@ class Harness:
             self.answers.put((outcome, timings))
 
     def job(self, data: bytes, req_id: int, index: int = 0, *, owner: str = "a", deadline_s: float = 60.0,
-            params: DetectParams = DetectParams()) -> Job:
+            params: DetectParams = DetectParams(), header=None) -> Job:
         offset = self.ring.put(data)
-        ref = ImageRef(req_id, index, offset, len(data), time.monotonic() + deadline_s, params)
+        ref = ImageRef(req_id, index, offset, len(data), time.monotonic() + deadline_s, params, header)
         return Job(owner, ref, self.view[offset : offset + len(data)])
 
     def admit(self, *jobs: Job) -> None:
@@ -109,7 +116,7 @@ def test_waiting_images_of_many_requests_run_as_one_batch_and_equal_the_detector
     h = harness()
     with gated(detector) as (gate, entered):
         h.admit(h.job(bus, 1))
-        wait_until(lambda: entered == [1])  # the lane is inside the first batch
+        wait_until(lambda: entered == [1])  # a batch thread is inside the first batch
         images = [bus, zidane, bus]
         h.admit(*(h.job(data, 10 + i) for i, data in enumerate(images)))
         gate.set()
@@ -259,26 +266,23 @@ def test_close_finishes_admitted_work_and_refuses_new(harness, detector, bus):
     assert answers[1].error is None and answers[2].error is None
 
 
-def test_a_lane_that_raises_answers_its_batch_with_an_error_and_serves_on(harness, detector, bus):
+def test_a_batch_thread_that_raises_answers_its_batch_with_an_error_and_serves_on(harness, bus):
     h = harness()
-    real_prepare = detector.prepare
+    real_prepare = h.detector.prepare
     calls = []
 
-    def surprising_once(item, header=None):
+    def surprising_once(item):
         calls.append(1)
         if len(calls) == 1:
             raise ValueError("a decoder surprise, not one of ours")
-        return real_prepare(item, header)
+        return real_prepare(item)
 
-    detector.prepare = surprising_once
-    try:
-        h.admit(h.job(bus, 1))
-        (failed, _), = h.collect(1)
-        assert h.batcher.load().pending == 0  # the failed job is no longer counted as queued work
-        h.admit(h.job(bus, 2))
-        (served, _), = h.collect(1)
-    finally:
-        del detector.prepare
+    h.detector.prepare = surprising_once
+    h.admit(h.job(bus, 1))
+    (failed, _), = h.collect(1)
+    assert h.batcher.load().pending == 0  # the failed job is no longer counted as queued work
+    h.admit(h.job(bus, 2))
+    (served, _), = h.collect(1)
     assert isinstance(failed.error, DeviceError) and "ValueError" in str(failed.error)
     assert served.error is None and len(served.detections) > 0
     assert h.batcher.load().pending == 0 and h.batcher.fatal is None
@@ -313,7 +317,7 @@ def test_a_lost_device_context_refuses_work_answers_the_queue_and_asks_for_a_res
 
 
 def test_an_ordinary_device_error_is_not_taken_for_a_lost_context():
-    from app.ipc.device import is_sticky_device_error
+    from app.service.inference.warmup import is_sticky_device_error
 
     assert not is_sticky_device_error(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert is_sticky_device_error(RuntimeError("CUDA error: unspecified launch failure"))
@@ -322,58 +326,43 @@ def test_an_ordinary_device_error_is_not_taken_for_a_lost_context():
     assert is_sticky_device_error(wrapped)
 
 
-def test_an_image_that_comes_with_its_header_is_not_parsed_again(harness, bus, monkeypatch):
-    import app.imaging.decode
-    import app.pipeline.detector
+def test_a_jpeg_that_comes_with_its_header_reaches_a_pipeline_that_decodes_it_unparsed(harness, detector, bus,
+                                                                                     zidane, monkeypatch):
+    """The HTTP worker read each header: the batcher hands the bytes on with it (``EncodedImage``)
+    to a pipeline that decodes JPEGs itself (the GPU's; here a stand-in that decodes with the
+    header it is given), and nothing in this process reads a header again."""
     from app.imaging.check import check_image
 
-    header = check_image(bus)  # as the HTTP worker read it
-    h = harness()
+    pipeline = DecodesItself(detector.pipeline)
+    h = harness(pipeline=pipeline)
+    headers = {req: check_image(data) for req, data in ((1, bus), (2, zidane))}  # as the HTTP worker read them
+    pipeline.received.clear()  # the warm-up's gray frames
+    reads = count_header_reads(monkeypatch)
+    h.admit(h.job(bus, 1, header=headers[1]), h.job(zidane, 2, header=headers[2]))
+    answers = {o.req_id: o for o, _ in h.collect(2)}
+    assert reads == []
+    assert [(type(x), x.header) for x in pipeline.received] == [(EncodedImage, headers[1]), (EncodedImage, headers[2])]
+    for req, data in ((1, bus), (2, zidane)):
+        (direct,) = detector.detect([data], detector.params())
+        assert answers[req].detections.to_json(detector.names) == direct.detections.to_json(detector.names) != []
 
-    def parsed_again(*args, **kwargs):
-        raise AssertionError("the inference worker read the header again")
 
-    monkeypatch.setattr(app.pipeline.detector, "check_image", parsed_again)
-    monkeypatch.setattr(app.imaging.decode, "check_image", parsed_again)
-    job = h.job(bus, 1)
-    job.ref.header = header
-    h.admit(job)
+def test_bytes_without_a_header_are_read_once(harness, detector, bus, monkeypatch):
+    """An image whose header did not come with it is read here, once, and travels on with it."""
+    pipeline = DecodesItself(detector.pipeline)
+    h = harness(pipeline=pipeline)
+    pipeline.received.clear()
+    reads = count_header_reads(monkeypatch)
+    h.admit(h.job(bus, 1))
     (outcome, _), = h.collect(1)
-    assert outcome.error is None and len(outcome.detections) > 0
-
-
-def test_a_batch_of_answers_equals_each_image_scaled_on_its_own(detector, bus, zidane):
-    """``batch_answers`` takes a whole batch's rows to source pixels at once: bit for bit what
-    ``rows_to_detections`` gives each image alone, whatever its letterbox."""
-    import cv2
-    import numpy as np
-
-    from app.boxes import rows_to_detections
-    from app.ipc.answers import Answers, batch_answers
-
-    pixels = cv2.imdecode(np.frombuffer(bus, np.uint8), cv2.IMREAD_COLOR)
-    images = [detector.prepare(bus), detector.prepare(zidane), cv2.resize(pixels, (300, 900)),
-              cv2.resize(pixels, (1000, 120))]  # four letterboxes: tall, wide, padded both ways
-    run = detector.pipeline.run(images, detector.params(conf=0.01))
-    placed = [(i, out) for i, out in zip((0, 1, 3, 4), run.images)]
-    jobs = [Job("a", ImageRef(7, i, 0, 0, 0.0, DetectParams()), None) for i in range(5)]
-    errors = {2: Overloaded("the request was cancelled")}
-    answers = batch_answers(jobs, time.perf_counter(), placed, errors, {"batch_ms": 1.0})
-    outcomes = Answers(answers.records, answers.rows, answers.errors, answers.timings).outcomes()
-    assert [o.index for o in outcomes] == [0, 1, 2, 3, 4]
-    assert type(outcomes[2].error) is Overloaded
-    for (_, (rows, lb)), o in zip(placed, [outcomes[i] for i in (0, 1, 3, 4)]):
-        alone = rows_to_detections(rows, lb)
-        assert (o.width, o.height) == (lb.src_w, lb.src_h)
-        assert np.array_equal(o.detections.boxes, alone.boxes) and np.array_equal(o.detections.scores, alone.scores)
-        assert np.array_equal(o.detections.class_ids, alone.class_ids)
-    assert all(len(outcomes[i].detections) > 0 for i in (0, 1, 3, 4))
+    assert reads == [len(bus)] and outcome.error is None and len(outcome.detections) > 0
+    assert [type(x) for x in pipeline.received] == [EncodedImage]
 
 
 def test_warm_up_prepares_and_names_each_bucket_in_turn(detector):
     """A GPU start compiles and captures bucket after bucket: each is its own step, reported
     (the log and /readyz show it) before the pipeline does it."""
-    from app.ipc.device import warmup
+    from app.service.inference.warmup import warmup
 
     events: list[str] = []
     real_warmup = detector.pipeline.warmup

@@ -13,7 +13,7 @@ from app.errors import DeviceError
 from app.ipc.client import InferenceClient
 from app.ipc.layout import RunLayout
 from app.ipc.wire import StatusBlock
-from app.service.worker import WorkerSpec, _serve
+from app.service.inference.worker import WorkerSpec, _serve
 
 
 class Reports(list):

@@ -3,7 +3,9 @@
 It listens on a Unix socket in the run folder; every HTTP worker connects, names its
 shared-memory ring (``HELLO``), then sends image descriptors (``IMAGE``). The
 batcher batches images from every HTTP worker and each answer goes back on the socket it came
-from, a batch's answers to one HTTP worker in one frame. Its load goes to a status block the
+from, a batch's answers to one HTTP worker in one frame (``app.service.inference.answers``).
+Its hello tells every HTTP worker the model and the run shape (``max_batch``, ``in_flight``,
+``max_pixels``) as the detector was opened with it. Its load goes to a status block the
 HTTP workers read. SIGTERM: refuse new work, finish the admitted work, exit 0; SIGINT is
 ignored (a terminal's Ctrl-C reaches every process; the supervisor decides the order). A
 device that became unusable (the batcher's ``on_fatal``) drains the same way and exits with
@@ -16,7 +18,6 @@ sets the environment they read (the GPU this worker may see, the metrics folder)
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -27,10 +28,11 @@ from typing import Any
 
 from app.errors import YolopipeError
 from app.ipc import wire
-from app.ipc.answers import Answers, answers_frame, results
-from app.ipc.batcher import Batcher, Job
+from app.ipc.answers import Answers, results
 from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
+from app.service.inference.answers import answer_frames
+from app.service.inference.batcher import Batcher, Job
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -90,7 +92,7 @@ def _run(main: Any) -> Any:
 
 async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, promote: Any = None) -> str | None:
     """Serve until SIGTERM (None) or until the device is lost (why)."""
-    from app.ipc.metrics import WorkerMetrics, gpu_memory_readers
+    from app.service.inference.metrics import WorkerMetrics, gpu_memory_readers
 
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
@@ -100,18 +102,18 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     connections: set[_Connection] = set()
 
     def deliver(jobs: list, answers: Answers) -> None:
-        """On a lane's thread: each owner's share of a batch as one frame, written by the loop."""
-        loop.call_soon_threadsafe(_send_frames, answer_frames(jobs, answers))
+        """On a batch thread: each HTTP worker's share of a batch as one frame, written by the loop
+        (the stream host takes its share here)."""
+        frames = answer_frames(jobs, answers)
+        if frames:
+            loop.call_soon_threadsafe(_send_frames, frames)
 
-    batcher = Batcher(detector, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
-                      budget_s=settings.budget_s, deliver=deliver, metrics=metrics, generation=spec.generation)
-    sizes: tuple[int, ...] = (1,)
-    buckets: list[int] = []
-    if detector.pipeline.backend != "onnxruntime":
-        from app.gpu.pack import bucket_sizes  # the GPU pipeline's own buckets (its module is loaded already)
-
-        sizes = tuple(sorted({1, batcher.max_batch}))
-        buckets = bucket_sizes(detector.pipeline.max_batch)
+    batcher = Batcher(detector, budget_s=settings.budget_s, deliver=deliver, metrics=metrics,
+                      generation=spec.generation)
+    # A pipeline with buckets (the GPU's: each captured as a graph) warms up each, then its
+    # smallest and largest batch; one without (ONNX Runtime) runs one image.
+    buckets = detector.pipeline.buckets
+    sizes = tuple(sorted({1, detector.shape.max_batch})) if buckets else (1,)
     # A first start shows its warm-up steps (in the log and /readyz); a standby warms quietly
     # beside the worker that owns the status block.
     starting = None if promote is not None else wire.StatusBlock(spec.layout.status(spec.index), writable=True)
@@ -143,9 +145,9 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
         "device": "cpu" if spec.device is None else f"cuda:{spec.device}",
         **detector.info(),
         "meta": asdict(detector.meta),
-        "max_pixels": detector.max_pixels,
+        "max_pixels": detector.shape.max_pixels,
         "max_det": detector.pipeline.max_det,
-        "batch_limit": batcher.max_batch, "lanes": batcher.lanes,
+        "in_flight": detector.shape.in_flight,
     }
     stop_sampling = threading.Event()
     metrics.sample_gpu_memory(gpu_memory_readers(detector, 0), 5.0, stop_sampling)
@@ -160,15 +162,15 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
         pass
     server = await loop.create_unix_server(
         lambda: _Connection(batcher, info, connections), str(socket_path))
-    from app.service.streams import StreamHost  # video streams: their own socket and thread
+    from app.service.inference.streams import StreamHost  # video streams: their own socket and thread
 
     streams = StreamHost(spec.index, settings, detector, spec.layout, loop, batcher)
     await streams.start()
     batcher.on_fatal = lambda reason: loop.call_soon_threadsafe(stopping.set)
     status.write(batcher.load())
     report.send(("ready", info))
-    log.info("inference worker %d ready: %s on %s/%s (%s), batch %d, %d lane(s)", spec.index, detector.meta.name,
-             info["backend"], info["precision"], info["device"], batcher.max_batch, batcher.lanes)
+    log.info("inference worker %d ready: %s on %s/%s (%s), batch %d, %d in flight", spec.index, detector.meta.name,
+             info["backend"], info["precision"], info["device"], detector.shape.max_batch, detector.shape.in_flight)
     await stopping.wait()
 
     log.info("inference worker %d draining%s", spec.index, " (device lost)" if batcher.fatal else "")
@@ -187,18 +189,6 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     loop.remove_signal_handler(signal.SIGTERM)
     log.info("inference worker %d stopped", spec.index)
     return batcher.fatal
-
-
-def answer_frames(jobs: list[Job], answers: Answers) -> list[tuple[Any, bytes]]:
-    """(owner, RESULTS frame) per owner of ``jobs``, whose answers ``answers`` holds in order."""
-    by_owner: dict[Any, list[int]] = {}
-    for i, job in enumerate(jobs):
-        by_owner.setdefault(job.owner, []).append(i)
-    if len(by_owner) == 1:
-        return [(jobs[0].owner, answers_frame(answers))]
-    timings = json.dumps(answers.timings).encode()
-    shares = answers.split(list(by_owner.values()))
-    return [(owner, answers_frame(share, timings)) for owner, share in zip(by_owner, shares)]
 
 
 async def _stand_by(spec: WorkerSpec, report: Any, promote: Any, stopping: asyncio.Event) -> int | None:

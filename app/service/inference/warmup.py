@@ -1,5 +1,5 @@
-"""The batcher and its device: the warm-up before serving, and telling a device context lost for
-good (the process must be restarted) from an ordinary failure of one batch."""
+"""The inference worker and its device: the warm-up before serving, and telling a device context
+lost for good (the process must be restarted) from an ordinary failure of one batch."""
 
 from __future__ import annotations
 
@@ -37,9 +37,10 @@ def warmup(detector: Detector, batch_sizes: Sequence[int], progress: Callable[[s
     """Run each batch size once on gray images, so the first request pays no setup; the
     seconds per image of the largest batch (the first estimate admission works with).
 
-    ``buckets``: the pipeline's batch buckets, prepared one at a time so that progress names
-    each (on a GPU each is compiled on first use, or loaded from the compile cache, and
-    captured as a CUDA graph: the slow part of a start); none: the pipeline's own warm-up."""
+    ``buckets``: the pipeline's batch buckets (``Pipeline.buckets``), prepared one at a time so
+    that progress names each (on a GPU each is compiled on first use, or loaded from the compile
+    cache, and captured as a CUDA graph: the slow part of a start); none: the pipeline's own
+    warm-up."""
     say = progress or (lambda text: None)
     if buckets:
         for k, b in enumerate(buckets, 1):
@@ -54,6 +55,6 @@ def warmup(detector: Detector, batch_sizes: Sequence[int], progress: Callable[[s
     for k, n in enumerate(batch_sizes, 1):
         say(f"warming up batch size {n} ({k} of {len(batch_sizes)})")
         t0 = time.perf_counter()
-        detector.detect([image] * n, detector.params())
+        detector.run([image] * n, detector.params())
         seconds = (time.perf_counter() - t0) / n
     return seconds

@@ -1,4 +1,6 @@
-"""The inference worker's dynamic batcher: images from every HTTP worker become detector batches.
+"""The inference worker's dynamic batcher: images from every HTTP worker become detector batches
+(``Detector.run``), of up to the detector's ``RunShape.max_batch`` images, each waiting at most
+its ``max_wait_ms`` for a batch to fill.
 
 * **Admission in time.** ``admit`` refuses at once (``Overloaded`` → 503) when the work
   already admitted, at the measured seconds per image (an EWMA over recent batches), would
@@ -8,13 +10,15 @@
   images back by more than one batch; the HTTP side also keeps only ``request_window``
   images of one request here at a time.
 * **Lazy decode.** Bytes stay in the HTTP worker's ring until their batch is formed, then are
-  decoded (CPU pool; JPEG passes through to a GPU pipeline that decodes it) and freed; decoded
-  pixels exist only for the batches running.
-* **Lanes.** One thread per pipeline lane, each forming and running its own batch.
+  copied out with the header the HTTP worker read (``EncodedImage``: never parsed again),
+  decoded (CPU pool; a JPEG passes through to a GPU pipeline that decodes it) and freed;
+  decoded pixels exist only for the batches running.
+* **Batches in flight.** One thread per batch in flight (``RunShape.in_flight``), each forming
+  and running its own batch.
 
 Every admitted image is answered exactly once through ``deliver`` (a result, its own error,
 or why it was dropped: deadline passed, request cancelled, shutting down), because the answer
-is what frees its bytes in the ring. A lane that meets an unexpected exception logs it,
+is what frees its bytes in the ring. A batch thread that meets an unexpected exception logs it,
 answers that batch with an error and goes on. An error that leaves the device unusable (a
 dead CUDA context: every later batch would fail too) makes the batcher refuse new work,
 answer what it holds and call ``on_fatal``, so that its process drains and is restarted.
@@ -31,11 +35,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from app.contracts import DetectedBatch, EncodedImage
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
-from app.ipc.answers import Answers, batch_answers
-from app.ipc.device import is_sticky_device_error, warmup
+from app.ipc.answers import Answers
 from app.ipc.wire import DRAINING, READY, ImageRef, Load, Outcome, over_budget, queued_seconds
 from app.pipeline.detector import Detector
+from app.service.inference.answers import answers_of
+from app.service.inference.warmup import is_sticky_device_error, warmup
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -50,7 +58,7 @@ class Job:
 
     owner: Hashable
     ref: ImageRef
-    data: Any  # a view of the bytes in the owner's ring, until decoded
+    data: Any  # a view of the bytes in the owner's ring until decoded (or a stream's BGR frame)
     admitted_at: float = field(default_factory=time.perf_counter)
     decode_ms: float = 0.0
 
@@ -59,19 +67,21 @@ class Job:
         return self.owner, self.ref.req_id
 
 
-# The answers of ``jobs`` (in their order); called from a lane thread.
+# The answers of ``jobs`` (in their order); called from a batch thread.
 Deliver = Callable[[list[Job], Answers], None]
 
 
 class Batcher:
-    def __init__(self, detector: Detector, *, max_batch: int, max_wait_ms: float, budget_s: float,
-                 deliver: Deliver, metrics: Any, generation: int = 0, decode_threads: int = 4) -> None:
+    def __init__(self, detector: Detector, *, budget_s: float, deliver: Deliver, metrics: Any, generation: int = 0,
+                 decode_threads: int = 4) -> None:
+        """Batches of up to ``detector.shape.max_batch`` images, ``in_flight`` at once, each waiting
+        at most ``max_wait_ms`` to fill (the run shape ``app.runtime`` clamped)."""
         self.detector = detector
-        self.max_batch = max(1, min(max_batch, detector.pipeline.max_batch))
-        self.max_wait_s = max_wait_ms / 1e3
+        self.max_batch = detector.shape.max_batch
+        self.max_wait_s = detector.shape.max_wait_ms / 1e3
         self.budget_s = budget_s
         # batches run at once (a thread each): on the GPU, one batch's decode and upload beside another's graph
-        self.lanes = detector.pipeline.max_in_flight
+        self.in_flight = detector.shape.in_flight
         self.generation = generation
         self._deliver = deliver
         self.metrics = metrics
@@ -91,12 +101,12 @@ class Batcher:
     # --- lifecycle -----------------------------------------------------------------------
     def start(self, warmup_sizes: Sequence[int] = (1,), progress: Callable[[str], None] | None = None,
               buckets: Sequence[int] = ()) -> None:
-        """Warm the detector up (on the first lane's thread: CUDA state is per thread), then serve.
+        """Warm the detector up (on the first batch thread: CUDA state is per thread), then serve.
         ``progress`` hears each warm-up step; ``buckets``: see ``warmup``."""
         ready = threading.Event()
         failure: list[BaseException] = []
 
-        def first_lane() -> None:
+        def first_thread() -> None:
             try:
                 self._seconds_per_image = warmup(self.detector, warmup_sizes, progress, buckets)
             except BaseException as exc:  # noqa: BLE001 (raised by start() in the caller's thread)
@@ -104,21 +114,21 @@ class Batcher:
                 ready.set()
                 return
             ready.set()
-            self._lane_loop()
+            self._batch_loop()
 
-        self._threads = [threading.Thread(target=first_lane, name="yolopipe-lane-0", daemon=True)]
+        self._threads = [threading.Thread(target=first_thread, name="yolopipe-batch-0", daemon=True)]
         self._threads[0].start()
         ready.wait()
         if failure:
             raise failure[0]
-        for i in range(1, self.lanes):
-            t = threading.Thread(target=self._lane_loop, name=f"yolopipe-lane-{i}", daemon=True)
+        for i in range(1, self.in_flight):
+            t = threading.Thread(target=self._batch_loop, name=f"yolopipe-batch-{i}", daemon=True)
             t.start()
             self._threads.append(t)
         self._publish()
 
     def close(self, drain_s: float) -> None:
-        """Refuse new work, finish what was admitted (at most ``drain_s``), stop the lanes."""
+        """Refuse new work, finish what was admitted (at most ``drain_s``), stop the batch threads."""
         with self._cond:
             self._closing = True
             deadline = time.monotonic() + drain_s
@@ -135,7 +145,7 @@ class Batcher:
     # --- the IO side (the worker's event loop) ---------------------------------------------
     def load(self) -> Load:
         state = DRAINING if self._closing or self.fatal else READY
-        return Load(self.generation, state, self._pending, self._seconds_per_image, self.lanes)
+        return Load(self.generation, state, self._pending, self._seconds_per_image, self.in_flight)
 
     def admit(self, job: Job) -> YolopipeError | None:
         """Queue ``job``; or the error to answer it with at once."""
@@ -149,8 +159,8 @@ class Batcher:
             was_queued = self._queued
             for job in jobs:
                 refused.append(self._admit_one(job))
-            # Wake a lane only when it has something to do: an idle one for the first job, a
-            # filling one when a whole batch is there (else it waits out max_wait by itself).
+            # Wake a batch thread only when it has something to do: an idle one for the first job,
+            # a filling one when a whole batch is there (else it waits out max_wait by itself).
             if self._queued and (not was_queued or self._queued >= self.max_batch > was_queued):
                 self._cond.notify()
         self._publish()
@@ -159,7 +169,7 @@ class Batcher:
     def _admit_one(self, job: Job) -> YolopipeError | None:
         if self._closing or self.fatal:
             return Overloaded("the server is shutting down; retry")
-        queued_s = queued_seconds(self._pending + 1, self._seconds_per_image, self.lanes)
+        queued_s = queued_seconds(self._pending + 1, self._seconds_per_image, self.in_flight)
         if self._pending and queued_s > self.budget_s:
             return over_budget(queued_s, self.budget_s)
         self._pending += 1
@@ -187,8 +197,8 @@ class Batcher:
             self._forget(dropped)
         self._publish()
 
-    # --- the lanes ---------------------------------------------------------------------------
-    def _lane_loop(self) -> None:
+    # --- the batch threads -------------------------------------------------------------------
+    def _batch_loop(self) -> None:
         while True:
             batch, expired = self._next_batch()
             self._answer(expired, RequestTimeout("the request's deadline passed while it waited"))
@@ -198,12 +208,12 @@ class Batcher:
                 self._run(batch)
 
     def _run(self, batch: list[Job]) -> None:
-        """Run one batch and answer every job of it, whatever happens: a lane must not die."""
+        """Run one batch and answer every job of it, whatever happens: a batch thread must not die."""
         start = time.perf_counter()
         try:
             answers = self._compute(batch, start)
         except Exception as exc:  # noqa: BLE001 (a bug or a decoder's surprise: fail this batch, serve on)
-            log.error("a lane failed on a batch of %d; answering it with an error", len(batch), exc_info=exc)
+            log.error("a batch thread failed on a batch of %d; answering it with an error", len(batch), exc_info=exc)
             self.metrics.device_errors.inc()
             error = DeviceError(f"the inference worker failed on this batch ({type(exc).__name__}); retry")
             answers = Answers.of([Outcome(j.ref.req_id, j.ref.index, error=error) for j in batch])
@@ -263,44 +273,38 @@ class Batcher:
                     break
         self._queued -= len(batch) + len(expired)
         self._pending -= len(expired)
-        if self._queued:  # work left over: another lane starts forming the next batch
+        if self._queued:  # work left over: another batch thread starts forming the next batch
             self._cond.notify()
         return batch, expired
 
     def _compute(self, batch: list[Job], start: float) -> Answers:
-        """Every job's answer, as arrays: rows go from the pipeline to the wire in one go per batch."""
+        """Every job's answer, as arrays: rows go from the detector to the wire in one go per batch."""
         m = self.metrics
         m.observe_stage("queue", [start - j.admitted_at for j in batch])
         prepared = self._prepare(batch)
-        errors = {i: p for i, p in enumerate(prepared) if isinstance(p, YolopipeError)}
-        ok = [i for i in range(len(batch)) if i not in errors]
-        m.batch_size.observe(len(ok))
+        ok = sum(not isinstance(p, YolopipeError) for p in prepared)
+        m.batch_size.observe(ok)
         run_start = time.perf_counter()
-        placed: list[tuple[int, Any]] = []  # (position, (rows, letterbox))
-        stage_timings: dict[str, float] = {}
-        if ok:
-            images, stage_timings = self._detect([prepared[i] for i in ok], batch[0].ref.params)
-            for i, out in zip(ok, images):
-                if isinstance(out, YolopipeError):
-                    errors[i] = out
-                else:
-                    placed.append((i, out))
+        detected = self._detect(prepared, batch[0].ref.params)
         end = time.perf_counter()
-        timings: dict[str, float] = {"batch_ms": round((end - run_start) * 1e3, 3), "batch_size": len(ok)}
+        timings: dict[str, float] = {"batch_ms": round((end - run_start) * 1e3, 3), "batch_size": ok}
         m.stage("batch").observe(end - run_start)
-        for name, ms in stage_timings.items():
+        for name, ms in detected.timings.items():
             name = f"pipeline_{name}" if name in _BATCHER_TIMINGS else name
             m.stage(name.removesuffix("_ms")).observe(ms / 1e3)
             timings[name] = round(float(ms), 3)
-        if placed:
-            m.images("ok").inc(len(placed))
-        if errors:
-            m.images("failed").inc(len(errors))
-        return batch_answers(batch, start, placed, errors, timings)
+        detected.timings = timings
+        failed = len(detected.errors)
+        if len(batch) > failed:
+            m.images("ok").inc(len(batch) - failed)
+        if failed:
+            m.images("failed").inc(failed)
+        return answers_of(batch, start, detected)
 
     def _prepare(self, batch: list[Job]) -> list[Any]:
-        """Decoded pixels (or JPEG bytes for a pipeline that decodes them) or the image's error."""
-        on_pool = [not self.detector.decodes_itself(j.ref.header, j.data) for j in batch]
+        """Decoded pixels (or the JPEG, with its header, for a pipeline that decodes it) or the
+        image's error. Decodes go to the pool; the rest is done here."""
+        on_pool = [not self._passes_through(j) for j in batch]
         if sum(on_pool) > 1:
             futures = {i: self._pool.submit(self._prepare_one, j) for i, j in enumerate(batch) if on_pool[i]}
             out = [futures[i].result() if i in futures else self._prepare_one(j) for i, j in enumerate(batch)]
@@ -311,32 +315,44 @@ class Batcher:
         self.metrics.observe_stage("decode", [j.decode_ms / 1e3 for j in batch])
         return out
 
+    def _passes_through(self, job: Job) -> bool:
+        """Nothing to decode here: a stream's frame, or a JPEG (its header read by the HTTP
+        worker) that the pipeline decodes itself."""
+        header = job.ref.header
+        if isinstance(job.data, np.ndarray):
+            return True
+        return header is not None and self.detector.gpu_decodes(header)
+
     def _prepare_one(self, job: Job) -> Any:
         t0 = time.perf_counter()
         try:
-            return self.detector.prepare(job.data, job.ref.header)
+            data = job.data
+            if not isinstance(data, np.ndarray):  # bytes out of the ring, with the header that came with them
+                data = bytes(data)
+                data = data if job.ref.header is None else EncodedImage(data, job.ref.header)
+            return self.detector.prepare(data)
         except YolopipeError as exc:
             return exc
         finally:
             job.decode_ms = (time.perf_counter() - t0) * 1e3
 
-    def _detect(self, items: list[Any], params: Any) -> tuple[list[Any], dict[str, float]]:
-        """One pipeline run of prepared items (a batch is never over the pipeline's max_batch):
-        per item its rows and letterbox or its error, and the run's stage timings."""
+    def _detect(self, items: list[Any], params: Any) -> DetectedBatch:
+        """One ``Detector.run`` of prepared items (a batch is never over the run's max_batch):
+        each item's rows or error, and the run's stage timings; a run that fails as a whole
+        fails each of its items."""
         try:
-            run = self.detector.pipeline.run(items, params)
-            return run.images, run.timings
+            return self.detector.run(items, params)
         except YolopipeError as exc:
             if isinstance(exc, DeviceError):
                 self.metrics.device_errors.inc()
             log.warning("batch of %d failed: %s", len(items), exc)
-            return [exc] * len(items), {}
+            return DetectedBatch.failed([x if isinstance(x, YolopipeError) else exc for x in items])
         except Exception as exc:  # the accelerator failed (e.g. out of memory): fail this batch, keep serving
             log.error("batch of %d failed on the device", len(items), exc_info=exc)
             self.metrics.device_errors.inc()
             error = DeviceError(f"the device failed while running this batch ({type(exc).__name__}); retry")
             self._check_sticky(exc)
-            return [error] * len(items), {}
+            return DetectedBatch.failed([x if isinstance(x, YolopipeError) else error for x in items])
 
     def _check_sticky(self, exc: BaseException) -> None:
         """A dead device context: refuse new work, answer the queue, have the process restarted."""
