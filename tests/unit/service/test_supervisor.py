@@ -7,6 +7,8 @@ import signal
 import socket
 import threading
 
+import pytest
+
 from app.config import Settings
 from app.ipc.layout import RunLayout
 from app.service.supervisor import HttpWorkers
@@ -48,11 +50,8 @@ def test_the_metrics_folder_variable_is_put_back_after_serving(tmp_path, monkeyp
         assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path / "a")
     assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/elsewhere")
-    try:
-        with metrics_folder(tmp_path / "b"):
-            raise RuntimeError("the service failed")
-    except RuntimeError:
-        pass
+    with pytest.raises(RuntimeError), metrics_folder(tmp_path / "b"):
+        raise RuntimeError("the service failed")
     assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == "/elsewhere"
 
 
