@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 
 import pytest
@@ -12,18 +11,13 @@ import pytest
 from app.config import Settings
 from app.ipc.layout import RunLayout
 from app.service.supervisor import HttpWorkers
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.net import free_port
 
 
 def test_stop_ends_a_restart_pause_at_once():
     layout = RunLayout.create(0)
     stop = threading.Event()
-    workers = HttpWorkers(Settings(host="127.0.0.1", port=_free_port()), layout, 1, stop)
+    workers = HttpWorkers(Settings(host="127.0.0.1", port=free_port()), layout, 1, stop)
     try:
         workers.start()
         (proc,) = workers._procs
@@ -65,7 +59,7 @@ def test_serve_whose_model_cannot_open_says_why_and_exits_while_its_http_workers
 
     missing = tmp_path / "missing.pt"
     proc = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--backend", "onnxruntime", "--weights",
-                           str(missing), "--host", "127.0.0.1", "--port", str(_free_port())],
+                           str(missing), "--host", "127.0.0.1", "--port", str(free_port())],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
     assert proc.returncode == ExitCode.USAGE, proc.stderr
     assert f"error: weights file not found: {missing}" in proc.stderr
