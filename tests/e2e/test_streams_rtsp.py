@@ -16,6 +16,7 @@ import pytest
 
 from app.pipeline.streams import StreamRunner
 from app.runtime import open_detector
+from tests.net import free_port
 from tests.videos import CLIP_SIZE, ffmpeg, write_clip, write_h264
 
 pytestmark = [
@@ -23,12 +24,6 @@ pytestmark = [
     pytest.mark.skipif(ffmpeg() is None or shutil.which("rtsp-server-perl") is None,
                        reason="needs ffmpeg and rtsp-server-perl (apt-get install ffmpeg rtsp-server-perl; .ci/run does)"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
