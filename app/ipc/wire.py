@@ -95,7 +95,7 @@ class ImageRef:
     length: int
     deadline: float
     params: DetectParams
-    header: ImageHeader | None = None  # as the HTTP worker read it (a JPEG's chroma sampling stays behind)
+    header: ImageHeader | None = None  # as the HTTP worker read it (of a JPEG's sampling, the first component's)
 
 
 def image(ref: ImageRef) -> bytes:
@@ -144,7 +144,11 @@ def _pack_header(h: ImageHeader | None) -> bytes:
     if h is None:
         return _HEADER.pack(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
     j = h.jpeg
-    flags = 0 if j is None else (j.progressive | j.arithmetic << 1 | j.lossless << 2)
+    flags = 0
+    if j is not None:  # the GPU decoder routes on the first component's sampling (bits 4-7)
+        sh, sv = j.sampling[0] if j.sampling else (1, 1)
+        flags = (j.progressive | j.arithmetic << 1 | j.lossless << 2 | j.needs_libjpeg << 3
+                 | (sh - 1 & 3) << 4 | (sv - 1 & 3) << 6)
     return _HEADER.pack(_FORMATS.index(h.format), h.height, h.width, h.channels, h.bits, h.work_bytes,
                         0 if j is None else j.components, 0 if j is None else j.precision, flags,
                         0 if j is None else j.orientation, 0 if j is None else j.scans)
@@ -157,7 +161,9 @@ def _unpack_header(body: bytes, pos: int) -> ImageHeader | None:
     jpeg = None
     if comps:
         jpeg = JpegHeader(height, width, comps, precision, progressive=bool(flags & 1), arithmetic=bool(flags & 2),
-                          lossless=bool(flags & 4), sampling=(), orientation=orientation, scans=scans)
+                          lossless=bool(flags & 4), sampling=((1 + (flags >> 4 & 3), 1 + (flags >> 6)),),
+                          orientation=orientation, scans=scans,
+                          needs_libjpeg=bool(flags & 8))  # a defect never travels: check_image refused it
     return ImageHeader(_FORMATS[fmt], height, width, channels, bits, work, jpeg)
 
 

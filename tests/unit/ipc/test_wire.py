@@ -28,13 +28,16 @@ def test_an_image_travels_with_the_header_the_http_worker_read(bus, forge):
 
     from app.imaging.check import check_image
 
-    for data in (bus, forge.png(64, 48), forge.tiff(64, 48, bits=16)):
+    without_tables = forge.jpeg_without(bus, 0xC4)  # Motion-JPEG style: libjpeg's standard Huffman tables
+    for data in (bus, without_tables, forge.png(64, 48), forge.tiff(64, 48, bits=16)):
         header = check_image(data)
         ref = wire.ImageRef(1, 0, 0, len(data), 9.0, DetectParams(), header)
         ((_, body),) = wire.FrameReader().feed(wire.image(ref))
         back = wire.read_image(body)
-        expected = header if header.jpeg is None else replace(header, jpeg=replace(header.jpeg, sampling=()))
+        expected = header if header.jpeg is None else replace(header, jpeg=replace(header.jpeg,
+                                                                                   sampling=header.jpeg.sampling[:1]))
         assert back.header == expected
+        assert back.header.jpeg is None or back.header.jpeg.gpu_decodable == header.jpeg.gpu_decodable
         assert (back.header.jpeg is not None) == (header.format == "jpeg")
     ((_, body),) = wire.FrameReader().feed(wire.image(wire.ImageRef(1, 0, 0, 1, 9.0, DetectParams())))
     assert wire.read_image(body).header is None  # bytes from elsewhere: the worker reads the header itself
