@@ -46,11 +46,12 @@ from app.contracts import DetectParams, DeviceEngine, DeviceNv12, PipelineInput,
 from app.errors import DeviceError, InvalidParameter, YolopipeError
 from app.gpu import nv12_input
 from app.gpu.capture import GraphBuilder, graph_key
-from app.gpu.decode import GpuJpegDecoder, cpu_decode, decoded_size, make_decoder
+from app.gpu.decode import make_decoder
+from app.gpu.decoded import GpuJpegDecoder, cpu_decode, decoded_size, encoded_parts, is_encoded
 from app.gpu.dispatch import Dispatcher
 from app.gpu.gate import Gate
 from app.gpu.memory import CapturedBatch, InputBuffer, StreamPair
-from app.gpu.pack import bucket_sizes, checked_frames, copy_frames, plan_batch, settle_fallbacks, write_header
+from app.gpu.pack import bucket_sizes, checked_frames, copy_frames, plan_batch, settle_decoded, write_header
 from app.gpu.slot import BatchSlot
 from app.gpu.timeline import Timeline
 from app.types import ModelMeta
@@ -231,7 +232,7 @@ class GpuPipeline:
         timings: dict[str, float] = {}
         t_start = time.perf_counter()
         results: list[Any] = [None] * len(images)
-        byte_slots = [i for i, x in enumerate(images) if isinstance(x, (bytes, bytearray, memoryview))]
+        byte_slots = [i for i, x in enumerate(images) if is_encoded(x)]
         frames = checked_frames(images, set(byte_slots), results)
         decoder = self._decoders[self._decode] if byte_slots else None
         timeline = self._timeline
@@ -242,12 +243,12 @@ class GpuPipeline:
         with decoder.lock if decoder is not None else contextlib.nullcontext():
             if marks is not None and decoder is not None:
                 marks.record("decode", False, decoder.stream)
-            datas = [bytes(images[i]) for i in byte_slots]
+            datas, headers = zip(*(encoded_parts(images[i]) for i in byte_slots)) if byte_slots else ((), ())
             gpu: list = []
             if decoder is None:
-                host = dict(enumerate(self._cpu_decode(datas))) if datas else {}
+                host = dict(enumerate(self._cpu_decode(datas, headers))) if datas else {}
             else:
-                gpu, host = decoder.split(datas)
+                gpu, host = decoder.split(datas, headers)  # the headers their first reader parsed
             for k, d in host.items():
                 if isinstance(d, YolopipeError):
                     results[byte_slots[k]] = d
@@ -262,14 +263,16 @@ class GpuPipeline:
                 self._grow(slot, plan.end - slot.staging.header_bytes)
             if gpu:
                 base = slot.staging.dev.data_ptr()
+                with self._torch.cuda.stream(decoder.stream):  # unwritten bytes are zeros, never a past image
+                    slot.staging.dev[plan.device_start : plan.end].zero_()
                 answers = decoder.decode_into([datas[k] for k, _ in gpu], [h for _, h in gpu],
                                               [base + off for off in plan.device_offsets])
-                self._settle(slot, plan, len(plan) - len(gpu), answers, decoder, results)
+                self._settle(slot, plan, answers, decoder, results)
                 slot.decoded.record(decoder.stream)
                 if marks is not None:
                     marks.record("decode", True, decoder.stream)
             waits_decoder = bool(gpu)
-            datas = gpu = None
+            datas = headers = gpu = None
             if not plan.placed:
                 return PipelineRun(results, {"decode_ms": (time.perf_counter() - t_start) * 1e3})
             bucket = self.bucket_for(len(plan))
@@ -336,17 +339,18 @@ class GpuPipeline:
         self.last_launch_path = path
         return PipelineRun(results, timings)
 
-    def _cpu_decode(self, datas: list[bytes]) -> list:
+    def _cpu_decode(self, datas: Sequence[bytes], headers: Sequence[Any]) -> list:
         if len(datas) == 1:
-            return [cpu_decode(datas[0])]
-        return list(self._pool().map(cpu_decode, datas))
+            return [cpu_decode(datas[0], headers[0])]
+        return list(self._pool().map(cpu_decode, datas, headers))
 
-    def _settle(self, slot: BatchSlot, plan, first: int, answers: list, decoder: GpuJpegDecoder, results) -> None:
-        """The JPEGs the GPU decoder did not decode in place: OpenCV's frames go there through the
-        pinned staging (H2D on the decoder's stream), errors into ``results``."""
+    def _settle(self, slot: BatchSlot, plan, answers: list, decoder: GpuJpegDecoder, results) -> None:
+        """Each JPEG joins the batch only as the decoder reported it decoded in place, or as
+        OpenCV's frame of it (through the pinned staging, H2D on the decoder's stream); any other
+        answer is its error in ``results``, and its place is read by nothing."""
         from app.gpu.driver import copy_host_to_device, cuda_driver
 
-        uploads, errors = settle_fallbacks(plan, first, answers, slot.staging.host_np, self.size)
+        uploads, errors = settle_decoded(plan, answers, slot.staging.host_np, self.size)
         for i, err in errors.items():
             results[i] = err
         if uploads:
