@@ -291,7 +291,9 @@ def jpeg_broken(name: str, jpeg: bytes) -> dict[str, bytes]:
            f"{name}_second_sof": jpeg[:sos_at] + jpeg[jpeg_sof(jpeg) : next(b for a, m, b in segments
                                                                          if a == jpeg_sof(jpeg))] + jpeg[sos_at:],
            f"{name}_scan_of_unknown_component": jpeg[: sos_at + 5] + b"\x63" + jpeg[sos_at + 6 :],
-           f"{name}_hierarchical_sof": jpeg[: jpeg_sof(jpeg) + 1] + b"\xc5" + jpeg[jpeg_sof(jpeg) + 2 :]}
+           f"{name}_hierarchical_sof": jpeg[: jpeg_sof(jpeg) + 1] + b"\xc5" + jpeg[jpeg_sof(jpeg) + 2 :],
+           # Ss, Se, Ah/Al of the first scan zeroed (files like it exist: libjpeg warns and ignores them)
+           f"{name}_sos_parameters_zeroed": jpeg[: data_at - 3] + b"\x00\x00\x00" + jpeg[data_at:]}
     for pct in range(1, 100):
         out[f"{name}_cut_{pct:02d}pct"] = jpeg[: n * pct // 100]
     for seed in range(12):

@@ -11,9 +11,10 @@ The rule (``walk_jpeg`` returns the first defect it finds, or None):
 * what libjpeg refuses, OpenCV included: data that ends before an EOI marker (OpenCV reads from
   memory with a suspending source, so a file cut anywhere, even just before its EOI, is an
   error there, never libjpeg's "premature end" warning); no scan before the EOI; a second SOI or
-  SOF; an unknown marker; a segment shorter than its fields; a scan naming a component the
-  frame lacks (or twice), a Huffman table that is neither defined nor one of libjpeg's
-  standard ones (0 and 1), an over-subscribed Huffman table, a quantization table never
+  SOF; an unknown marker; a segment shorter than its fields; a second scan where the first
+  coded every component; a scan naming a component the frame lacks (or twice), a Huffman
+  table that is neither defined nor one of libjpeg's standard ones (tables 0 and 1; in a
+  progressive JPEG, none), an over-subscribed Huffman table, a quantization table never
   defined; progressive parameters libjpeg calls invalid; an interleaved MCU of more than 10
   blocks; sampling factors outside 1-4; a side over 65,500; a hierarchical frame; samples of
   other than 8 or 12 bits (2-16 when lossless);
@@ -26,14 +27,15 @@ The rule (``walk_jpeg`` returns the first defect it finds, or None):
 
 Not visible here, and so decoded as libjpeg decodes them on both paths: corruption inside a
 scan's Huffman-coded data that leaves every marker in place (a flipped bit; a scan cut short
-with an EOI appended). Only a full Huffman decode sees those; libjpeg itself decodes them with
+with an EOI appended). Only a full Huffman decode sees those; libjpeg itself decodes them, with
 a warning. The GPU pipeline fills each image's staging with zeros before decoding it, so what
 a decoder leaves unwritten is never another image's pixels.
 
 ``needs_libjpeg``: a whole file that leans on a libjpeg leniency the GPU decoders need not
 share (a Huffman table it never defines, for which libjpeg takes the standard one, as for
-Motion-JPEG frames; a sequential scan whose Ss/Se/Ah/Al bytes are not 0/63/0/0, which libjpeg
-ignores): OpenCV decodes it on every path.
+Motion-JPEG frames, which Ultralytics reads that way too; a sequential scan whose Ss/Se/Ah/Al
+bytes are not 0/63/0/0, which libjpeg ignores): OpenCV decodes it on every path, so every path
+answers alike (with the standard tables, a file coded with others decodes to noise there).
 
 The walk reads segment headers in Python (a few dozen) and finds the markers inside the
 entropy-coded data with NumPy over the bytes after the first scan (one comparison pass): no
