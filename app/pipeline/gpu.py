@@ -3,8 +3,10 @@
 One batch, stage by stage (the module that does each):
 
 1. **decode** (``app.gpu.decode``): each JPEG's place in the slot's device staging is planned
-   from its header, then it is decoded there on the decoder's own stream (nvImageCodec by
-   default), or by OpenCV in the host threads (``decode="cpu"``); frames are taken as they are;
+   from its header (the one its first reader parsed; a JPEG whose bytes cannot decode whole is
+   OpenCV's error here), zeroed, then it is decoded there on the decoder's own stream
+   (nvImageCodec by default), or by OpenCV in the host threads (``decode="cpu"``); a JPEG joins
+   the batch only as its decoder reported it decoded; frames are taken as they are;
 2. **staging** (``app.gpu.pack``): an event on the decoder's stream after the batch's decode,
    then the params header and the frames into the slot's pinned staging;
 3. **upload**: one H2D copy of ``[header | frames]`` on the copy stream, then an event;
@@ -25,7 +27,9 @@ the benchmark); ``max_in_flight`` says how many are worth having in flight.
 
 Graph launches are made straight through the CUDA driver (``app.gpu.driver.RawDispatch``;
 ``Tensor.copy_`` + ``CUDAGraph.replay()`` if that is unavailable). Captures run with the gate
-held exclusively (``app.gpu.gate``): no other thread makes CUDA calls while one is captured.
+held exclusively (``app.gpu.gate``): no other thread makes CUDA calls while one is captured;
+and every capture runs on the one capture thread of ``app.gpu.capture`` (the same kernels in
+every graph of a bucket, whichever thread asked: the same answer in any slot).
 """
 
 from __future__ import annotations
@@ -122,7 +126,7 @@ class GpuPipeline:
                           staging_bytes=staging_bytes)
                 for i in range(slots)
             ]
-            self.graphs = GraphBuilder(engine, self.inputs, self.compute, self.slots)
+            self.graphs = GraphBuilder(engine, self.inputs, self.compute, self.slots, context=self._on_device)
         self._free_slots: queue.SimpleQueue[BatchSlot] = queue.SimpleQueue()
         for slot in self.slots:
             self._free_slots.put(slot)
@@ -156,6 +160,12 @@ class GpuPipeline:
     def _numba_device(self):
         """Numba's current context must be this device's (it is device 0 unless told)."""
         return cuda.gpus[self.device] if self.device != 0 else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _on_device(self):
+        """This pipeline's device for torch and Numba, on the calling thread (the capture thread's)."""
+        with self._torch.cuda.device(self.device), self._numba_device():
+            yield
 
     @contextlib.contextmanager
     def _exclusive(self):
@@ -403,6 +413,7 @@ class GpuPipeline:
                 self._host_pool.shutdown(wait=True)
                 self._host_pool = None
             self.dispatcher.close()
+            self.graphs.close()
 
     def __enter__(self) -> GpuPipeline:
         return self
