@@ -62,9 +62,9 @@ def main() -> None:
     rows = []
     for name, data in inputs().items():
         assert walk_jpeg(data).defect is None, name
-        walk = cpu_us(lambda: walk_jpeg(data), 200)
-        scan = cpu_us(lambda: data.count(b"\xff"), 200)
-        decode = cpu_us(lambda: cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR), 10)
+        walk = cpu_us(lambda d=data: walk_jpeg(d), 200)
+        scan = cpu_us(lambda d=data: d.count(b"\xff"), 200)
+        decode = cpu_us(lambda d=data: cv2.imdecode(np.frombuffer(d, np.uint8), cv2.IMREAD_COLOR), 10)
         rows.append({"input": name, "file_bytes": len(data), "walk_us": walk, "bytes_count_ff_us": scan,
                      "opencv_decode_us": decode, "walk_pct_of_decode": round(100 * walk / decode, 2)})
         print(json.dumps(rows[-1]), flush=True)

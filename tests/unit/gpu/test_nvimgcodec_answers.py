@@ -57,7 +57,7 @@ class Decoder:
                 out.append(None)
                 continue
             cai = image.__cuda_array_interface__
-            ptr, (h, w, _) = cai["data"][0], cai["shape"]
+            ptr = cai["data"][0]
             rgb = np.ascontiguousarray(decode_image(stream.data)[..., ::-1]).reshape(-1)
             self.memory.bytes[ptr : ptr + rgb.size] = rgb
             if how == "elsewhere":

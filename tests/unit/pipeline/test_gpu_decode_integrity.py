@@ -22,8 +22,16 @@ from app.errors import InvalidImage
 from app.gpu.decoded import IN_PLACE, GpuJpegDecoder, cpu_decode
 from app.gpu.memory import align_up
 from app.gpu.pack import bucket_sizes
-from app.gpu.preprocess import LAYOUT_HWC_BGR, LAYOUT_HWC_RGB, P_LAYOUT, P_NEW_H, P_OFFSET, P_SRC_H, P_SRC_W, \
-    PARAMS_PER_IMAGE
+from app.gpu.preprocess import (
+    LAYOUT_HWC_BGR,
+    LAYOUT_HWC_RGB,
+    P_LAYOUT,
+    P_NEW_H,
+    P_OFFSET,
+    P_SRC_H,
+    P_SRC_W,
+    PARAMS_PER_IMAGE,
+)
 from app.imaging.check import check_image
 from app.imaging.decode import decode_image
 
