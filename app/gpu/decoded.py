@@ -27,9 +27,9 @@ import numpy as np
 
 from app.errors import InvalidImage, YolopipeError
 from app.gpu.preprocess import LAYOUT_HWC_RGB
-from app.imaging.check import check_image, undecodable
+from app.imaging.check import undecodable
 from app.imaging.decode import decode_image
-from app.imaging.headers import ImageHeader, JpegHeader
+from app.imaging.headers import ImageHeader, JpegHeader, read_header
 
 
 @dataclass
@@ -94,21 +94,21 @@ def route(datas: Sequence[bytes], headers: Sequence[ImageHeader | None]
           ) -> tuple[list[tuple[int, JpegHeader]], dict[int, np.ndarray | YolopipeError]]:
     """The one place that decides what a GPU decoder is handed: ``(index, header)`` of the
     JPEGs it takes; OpenCV's frame (or the error) of every other image. A missing header is
-    read (and checked) here."""
+    read here; the limits (pixels, decode memory) are the caller's to check, as the detector
+    checks every image before its pipeline sees it."""
     gpu: list[tuple[int, JpegHeader]] = []
     host: dict[int, np.ndarray | YolopipeError] = {}
-    for i, (data, header) in enumerate(zip(datas, headers)):
-        if header is None:
-            try:
-                header = check_image(data)
-            except YolopipeError as exc:
-                host[i] = exc
-                continue
+    for i, (data, given) in enumerate(zip(datas, headers)):
+        try:
+            header = given if given is not None else read_header(data)
+        except YolopipeError as exc:
+            host[i] = exc
+            continue
         jpeg = header.jpeg
         if jpeg is not None and jpeg.defect is not None:
             host[i] = undecodable(header.format)  # the bytes cannot decode whole: no decoder is asked
         elif jpeg is None or not jpeg.gpu_decodable:
-            host[i] = cpu_decode(data, header)  # not ours: OpenCV decodes it, or says what is wrong
+            host[i] = cpu_decode(data, given)  # not ours: OpenCV decodes it (its checks first), or says why not
         else:
             gpu.append((i, jpeg))
     return gpu, host

@@ -98,7 +98,7 @@ class StandInDecoder(GpuJpegDecoder):
         out = []
         for data, header, ptr in zip(datas, headers, targets):
             self.handed.append(data)
-            rgb = np.ascontiguousarray(decode_image(data)[..., ::-1]).reshape(-1)
+            rgb = np.ascontiguousarray(opencv(data)[..., ::-1]).reshape(-1)
             self.places[data] = (ptr, ptr + rgb.size)
             assert rgb.size == header.height * header.width * 3  # the place reserved from the header
             how = self.behaviour.get(data, "whole")
@@ -182,9 +182,13 @@ def cpu_error(data: bytes) -> str:
     return str(info.value)
 
 
+def opencv(data: bytes) -> np.ndarray:
+    return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+
+
 def assert_own_pixels(results, items):
     for out, data in zip(results, items):
-        np.testing.assert_array_equal(out, decode_image(data))
+        np.testing.assert_array_equal(out, opencv(data))
 
 
 def test_cut_and_corrupt_jpegs_get_the_cpu_error_and_no_decoder_sees_them(pipeline, photos, forge):
@@ -248,6 +252,7 @@ def test_the_decoder_takes_the_header_its_caller_read(pipeline, photos, monkeypa
     """An image that travels with its header (``EncodedImage(data, header)``) is not parsed
     again; one whose header says its bytes cannot decode whole is refused on that alone."""
     import app.gpu.decoded
+    import app.imaging.decode
 
     bus, zidane = photos["bus"], photos["zidane"]
     headers = {bus: check_image(bus), zidane: check_image(zidane)}
@@ -257,7 +262,8 @@ def test_the_decoder_takes_the_header_its_caller_read(pipeline, photos, monkeypa
     def no_parse(*args, **kwargs):
         raise AssertionError("the header was parsed again")
 
-    monkeypatch.setattr(app.gpu.decoded, "check_image", no_parse)
+    monkeypatch.setattr(app.gpu.decoded, "read_header", no_parse)
+    monkeypatch.setattr(app.imaging.decode, "check_image", no_parse)
     encoded = [types.SimpleNamespace(data=bus, header=headers[bus]), types.SimpleNamespace(data=zidane, header=bad)]
     out = pipeline.run_on(encoded)
     assert_own_pixels(out[:1], [bus])
