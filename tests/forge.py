@@ -305,6 +305,8 @@ def jpeg_broken(name: str, jpeg: bytes) -> dict[str, bytes]:
     for k in range(24):  # one header byte (a length, a table entry, a scan parameter...) changed
         at = rng.randrange(2, data_at)
         out[f"{name}_header_byte_{k}"] = jpeg[:at] + bytes([jpeg[at] ^ rng.randrange(1, 256)]) + jpeg[at + 1 :]
+    dqt = next(a for a, m, _ in segments if m == 0xDB)  # its first table declared 16-bit: too short
+    out[f"{name}_dqt_16_bit_short"] = jpeg[: dqt + 4] + bytes([jpeg[dqt + 4] | 0x10]) + jpeg[dqt + 5 :]
     dhts = [(a, b) for a, m, b in segments if m == 0xC4]
     for k, (a, b) in enumerate(dhts):
         out[f"{name}_dht_{k}_removed"] = jpeg[:a] + jpeg[b:]

@@ -7,6 +7,13 @@ batch slot's staging through ``images=`` views of it, so a batch allocates no Im
 copies nothing device-to-device. (Allocation was not what kept decode from overlapping the
 engine: nvImageCodec allocates stream-ordered, and every way of holding the output measured
 the same under load; the shared hardware queue was, see ``app/gpu/__init__.py``.)
+
+What nvImageCodec reports per image is all an answer rests on: an image counts as decoded in
+place only when the call returned it (0.6+ puts None where an image failed; older versions
+leave failed ones out of the list, and a call that raises is retried image by image), at its
+target, at its size. Its hardware decoder, though, only enqueues a batch and reports every image
+a success, whatever the data: a JPEG cut short is never handed to it (its header says so,
+``app.imaging.jpeg_structure``), and the pipeline zeroes each image's place before decoding.
 """
 
 from __future__ import annotations

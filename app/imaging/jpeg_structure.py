@@ -237,8 +237,10 @@ class _Walker:
             k += 1
             if tq >= 4:
                 raise _Defect(f"a quantization table index {tq}")
-            width = 2 if pq else 1  # libjpeg reads a short last table as far as it goes
-            k += min(64 * width, (n - k) // width * width)
+            size = 128 if pq else 64  # 16-bit entries, or 8-bit ones
+            if n - k < size:
+                raise _Defect("a DQT segment shorter than its tables")
+            k += size
             self.quant.add(tq)
 
     # ------------------------------------------------------------------ scans

@@ -86,27 +86,26 @@ def test_a_slot_that_held_a_photo_answers_each_cut_file_with_the_cpu_error(gpu, 
 @pytest.mark.parametrize("decode", ["gpu", "nvjpeg"])
 def test_the_broken_corpus_through_the_gpu_decoders_is_refused_exactly_as_on_the_cpu(gpu, pipe, photos, forge,
                                                                                     decode):
-    """Every broken variant (cuts, bit flips, tables, restart markers, empty scans, ...) of a
-    baseline, a progressive and a restart-interval photo, 8 to a batch: an error exactly where
-    the CPU path refuses, with its message; the others answered."""
+    """Every broken variant (cuts, bit flips, header bytes, tables, restart markers, empty
+    scans, ...) of a baseline, a progressive and a restart-interval photo, through the detector
+    on the GPU pipeline: an error exactly where the CPU path refuses, with its message."""
     pipe.decode = decode
+    detector = Detector(pipe)
     corpus = {}
     for name in ("bus", "bus_progressive", "bus_restarts"):
         corpus.update(forge.jpeg_broken(name, photos[name]))
-    items = list(corpus.items())
+    results = detector.detect(list(corpus.values()), detector.params())
     refused = 0
-    for start in range(0, len(items), 8):
-        chunk = items[start : start + 8]
-        for (name, data), out in zip(chunk, gpu.detect(pipe, [d for _, d in chunk])):
-            try:
-                decode_image(data)
-                cpu = None
-            except YolopipeError as exc:
-                cpu = str(exc)
-            got = str(out) if isinstance(out, YolopipeError) else None
-            assert got == cpu, (decode, name, got, cpu)
-            refused += cpu is not None
-    assert len(items) > 500 and refused > 300
+    for (name, data), result in zip(corpus.items(), results):
+        try:
+            decode_image(data)
+            cpu = None
+        except YolopipeError as exc:
+            cpu = str(exc)
+        got = None if result.error is None else str(result.error)
+        assert got == cpu, (decode, name, got, cpu)
+        refused += cpu is not None
+    assert len(corpus) > 500 and refused > 300
 
 
 def test_many_threads_through_the_batcher_cut_files_are_errors_and_photos_their_own(gpu, sample_model_dir, meta,

@@ -152,6 +152,7 @@ def test_cut_files_of_the_issue_are_opencvs_own_error(sources):
     ("bus_garbage_between_segments", "bytes that are not a marker at offset"),
     ("bus_dht_0_oversubscribed", "a bad DC Huffman table 0"),
     ("bus_no_dqt", "no quantization table 0 for component 1"),
+    ("bus_dqt_16_bit_short", "a DQT segment shorter than its tables"),
     ("bus_hierarchical_sof", "a hierarchical JPEG"),
     ("bus_second_soi", "a second SOI marker"),
 ])
