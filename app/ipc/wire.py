@@ -151,7 +151,7 @@ def _pack_header(h: ImageHeader | None) -> bytes:
     if h is None:
         return _HEADER.pack(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, b"")
     j = h.jpeg
-    flags = 0 if j is None else (j.progressive | j.arithmetic << 1 | j.lossless << 2)
+    flags = 0 if j is None else (j.progressive | j.arithmetic << 1 | j.lossless << 2 | j.needs_libjpeg << 3)
     sampling = b"" if j is None else bytes(hf << 4 | vf for hf, vf in j.sampling[:_MAX_SAMPLED])
     return _HEADER.pack(_FORMATS.index(h.format), h.height, h.width, h.channels, h.bits, h.work_bytes,
                         0 if j is None else j.components, 0 if j is None else j.precision, flags,
@@ -167,7 +167,8 @@ def _unpack_header(body: bytes, pos: int) -> ImageHeader | None:
     if comps:
         sampling = tuple((b >> 4, b & 0x0F) for b in sampled[: min(comps, _MAX_SAMPLED)])
         jpeg = JpegHeader(height, width, comps, precision, progressive=bool(flags & 1), arithmetic=bool(flags & 2),
-                          lossless=bool(flags & 4), sampling=sampling, orientation=orientation, scans=scans)
+                          lossless=bool(flags & 4), sampling=sampling, orientation=orientation, scans=scans,
+                          needs_libjpeg=bool(flags & 8))  # a defect never travels: check_image refused it
     return ImageHeader(_FORMATS[fmt], height, width, channels, bits, work, jpeg)
 
 

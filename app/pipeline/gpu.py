@@ -3,9 +3,10 @@
 One batch, stage by stage (the module that does each):
 
 1. **decode** (``app.gpu.decode``): each JPEG's place in the slot's device staging is planned
-   from its header (the one that came with its bytes, ``EncodedImage``), then it is decoded there
-   on the decoder's own stream (nvImageCodec by default), or by OpenCV in the host threads
-   (``decode="opencv"``); frames are taken as they are;
+   from its header (the one its first reader parsed, ``EncodedImage``; a JPEG whose bytes cannot
+   decode whole is OpenCV's error here), zeroed, then it is decoded there on the decoder's own
+   stream (nvImageCodec by default), or by OpenCV in the host threads (``decode="opencv"``); a
+   JPEG joins the batch only as its decoder reported it decoded; frames are taken as they are;
 2. **staging** (``app.gpu.pack``): an event on the decoder's stream after the batch's decode,
    then the params header and the frames into the slot's pinned staging;
 3. **upload**: one H2D copy of ``[header | frames]`` on the copy stream, then an event;
@@ -26,7 +27,9 @@ the benchmark); ``in_flight`` says how many are worth having in flight.
 
 Graph launches are made straight through the CUDA driver (``app.gpu.driver.RawDispatch``;
 ``Tensor.copy_`` + ``CUDAGraph.replay()`` if that is unavailable). Captures run with the gate
-held exclusively (``app.gpu.gate``): no other thread makes CUDA calls while one is captured.
+held exclusively (``app.gpu.gate``): no other thread makes CUDA calls while one is captured;
+and every capture runs on the one capture thread of ``app.gpu.capture`` (the same kernels in
+every graph of a bucket, whichever thread asked: the same answer in any slot).
 """
 
 from __future__ import annotations
@@ -47,11 +50,12 @@ from app.contracts import DetectParams, DeviceEngine, DeviceNv12, EncodedImage, 
 from app.errors import DeviceError, InvalidParameter, YolopipeError
 from app.gpu import nv12_input
 from app.gpu.capture import GraphBuilder, graph_key
-from app.gpu.decode import GpuJpegDecoder, cpu_decode, decoded_size, make_decoder
+from app.gpu.decode import make_decoder
+from app.gpu.decoded import GpuJpegDecoder, cpu_decode, decoded_size
 from app.gpu.dispatch import Dispatcher
 from app.gpu.gate import Gate
 from app.gpu.memory import CapturedBatch, InputBuffer, StreamPair
-from app.gpu.pack import bucket_sizes, checked_frames, copy_frames, plan_batch, settle_fallbacks, write_header
+from app.gpu.pack import bucket_sizes, checked_frames, copy_frames, plan_batch, settle_decoded, write_header
 from app.gpu.slot import BatchSlot
 from app.gpu.timeline import Timeline
 from app.types import ModelMeta
@@ -125,7 +129,7 @@ class GpuPipeline:
                           staging_bytes=staging_bytes)
                 for i in range(in_flight)
             ]
-            self.graphs = GraphBuilder(engine, self.inputs, self.compute, self.slots)
+            self.graphs = GraphBuilder(engine, self.inputs, self.compute, self.slots, context=self._on_device)
         self._free_slots: queue.SimpleQueue[BatchSlot] = queue.SimpleQueue()
         for slot in self.slots:
             self._free_slots.put(slot)
@@ -159,6 +163,12 @@ class GpuPipeline:
     def _numba_device(self):
         """Numba's current context must be this device's (it is device 0 unless told)."""
         return cuda.gpus[self.device] if self.device != 0 else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _on_device(self):
+        """This pipeline's device for torch and Numba, on the calling thread (the capture thread's)."""
+        with self._torch.cuda.device(self.device), self._numba_device():
+            yield
 
     @contextlib.contextmanager
     def _exclusive(self):
@@ -252,7 +262,7 @@ class GpuPipeline:
             if decoder is None:
                 host = dict(enumerate(self._cpu_decode(jpegs))) if jpegs else {}
             else:  # routed by the headers that came with the bytes: none is parsed again
-                gpu, host = decoder.split(datas, [x.header.jpeg for x in jpegs])
+                gpu, host = decoder.split(datas, [x.header for x in jpegs])
             for k, d in host.items():
                 if isinstance(d, YolopipeError):
                     results[encoded[k]] = d
@@ -267,9 +277,11 @@ class GpuPipeline:
                 self._grow(slot, plan.end - slot.staging.header_bytes)
             if gpu:
                 base = slot.staging.dev.data_ptr()
+                with self._torch.cuda.stream(decoder.stream):  # unwritten bytes are zeros, never a past image
+                    slot.staging.dev[plan.device_start : plan.end].zero_()
                 answers = decoder.decode_into([datas[k] for k, _ in gpu], [h for _, h in gpu],
                                               [base + off for off in plan.device_offsets])
-                self._settle(slot, plan, len(plan) - len(gpu), answers, decoder, results)
+                self._settle(slot, plan, answers, decoder, results)
                 slot.decoded.record(decoder.stream)
                 if marks is not None:
                     marks.record("decode", True, decoder.stream)
@@ -350,12 +362,13 @@ class GpuPipeline:
             return [one(jpegs[0])]
         return list(self._pool().map(one, jpegs))
 
-    def _settle(self, slot: BatchSlot, plan, first: int, answers: list, decoder: GpuJpegDecoder, results) -> None:
-        """The JPEGs the GPU decoder did not decode in place: OpenCV's frames go there through the
-        pinned staging (H2D on the decoder's stream), errors into ``results``."""
+    def _settle(self, slot: BatchSlot, plan, answers: list, decoder: GpuJpegDecoder, results) -> None:
+        """Each JPEG joins the batch only as the decoder reported it decoded in place, or as
+        OpenCV's frame of it (through the pinned staging, H2D on the decoder's stream); any other
+        answer is its error in ``results``, and its place is read by nothing."""
         from app.gpu.driver import copy_host_to_device, cuda_driver
 
-        uploads, errors = settle_fallbacks(plan, first, answers, slot.staging.host_np, self.size)
+        uploads, errors = settle_decoded(plan, answers, slot.staging.host_np, self.size)
         for i, err in errors.items():
             results[i] = err
         if uploads:
@@ -408,6 +421,7 @@ class GpuPipeline:
                 self._host_pool.shutdown(wait=True)
                 self._host_pool = None
             self.dispatcher.close()
+            self.graphs.close()
 
     def __enter__(self) -> GpuPipeline:
         return self

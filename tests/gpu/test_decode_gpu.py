@@ -23,8 +23,9 @@ from app.benchmark.workloads import varied_jpegs
 from app.contracts import DetectParams
 from app.errors import InvalidImage, UnsupportedMediaType, YolopipeError
 from app.gpu.decode import DeviceImage, NvJpegDecoder, to_host_bgr
-from app.gpu.nvimgcodec import NvImageCodecDecoder
+from app.gpu.decoded import IN_PLACE
 from app.gpu.jpeg import read_jpeg_header
+from app.gpu.nvimgcodec import NvImageCodecDecoder
 
 try:
     import nvidia.nvimgcodec  # noqa: F401
@@ -98,7 +99,9 @@ def test_decoder_bad_inputs_fail_alone(name, assets_dir):
         with decoder.lock:
             out = decoder.decode(datas)
         assert isinstance(out[0], DeviceImage) and isinstance(out[7], DeviceImage)
-        for k in (1, 2):  # cut short / garbage after valid headers: an error, or the header's size
+        # cut short: OpenCV's own error, before any GPU decoder is handed it
+        assert isinstance(out[1], InvalidImage) and str(out[1]) == "cannot decode this JPEG image (truncated or corrupt)"
+        for k in (2,):  # garbage after valid headers: an error, or the header's size
             if not isinstance(out[k], InvalidImage):
                 shape = out[k].shape[:2] if isinstance(out[k], np.ndarray) else (out[k].height, out[k].width)
                 assert shape == (header.height, header.width), (k, out[k])
@@ -132,7 +135,7 @@ def test_decode_into_writes_each_image_where_it_was_told(name, varied):
             answers = decoder.decode_into(datas, headers, [buf.data_ptr() + o for o in offsets])
             refs = decoder.decode(datas)
         decoder.stream.synchronize()
-        assert all(a is None for a in answers), [type(a).__name__ for a in answers]
+        assert all(a is IN_PLACE for a in answers), [type(a).__name__ for a in answers]
         if name == "nvimgcodec":
             assert decoder._into, "nvImageCodec fell back to decode + copy"
         for (h, w), o, ref in zip(sizes, offsets, refs):

@@ -30,13 +30,15 @@ def test_an_image_travels_with_the_header_the_http_worker_read(bus, forge):
     from app.imaging.check import check_image
 
     jpegs = [data for _, data in varied_jpegs(per_variant=1)]
+    without_tables = forge.jpeg_without(bus, 0xC4)  # Motion-JPEG style: libjpeg's standard Huffman tables
     samplings = set()
-    for data in (bus, forge.png(64, 48), forge.tiff(64, 48, bits=16), *jpegs):
+    for data in (bus, without_tables, forge.png(64, 48), forge.tiff(64, 48, bits=16), *jpegs):
         header = check_image(data)
         ref = wire.ImageRef(1, 0, 0, len(data), 9.0, DetectParams(), header)
         ((_, body),) = wire.FrameReader().feed(wire.image(ref))
         back = wire.read_image(body)
         assert back.header == header
+        assert back.header.jpeg is None or back.header.jpeg.gpu_decodable == header.jpeg.gpu_decodable
         assert (back.header.jpeg is not None) == (header.format == "jpeg")
         if header.jpeg is not None:
             samplings.add(header.jpeg.sampling)
