@@ -2,29 +2,24 @@
 and the benchmarks alike.
 
 It exports the weights only when their artifacts are missing or stale, resolves ``auto`` for
-the backend and the precision (the one place that does), and wires a backend into its
-pipeline. The Detector it returns owns the pipeline and, through it, every GPU resource.
+the backend and the precision (the one place that does), clamps the run shape (``RunShape``:
+batch, batches in flight, decoders, pixel limit, wait) to what the chosen pipeline takes (the
+one place that does), and wires a backend into its pipeline. The Detector it returns owns the
+pipeline and, through it, every GPU resource, and carries the clamped shape.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.artifacts.engines import find_engine
 from app.artifacts.exports import load_export
-from app.config import (
-    BACKENDS,
-    CPU_MAX_BATCH,
-    DECODERS,
-    MAX_PIXELS,
-    PRECISIONS,
-    SERVE_MAX_BATCH,
-    Settings,
-    check_choice,
-)
+from app.config import BACKENDS, CPU_MAX_BATCH, PRECISIONS, Settings, check_choice
+from app.contracts import RunShape
 from app.errors import BackendUnavailable, EngineMismatch, InvalidParameter
 from app.pipeline.detector import Detector
 from app.types import ModelMeta
@@ -90,7 +85,9 @@ def open_detector(
     """Export if needed, then ``open_model_dir`` (its keyword options are the run options)."""
     check_choice("backend", options.get("backend", "auto"), BACKENDS)  # before a slow export
     check_choice("precision", options.get("precision", "auto"), PRECISIONS)
-    return open_model_dir(export_model(weights, imgsz=imgsz, artifacts_dir=artifacts_dir), **options)
+    fields = {k: options.pop(k) for k in [f.name for f in dataclasses.fields(RunShape)] if k in options}
+    shape = replace(options.pop("shape", None) or RunShape(), **fields)  # its decoder names, checked now too
+    return open_model_dir(export_model(weights, imgsz=imgsz, artifacts_dir=artifacts_dir), shape=shape, **options)
 
 
 def open_model_dir(
@@ -98,22 +95,24 @@ def open_model_dir(
     *,
     backend: str = "auto",
     precision: str = "auto",
-    decode: str = "gpu",
-    max_batch: int = SERVE_MAX_BATCH,
     device: int = 0,
-    max_pixels: int = MAX_PIXELS,
     compile: bool = True,
     ort_threads: int = 0,
+    shape: RunShape | None = None,
+    **shape_fields,
 ) -> Detector:
-    """A detector on an existing export: pick the backend, build its pipeline. The one place that wires them."""
+    """A detector on an existing export: pick the backend, clamp the run shape to it, build its
+    pipeline. The one place that wires them. ``shape``, or its fields as keywords (``max_batch``,
+    ``in_flight``, ``decode``, ``video_decode``, ``max_pixels``, ``max_wait_ms``): what is asked for."""
     from app.gpu.probe import cuda_device_count
 
-    check_choice("decoder", decode, DECODERS)
+    shape = replace(shape or RunShape(), **shape_fields)  # checks the decoders' names
     onnx_path, meta = load_export(model_dir)
     choice = choose_backend(backend, precision, model_dir, gpus=cuda_device_count())
     if choice.backend == "onnxruntime":
-        return Detector(_cpu_pipeline(onnx_path, meta, choice.precision, max_batch, ort_threads),
-                        max_pixels=max_pixels)
+        # ONNX Runtime: one batch at a time (its own threads use every core), at most CPU_MAX_BATCH.
+        shape = replace(shape, max_batch=min(shape.max_batch, CPU_MAX_BATCH), in_flight=1)
+        return Detector(_cpu_pipeline(onnx_path, meta, choice.precision, shape.max_batch, ort_threads), shape)
 
     engine = None
     if choice.backend == "tensorrt":
@@ -130,20 +129,28 @@ def open_model_dir(
     if engine is None:
         from app.backends.torch_cuda import TorchCudaEngine
 
-        engine = TorchCudaEngine(model_dir, meta, precision=choice.precision, max_batch=max_batch,
+        engine = TorchCudaEngine(model_dir, meta, precision=choice.precision, max_batch=shape.max_batch,
                                  device=device, compile=compile)
     from app.pipeline.gpu import GpuPipeline
 
-    return Detector(GpuPipeline(engine, meta, max_batch=max_batch, device=device, decode=decode), max_pixels=max_pixels)
+    shape = replace(shape, max_batch=min(shape.max_batch, engine.max_batch))  # a TensorRT profile's ceiling
+    pipeline = GpuPipeline(engine, meta, max_batch=shape.max_batch, in_flight=shape.in_flight, device=device,
+                           decode=shape.decode, max_pixels=shape.max_pixels)
+    return Detector(pipeline, shape)
+
+
+def shape_from(settings: Settings) -> RunShape:
+    """The run shape the service's settings ask for (``open_model_dir`` clamps it)."""
+    return RunShape(max_batch=settings.max_batch, decode=settings.decode, max_pixels=settings.max_pixels,
+                    max_wait_ms=settings.max_wait_ms)
 
 
 def open_detector_from(settings: Settings) -> Detector:
     """The service's detector, from its settings."""
     return open_detector(
-        settings.weights, backend=settings.backend, precision=settings.precision, decode=settings.decode,
-        imgsz=settings.imgsz,
-        artifacts_dir=settings.artifacts_dir, max_batch=settings.max_batch, device=settings.device,
-        max_pixels=settings.max_pixels, compile=settings.compile, ort_threads=settings.ort_threads,
+        settings.weights, backend=settings.backend, precision=settings.precision, imgsz=settings.imgsz,
+        artifacts_dir=settings.artifacts_dir, device=settings.device, compile=settings.compile,
+        ort_threads=settings.ort_threads, shape=shape_from(settings),
     )
 
 
@@ -155,7 +162,7 @@ def _cpu_pipeline(onnx_path: Path, meta: ModelMeta, precision: str, max_batch: i
     if precision == "int8":
         onnx_path = int8_cpu_model_path(onnx_path.parent)
     host = OnnxRuntimeBackend(onnx_path, precision=precision, threads=ort_threads or None)
-    return CpuPipeline(host, meta, max_batch=min(max_batch, CPU_MAX_BATCH))
+    return CpuPipeline(host, meta, max_batch=max_batch)
 
 
 def inference_devices(settings: Settings) -> list[str | None]:

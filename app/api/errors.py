@@ -96,9 +96,9 @@ def error_response(exc: YolopipeError) -> JSONResponse:
     return JSONResponse(error_body(exc.code, str(exc)), status_code=status_for(exc), headers=headers)
 
 
-def image_error_json(image: str, exc: YolopipeError) -> dict[str, Any]:
-    """One failed image inside a batch response: its name, the error and the status it would have alone."""
-    return {"image": image, "status": status_for(exc), **error_body(exc.code, str(exc))}
+def image_error_fields(exc: YolopipeError) -> dict[str, Any]:
+    """One failed image inside a batch response, after its name: the status it would have alone and the error."""
+    return {"status": status_for(exc), **error_body(exc.code, str(exc))}
 
 
 def _validation_message(exc: RequestValidationError) -> str:

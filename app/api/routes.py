@@ -1,5 +1,6 @@
 """Thin HTTP handlers: read the body and the parameters, check each image's header, hand the
-bytes to the inference workers, shape the JSON. No image is decoded here."""
+bytes (with their headers) to the inference workers, write the JSON (``app.records``, in the
+compact form Starlette's ``JSONResponse`` writes). No image is decoded here."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.api.errors import error_body, error_response, image_error_json
+from app.api.errors import error_body, error_response, image_error_fields
 from app.api.metrics import Metrics
 from app.api.schemas import (
     DETECT_ERRORS,
@@ -24,7 +25,7 @@ from app.api.schemas import (
 )
 from app.api.uploads import check_request_images, read_form_images
 from app.config import CONF, IOU, MAX_DET, Settings
-from app.contracts import DetectParams, make_params
+from app.contracts import DetectedBatch, DetectParams, ImageResult, make_params
 from app.errors import (
     ClientDisconnected,
     InvalidParameter,
@@ -36,6 +37,7 @@ from app.imaging.check import check_image
 from app.imaging.headers import ImageHeader
 from app.ipc.client import SERVER_SIDE, InferenceClient
 from app.ipc.wire import Outcome
+from app.records import HTTP, records
 
 router = APIRouter()
 
@@ -146,12 +148,19 @@ async def _until_disconnected(request: Request) -> None:
         pass
 
 
-def _image_json(name: str, outcome: Outcome, names: list[str], total_ms: float) -> dict[str, Any]:
-    assert outcome.detections is not None
-    timings = {"decode_ms": round(outcome.decode_ms, 3), "queue_ms": round(outcome.queue_ms, 3),
-               **(outcome.batch or {}), "total_ms": round(total_ms, 3)}
-    return {"image": name, "width": outcome.width, "height": outcome.height,
-            "detections": outcome.detections.to_json(names), "timings": timings}
+def _image_records(names: list[str], outcomes: list[Outcome | ImageResult], class_names: list[str],
+                   total_ms: float) -> list[str]:
+    """Each image's JSON object: a line of ``predict`` plus its ``timings``, or, for an image that
+    failed, its error with the status it would have alone."""
+    tails = [HTTP.fields(timings={"decode_ms": round(o.decode_ms, 3), "queue_ms": round(o.queue_ms, 3),
+                                  **(o.batch or {}), "total_ms": round(total_ms, 3)})
+             if isinstance(o, Outcome) and o.error is None else "" for o in outcomes]
+    return records([HTTP.fields(image=name) for name in names], DetectedBatch.of(outcomes), class_names,
+                   tails=tails, style=HTTP, error_fields=image_error_fields)
+
+
+def _json(text: str) -> Response:
+    return Response(text.encode(), media_type="application/json")
 
 
 # --- endpoints -------------------------------------------------------------------------
@@ -163,7 +172,7 @@ def _image_json(name: str, outcome: Outcome, names: list[str], total_ms: float) 
     openapi_extra=detect_request_body(),
 )
 async def detect(request: Request, params: ParamsDep, inference: InferenceDep, settings: SettingsDep,
-                 metrics: MetricsDep) -> JSONResponse:
+                 metrics: MetricsDep) -> Response:
     start = time.perf_counter()
     name, data = await _read_single_image(request, settings)
     header = check_image(data, max_pixels=settings.max_pixels)  # format, size and memory, before any decode
@@ -173,8 +182,8 @@ async def detect(request: Request, params: ParamsDep, inference: InferenceDep, s
     (outcome,) = outcomes
     if outcome.error is not None:
         raise outcome.error
-    names = inference.info["class_names"]
-    return JSONResponse(_image_json(name, outcome, names, (time.perf_counter() - start) * 1e3))
+    total_ms = (time.perf_counter() - start) * 1e3
+    return _json(_image_records([name], [outcome], inference.info["class_names"], total_ms)[0])
 
 
 @router.post(
@@ -185,7 +194,7 @@ async def detect(request: Request, params: ParamsDep, inference: InferenceDep, s
     openapi_extra=batch_request_body(),
 )
 async def detect_batch(request: Request, params: ParamsDep, inference: InferenceDep, settings: SettingsDep,
-                       metrics: MetricsDep) -> JSONResponse:
+                       metrics: MetricsDep) -> Response:
     start = time.perf_counter()
     media = _media_type(request)
     if media != "multipart/form-data":
@@ -195,7 +204,7 @@ async def detect_batch(request: Request, params: ParamsDep, inference: Inference
     images = await read_form_images(request, "images", max_parts=settings.max_images_per_request,
                                     max_body_bytes=settings.max_body_bytes)
     # Each header is checked (format, size, memory, the request's pixel budget) before anything is
-    # decoded; images that fail are answered here, in their slots, the rest go to the inference workers.
+    # decoded; images that fail are answered here, in their places, the rest go to the inference workers.
     checked = check_request_images([data for _, data in images], max_pixels=settings.max_pixels)
     refused = {i: c for i, c in enumerate(checked) if isinstance(c, YolopipeError)}
     sent = [i for i in range(len(images)) if i not in refused]
@@ -205,13 +214,10 @@ async def detect_batch(request: Request, params: ParamsDep, inference: Inference
         return answered
     outcomes = dict(zip(sent, answered))
     total_ms = (time.perf_counter() - start) * 1e3
-    names = inference.info["class_names"]
-    results = []
-    for i, (name, _) in enumerate(images):
-        error = refused.get(i) or outcomes[i].error
-        results.append(image_error_json(name, error) if error is not None
-                       else _image_json(name, outcomes[i], names, total_ms))
-    return JSONResponse({"results": results, "timings": {"total_ms": round(total_ms, 3)}})
+    each = [outcomes[i] if i in outcomes else ImageResult(error=refused[i]) for i in range(len(images))]
+    results = _image_records([name for name, _ in images], each, inference.info["class_names"], total_ms)
+    return _json('{"results":[' + ",".join(results) + '],' + HTTP.fields(timings={"total_ms": round(total_ms, 3)})
+                 + "}")
 
 
 @router.get("/healthz", summary="The process is alive", response_model=Health)
@@ -241,17 +247,17 @@ async def model_info(inference: InferenceDep, settings: SettingsDep) -> dict[str
     info.update(
         weights=settings.weights,
         serving={
-            "max_batch": info.pop("batch_limit"),
+            "max_batch": info["max_batch"],  # the run shape's, as the inference workers clamped it (the one value)
             "max_wait_ms": settings.max_wait_ms,
             "queue_budget_s": settings.budget_s,
-            "request_window": settings.window,
+            "request_window": inference.window,
             "request_timeout_s": settings.request_timeout_s,
             "max_body_bytes": settings.max_body_bytes,
             "max_pixels": info.pop("max_pixels"),
             "inference_workers": inference.workers(),
         },
     )
-    for key in ("worker", "generation", "pid", "lanes", "device"):
+    for key in ("worker", "generation", "pid", "in_flight", "device"):
         info.pop(key, None)
     return info
 

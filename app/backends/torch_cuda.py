@@ -14,7 +14,7 @@ Two details of Ultralytics' ``Detect`` head matter for graphs:
   do not depend on the batch, so the engine builds them once and, before each call, sets the
   head's remembered shape to the incoming one: no rebuild, one anchor tensor forever.
 
-Batches in flight (``GpuPipeline(..., slots=N)``) all use this one engine. That is safe
+Batches in flight (``GpuPipeline(..., in_flight=N)``) all use this one engine. That is safe
 because ``forward`` only runs while the pipeline captures or warms up a graph, with nothing
 else running, so the head's ``shape`` attribute is never set by two threads at once; the
 graphs then replay one after another on the pipeline's compute stream. They share the weights
@@ -153,16 +153,19 @@ class TorchCudaEngine:
     def _scope(self) -> Iterator[None]:
         """This engine's settings for the length of one call, the process's own restored after.
 
-        cuDNN autotunes (fixed shapes, replayed thousands of times); fp32 means fp32, not the TF32
-        PyTorch uses by default (its rounding moves scores between batch sizes); the recompile
-        limit fits every batch bucket; inductor caches under the model's folder. The pipeline only
-        calls ``forward`` to warm up and capture graphs, from one thread, so nothing interleaves.
+        cuDNN's choice of kernels is pinned: no autotuning (timed per thread and per process, its
+        picks differed between graphs of one bucket, and moved an image's scores by a few fp16
+        steps with the slot or the thread that captured it), deterministic algorithms only;
+        fp32 means fp32, not the TF32 PyTorch uses by default (its rounding moves scores between
+        batch sizes); the recompile limit fits every batch bucket; inductor caches under the
+        model's folder. The pipeline only calls ``forward`` to warm up and capture graphs, on its
+        one capture thread, so nothing interleaves.
         """
         torch = self._torch
         cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
-        saved = cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32
+        saved = cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32, matmul.allow_tf32
         env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-        cudnn.benchmark = True
+        cudnn.benchmark, cudnn.deterministic = False, True
         if self.precision == "fp32":
             cudnn.allow_tf32 = matmul.allow_tf32 = False
         if self._inductor_cache and env is None:
@@ -173,7 +176,7 @@ class TorchCudaEngine:
                     stack.enter_context(torch._dynamo.config.patch(**self._compile_limits))
                 yield
         finally:
-            cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = saved
+            cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32, matmul.allow_tf32 = saved
             if self._inductor_cache and env is None:
                 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # inductor writes it back itself
 

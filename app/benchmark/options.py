@@ -33,8 +33,8 @@ class BenchOptions:
                         choices=("none", "fp16", "all"))
     pipelined_batches: tuple[int, ...] = _opt((32, 64, 128), "batch sizes of the throughput rows (GPU)")
     pipelined_images: int = _opt(0, "images per throughput row (default 4096; 256 with --quick)")
-    decoders: tuple[str, ...] = _opt(("gpu", "cpu"), "JPEG decoders of the throughput rows: gpu (nvImageCodec, "
-                                                     "else nvJPEG), nvimgcodec, nvjpeg, cpu (OpenCV threads)")
+    decoders: tuple[str, ...] = _opt(("gpu", "opencv"), "JPEG decoders of the throughput rows: gpu (nvImageCodec, "
+                                                        "else nvJPEG), nvimgcodec, nvjpeg, opencv (OpenCV threads)")
     folder_images: int = _opt(10_000, "JPEGs in the folder benchmark (copies of the images; 0 skips it)")
     folder_batch: int = _opt(128, "batch size of the folder benchmark, for yolopipe and Ultralytics alike")
     budget_s: float = _opt(330.0, "wall-clock budget: a part that would start later is skipped (and listed)")

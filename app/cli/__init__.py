@@ -26,9 +26,8 @@ from app.config import (
     IOU,
     MAX_DET,
     PREDICT_BATCH,
-    VIDEO_DECODERS,
     Settings,
-    check_choice,
+    decoder_name,
 )
 from app.errors import AccuracyGateFailed, BackendUnavailable, DeviceError, EngineMismatch, YolopipeError
 
@@ -72,8 +71,9 @@ ArtifactsDir = Annotated[Optional[Path], typer.Option(
     help="Where exports, INT8 models and engines are kept [default: ~/.cache/yolopipe/artifacts].")]
 Backend = Annotated[str, typer.Option(help="auto | onnxruntime | torch-cuda | tensorrt. auto: a TensorRT engine "
                                            "built for this GPU, else torch-cuda on a GPU, else onnxruntime.")]
-DECODE_HELP = ("JPEG decoder of the GPU backends: gpu (nvImageCodec, else nvJPEG) | nvimgcodec | nvjpeg | cpu "
-               "(OpenCV threads: pixels exactly as Ultralytics reads them). The CPU backend always uses OpenCV.")
+DECODE_HELP = ("JPEG decoder of the GPU backends: gpu (nvImageCodec, else nvJPEG) | nvimgcodec | nvjpeg | opencv "
+               "(OpenCV threads: pixels exactly as Ultralytics reads them; cpu: its old name). The CPU backend "
+               "always uses OpenCV.")
 Precision = Annotated[str, typer.Option(help="auto | fp32 | fp16 | int8. auto: fp32 on onnxruntime, fp16 on "
                                              "torch-cuda, the best built engine on tensorrt.")]
 
@@ -339,11 +339,12 @@ def predict(
     from app.contracts import make_params
     from app.errors import InvalidParameter
 
-    from app.cli.predict_output import predict_streams_command, progress_bar, set_video_decode
+    from app.cli.predict_output import check_video_decode, predict_streams_command, progress_bar
 
     source = resolve_source(source)
     make_params(conf=conf, iou=iou, max_det=max_det, agnostic=agnostic)  # bad values fail before the model loads
-    check_choice("video decoder", video_decode, VIDEO_DECODERS)
+    video_decode = decoder_name(video_decode, video=True)
+    decode = decoder_name(decode)
     if track:
         from app.pipeline.tracking import check_tracking_available
 
@@ -378,8 +379,9 @@ def predict(
             raise InvalidParameter(f"no images found at {source!r} (a folder, an image file, or a glob pattern)")
         with console.status("loading model…"):
             detector = open_detector(weights, backend=backend, precision=precision, decode=decode, imgsz=imgsz,
-                                     artifacts_dir=artifacts_dir, max_batch=batch, device=device)
-        set_video_decode(detector, video_decode)
+                                     artifacts_dir=artifacts_dir, max_batch=batch, device=device,
+                                     video_decode=video_decode)
+        check_video_decode(detector)
         keep_freed_heap()  # this process is ours: glibc may keep what it frees between batches
         with detector, progress_bar() as on_progress:
             info = detector.info()

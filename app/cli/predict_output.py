@@ -15,11 +15,10 @@ from app.cli import ExitCode, console
 from app.errors import YolopipeError
 
 
-def set_video_decode(detector: Any, video_decode: str) -> None:
-    """``--video-decode`` on the detector; one this backend cannot use fails now, before any work."""
+def check_video_decode(detector: Any) -> None:
+    """The detector's ``--video-decode``: one this backend cannot use fails now, before any work."""
     from app.pipeline.sources import video_decoder
 
-    detector.video_decode = video_decode
     try:
         video_decoder(detector)
     except YolopipeError:
@@ -27,11 +26,9 @@ def set_video_decode(detector: Any, video_decode: str) -> None:
         raise
 
 
-def predict_streams_command(source: str, out: Path, *, detect: dict, vid_stride: int, track: bool, video_decode: str,
-                     **model) -> None:
+def predict_streams_command(source: str, out: Path, *, detect: dict, vid_stride: int, track: bool, **model) -> None:
     """``predict`` on a URL or a ``.streams``/``.txt`` list: every source at once, one JSON line per
     processed frame on ``--out`` (``-``: stdout), flushed per frame, until every source has ended."""
-    import json
     import sys
 
     from app.pipeline.streams import predict_streams, read_source_list
@@ -40,7 +37,7 @@ def predict_streams_command(source: str, out: Path, *, detect: dict, vid_stride:
     sources = read_source_list(source)
     with console.status("loading model…"):
         detector = open_detector(max_batch=model.pop("batch"), **model)
-    set_video_decode(detector, video_decode)
+    check_video_decode(detector)
     to_stdout = str(out) == "-"
     if not to_stdout:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -49,8 +46,8 @@ def predict_streams_command(source: str, out: Path, *, detect: dict, vid_stride:
         console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']} · "
                       f"{len(sources)} streams", highlight=False)
 
-        def write(rec: dict) -> None:
-            fh.write(json.dumps(rec) + "\n")
+        def write(line: str) -> None:
+            fh.write(line + "\n")
             fh.flush()
 
         summary = predict_streams(detector, sources, write, detector.params(**detect), vid_stride=vid_stride,

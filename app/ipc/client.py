@@ -192,7 +192,7 @@ class InferenceClient:
     def __init__(self, settings: Settings, layout: RunLayout) -> None:
         self.settings = settings
         self.layout = layout
-        self.info: dict | None = None  # the first worker's hello: model, names, limits
+        self.info: dict | None = None  # the first worker's hello: model, names, the run shape's limits
         self._ids = itertools.count(1)
         self._links: list[_Link] = []
         self._tasks: list[asyncio.Task] = []
@@ -212,6 +212,12 @@ class InferenceClient:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for link in self._links:
             link.close()
+
+    @property
+    def window(self) -> int:
+        """Images of one request at the inference workers at once (``Settings.window`` of the
+        ``max_batch`` the inference workers run, as their hello says)."""
+        return self.settings.window((self.info or {}).get("max_batch", self.settings.max_batch))
 
     @property
     def ready(self) -> bool:
@@ -255,13 +261,13 @@ class InferenceClient:
             # worker has not taken in yet (a batch request sends several before the status moves):
             # idle workers tie, and the rotation shares the work.
             ahead = max(load.pending, len(link.waiting))
-            key = (wire.queued_seconds(ahead, load.seconds_per_image, load.lanes), ahead)
+            key = (wire.queued_seconds(ahead, load.seconds_per_image, load.in_flight), ahead)
             if best is None or key < best:
                 best, chosen, chosen_ahead = key, link, ahead
                 chosen_load = load
         if chosen is None or chosen_load is None:
             raise Overloaded("no inference worker is ready (starting or restarting); retry shortly")
-        queued = wire.queued_seconds(chosen_ahead + 1, chosen_load.seconds_per_image, chosen_load.lanes)
+        queued = wire.queued_seconds(chosen_ahead + 1, chosen_load.seconds_per_image, chosen_load.in_flight)
         if chosen_ahead and queued > self.settings.budget_s:
             raise wire.over_budget(queued, self.settings.budget_s)
         return chosen
@@ -274,7 +280,7 @@ class InferenceClient:
         cannot be served."""
         timeout = self.settings.request_timeout_s
         request = _Request(self, images, params, time.monotonic() + timeout, headers)
-        for _ in range(min(len(images), self.settings.window)):
+        for _ in range(min(len(images), self.window)):
             request.send_next()
         try:
             await asyncio.wait_for(asyncio.shield(request.done), timeout + _GRACE_S)

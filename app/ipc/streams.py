@@ -1,6 +1,6 @@
 """Video streams in ``serve``: the HTTP workers' side of the inference workers' stream host.
 
-Each inference worker runs its streams itself (``app.service.streams``: it owns the detector)
+Each inference worker runs its streams itself (``app.service.inference.streams``: it owns the detector)
 and listens for their control on a socket of its own beside the image socket, so the image
 path is untouched. Every message is one ``wire.STREAM`` frame holding a JSON object: a request
 (``{"op": "add" | "list" | "delete" | "events", ...}``), then one answer (``{"ok": ...}`` or

@@ -15,12 +15,14 @@ from app.types import ModelMeta
 
 class CpuPipeline:
     """Implements ``app.contracts.Pipeline`` for a ``HostBackend``. One batch at a time
-    (``max_in_flight = 1``): the backend's own threads already use every core."""
+    (``in_flight = 1``): the backend's own threads already use every core. No bucket: ONNX
+    Runtime runs any batch size as it is, padding none."""
 
     decodes_jpeg = False
     takes_nv12 = False
     device = None
-    max_in_flight = 1
+    in_flight = 1
+    buckets: tuple[int, ...] = ()
 
     def __init__(self, backend: HostBackend, meta: ModelMeta, *, max_batch: int = CPU_MAX_BATCH, max_det: int = MAX_DET) -> None:
         self.backend = backend.name

@@ -64,11 +64,12 @@ class StreamStats:
 class Stream:
     """One source read on its own thread into a bounded buffer (see the module docstring)."""
 
-    def __init__(self, stream_id: str, source: str, *, vid_stride: int = 1, realtime: bool = False,
+    def __init__(self, stream_id: str, source: str, *, max_pixels: int, vid_stride: int = 1, realtime: bool = False,
                  track: bool = False, notify: Callable[[], None] = lambda: None, decoder: str = "opencv",
                  device: int = 0) -> None:
         self.id, self.source = stream_id, source
         self.decoder, self.device = decoder, device  # app.pipeline.sources.open_source
+        self.max_pixels = max_pixels  # the run's (RunShape.max_pixels): larger frames fail the stream
         self.live = is_live(source)
         self.drops = self.live or realtime  # newest frames win
         self.realtime = realtime
@@ -137,7 +138,8 @@ class Stream:
         backoff = BACKOFF_S[0]
         try:
             while not self._stop.is_set():
-                cap = open_source(self.source, self.decoder, device=self.device, timeout_ms=OPEN_TIMEOUT_MS)
+                cap = open_source(self.source, self.decoder, device=self.device, timeout_ms=OPEN_TIMEOUT_MS,
+                                  max_pixels=self.max_pixels)
                 if cap is None:
                     if not self.live:
                         self.state, self.error = "failed", f"cannot open {self.source!r}"
@@ -187,7 +189,7 @@ class Stream:
                 ok, image = cap.retrieve()
                 if not ok or image is None:
                     return index
-                check_frame(image, self.source)
+                check_frame(image, self.source, self.max_pixels)
                 now = time.monotonic()
                 time_s = index / self.fps if (self.fps and not self.live) else now - self.added
                 self.stats.frames_read += 1

@@ -26,6 +26,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.net import free_port, wait_ready
+
 BODY_LIMIT = 2 * 1024 * 1024
 SERVER = f"""
 import sys, uvicorn
@@ -309,18 +311,13 @@ def batch_statuses(reply: Reply) -> list[int | None]:
 
 @pytest.fixture(scope="module")
 def server(artifacts_dir, tmp_path_factory):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = tmp_path_factory.mktemp("hostile") / "server.log"
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-c", SERVER, str(artifacts_dir), str(port)], stdout=out,
                                 stderr=subprocess.STDOUT, env={**os.environ, "YOLO_OFFLINE": "1"})
     try:
-        deadline = time.monotonic() + 180
-        while not _ready(port):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.25)
+        wait_ready(f"http://127.0.0.1:{port}", proc, log, ready=lambda _: _ready(port))
         yield port, proc, log, _peak_rss(proc.pid)
     finally:
         proc.kill()

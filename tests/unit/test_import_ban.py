@@ -26,8 +26,8 @@ APP = Path(app.__file__).parent
 BUILD_TIME = ("app.builder",)
 RUN_TIME = ("app.pipeline", "app.backends", "app.gpu", "app.api", "app.ipc", "app.service", "app.distributed")
 SHARED_GPU_FACTS = ("app.gpu.probe", "app.gpu.tensorrt_lib")
-NEUTRAL = ("app.artifacts", "app.boxes", "app.config", "app.contracts", "app.errors", "app.imaging", "app.types",
-           "app.versions", "app.weights")
+NEUTRAL = ("app.artifacts", "app.boxes", "app.config", "app.contracts", "app.errors", "app.imaging", "app.records",
+           "app.types", "app.versions", "app.weights")
 # May import build time and run time alike, each for a stated reason:
 COMPOSERS = {
     "app.runtime": "the composition root: exports the weights on first use, then opens a run-time detector",
@@ -49,7 +49,8 @@ def banned_modules_after(body: str, *args: str) -> list[str]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module", ["app.api.main", "app.service.supervisor", "app.service.http_worker", "app.ipc.client", "app.cli", "app.runtime",
+@pytest.mark.parametrize("module", ["app.api.main", "app.service.supervisor", "app.service.http_worker", "app.ipc.client",
+                                    "app.service.inference.worker", "app.cli", "app.runtime",
                                     "app.artifacts.engines", "app.pipeline.folder", "app.distributed"])
 def test_importing_loads_no_gpu_library(module):
     assert banned_modules_after(f"import {module}") == []

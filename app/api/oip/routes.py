@@ -117,11 +117,12 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
     params = detect_params(parsed.parameters, num_classes=len(inference.info["class_names"]))
     del body  # the images are copies: the decompressed body need not live through the inference
     # No per-image errors in this protocol: the first image that fails fails the request.
-    for i, checked in enumerate(check_request_images(parsed.images, max_pixels=settings.max_pixels)):
+    headers = check_request_images(parsed.images, max_pixels=settings.max_pixels)
+    for i, checked in enumerate(headers):
         if isinstance(checked, YolopipeError):
             raise _for_image(i, checked)
-    try:
-        outcomes = await _detect_within(inference, parsed.images, params, parsed.timeout_s, settings)
+    try:  # the headers read here travel with the bytes: the inference worker never reads them again
+        outcomes = await _detect_within(inference, parsed.images, headers, params, parsed.timeout_s, settings)
     except SERVER_SIDE as exc:
         request.app.state.metrics.rejected.labels(exc.code).inc()
         if isinstance(exc, Overloaded):  # answered unlogged, as /v1 does: under overload there are thousands
@@ -138,14 +139,14 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
                     headers={"Inference-Header-Content-Length": str(header_length)})
 
 
-async def _detect_within(inference: InferenceClient, images: list[bytes], params: DetectParams,
+async def _detect_within(inference: InferenceClient, images: list[bytes], headers: list[Any], params: DetectParams,
                          timeout_s: float | None, settings: Settings) -> list[Outcome]:
     """The inference client's answer, within the request's own timeout when it asks for a shorter
     one than the server's (Triton's ``timeout`` parameter); cancelling stops its queued work."""
     if timeout_s is None or timeout_s >= settings.request_timeout_s:
-        return await inference.detect(images, params)
+        return await inference.detect(images, params, headers)
     try:
-        return await asyncio.wait_for(inference.detect(images, params), timeout_s)
+        return await asyncio.wait_for(inference.detect(images, params, headers), timeout_s)
     except TimeoutError:
         raise RequestTimeout(f"no result within the request's timeout of {timeout_s:g} s") from None
 

@@ -1,5 +1,6 @@
-"""torch-cuda's settings (cuDNN autotune, no TF32 for fp32, recompile limit, inductor cache dir)
-hold for the engine's own calls only: the process's settings are back after each call."""
+"""torch-cuda's settings (cuDNN's choice pinned: no autotune, deterministic algorithms; no TF32
+for fp32, recompile limit, inductor cache dir) hold for the engine's own calls only: the
+process's settings are back after each call."""
 
 from __future__ import annotations
 
@@ -29,20 +30,21 @@ def test_settings_hold_inside_a_call_and_are_restored_after(tmp_path, monkeypatc
 
     cudnn, matmul, dynamo = torch.backends.cudnn, torch.backends.cuda.matmul, torch._dynamo.config
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    saved = cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32
-    cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = False, True, True  # the process's own choice
+    saved = cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32, matmul.allow_tf32
+    # the process's own choice: autotune, any algorithm, TF32
+    cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32, matmul.allow_tf32 = True, False, True, True
     try:
         before = dynamo.recompile_limit
         engine = engine_settings_only(tmp_path, precision)
         with engine._scope():
-            assert cudnn.benchmark is True
+            assert cudnn.benchmark is False and cudnn.deterministic is True
             assert cudnn.allow_tf32 is matmul.allow_tf32 is (precision != "fp32")
             assert dynamo.recompile_limit == before + 50
             assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == engine._inductor_cache
-        assert (cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32) == (False, True, True)
+        assert (cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32, matmul.allow_tf32) == (True, False, True, True)
         assert dynamo.recompile_limit == before and "TORCHINDUCTOR_CACHE_DIR" not in os.environ
     finally:
-        cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = saved
+        cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32, matmul.allow_tf32 = saved
 
 
 def test_a_users_inductor_cache_dir_wins(tmp_path, monkeypatch):

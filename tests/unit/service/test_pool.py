@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 import app.service.pool
 from app.config import Settings
 from app.service.http_worker import create_service_app
-from app.service.worker import EXIT_DEVICE_LOST, worker_main
+from app.service.inference.worker import EXIT_DEVICE_LOST, worker_main
 
 MARKER = "lose-the-device"
 
