@@ -27,7 +27,7 @@ from app.config import (
 )
 from app.errors import BackendUnavailable, EngineMismatch, InvalidParameter
 from app.pipeline.detector import Detector
-from app.types import ModelMeta
+from app.types import ModelMeta, StartupSteps
 
 
 @dataclass(frozen=True)
@@ -85,12 +85,16 @@ def open_detector(
     *,
     imgsz: int = 640,
     artifacts_dir: Path | None = None,
+    steps: StartupSteps | None = None,
     **options,
 ) -> Detector:
     """Export if needed, then ``open_model_dir`` (its keyword options are the run options)."""
     check_choice("backend", options.get("backend", "auto"), BACKENDS)  # before a slow export
     check_choice("precision", options.get("precision", "auto"), PRECISIONS)
-    return open_model_dir(export_model(weights, imgsz=imgsz, artifacts_dir=artifacts_dir), **options)
+    steps = steps if steps is not None else StartupSteps()
+    with steps.step("checking the model's export (a first run exports it)"):
+        model_dir = export_model(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
+    return open_model_dir(model_dir, steps=steps, **options)
 
 
 def open_model_dir(
@@ -104,23 +108,31 @@ def open_model_dir(
     max_pixels: int = MAX_PIXELS,
     compile: bool = True,
     ort_threads: int = 0,
+    steps: StartupSteps | None = None,
 ) -> Detector:
-    """A detector on an existing export: pick the backend, build its pipeline. The one place that wires them."""
+    """A detector on an existing export: pick the backend, build its pipeline. The one place that wires them.
+
+    ``compile`` (torch-cuda): run the engine built ahead of time (``yolopipe build-engine``),
+    building it now when it is missing or stale; without it, the eager model. ``steps`` records
+    each start-up step with its time."""
     from app.gpu.probe import cuda_device_count
 
+    steps = steps if steps is not None else StartupSteps()
     check_choice("decoder", decode, DECODERS)
     onnx_path, meta = load_export(model_dir)
     choice = choose_backend(backend, precision, model_dir, gpus=cuda_device_count())
     if choice.backend == "onnxruntime":
-        return Detector(_cpu_pipeline(onnx_path, meta, choice.precision, max_batch, ort_threads),
-                        max_pixels=max_pixels)
+        with steps.step("opening ONNX Runtime"):
+            return Detector(_cpu_pipeline(onnx_path, meta, choice.precision, max_batch, ort_threads),
+                            max_pixels=max_pixels)
 
     engine = None
     if choice.backend == "tensorrt":
         from app.backends.tensorrt import TensorRTEngine
 
         try:
-            engine = TensorRTEngine(choice.engine_path, meta, device=device)
+            with steps.step("loading the TensorRT engine"):
+                engine = TensorRTEngine(choice.engine_path, meta, device=device)
         except (EngineMismatch, BackendUnavailable) as exc:
             if backend != "auto":
                 raise
@@ -128,22 +140,40 @@ def open_model_dir(
             warnings.warn(f"TensorRT engine unusable here ({exc}); falling back to torch-cuda", stacklevel=2)
             choice = BackendChoice("torch-cuda", "fp16" if choice.precision == "int8" else choice.precision)
     if engine is None:
-        from app.backends.torch_cuda import TorchCudaEngine
-
-        engine = TorchCudaEngine(model_dir, meta, precision=choice.precision, max_batch=max_batch,
-                                 device=device, compile=compile)
+        engine = _torch_cuda_engine(model_dir, meta, choice.precision, max_batch, device, compile, steps)
     from app.pipeline.gpu import GpuPipeline
 
-    return Detector(GpuPipeline(engine, meta, max_batch=max_batch, device=device, decode=decode), max_pixels=max_pixels)
+    with steps.step("setting up the GPU pipeline (buffers, decoder, kernels)"):
+        pipeline = GpuPipeline(engine, meta, max_batch=max_batch, device=device, decode=decode)
+    return Detector(pipeline, max_pixels=max_pixels)
 
 
-def open_detector_from(settings: Settings) -> Detector:
+def _torch_cuda_engine(model_dir: Path, meta: ModelMeta, precision: str, max_batch: int, device: int,
+                       compile: bool, steps: StartupSteps):
+    """The torch-cuda engine: its package built ahead of time (built now when missing or stale;
+    ``torch.compile`` at start-up if AOTInductor cannot build here), or the eager model."""
+    from app.backends.torch_cuda import TorchCudaEngine
+
+    packages = ()
+    if compile:
+        from app.builder.torch_build import ensure_torch_engine
+
+        with steps.step("finding the torch-cuda engine (a first run builds it)"):
+            found = ensure_torch_engine(model_dir, meta, precision=precision, max_batch=max_batch, device=device,
+                                        say=steps.say)
+        packages = (found,) if found is not None else ()
+    with steps.step("loading the torch-cuda engine"):
+        return TorchCudaEngine(model_dir, meta, precision=precision, max_batch=max_batch, device=device,
+                               compile=compile, packages=packages)
+
+
+def open_detector_from(settings: Settings, steps: StartupSteps | None = None) -> Detector:
     """The service's detector, from its settings."""
     return open_detector(
         settings.weights, backend=settings.backend, precision=settings.precision, decode=settings.decode,
         imgsz=settings.imgsz,
         artifacts_dir=settings.artifacts_dir, max_batch=settings.max_batch, device=settings.device,
-        max_pixels=settings.max_pixels, compile=settings.compile, ort_threads=settings.ort_threads,
+        max_pixels=settings.max_pixels, compile=settings.compile, ort_threads=settings.ort_threads, steps=steps,
     )
 
 

@@ -109,6 +109,7 @@ class GpuPipeline:
         self._pool_lock = threading.Lock()
         self._decoders: dict[str, GpuJpegDecoder | None] = {}
         self._timeline: Timeline | None = None
+        self._wanted: dict[int | tuple[str, int], int] = {}  # batches that asked for an uncaptured bucket
 
         torch.cuda.set_device(self.device)
         with self._numba_device():
@@ -173,6 +174,23 @@ class GpuPipeline:
             if b >= n:
                 return b
         raise InvalidParameter(f"batch of {n} images is over max_batch {self.max_batch}")
+
+    def _bucket_to_run(self, slot: BatchSlot, n: int, nv12: bool = False) -> int:
+        """The bucket ``n`` images run in on ``slot``: the smallest that takes them once its graph
+        is captured there; until then the smallest larger one captured there, so that a bucket
+        wanted once (a folder's last batch) or while the service still captures the others costs
+        no capture. A bucket is captured the second time a batch wants it (by ``_launch``)."""
+        exact = self.bucket_for(n)
+        key = graph_key(exact, nv12)
+        if slot.graphs.get(key) is not None:
+            return exact
+        with self._pool_lock:
+            self._wanted[key] = wanted = self._wanted.get(key, 0) + 1
+        if wanted < 2:
+            for b in self.buckets:
+                if b > exact and slot.graphs.get(graph_key(b, nv12)) is not None:
+                    return b
+        return exact
 
     def warmup(self, batches: Sequence[int] | None = None, *, profile: bool = False, nv12: bool = False) -> None:
         """Capture the graphs of the buckets of ``batches`` (all by default) on every slot now;
@@ -272,7 +290,7 @@ class GpuPipeline:
             datas = gpu = None
             if not plan.placed:
                 return PipelineRun(results, {"decode_ms": (time.perf_counter() - t_start) * 1e3})
-            bucket = self.bucket_for(len(plan))
+            bucket = self._bucket_to_run(slot, len(plan))
         t_decoded = time.perf_counter()
         timings["decode_ms"] = (t_decoded - t_start) * 1e3
 
@@ -292,7 +310,7 @@ class GpuPipeline:
             return PipelineRun(results, {})
         if plan.end - slot.staging.header_bytes > slot.staging.capacity:
             self._grow(slot, plan.end - slot.staging.header_bytes)
-        bucket = self.bucket_for(len(plan))
+        bucket = self._bucket_to_run(slot, len(plan), nv12=True)
         with self._torch.cuda.device(self.device):
             nv12_input.stage(slot.staging, plan, bucket, self.copy_stream)  # device to device, then "decoded"
             slot.decoded.record(self.copy_stream)

@@ -66,8 +66,23 @@ def test_build_engine_without_tensorrt(tmp_path):
 
     if importlib.util.find_spec("tensorrt") is not None:
         pytest.skip("TensorRT is installed here (tests/tensorrt builds engines)")
-    proc = run_cli("build-engine", "--precision", "fp16", cwd=tmp_path)
+    proc = run_cli("build-engine", "--backend", "tensorrt", "--precision", "fp16", cwd=tmp_path)
     assert proc.returncode == ExitCode.UNAVAILABLE and "TensorRT is not installed" in proc.stderr, proc.stderr
+
+
+def test_build_engine_on_a_machine_without_a_gpu(tmp_path):
+    """auto: TensorRT, else the torch-cuda engine on a GPU; a CPU has none to build, and says what it runs."""
+    import importlib.util
+
+    from app.gpu.probe import cuda_device_count
+
+    if cuda_device_count() or importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("this machine has a GPU or TensorRT")
+    for args in ([], ["--backend", "torch-cuda"]):
+        proc = run_cli("build-engine", *args, "--artifacts-dir", str(tmp_path / "a"), cwd=tmp_path)
+        said = " ".join(proc.stderr.split())
+        assert proc.returncode == ExitCode.UNAVAILABLE and ("no NVIDIA GPU" in said or "needs an NVIDIA GPU" in said), said
+    assert not (tmp_path / "a").exists()  # refused before any export
 
 
 def test_calibrate_counts_only_the_images_it_can_read(tmp_path, assets_dir):

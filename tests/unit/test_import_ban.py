@@ -5,7 +5,9 @@
    itself has torch loaded.
 2. Build-time code (``app/builder``) and run-time code never import each other; both may use
    the neutral layers (artifacts, imaging, boxes, types, errors, config, weights) and the GPU
-   facts build and run share (``app.gpu.probe``, ``app.gpu.tensorrt_lib``). Only the composers
+   facts build and run share (``app.gpu.probe``, ``app.gpu.tensorrt_lib``, and
+   ``app.gpu.torch_model``: the model as the torch-cuda engine runs it and its builder exports
+   it, and how a built package is loaded, which the builder checks as a run loads it). Only the composers
    below may import both sides; every module of ``app`` is in exactly one group. Read from the source.
 """
 
@@ -25,7 +27,7 @@ BANNED = ("torch", "numba.cuda", "cupy", "tensorrt", "ultralytics", "modelopt", 
 APP = Path(app.__file__).parent
 BUILD_TIME = ("app.builder",)
 RUN_TIME = ("app.pipeline", "app.backends", "app.gpu", "app.api", "app.ipc", "app.service", "app.distributed")
-SHARED_GPU_FACTS = ("app.gpu.probe", "app.gpu.tensorrt_lib")
+SHARED_GPU_FACTS = ("app.gpu.probe", "app.gpu.tensorrt_lib", "app.gpu.torch_model")
 NEUTRAL = ("app.artifacts", "app.boxes", "app.config", "app.contracts", "app.errors", "app.imaging", "app.types",
            "app.versions", "app.weights")
 # May import build time and run time alike, each for a stated reason:
