@@ -108,13 +108,16 @@ def open_model_dir(
     max_pixels: int = MAX_PIXELS,
     compile: bool = True,
     ort_threads: int = 0,
+    pad_to_captured: bool = False,
     steps: StartupSteps | None = None,
 ) -> Detector:
     """A detector on an existing export: pick the backend, build its pipeline. The one place that wires them.
 
     ``compile`` (torch-cuda): run the engine built ahead of time (``yolopipe build-engine``),
-    building it now when it is missing or stale; without it, the eager model. ``steps`` records
-    each start-up step with its time."""
+    building it now when it is missing or stale; without it, the eager model. ``pad_to_captured``
+    (GPU): a batch runs in a larger bucket already captured rather than capturing its own (a
+    run that needs a bucket once, a service capturing the rest in the background). ``steps``
+    records each start-up step with its time."""
     from app.gpu.probe import cuda_device_count
 
     steps = steps if steps is not None else StartupSteps()
@@ -144,7 +147,8 @@ def open_model_dir(
     from app.pipeline.gpu import GpuPipeline
 
     with steps.step("setting up the GPU pipeline (buffers, decoder, kernels)"):
-        pipeline = GpuPipeline(engine, meta, max_batch=max_batch, device=device, decode=decode)
+        pipeline = GpuPipeline(engine, meta, max_batch=max_batch, device=device, decode=decode,
+                               pad_to_captured=pad_to_captured)
     return Detector(pipeline, max_pixels=max_pixels)
 
 
@@ -174,6 +178,7 @@ def open_detector_from(settings: Settings, steps: StartupSteps | None = None) ->
         imgsz=settings.imgsz,
         artifacts_dir=settings.artifacts_dir, max_batch=settings.max_batch, device=settings.device,
         max_pixels=settings.max_pixels, compile=settings.compile, ort_threads=settings.ort_threads, steps=steps,
+        pad_to_captured=True,  # the worker captures the largest bucket, then the others while it serves
     )
 
 

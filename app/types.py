@@ -115,6 +115,7 @@ class StartupSteps:
     def __init__(self, listener: Callable[[str], None] | None = None) -> None:
         self.listener = listener
         self.steps: list[tuple[str, float]] = []
+        self._open: tuple[str, float] | None = None
 
     def say(self, text: str) -> None:
         if self.listener is not None:
@@ -131,6 +132,18 @@ class StartupSteps:
 
     def record(self, name: str, seconds: float) -> None:
         self.steps.append((name, seconds))
+
+    def begin(self, name: str) -> None:
+        """A step that lasts until the next ``begin`` or ``finish`` (for steps a callback names)."""
+        self.finish()
+        self._open = (name, time.perf_counter())
+        self.say(name)
+
+    def finish(self) -> None:
+        if self._open is not None:
+            name, started = self._open
+            self.steps.append((name, time.perf_counter() - started))
+        self._open = None
 
     def as_json(self) -> list[dict[str, Any]]:
         return [{"step": name, "s": round(seconds, 3)} for name, seconds in self.steps]

@@ -386,7 +386,8 @@ def predict(
             raise InvalidParameter(f"no images found at {source!r} (a folder, an image file, or a glob pattern)")
         with startup.loading():
             detector = open_detector(weights, backend=backend, precision=precision, decode=decode, imgsz=imgsz,
-                                     artifacts_dir=artifacts_dir, max_batch=batch, device=device, steps=startup.steps)
+                                     artifacts_dir=artifacts_dir, max_batch=batch, device=device, steps=startup.steps,
+                                     pad_to_captured=True)  # the last, smaller batch: no capture of its own
         set_video_decode(detector, video_decode)
         keep_freed_heap()  # this process is ours: glibc may keep what it frees between batches
         with detector, progress_bar() as on_progress:

@@ -81,6 +81,7 @@ class GpuPipeline:
         decode: str = "gpu",
         host_threads: int | None = None,
         raw_launch: bool = True,
+        pad_to_captured: bool = False,
     ) -> None:
         import torch
 
@@ -103,13 +104,13 @@ class GpuPipeline:
         self.buckets = bucket_sizes(self.max_batch)
         self.host_threads = int(host_threads or min(16, os.cpu_count() or 1))
         self.last_launch_path = ""  # "driver" | "torch": how the last batch was dispatched
+        self.pad_to_captured = pad_to_captured  # see _bucket_to_run
         self._gate = Gate()
         self._closed = False
         self._host_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._decoders: dict[str, GpuJpegDecoder | None] = {}
         self._timeline: Timeline | None = None
-        self._wanted: dict[int | tuple[str, int], int] = {}  # batches that asked for an uncaptured bucket
 
         torch.cuda.set_device(self.device)
         with self._numba_device():
@@ -176,17 +177,12 @@ class GpuPipeline:
         raise InvalidParameter(f"batch of {n} images is over max_batch {self.max_batch}")
 
     def _bucket_to_run(self, slot: BatchSlot, n: int, nv12: bool = False) -> int:
-        """The bucket ``n`` images run in on ``slot``: the smallest that takes them once its graph
-        is captured there; until then the smallest larger one captured there, so that a bucket
-        wanted once (a folder's last batch) or while the service still captures the others costs
-        no capture. A bucket is captured the second time a batch wants it (by ``_launch``)."""
+        """The bucket ``n`` images run in on ``slot``: the smallest that takes them, its graph
+        captured now if missing; with ``pad_to_captured``, the smallest that takes them among
+        those already captured there, if any, so that a bucket a run needs once (a folder's last
+        batch) or while the service is still capturing the others costs no capture."""
         exact = self.bucket_for(n)
-        key = graph_key(exact, nv12)
-        if slot.graphs.get(key) is not None:
-            return exact
-        with self._pool_lock:
-            self._wanted[key] = wanted = self._wanted.get(key, 0) + 1
-        if wanted < 2:
+        if self.pad_to_captured and slot.graphs.get(graph_key(exact, nv12)) is None:
             for b in self.buckets:
                 if b > exact and slot.graphs.get(graph_key(b, nv12)) is not None:
                     return b
