@@ -79,6 +79,36 @@ def test_auto_backend_on_a_cpu_machine_stays_light(artifacts_dir, assets_dir):
     assert banned_modules_after(DETECT, str(assets_dir / "bus.jpg"), "auto") == []
 
 
+PREDICT_SAMPLES = """
+import json, sys
+out, root = sys.argv[1], sys.argv[2]
+sys.argv = ["yolopipe", "predict", "samples", "--out", out, "--artifacts-dir", root]
+from app.cli import main
+try:
+    main()
+except SystemExit as exc:
+    assert exc.code in (0, None), exc.code
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_predict_samples_on_a_cpu_machine_loads_no_gpu_library_and_no_compiler(artifacts_dir, tmp_path):
+    """``yolopipe predict samples`` as a user types it: no torch (so no torch.cuda), no numba.cuda,
+    no CuPy; and no Numba at all (its CPU NMS is for many candidates: loading it is seconds)."""
+    from app.gpu.probe import cuda_device_count
+
+    if cuda_device_count():
+        pytest.skip("this machine has a GPU: auto picks a GPU backend")
+    out = tmp_path / "p.jsonl"
+    proc = subprocess.run([sys.executable, "-c", PREDICT_SAMPLES, str(out), str(artifacts_dir)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [m for m in loaded if any(m == b or m.startswith(b + ".") for b in BANNED)] == []
+    assert [m for m in loaded if m == "numba" or m.startswith("numba.")] == []
+    assert len(out.read_text().splitlines()) == 2  # it did predict both images
+
+
 def imports_of(path: Path) -> set[str]:
     """Every ``app.*`` module a source file imports, at any depth (lazy imports count too)."""
     found = set()
