@@ -127,3 +127,14 @@ def test_a_batch_padded_into_a_larger_captured_bucket_gives_the_same_boxes(gpu, 
         exact = gpu.detect(pipe, items)  # bucket 4, captured now
         assert sorted(pipe.slots[0].graphs.by_batch) == [4, BATCH]
         assert same(exact, padded) >= 0.99
+
+
+def test_the_kernels_are_cached_for_the_next_start(detector, frames):
+    """Numba's letterbox and NMS kernels, compiled by this process's first batches, are on disk
+    (``app.gpu.kernel_cache``): the next start loads them instead of compiling them."""
+    from pathlib import Path
+
+    detector.detect(items_of(frames, 2))
+    folder = Path(os.environ["NUMBA_CACHE_DIR"])
+    indexed = {p.name.split(".")[0] for p in folder.rglob("*.nbi")}
+    assert {"preprocess", "nms"} <= indexed, sorted(folder.rglob("*"))[:20]
