@@ -263,7 +263,9 @@ def serve(
                                                      "worker per GPU, each request to the least loaded [default: all].")] = None,
     cpu_workers: Annotated[Optional[int], typer.Option(help="Inference workers when the model runs on the CPU.")] = None,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile",
-                                                    help="torch-cuda: torch.compile each batch size at start-up.")] = None,
+                                                    help="torch-cuda: run the engine compiled ahead of time "
+                                                         "(built on first use, or by build-engine); "
+                                                         "--no-compile: the eager model.")] = None,
     decode: Annotated[Optional[str], typer.Option(help=DECODE_HELP)] = None,
     artifacts_dir: ArtifactsDir = None,
 ) -> None:
