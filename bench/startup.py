@@ -11,8 +11,9 @@ Every row is one process (or, for the warm row, one process's second pass):
   10,000 results are never held), interleaved round by round with ``predict``;
 * ``serve``: ``yolopipe serve`` to the first 200 of ``/readyz`` (``ready_s``, with the 200's
   start-up steps) and of a ``/v1/detect`` (``first_detect_s``), artifacts present;
-* ``fresh``: the first ``predict`` and the first ``serve`` with an empty artifacts folder and
-  empty compiler caches (what a fresh machine does: export, build the engine, ...);
+* ``fresh-predict``, ``fresh-serve``: the first ``predict`` (of ``--fresh-images``) and the first
+  ``serve`` with an empty artifacts folder and empty compiler caches (what a fresh machine does:
+  export, build the engine, ...);
 * ``warm``: ``predict_folder`` inside one process after one untimed pass (model open, engine
   loaded, graphs captured): the folder loop alone, what ``yolopipe bench``'s folder row times.
 
@@ -266,7 +267,7 @@ def main() -> None:
     p.add_argument("--fresh-images", type=int, default=256, help="images of the folder the fresh runs take")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2, help="predict and ultralytics, interleaved")
-    p.add_argument("--parts", default="predict,ultralytics,serve,warm,fresh")
+    p.add_argument("--parts", default="predict,ultralytics,serve,warm,fresh-predict,fresh-serve")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one process may take")
     p.add_argument("--out", type=Path)
     p.add_argument("--note", default="")
@@ -328,7 +329,7 @@ def main() -> None:
                  "what": "predict_folder in one process after one untimed pass (model open, engine loaded, graphs "
                          "captured): reading, decoding, detecting and writing JSON only, no start-up",
                  **warm_row(source, "sample", args.batch, env, scratch, args.timeout)})
-        if "fresh" in parts:
+        if "fresh-predict" in parts:
             small = source
             if source != "samples" and count and count > args.fresh_images:
                 small = str(scratch / "fresh-folder")
@@ -338,6 +339,7 @@ def main() -> None:
             add({"system": "yolopipe", "mode": "cli", **common, "images": min(count or 2, args.fresh_images),
                  "artifacts": "fresh", **predict_row(small, args.batch, fresh_env(env, scratch, "predict"), scratch,
                                                      args.timeout, "fresh-predict")})
+        if "fresh-serve" in parts:
             add({"system": "yolopipe", "part": "ready", "artifacts": "fresh",
                  **serve_row(fresh_env(env, scratch, "serve"), scratch, args.timeout, "fresh-serve")})
     finally:

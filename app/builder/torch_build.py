@@ -127,7 +127,8 @@ def build_torch_engine(model_dir: Path, meta: ModelMeta, key: TorchEngineKey, *,
         raise ArtifactError(f"weights not found: {weights}", hint="run `yolopipe export` first")
     final = package_path(model_dir, key)
     what = f"the torch-cuda engine ({key.precision}, batch {_batches(key)}, {key.gpu_name})"
-    say(f"waiting for another process building {what}") if _locked_elsewhere(model_dir) else None
+    if _locked_elsewhere(model_dir):
+        say(f"waiting for another process building {what}")
     with exclusive_lock(lock_path(model_dir)):
         again = find_torch_engine(model_dir, key)
         if again.package is not None and again.manifest.key == key:
@@ -138,8 +139,7 @@ def build_torch_engine(model_dir: Path, meta: ModelMeta, key: TorchEngineKey, *,
         tmp = temp_name(final)
         try:
             with _inductor_cache(model_dir):
-                builder = _compile(weights, meta, key, device, tmp, say, what, started)
-            say(f"{what}: checking it against the eager model (3 of 3)")
+                builder = _compile(weights, meta, key, device, tmp, say, what)
             package_sha256, package_bytes = sha256_of(tmp), tmp.stat().st_size
             manifest_path(model_dir, key).unlink(missing_ok=True)  # never an old manifest beside a new package
             publish(tmp, final)
@@ -185,8 +185,8 @@ def _inductor_cache(model_dir: Path) -> Iterator[None]:
             os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
 
 
-def _compile(weights: Path, meta: ModelMeta, key: TorchEngineKey, device: int, out: Path, say: Say, what: str,
-             started: float) -> dict[str, Any]:
+def _compile(weights: Path, meta: ModelMeta, key: TorchEngineKey, device: int, out: Path, say: Say,
+             what: str) -> dict[str, Any]:
     """Export and compile into ``out``; check the result. Returns how it was built (for the manifest)."""
     try:
         import torch
@@ -206,6 +206,7 @@ def _compile(weights: Path, meta: ModelMeta, key: TorchEngineKey, device: int, o
     say(f"{what}: compiling with AOTInductor (2 of 3; a minute or two on a first build)")
     compile_package(program, out)
     del program
+    say(f"{what}: checking it against the eager model (3 of 3)")
     return check_package(out, example, reference, key, meta, dev)
 
 
