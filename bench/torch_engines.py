@@ -5,9 +5,10 @@ dimension (what ``yolopipe build-engine`` builds), built ahead for one fixed bat
 For each, in fresh processes (children of this script): the build (AOTInductor: one process
 with an empty inductor cache, so every kernel is compiled), then a start (``torch.compile``:
 once with an empty cache, once with the cache the first left, as every later start finds it):
-the seconds from the process start to the first forward done, and the engine's throughput at
-``--batch`` (and at batch 1): its forward captured alone in a CUDA graph and replayed, GPU time
-by CUDA events over ``--iters`` replays. The packages are built into a scratch copy of the
+the seconds from the process start to the first forward done (that includes cuDNN autotuning
+the new shapes; one start of the dynamic package runs without it), and the engine's throughput
+at ``--batch`` (and at batch 1): its forward captured alone in a CUDA graph and replayed, GPU
+time by CUDA events over ``--iters`` replays. The packages are built into a scratch copy of the
 model's folder, so nothing a user's runs find is touched.
 
     python bench/torch_engines.py --batch 64 --out bench/results/DATE-MACHINE-torch-engines.json
@@ -65,10 +66,12 @@ def child(args: argparse.Namespace) -> dict:
             packages.append((package_path(model_dir, key), key))
     t0 = time.perf_counter()
     engine = TorchCudaEngine(model_dir, meta, precision=args.precision, max_batch=args.batch,
-                             compile=args.child == "inductor", packages=packages)
+                             compile=args.child == "inductor", packages=packages,
+                             cudnn_benchmark=not args.no_cudnn_benchmark)
     t_loaded = time.perf_counter()
     dtype = torch.float16 if args.precision == "fp16" else torch.float32
-    out: dict = {"engine": engine.compiler, "load_s": round(t_loaded - t0, 3)}
+    out: dict = {"engine": engine.compiler, "cudnn_benchmark": engine.cudnn_benchmark,
+                 "load_s": round(t_loaded - t0, 3)}
     for batch in args.measure:
         x = torch.rand((batch, 3, meta.imgsz, meta.imgsz), generator=torch.Generator().manual_seed(0))
         x = x.to(engine.device, dtype).contiguous()
@@ -107,7 +110,7 @@ def child(args: argparse.Namespace) -> dict:
 def run_child(kind: str, args: argparse.Namespace, model_dir: Path, env: dict, **extra) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--model-dir", str(model_dir),
            "--precision", args.precision, "--batch", str(args.batch), "--iters", str(args.iters)]
-    for name, value in extra.items():
+    for name, value in extra.items():  # a list: the option's values (an empty one: a flag)
         cmd += [f"--{name.replace('_', '-')}", *map(str, value if isinstance(value, list) else [value])]
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=args.timeout, check=False)
@@ -135,6 +138,7 @@ def main() -> None:
     p.add_argument("--min-batch", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--ranges", type=lambda s: tuple(map(int, s.split("-"))), nargs="*", default=[], help=argparse.SUPPRESS)
     p.add_argument("--measure", type=int, nargs="*", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--no-cudnn-benchmark", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print(json.dumps(child(args)))
@@ -182,6 +186,10 @@ def main() -> None:
                 add({"variant": name, "step": f"start {start}", "batches": f"{lo}-{hi}",
                      **run_child("aoti", args, model_dir, base_env, ranges=[f"{lo}-{hi}"],
                                  measure=measure if lo == 1 else [args.batch])})
+            if name == "aoti-dynamic":  # cuDNN's heuristics instead of autotuning each shape at every start
+                add({"variant": name, "step": "start, cuDNN without autotuning", "batches": f"{lo}-{hi}",
+                     **run_child("aoti", args, model_dir, base_env, ranges=[f"{lo}-{hi}"], measure=measure,
+                                 no_cudnn_benchmark=[])})
         if "inductor" in variants:
             cache = {**base_env, "TORCHINDUCTOR_CACHE_DIR": str(scratch / "cache-inductor"),
                      "TRITON_CACHE_DIR": str(scratch / "triton-inductor")}

@@ -71,6 +71,7 @@ class TorchCudaEngine:
         device: int = 0,
         compile: bool = True,
         packages: Sequence[tuple[Path, TorchEngineKey]] = (),
+        cudnn_benchmark: bool = True,
     ) -> None:
         if precision == "int8":
             raise InvalidParameter(
@@ -98,6 +99,7 @@ class TorchCudaEngine:
         self.device = torch.device("cuda", device)
         self._torch = torch
         self._torch_dtype = torch_dtype(precision)
+        self.cudnn_benchmark = cudnn_benchmark  # autotune convolutions on each new shape (see _scope)
         self.compiled = False
         self.compiler = "eager"  # "aoti" (a package) | "inductor" (torch.compile) | "eager"
         self._compile_limits: dict[str, int] = {}  # torch._dynamo settings for this engine's calls
@@ -188,7 +190,7 @@ class TorchCudaEngine:
         cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
         saved = cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32
         env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-        cudnn.benchmark = True
+        cudnn.benchmark = self.cudnn_benchmark
         if self.precision == "fp32":
             cudnn.allow_tf32 = matmul.allow_tf32 = False
         if self._inductor_cache and env is None:

@@ -47,7 +47,8 @@ class StartupReport:
             on_progress(advance, total)
             if advance and not self._reported:
                 self._reported = True
-                self.steps.record("the first batch: read, decode, detect (capturing its CUDA graph), written",
+                self.steps.record("the first batch: read, decode, detect, write (on a GPU, its CUDA graph captured "
+                                  "first)",
                                   time.perf_counter() - self._opened_at)
                 if self.verbose:
                     self.print()
