@@ -328,7 +328,7 @@ def main() -> None:
             add({"system": "yolopipe", "mode": "in-process", **common, "artifacts": "present",
                  "what": "predict_folder in one process after one untimed pass (model open, engine loaded, graphs "
                          "captured): reading, decoding, detecting and writing JSON only, no start-up",
-                 **warm_row(source, "sample", args.batch, env, scratch, args.timeout)})
+                 **warm_row(their_source, "sample", args.batch, env, scratch, args.timeout)})
         if "fresh-predict" in parts:
             small = source
             if source != "samples" and count and count > args.fresh_images:

@@ -137,12 +137,16 @@ class TorchCudaEngine:
         if not any(key.covers(self.max_batch) for key, _ in self._packages):
             raise ArtifactError(f"no torch-cuda engine package takes batches of {self.max_batch}",
                                 hint="build one: yolopipe build-engine --max-batch N")
-        size = self.meta.imgsz
-        with torch.inference_mode(), self._scope():
-            for key, runner in self._packages:
-                probe = torch.zeros((key.min_batch, 3, size, size), dtype=self._torch_dtype, device=self.device)
-                check_head(runner(probe), self.meta, key.min_batch)
-        torch.cuda.synchronize(self.device)
+        size, autotune = self.meta.imgsz, self.cudnn_benchmark
+        self.cudnn_benchmark = False  # a shape check: no autotuning of shapes the run may never use
+        try:
+            with torch.inference_mode(), self._scope():
+                for key, runner in self._packages:
+                    probe = torch.zeros((key.min_batch, 3, size, size), dtype=self._torch_dtype, device=self.device)
+                    check_head(runner(probe), self.meta, key.min_batch)
+            torch.cuda.synchronize(self.device)
+        finally:
+            self.cudnn_benchmark = autotune
         self._forward = None
         self.compiled, self.compiler = True, "aoti"
 
