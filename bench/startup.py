@@ -69,12 +69,12 @@ def gpu_present() -> bool:
 
 
 # --- one process, timed from outside ----------------------------------------------------------
-def timed(cmd: list[str], *, env: dict, log: Path, out: Path | None, timeout: float) -> dict:
+def timed(cmd: list[str], *, env: dict, log: Path, out: Path | None, timeout: float, cwd: Path = ROOT) -> dict:
     """Run ``cmd``: wall seconds to exit, seconds to the first line in ``out``, its CPU seconds."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with log.open("w") as fh:
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         first = None
         while proc.poll() is None:
             if first is None and out is not None and _has_a_line(out):
@@ -99,13 +99,14 @@ def _has_a_line(path: Path) -> bool:
         return False
 
 
-def predict_row(source: str, batch: int, env: dict, scratch: Path, timeout: float, tag: str) -> dict:
+def predict_row(source: str, batch: int, env: dict, scratch: Path, timeout: float, tag: str,
+                verbose: bool = True, tree: Path = ROOT) -> dict:
     out, modules, log = scratch / f"{tag}.jsonl", scratch / f"{tag}-modules.json", scratch / f"{tag}.log"
     out.unlink(missing_ok=True)
     code = CLI_WITH_IMPORTS.format(roots=("torch", "numba", "cupy", "tensorrt", "nvidia", "ultralytics"))
     cmd = [sys.executable, "-c", code, str(modules), "predict", source, "--out", str(out), "--batch", str(batch),
-           "--verbose"]
-    r = timed(cmd, env=env, log=log, out=out, timeout=timeout)
+           *(["--verbose"] if verbose else [])]
+    r = timed(cmd, env=env, log=log, out=out, timeout=timeout, cwd=tree)  # python -c imports from its folder
     text = log.read_text(errors="replace")
     loaded = json.loads(modules.read_text()) if modules.exists() else []
     r.update(images=_lines(out), startup_steps=[{"step": m[2], "s": float(m[1])} for m in map(STEP.match, text.splitlines()) if m],
@@ -271,6 +272,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one process may take")
     p.add_argument("--out", type=Path)
     p.add_argument("--note", default="")
+    p.add_argument("--baseline", help="a git revision whose `yolopipe predict` runs the same way, interleaved")
     # child processes of this script
     p.add_argument("--child", choices=("ultralytics", "warm"), help=argparse.SUPPRESS)
     p.add_argument("--weights", default="sample", help=argparse.SUPPRESS)
@@ -309,10 +311,24 @@ def main() -> None:
             print(json.dumps({k: v for k, v in row.items() if k not in ("startup_steps", "readyz_startup")}),
                   file=sys.stderr, flush=True)
 
+        baseline_env = None
+        if args.baseline and "predict" in parts:  # that revision's app/ in a folder of its own
+            rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline], check=True,
+                                 capture_output=True, text=True).stdout.strip()
+            tree = scratch / "baseline"
+            tree.mkdir()
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "app"], check=True, capture_output=True)
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+            baseline_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
         if {"predict", "serve", "warm"} & parts:  # artifacts present: one untimed run builds what is missing
             prep = predict_row(source, args.batch, env, scratch, args.timeout, "untimed-build")
             add({"system": "yolopipe", "mode": "cli", "untimed": "builds the artifacts the timed runs find", **prep})
         for i in range(args.rounds if {"predict", "ultralytics"} & parts else 0):
+            if baseline_env is not None:
+                add({"system": f"yolopipe {rev} (baseline)", "mode": "cli", **common, "images": count,
+                     "artifacts": "present", "round": i + 1,
+                     **predict_row(source, args.batch, baseline_env, scratch, args.timeout, f"base-{i}", verbose=False,
+                                   tree=tree)})
             if "predict" in parts:
                 add({"system": "yolopipe", "mode": "cli", **common, "images": count, "artifacts": "present",
                      "round": i + 1, **predict_row(source, args.batch, env, scratch, args.timeout, f"predict-{i}")})
@@ -353,6 +369,10 @@ def main() -> None:
                "ultralytics_wall_s": summarize(theirs, "wall_s"),
                "ultralytics_first_result_s": summarize(theirs, "first_result_s"),
                "serve_ready_s": summarize(pick(part="ready", artifacts="present"), "ready_s")}
+    if baseline_env is not None:
+        base = [r for r in rows if r.get("system", "").endswith("(baseline)")]
+        summary.update(baseline_wall_s=summarize(base, "wall_s"), baseline_first_result_s=summarize(base, "first_result_s"),
+                       baseline_cpu_s=summarize(base, "cpu_s"), yolopipe_cpu_s=summarize(ours, "cpu_s"))
     if summary["yolopipe_wall_s"] and summary["ultralytics_wall_s"]:
         summary["ultralytics_over_yolopipe_wall"] = round(summary["ultralytics_wall_s"] / summary["yolopipe_wall_s"], 2)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
