@@ -42,8 +42,8 @@ def warmup(detector: Detector, batch_sizes: Sequence[int], progress: Callable[[s
     seconds per image of the largest batch (the first estimate admission works with).
 
     ``buckets``: the pipeline's batch buckets. The largest is captured first, on every slot: it
-    takes a batch of any size (the pipeline runs a batch on the smallest captured bucket that
-    holds it), so the worker can serve as soon as it is captured. The others are captured after
+    takes a batch of any size (the service's pipeline runs a batch in the smallest captured
+    bucket that holds it: ``pad_to_captured``), so the worker can serve as soon as it is captured. The others are captured after
     that by a thread of their own, smallest first (single images are the common batch of a quiet
     service), while the first batches run; none: the pipeline's own warm-up, all at once."""
     say = progress or (lambda text: None)
