@@ -211,7 +211,7 @@ def test_verbose_predict_lists_each_start_up_step_with_its_time_once(tmp_path, a
                    cwd=tmp_path)
     assert proc.returncode == ExitCode.OK, proc.stderr
     assert proc.stderr.count("start-up, step by step:") == 1
-    steps = {m[2]: float(m[1]) for m in re.finditer(r"^\s+(\d+\.\d+) s  (.+)$", proc.stderr, re.M)}
+    steps = {m[2]: float(m[1]) for m in re.finditer(r"^\s+(\d+\.\d+) s  (.+)$", proc.stderr, re.MULTILINE)}
     names = list(steps)
     assert names[0] == "starting Python and importing yolopipe", names
     assert "checking the model's export (a first run exports it)" in names and "opening ONNX Runtime" in names
