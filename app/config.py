@@ -89,7 +89,7 @@ class Settings(BaseSettings):
     precision: Precision = "auto"
     decode: DecodeName = "gpu"  # GPU backends only; the CPU backend decodes with OpenCV (cpu: alias of opencv)
     device: int = Field(0, ge=0)
-    compile: bool = True  # torch-cuda: torch.compile each batch bucket (once, cached in the artifacts folder)
+    compile: bool = True  # torch-cuda: the engine compiled ahead of time (app.builder.torch_build); False: eager
     ort_threads: int = Field(0, ge=0)  # onnxruntime intra-op threads; 0: its default
 
     # serving

@@ -20,6 +20,7 @@ from app.api.schemas import (
     Health,
     ImageDetections,
     ModelInfo,
+    Ready,
     batch_request_body,
     detect_request_body,
 )
@@ -228,7 +229,7 @@ async def healthz() -> dict[str, str]:
 @router.get(
     "/readyz",
     summary="An inference worker is ready and this HTTP worker is not draining",
-    response_model=Health,
+    response_model=Ready,
     responses={503: {"model": ErrorResponse}},
 )
 async def readyz(request: Request) -> Any:
@@ -238,7 +239,8 @@ async def readyz(request: Request) -> Any:
         doing = "; ".join(f"worker {w['worker']}: {'ready' if w['ready'] else w['phase']}" for w in workers)
         what = "the inference workers are starting" if any(w["ready"] for w in workers) else "no inference worker is ready"
         return JSONResponse(error_body("not_ready", what + (f" ({doing})" if doing else "")), status_code=503)
-    return {"status": "ready"}
+    return {"status": "ready", "startup": [{"worker": w["worker"], **w["startup"]} for w in client.workers()
+                                           if w["startup"]]}
 
 
 @router.get("/v1/model", summary="The served model, backend and serving limits", response_model=ModelInfo)

@@ -28,8 +28,8 @@ class BenchOptions:
     iters: int = _opt(0, "timed calls per serial row (default 50; 3 with --quick)")
     warmup: int = _opt(-1, "untimed calls before each serial row (default 5; 1 with --quick)")
     quick: bool = _opt(False, "few iterations and a small folder: proves the benchmark runs")
-    compile: str = _opt("fp16", "torch.compile the torch-cuda engine for these precisions: none, fp16 or all "
-                                "(each batch bucket compiled once, cached in the artifacts folder)",
+    compile: str = _opt("fp16", "run the torch-cuda engine compiled ahead of time for these precisions: none "
+                                "(eager), fp16 or all (an AOTInductor package, built once into the artifacts folder)",
                         choices=("none", "fp16", "all"))
     pipelined_batches: tuple[int, ...] = _opt((32, 64, 128), "batch sizes of the throughput rows (GPU)")
     pipelined_images: int = _opt(0, "images per throughput row (default 4096; 256 with --quick)")

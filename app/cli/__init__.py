@@ -208,27 +208,31 @@ def calibrate(
 @_friendly
 def build_engine(
     weights: Weights = "sample",
-    precision: Annotated[str, typer.Option(help="int8 | fp16 | fp32")] = "int8",
-    calib_images: Annotated[Optional[Path], typer.Option(help="Calibration images (int8, first build).")] = None,
-    min_batch: Annotated[int, typer.Option(help="Optimization profile: smallest batch.")] = 1,
-    opt_batch: Annotated[int, typer.Option(help="Optimization profile: batch tuned for.")] = ENGINE_OPT_BATCH,
-    max_batch: Annotated[int, typer.Option(help="Optimization profile: largest batch.")] = ENGINE_MAX_BATCH,
+    backend: Annotated[str, typer.Option(help="auto | tensorrt | torch-cuda. auto: TensorRT where it is installed, "
+                                              "else the torch-cuda engine (an AOTInductor package) on a GPU.")] = "auto",
+    precision: Annotated[str, typer.Option(help="auto | int8 | fp16 | fp32. auto: int8 on TensorRT, fp16 on "
+                                                "torch-cuda (which runs fp16 or fp32).")] = "auto",
+    calib_images: Annotated[Optional[Path], typer.Option(help="TensorRT: calibration images (int8, first build).")] = None,
+    min_batch: Annotated[int, typer.Option(help="TensorRT optimization profile: smallest batch.")] = 1,
+    opt_batch: Annotated[int, typer.Option(help="TensorRT optimization profile: batch tuned for.")] = ENGINE_OPT_BATCH,
+    max_batch: Annotated[int, typer.Option(help="Largest batch the engine takes (torch-cuda: every batch from 1 "
+                                                "to it, in one package).")] = ENGINE_MAX_BATCH,
     imgsz: Imgsz = 640,
     artifacts_dir: ArtifactsDir = None,
-    workspace_gib: Annotated[float, typer.Option(help="Builder workspace limit in GiB.")] = 4.0,
+    workspace_gib: Annotated[float, typer.Option(help="TensorRT builder workspace limit in GiB.")] = 4.0,
 ) -> None:
-    """Build a TensorRT engine for this GPU.
+    """Build the engine for this machine's GPU, ahead of time.
 
-    Export (if needed) → calibrate (int8) → engine + engine.json. Needs TensorRT 10.x/11.x.
+    TensorRT where it is installed: export (if needed) → calibrate (int8) → engine + engine.json.
+    Else, on an NVIDIA GPU, the torch-cuda engine: the model traced by torch.export and compiled
+    by AOTInductor into one package for batches 1 to --max-batch, so predict and serve start
+    without compiling anything. A build that fits this GPU and torch already is kept.
     """
-    from app.builder.trt_build import build_engine as run_build
+    from app.cli.engine import build_engine_command
 
-    path = run_build(
-        weights, precision=precision, calib_images=calib_images, min_batch=min_batch, opt_batch=opt_batch,
-        max_batch=max_batch, imgsz=imgsz, artifacts_dir=artifacts_dir, workspace_gib=workspace_gib,
-        console=console,
-    )
-    console.print(f"wrote {path}", highlight=False)
+    build_engine_command(weights, backend=backend, precision=precision, calib_images=calib_images, min_batch=min_batch,
+                         opt_batch=opt_batch, max_batch=max_batch, imgsz=imgsz, artifacts_dir=artifacts_dir,
+                         workspace_gib=workspace_gib)
 
 
 def settings_from(**given) -> Settings:
@@ -259,7 +263,9 @@ def serve(
                                                      "worker per GPU, each request to the least loaded [default: all].")] = None,
     cpu_workers: Annotated[Optional[int], typer.Option(help="Inference workers when the model runs on the CPU.")] = None,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile",
-                                                    help="torch-cuda: torch.compile each batch size at start-up.")] = None,
+                                                    help="torch-cuda: run the engine compiled ahead of time "
+                                                         "(built on first use, or by build-engine); "
+                                                         "--no-compile: the eager model.")] = None,
     decode: Annotated[Optional[str], typer.Option(help=DECODE_HELP)] = None,
     artifacts_dir: ArtifactsDir = None,
 ) -> None:
@@ -330,6 +336,8 @@ def predict(
     video_decode: Annotated[str, typer.Option(help="Videos and streams: auto | nvdec | opencv (auto: OpenCV; nvdec: "
                                                    "NVDEC on a GPU backend, needs PyNvVideoCodec; not yet verified "
                                                    "end to end).")] = "auto",
+    verbose: Annotated[bool, typer.Option("--verbose", help="Print each start-up step with its time, once, when the "
+                                                            "first results are written.")] = False,
 ) -> None:
     """Detect objects in the images of SOURCE, as JSON Lines.
 
@@ -339,7 +347,9 @@ def predict(
     from app.contracts import make_params
     from app.errors import InvalidParameter
 
-    from app.cli.predict_output import check_video_decode, predict_streams_command, progress_bar
+    from app.cli.predict_output import StartupReport, check_video_decode, predict_streams_command, progress_bar
+
+    startup = StartupReport(verbose)
 
     source = resolve_source(source)
     make_params(conf=conf, iou=iou, max_det=max_det, agnostic=agnostic)  # bad values fail before the model loads
@@ -377,10 +387,11 @@ def predict(
 
         if not list_images(source, MEDIA_SUFFIXES):  # fail fast, before loading a model
             raise InvalidParameter(f"no images found at {source!r} (a folder, an image file, or a glob pattern)")
-        with console.status("loading model…"):
+        with startup.loading():
             detector = open_detector(weights, backend=backend, precision=precision, decode=decode, imgsz=imgsz,
                                      artifacts_dir=artifacts_dir, max_batch=batch, device=device,
-                                     video_decode=video_decode)
+                                     video_decode=video_decode, steps=startup.steps,
+                                     pad_to_captured=True)  # the last, smaller batch: no capture of its own
         check_video_decode(detector)
         keep_freed_heap()  # this process is ours: glibc may keep what it frees between batches
         with detector, progress_bar() as on_progress:
@@ -388,7 +399,7 @@ def predict(
             console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']}", highlight=False)
             params = detector.params(conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic)
             summary = predict_folder(detector, source, out, params, batch=batch, resume=resume,
-                                     save_images=save_images, coco=coco, on_progress=on_progress,
+                                     save_images=save_images, coco=coco, on_progress=startup.watch(on_progress),
                                      vid_stride=vid_stride, track=track)
     for line in summary.error_files[:20]:
         console.print(f"[yellow]skipped[/] {escape(line)}", highlight=False)

@@ -228,8 +228,8 @@ class InferenceClient:
         return any(link.connected and link.status.read().state == wire.READY for link in self._links)
 
     def workers(self) -> list[dict]:
-        """Each inference worker as an operator sees it: ready, queued images, pid, device, and
-        what it is doing while it starts (its warm-up step)."""
+        """Each inference worker as an operator sees it: ready, queued images, pid, device, what it
+        is doing while it starts (its warm-up step), and once started, its start-up step by step."""
         out = []
         for i, link in enumerate(self._links):
             load = link.status.read() if link.connected else None
@@ -239,6 +239,7 @@ class InferenceClient:
                         "queued_images": load.pending if load else 0, "pid": info.get("pid"),
                         "device": info.get("device"), "restarts": info.get("generation", 0),
                         "phase": "" if ready else (link.status.read_phase() or "starting"),
+                        "startup": info.get("startup"),
                         "standby_ready": link.status.read_standby() != 0})
         return out
 

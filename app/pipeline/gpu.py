@@ -88,6 +88,7 @@ class GpuPipeline:
         max_pixels: int = MAX_PIXELS,
         host_threads: int | None = None,
         raw_launch: bool = True,
+        pad_to_captured: bool = False,
     ) -> None:
         import torch
 
@@ -111,6 +112,7 @@ class GpuPipeline:
         self.buckets = tuple(bucket_sizes(self.max_batch))
         self.host_threads = int(host_threads or min(16, os.cpu_count() or 1))
         self.last_launch_path = ""  # "driver" | "torch": how the last batch was dispatched
+        self.pad_to_captured = pad_to_captured  # see _bucket_to_run
         self._gate = Gate()
         self._closed = False
         self._host_pool: ThreadPoolExecutor | None = None
@@ -188,6 +190,18 @@ class GpuPipeline:
             if b >= n:
                 return b
         raise InvalidParameter(f"batch of {n} images is over max_batch {self.max_batch}")
+
+    def _bucket_to_run(self, slot: BatchSlot, n: int, nv12: bool = False) -> int:
+        """The bucket ``n`` images run in on ``slot``: the smallest that takes them, its graph
+        captured now if missing; with ``pad_to_captured``, the smallest that takes them among
+        those already captured there, if any, so that a bucket a run needs once (a folder's last
+        batch) or while the service is still capturing the others costs no capture."""
+        exact = self.bucket_for(n)
+        if self.pad_to_captured and slot.graphs.get(graph_key(exact, nv12)) is None:
+            for b in self.buckets:
+                if b > exact and slot.graphs.get(graph_key(b, nv12)) is not None:
+                    return b
+        return exact
 
     def warmup(self, batches: Sequence[int] | None = None, *, profile: bool = False, nv12: bool = False) -> None:
         """Capture the graphs of the buckets of ``batches`` (all by default) on every slot now;
@@ -290,7 +304,7 @@ class GpuPipeline:
             datas = gpu = None
             if not plan.placed:
                 return PipelineRun(results, {"decode_ms": (time.perf_counter() - t_start) * 1e3})
-            bucket = self.bucket_for(len(plan))
+            bucket = self._bucket_to_run(slot, len(plan))
         t_decoded = time.perf_counter()
         timings["decode_ms"] = (t_decoded - t_start) * 1e3
 
@@ -310,7 +324,7 @@ class GpuPipeline:
             return PipelineRun(results, {})
         if plan.end - slot.staging.header_bytes > slot.staging.capacity:
             self._grow(slot, plan.end - slot.staging.header_bytes)
-        bucket = self.bucket_for(len(plan))
+        bucket = self._bucket_to_run(slot, len(plan), nv12=True)
         with self._torch.cuda.device(self.device):
             nv12_input.stage(slot.staging, plan, bucket, self.copy_stream)  # device to device, then "decoded"
             slot.decoded.record(self.copy_stream)

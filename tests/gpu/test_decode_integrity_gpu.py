@@ -22,19 +22,15 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU", allow_module_level=True)
 
 from app.errors import InvalidImage, YolopipeError
-from app.gpu.pack import bucket_sizes
+from app.contracts import RunShape
 from app.imaging.check import check_image
 from app.imaging.decode import decode_image
-from app.pipeline.detector import Detector
-
-try:  # the batcher moves beside the inference worker (issue #24)
-    from app.service.inference.batcher import Batcher, Job  # type: ignore[import-not-found]
-except ImportError:
-    from app.ipc.batcher import Batcher, Job
 from app.ipc.answers import answers_frame, read_results
-from app.ipc.metrics import WorkerMetrics
 from app.ipc.ring import Ring, map_ring
 from app.ipc.wire import FrameReader, ImageRef
+from app.pipeline.detector import Detector
+from app.service.inference.batcher import Batcher, Job
+from app.service.inference.metrics import WorkerMetrics
 
 CPU_ERROR = "cannot decode this JPEG image (truncated or corrupt)"
 DECODES = ["gpu", "nvjpeg", "cpu"]  # gpu: nvImageCodec (hardware decoder, then its default chain)
@@ -43,7 +39,7 @@ DECODES = ["gpu", "nvjpeg", "cpu"]  # gpu: nvImageCodec (hardware decoder, then 
 @pytest.fixture(scope="module")
 def pipe(gpu, sample_model_dir, meta):
     """One slot: every batch is decoded into the staging the batch before it used."""
-    p = gpu.make_pipeline(sample_model_dir, meta, "fp16", max_batch=8, slots=1)
+    p = gpu.make_pipeline(sample_model_dir, meta, "fp16", max_batch=8, in_flight=1)
     yield p
     p.close()
 
@@ -112,8 +108,8 @@ def test_many_threads_through_the_batcher_cut_files_are_errors_and_photos_their_
                                                                                    photos, tmp_path):
     """16 client threads admit photos and cut files (these with the header the worker reads
     itself, as for bytes from elsewhere) into one batcher over a 3-slot pipeline."""
-    pipeline = gpu.make_pipeline(sample_model_dir, meta, "fp16", max_batch=8, slots=3)
-    detector = Detector(pipeline)
+    pipeline = gpu.make_pipeline(sample_model_dir, meta, "fp16", max_batch=8, in_flight=3)
+    detector = Detector(pipeline, RunShape(max_batch=8, in_flight=3, max_wait_ms=2))
     names = detector.names
     valid = dict(photos)
     broken = {f"{src} {what}": cut for src in ("bus", "zidane", "bus_progressive") for what, cut in cuts(photos[src]).items()}
@@ -125,13 +121,12 @@ def test_many_threads_through_the_batcher_cut_files_are_errors_and_photos_their_
         for outcome in read_results(FrameReader().feed(answers_frame(batch_answers))[0][1])[1]:
             answers.put(outcome)
 
-    batcher = Batcher(detector, max_batch=8, max_wait_ms=2, budget_s=120.0, deliver=deliver,
-                      metrics=WorkerMetrics("0"))
+    batcher = Batcher(detector, budget_s=120.0, deliver=deliver, metrics=WorkerMetrics("0"))
     ring = Ring(tmp_path / "ring", 96 * 2**20)
     ring_lock = threading.Lock()
     sent: dict[int, str] = {}
     try:
-        batcher.start((1, 8), None, bucket_sizes(pipeline.max_batch))
+        batcher.start((1, 8), None, pipeline.buckets)
         view = map_ring(ring.path)
 
         def client(k: int) -> None:

@@ -32,7 +32,7 @@ PARAMS = DetectParams(conf=0.25, iou=0.7)
 
 @pytest.fixture(scope="module")
 def pipe(gpu, sample_model_dir, meta):
-    p = gpu.make_pipeline(sample_model_dir, meta, PRECISION, max_batch=8, slots=3)
+    p = gpu.make_pipeline(sample_model_dir, meta, PRECISION, max_batch=8, in_flight=3)
     yield p
     p.close()
 
@@ -119,7 +119,7 @@ from app.types import ModelMeta
 model_dir = Path(sys.argv[1])
 meta = ModelMeta.load(model_dir / "meta.json")
 engine = TorchCudaEngine(model_dir, meta, precision=sys.argv[2], max_batch=8, compile=False)
-pipe = GpuPipeline(engine, meta, max_batch=8, slots=1)
+pipe = GpuPipeline(engine, meta, max_batch=8, in_flight=1)
 items = [open(p, "rb").read() for p in sys.argv[3:]]
 run = pipe.run(items, DetectParams(conf=0.25, iou=0.7))
 print(json.dumps([json.dumps(rows_to_detections(*o).to_json(meta.names)) for o in run.images]))

@@ -35,6 +35,7 @@ from app.ipc.ring import map_ring
 from app.service.inference.answers import answer_frames
 from app.service.inference.batcher import Batcher, Job
 from app.service.memory import IdleRelease, limit_malloc_arenas, release_memory
+from app.types import StartupSteps, process_age_s
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -66,18 +67,29 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = Non
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.device
         settings = settings.model_copy(update={"device": 0})
     setup_logging()
+    steps = StartupSteps()
+    phase = None
     if promote is None:  # a first start (or a restart without a standby) says what it is doing
         phase = wire.StatusBlock(spec.layout.status(spec.index), writable=True)
         phase.write_phase("opening the model (a first start exports or builds it)")
-        phase.close()
         log.info("inference worker %d: opening the model", spec.index)
+
+        def opening(text: str) -> None:  # each step, and on a first start what is being built and how far
+            phase.write_phase(text)
+            log.info("inference worker %d: %s", spec.index, text)
+
+        steps.listener = opening
     try:
-        detector = open_detector_from(settings)
+        detector = open_detector_from(settings, steps)
     except YolopipeError as exc:
         report.send(("error", exc.code, str(exc)))
         raise SystemExit(3) from None
+    finally:
+        steps.listener = None
+        if phase is not None:
+            phase.close()
     try:
-        lost = _run(_serve(spec, settings, detector, report, promote))
+        lost = _run(_serve(spec, settings, detector, report, promote, steps))
     finally:
         if not lost:  # a dead context cannot free anything: just exit
             detector.close()
@@ -93,8 +105,10 @@ def _run(main: Any) -> Any:
     return uvloop.run(main)
 
 
-async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, promote: Any = None) -> str | None:
-    """Serve until SIGTERM (None) or until the device is lost (why)."""
+async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, promote: Any = None,
+                 steps: StartupSteps | None = None) -> str | None:
+    """Serve until SIGTERM (None) or until the device is lost (why). ``steps``: the start-up so
+    far (opening the model), which the warm-up adds to; the hello reports them (``/readyz``)."""
     from app.service.inference.metrics import WorkerMetrics, gpu_memory_readers
 
     loop = asyncio.get_running_loop()
@@ -121,19 +135,23 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     # beside the worker that owns the status block.
     starting = None if promote is not None else wire.StatusBlock(spec.layout.status(spec.index), writable=True)
 
+    steps = steps if steps is not None else StartupSteps()
+
     def progress(text: str) -> None:
         log.info("inference worker %d%s: %s", spec.index, "" if starting is not None else " standby", text)
+        steps.begin(text)
         if starting is not None:
             starting.write_phase(text)
 
     await asyncio.to_thread(batcher.start, sizes, progress, buckets)
+    steps.finish()
     release = functools.partial(release_memory, detector.pipeline.release_memory)
-    await asyncio.to_thread(release)  # what opening and warming up left behind (a standby waits at this size)
     if starting is not None:
         starting.write_phase("")
         starting.close()
     generation = spec.generation
     if promote is not None:
+        await asyncio.to_thread(release)  # it waits at this size: what opening and warming up left goes now
         generation = await _stand_by(spec, report, promote, stopping)
         if generation is None:  # stopped (or the pool went away) before taking over
             loop.remove_signal_handler(signal.SIGTERM)
@@ -152,6 +170,7 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
 
     batcher.on_load_change = on_load_change
     idle.start()
+    idle.touch()  # a first start's warm-up garbage goes once it has been quiet (not before it is ready)
     info = {
         "worker": spec.index, "generation": generation, "pid": os.getpid(),
         "device": "cpu" if spec.device is None else f"cuda:{spec.device}",
@@ -160,6 +179,7 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
         "max_pixels": detector.shape.max_pixels,
         "max_det": detector.pipeline.max_det,
         "in_flight": detector.shape.in_flight,
+        "startup": {"steps": steps.as_json(), "worker_ready_after_s": _rounded(process_age_s())},
     }
     stop_sampling = threading.Event()
     metrics.sample_gpu_memory(gpu_memory_readers(detector, 0), 5.0, stop_sampling)
@@ -202,6 +222,10 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     loop.remove_signal_handler(signal.SIGTERM)
     log.info("inference worker %d stopped", spec.index)
     return batcher.fatal
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 2)
 
 
 async def _stand_by(spec: WorkerSpec, report: Any, promote: Any, stopping: asyncio.Event) -> int | None:

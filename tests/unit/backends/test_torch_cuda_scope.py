@@ -18,7 +18,7 @@ def engine_settings_only(tmp_path, precision: str) -> TorchCudaEngine:
     import torch._dynamo
 
     engine = object.__new__(TorchCudaEngine)
-    engine._torch, engine.precision = torch, precision
+    engine._torch, engine.precision, engine.cudnn_benchmark = torch, precision, False
     engine._inductor_cache = str(tmp_path / "torch-cache" / "inductor")
     engine._compile_limits = {"recompile_limit": torch._dynamo.config.recompile_limit + 50}
     return engine
@@ -52,3 +52,35 @@ def test_a_users_inductor_cache_dir_wins(tmp_path, monkeypatch):
     with engine_settings_only(tmp_path, "fp16")._scope():
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+def test_a_batch_runs_on_the_narrowest_package_that_takes_it_in_the_engines_settings(tmp_path):
+    """With packages built ahead of time, ``forward`` calls the one whose batch range is the
+    narrowest that holds the batch (a fixed-batch package before the dynamic one), inside the
+    engine's settings, and refuses a batch no package takes."""
+    from app.artifacts.torch_engines import TorchEngineKey
+    from app.errors import InvalidParameter
+
+    calls = []
+
+    def runner(name):
+        def run(images):
+            calls.append((name, images.shape[0], torch.backends.cudnn.benchmark))
+            return images[:, :1]
+        return run
+
+    key = TorchEngineKey("0" * 64, 8, "fp16", "t", "g", "9.0", 1, 64)
+    engine = engine_settings_only(tmp_path, "fp16")
+    engine._inductor_cache, engine._compile_limits = None, {}
+    engine.device, engine._torch_dtype, engine.input_dtype, engine.max_batch = torch.device("cpu"), torch.float16, "float16", 64
+    engine._packages = [(TorchEngineKey(**{**key.__dict__, "min_batch": 8, "max_batch": 8}), runner("fixed 8")),
+                        (key, runner("dynamic 1-64"))]
+    benchmark = torch.backends.cudnn.benchmark
+    for batch in (8, 3, 64):
+        out = engine.forward(torch.zeros((batch, 3, 8, 8), dtype=torch.float16))
+        assert out.shape == (batch, 1, 8, 8)
+    assert calls == [("fixed 8", 8, True), ("dynamic 1-64", 3, True), ("dynamic 1-64", 64, True)]
+    assert torch.backends.cudnn.benchmark == benchmark
+    engine._packages = engine._packages[:1]
+    with pytest.raises(InvalidParameter, match="no torch-cuda engine package takes a batch of 3"):
+        engine.forward(torch.zeros((3, 3, 8, 8), dtype=torch.float16))

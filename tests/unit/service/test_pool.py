@@ -29,8 +29,8 @@ def _loses_its_device(spec, settings, report, promote=None):
     real_open = app.runtime.open_detector_from
     marker = spec.layout.root / MARKER
 
-    def open_detector_from(settings):
-        detector = real_open(settings)
+    def open_detector_from(settings, steps=None):
+        detector = real_open(settings, steps)
         if spec.generation == 0:
             real_run = detector.pipeline.run
 

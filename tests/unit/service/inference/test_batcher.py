@@ -359,24 +359,33 @@ def test_bytes_without_a_header_are_read_once(harness, detector, bus, monkeypatc
     assert [type(x) for x in pipeline.received] == [EncodedImage]
 
 
-def test_warm_up_prepares_and_names_each_bucket_in_turn(detector):
-    """A GPU start compiles and captures bucket after bucket: each is its own step, reported
-    (the log and /readyz show it) before the pipeline does it."""
+def test_warm_up_captures_the_largest_bucket_then_the_others_while_serving(detector):
+    """A GPU start captures the largest bucket (it takes every batch) before the worker is ready,
+    naming the step (the log and /readyz show it), and the smaller buckets afterwards on a
+    thread of its own, smallest first."""
+    import threading
+
     from app.service.inference.warmup import warmup
 
     events: list[str] = []
+    done = threading.Event()
     real_warmup = detector.pipeline.warmup
 
     def recording_warmup(batches=None):
-        events.append(f"pipeline.warmup({batches})")
+        events.append(f"pipeline.warmup({batches}) on {threading.current_thread().name}")
+        if batches == [2]:
+            done.set()
         return real_warmup(batches)
 
     detector.pipeline.warmup = recording_warmup
     try:
         assert warmup(detector, (1,), events.append, buckets=[1, 2, 4]) > 0
+        assert done.wait(30)
     finally:
         del detector.pipeline.warmup
-    assert events == ["compiling and capturing batch bucket 1 (1 of 3)", "pipeline.warmup([1])",
-                      "compiling and capturing batch bucket 2 (2 of 3)", "pipeline.warmup([2])",
-                      "compiling and capturing batch bucket 4 (3 of 3)", "pipeline.warmup([4])",
-                      "warming up batch size 1 (1 of 1)"]
+    main = threading.current_thread().name
+    assert events[:2] == ["capturing batch bucket 4, which takes every batch until the smaller ones are captured",
+                          f"pipeline.warmup([4]) on {main}"]
+    assert "warming up batch size 1 (1 of 1)" in events
+    assert [e for e in events if "yolopipe-capture" in e] == ["pipeline.warmup([1]) on yolopipe-capture",
+                                                              "pipeline.warmup([2]) on yolopipe-capture"]
