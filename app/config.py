@@ -87,6 +87,7 @@ class Settings(BaseSettings):
     max_images_per_request: int = Field(256, ge=1)  # files in one /v1/detect/batch body
     request_timeout_s: float = Field(30.0, gt=0)
     max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024)
+    max_stream_body_bytes: int = Field(4096, ge=256)  # a /v1/streams request body (JSON): 413 beyond
     max_pixels: int = Field(MAX_PIXELS, ge=1)
     workers: int = Field(0, ge=0, le=256)  # HTTP worker processes; 0: from the core count
     gpus: str = "all"  # 'all' visible GPUs, or CUDA indices like '0,1': one inference worker each

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from app.contracts import DetectParams, DeviceNv12, ImageResult, PipelineInput
-from app.errors import InvalidParameter
+from app.errors import InvalidParameter, Overloaded
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
 from app.pipeline.sources import is_live, video_decoder
-from app.pipeline.stream_source import LIVE_BUFFER, Stream, StreamFrame
+from app.pipeline.stream_source import LIVE_BUFFER, OPEN_TIMEOUT_MS, Stream, StreamFrame
 
 __all__ = ["LIVE_BUFFER", "Stream", "StreamFrame", "StreamRunner", "frame_event", "is_live", "is_stream_source",
            "predict_streams", "read_source_list"]
@@ -72,6 +72,7 @@ class StreamRunner:
         self.track = track
         self.max_streams = max_streams
         self._streams: dict[str, Stream] = {}
+        self._closing: list[Stream] = []  # removed, their reader still in an FFmpeg open or read
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._stop = threading.Event()
@@ -81,9 +82,16 @@ class StreamRunner:
     # --- control (any thread) ---------------------------------------------------------
     def add(self, source: str, *, stream_id: str | None = None, vid_stride: int = 1, realtime: bool = False,
             track: bool = False) -> Stream:
+        """A new stream, its reader started. Every stream counts against ``max_streams`` until its
+        reader has stopped: a removed one whose reader is inside an FFmpeg open or read (which
+        cannot be interrupted; at most the open/read timeout) still counts, as ``Overloaded``."""
         with self._lock:
+            self._closing = [s for s in self._closing if s.reading]
             if len(self._streams) >= self.max_streams:
                 raise InvalidParameter(f"at most {self.max_streams} streams at once")
+            if len(self._streams) + len(self._closing) >= self.max_streams:
+                raise Overloaded(f"at most {self.max_streams} streams at once, and {len(self._closing)} removed "
+                                 f"ones are still closing their source (within {OPEN_TIMEOUT_MS / 1e3:g} s); retry shortly")
             stream_id = stream_id or str(next(self._ids))
             if stream_id in self._streams:
                 raise InvalidParameter(f"stream {stream_id!r} exists")
@@ -94,8 +102,12 @@ class StreamRunner:
         return stream.start()
 
     def remove(self, stream_id: str) -> bool:
+        """Stop a stream at once: its frames stop, its reader stops (a probe at once; an FFmpeg
+        open or read when it returns)."""
         with self._lock:
             stream = self._streams.pop(stream_id, None)
+            if stream is not None:
+                self._closing.append(stream)
         if stream is None:
             return False
         stream.stop()
@@ -215,7 +227,7 @@ def frame_event(frame: StreamFrame, result: ImageResult, ids: list[int | None] |
     if ids is not None and "detections" in rec:
         rec["detections"] = with_track_ids(rec["detections"], ids)
     latency_ms = round((time.monotonic() - frame.captured) * 1e3, 2)
-    return {"stream": frame.stream.id, "source": frame.stream.source, "frame": frame.index, "time_s": frame.time_s,
+    return {"stream": frame.stream.id, "source": frame.stream.shown, "frame": frame.index, "time_s": frame.time_s,
             **rec, "latency_ms": latency_ms}
 
 
@@ -253,6 +265,6 @@ def predict_streams(detector: Detector, sources: list[str], write: Callable[[dic
     for stream in runner.streams():
         summary.dropped += stream.stats.dropped
         if stream.state == "failed":
-            summary.failed.append(f"{stream.source}: {stream.error}")
-            write({"stream": stream.id, "source": stream.source, "error": stream.error})
+            summary.failed.append(f"{stream.shown}: {stream.error}")
+            write({"stream": stream.id, "source": stream.shown, "error": stream.error})
     return summary

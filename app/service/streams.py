@@ -77,7 +77,7 @@ class StreamHost:
             # A file plays at its own frame rate, as a camera would (a server stream is not a batch job).
             stream = self.runner.add(source, stream_id=f"{self.worker}-{next(self._ids)}", vid_stride=stride,
                                      track=track, realtime=True)
-            log.info("stream %s added: %s", stream.id, source)
+            log.info("stream %s added: %s", stream.id, stream.shown)
             return {"ok": True, "stream": stream.snapshot()}
         if op == "delete":
             stream_id = str(message.get("id"))
