@@ -42,10 +42,9 @@ def check_stream_source(source: str, settings: Settings) -> str:
         raise InvalidParameter(f"source must be at most {MAX_SOURCE_CHARS} characters")
     check_characters(source)
     if "://" in source:
-        url = parse_url(source)
-        if f"{url.scheme}://" not in STREAM_SCHEMES:
+        if f"{source.partition('://')[0].lower()}://" not in STREAM_SCHEMES:
             raise InvalidParameter(f"source scheme not allowed; use one of {', '.join(STREAM_SCHEMES)}")
-        return str(url)
+        return str(parse_url(source))
     if source.startswith(("-", "|")):
         raise InvalidParameter(f"source scheme not allowed; use one of {', '.join(STREAM_SCHEMES)}")
     root = settings.stream_files_root

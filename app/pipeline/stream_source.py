@@ -94,6 +94,7 @@ class Stream:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self._stop = threading.Event()
+        self._in_ffmpeg = False  # inside an FFmpeg open or read: a stop waits for it to return
         self._notify = notify
         self._thread = threading.Thread(target=self._read_loop, name=f"yolopipe-stream-{stream_id}", daemon=True)
 
@@ -112,6 +113,12 @@ class Stream:
     @property
     def reading(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def in_ffmpeg(self) -> bool:
+        """The reader is inside an FFmpeg open or read, which nothing interrupts (at most the open
+        or read timeout); a stop takes effect when it returns. A probe stops at once."""
+        return self._in_ffmpeg and self._thread.is_alive()
 
     @property
     def finished(self) -> bool:
@@ -151,8 +158,10 @@ class Stream:
                     unanswered = probe(self._url, OPEN_TIMEOUT_MS / 1e3, self._stop.is_set)
                     if self._stop.is_set():
                         return
+                self._in_ffmpeg = not unanswered
                 cap = None if unanswered else open_source(self.source, self.decoder, device=self.device,
                                                           timeout_ms=OPEN_TIMEOUT_MS)
+                self._in_ffmpeg = cap is not None  # reading it, until released
                 if cap is None:
                     if not self.live:
                         self.state, self.error = "failed", f"cannot open {self.shown!r}"
@@ -168,6 +177,7 @@ class Stream:
                     before, index = index, self._read_frames(cap, index)
                 finally:
                     cap.release()
+                    self._in_ffmpeg = False
                 if self._stop.is_set():
                     self.state = "removed"
                     return

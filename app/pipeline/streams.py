@@ -83,14 +83,16 @@ class StreamRunner:
     def add(self, source: str, *, stream_id: str | None = None, vid_stride: int = 1, realtime: bool = False,
             track: bool = False) -> Stream:
         """A new stream, its reader started. Every stream counts against ``max_streams`` until its
-        reader has stopped: a removed one whose reader is inside an FFmpeg open or read (which
-        cannot be interrupted; at most the open/read timeout) still counts, as ``Overloaded``."""
+        reader has let go of its source: a removed one whose reader is inside an FFmpeg open or
+        read (which nothing interrupts; at most the open/read timeout) still counts, and a stream
+        refused for it is ``Overloaded`` (a removed one that was probing its server stops at once)."""
         with self._lock:
             self._closing = [s for s in self._closing if s.reading]
+            holding = sum(s.in_ffmpeg for s in self._closing)
             if len(self._streams) >= self.max_streams:
                 raise InvalidParameter(f"at most {self.max_streams} streams at once")
-            if len(self._streams) + len(self._closing) >= self.max_streams:
-                raise Overloaded(f"at most {self.max_streams} streams at once, and {len(self._closing)} removed "
+            if len(self._streams) + holding >= self.max_streams:
+                raise Overloaded(f"at most {self.max_streams} streams at once, and {holding} removed "
                                  f"ones are still closing their source (within {OPEN_TIMEOUT_MS / 1e3:g} s); retry shortly")
             stream_id = stream_id or str(next(self._ids))
             if stream_id in self._streams:
