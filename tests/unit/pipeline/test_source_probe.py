@@ -20,7 +20,8 @@ def never() -> bool:
 
 
 def test_a_listener_that_never_answers_is_reported_after_the_timeout():
-    with listener() as (port, _):
+    with listener() as silent_server:
+        port = silent_server.port
         start = time.monotonic()
         reason = probe(parse_url(f"rtsp://user:secret@127.0.0.1:{port}/a"), 0.5, never)
         assert 0.45 < time.monotonic() - start < 2.0
@@ -28,7 +29,8 @@ def test_a_listener_that_never_answers_is_reported_after_the_timeout():
 
 
 def test_an_rtsp_server_that_answers_passes_and_hears_options_without_credentials():
-    with listener(b"RTSP/1.0 200 OK\r\nCSeq: 1\r\n\r\n") as (port, heard):
+    with listener(b"RTSP/1.0 200 OK\r\nCSeq: 1\r\n\r\n") as server:
+        port, heard = server.port, server.heard
         assert probe(parse_url(f"rtsp://user:secret@127.0.0.1:{port}/live?ch=1"), 2.0, never) is None
     assert heard == [f"OPTIONS rtsp://127.0.0.1:{port}/live?ch=1 RTSP/1.0\r\nCSeq: 1\r\nUser-Agent: yolopipe\r\n\r\n"
                      .encode()]
@@ -36,13 +38,15 @@ def test_an_rtsp_server_that_answers_passes_and_hears_options_without_credential
 
 @pytest.mark.parametrize("scheme, first", [("http", b"GET /a HTTP/1.1\r\n"), ("rtmp", b"\x03")])
 def test_other_protocols_send_their_first_message(scheme, first):
-    with listener(b"x") as (port, heard):
+    with listener(b"x") as server:
+        port, heard = server.port, server.heard
         assert probe(parse_url(f"{scheme}://127.0.0.1:{port}/a"), 2.0, never) is None
     assert heard[0].startswith(first)
 
 
 def test_a_server_that_hangs_up_and_a_closed_port_are_reported():
-    with listener(hang_up=True) as (port, _):
+    with listener(hang_up=True) as server:
+        port = server.port
         assert probe(parse_url(f"rtsp://127.0.0.1:{port}/a"), 2.0, never) == \
             f"127.0.0.1:{port} closed the connection without answering"
     with socket.socket() as s:
@@ -53,13 +57,15 @@ def test_a_server_that_hangs_up_and_a_closed_port_are_reported():
 
 
 def test_a_tls_source_that_never_answers_its_handshake_is_reported():
-    with listener() as (port, _):
+    with listener() as silent_server:
+        port = silent_server.port
         reason = probe(parse_url(f"rtsps://127.0.0.1:{port}/a"), 0.3, never)
     assert reason is not None and "did not answer" in reason
 
 
 def test_a_stop_ends_a_waiting_probe_at_once():
-    with listener() as (port, _):
+    with listener() as silent_server:
+        port = silent_server.port
         stop = threading.Event()
         threading.Timer(0.2, stop.set).start()
         start = time.monotonic()

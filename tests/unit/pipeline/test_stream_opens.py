@@ -42,7 +42,8 @@ def clip(tmp_path_factory, assets_dir):
 def test_ffmpeg_opens_run_at_once_while_one_waits_for_a_silent_server(clip):
     """OpenCV serialises FFmpeg opens behind one lock unless told FFmpeg is thread-safe: a file's
     open would wait out the silent server's open timeout."""
-    with listener() as (port, _):
+    with listener() as silent_server:
+        port = silent_server.port
         silent = threading.Thread(target=open_opencv, args=(f"rtsp://127.0.0.1:{port}/a",),
                                   kwargs={"timeout_ms": int(SILENT_S * 1e3)}, daemon=True)
         silent.start()
@@ -70,7 +71,8 @@ def test_a_silent_source_and_removed_ones_delay_no_other_stream(detector, clip, 
     thread = threading.Thread(target=runner.run, kwargs={"until_done": False}, daemon=True)
     thread.start()
     try:
-        with listener() as (port, _):
+        with listener() as silent_server:
+            port = silent_server.port
             silent = runner.add(f"rtsp://127.0.0.1:{port}/a")
             time.sleep(0.5)  # its open is waiting for the server
             first_frame(runner, frames, clip, [silent])
@@ -84,6 +86,8 @@ def test_a_silent_source_and_removed_ones_delay_no_other_stream(detector, clip, 
             for stream in removed:
                 stream.join(10.0)
                 assert not stream.reading and stream.state == "removed"
+            assert silent_server.accepted >= 2  # it heard the removed ones too...
+            assert silent_server.open_connections() == 1  # ...and each was closed with its removal
     finally:
         runner.stop()
         thread.join(30)
@@ -117,7 +121,8 @@ def test_removed_streams_still_opening_count_against_the_limit(detector, monkeyp
 
 
 def test_a_source_is_shown_without_its_credentials(detector):
-    with listener() as (port, _):
+    with listener() as silent_server:
+        port = silent_server.port
         runner = StreamRunner(detector, detector.params(), lambda *_: None)
         try:
             stream = runner.add(f"rtsp://admin:hunter2@127.0.0.1:{port}/a")
