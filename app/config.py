@@ -96,6 +96,7 @@ class Settings(BaseSettings):
     request_window: int = Field(0, ge=0)  # images of one request admitted at once (0: max_batch)
     ring_mb: int = Field(32, ge=1)  # shared memory per HTTP worker and inference worker for image bytes
     max_streams: int = Field(16, ge=0, le=1024)  # video streams one inference worker runs at once (/v1/streams)
+    stream_open_timeout_s: float = Field(5.0, gt=0, le=600)  # a stream source silent this long fails (and retries)
     stream_files_root: Path | None = None  # /v1/streams may read video files under this folder (None: URLs only)
     standby: bool = True  # a warm standby per inference worker, which takes over when it dies
     # HTTP/1.1 limits the protocol enforces (app.api.protocol)

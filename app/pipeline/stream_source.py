@@ -35,7 +35,7 @@ LIVE_BUFFER = 4  # frames a live stream keeps while the model is busy (newest wi
 FILE_BUFFER = 64  # frames a file reader gets ahead of the model
 NVDEC_FILE_BUFFER = 16  # the same, in device memory (a 1080p NV12 frame is 3 MB; many streams share the GPU)
 BACKOFF_S = (0.5, 8.0)  # first and longest wait before a live source is opened again
-OPEN_TIMEOUT_MS = 5000  # opening or reading a source that gives nothing for this long fails
+OPEN_TIMEOUT_S = 5.0  # opening or reading a source that gives nothing for this long fails (the default)
 LATENCY_WINDOW = 1024  # per stream: the frames whose latency the percentiles are taken over
 FPS_WINDOW_S = 5.0
 
@@ -73,10 +73,11 @@ class Stream:
 
     def __init__(self, stream_id: str, source: str, *, vid_stride: int = 1, realtime: bool = False,
                  track: bool = False, notify: Callable[[], None] = lambda: None, decoder: str = "opencv",
-                 device: int = 0) -> None:
+                 device: int = 0, open_timeout_s: float = OPEN_TIMEOUT_S) -> None:
         self.id, self.source = stream_id, source  # what is opened
         self.shown = redact(source)  # what is shown: no credentials
         self.decoder, self.device = decoder, device  # app.pipeline.sources.open_source
+        self.open_timeout_s = open_timeout_s
         self.live = is_live(source)
         self._url = _probe_url(source) if self.live else None
         self.drops = self.live or realtime  # newest frames win
@@ -155,12 +156,12 @@ class Stream:
             while not self._stop.is_set():
                 unanswered = None
                 if self._url is not None:
-                    unanswered = probe(self._url, OPEN_TIMEOUT_MS / 1e3, self._stop.is_set)
+                    unanswered = probe(self._url, self.open_timeout_s, self._stop.is_set)
                     if self._stop.is_set():
                         return
                 self._in_ffmpeg = not unanswered
                 cap = None if unanswered else open_source(self.source, self.decoder, device=self.device,
-                                                          timeout_ms=OPEN_TIMEOUT_MS)
+                                                          timeout_ms=round(self.open_timeout_s * 1e3))
                 self._in_ffmpeg = cap is not None  # reading it, until released
                 if cap is None:
                     if not self.live:

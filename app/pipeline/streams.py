@@ -24,7 +24,7 @@ from app.errors import InvalidParameter, Overloaded
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
 from app.pipeline.sources import is_live, video_decoder
-from app.pipeline.stream_source import LIVE_BUFFER, OPEN_TIMEOUT_MS, Stream, StreamFrame
+from app.pipeline.stream_source import LIVE_BUFFER, OPEN_TIMEOUT_S, Stream, StreamFrame
 
 __all__ = ["LIVE_BUFFER", "Stream", "StreamFrame", "StreamRunner", "frame_event", "is_live", "is_stream_source",
            "predict_streams", "read_source_list"]
@@ -59,9 +59,10 @@ class StreamRunner:
 
     def __init__(self, detector: Detector, params: DetectParams, on_frame: OnFrame, *, max_batch: int | None = None,
                  max_wait_ms: float = 5.0, track: bool = False, max_streams: int = 256,
-                 detect: DetectFrames | None = None) -> None:
+                 detect: DetectFrames | None = None, open_timeout_s: float = OPEN_TIMEOUT_S) -> None:
         """``detect``: how a batch of frames is detected (default: ``detector.detect`` with ``params``;
-        the server hands them to its batcher instead, so they share batches with HTTP images)."""
+        the server hands them to its batcher instead, so they share batches with HTTP images).
+        ``open_timeout_s``: how long opening or reading a source may give nothing before it fails."""
         self.detector, self.params, self.on_frame = detector, params, on_frame
         self._detect_frames = detect or (lambda images: detector.detect(images, params))
         self.decoder = "opencv" if detect is not None else video_decoder(detector)
@@ -71,6 +72,7 @@ class StreamRunner:
         self.max_wait_s = max_wait_ms / 1e3
         self.track = track
         self.max_streams = max_streams
+        self.open_timeout_s = open_timeout_s
         self._streams: dict[str, Stream] = {}
         self._closing: list[Stream] = []  # removed, their reader still in an FFmpeg open or read
         self._lock = threading.Lock()
@@ -93,13 +95,13 @@ class StreamRunner:
                 raise InvalidParameter(f"at most {self.max_streams} streams at once")
             if len(self._streams) + holding >= self.max_streams:
                 raise Overloaded(f"at most {self.max_streams} streams at once, and {holding} removed "
-                                 f"ones are still closing their source (within {OPEN_TIMEOUT_MS / 1e3:g} s); retry shortly")
+                                 f"ones are still closing their source (within {self.open_timeout_s:g} s); retry shortly")
             stream_id = stream_id or str(next(self._ids))
             if stream_id in self._streams:
                 raise InvalidParameter(f"stream {stream_id!r} exists")
             stream = Stream(stream_id, source, vid_stride=vid_stride, realtime=realtime, track=track or self.track,
                             decoder=self.decoder, device=self.detector.pipeline.device or 0,
-                            notify=self._notify)
+                            notify=self._notify, open_timeout_s=self.open_timeout_s)
             self._streams[stream_id] = stream
         return stream.start()
 

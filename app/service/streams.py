@@ -40,7 +40,7 @@ class StreamHost:
         self.frames = BatcherFrames(batcher, DetectParams(), settings.budget_s)
         self.runner = StreamRunner(detector, DetectParams(), self._on_frame, max_batch=settings.max_batch,
                                    max_wait_ms=settings.max_wait_ms, max_streams=settings.max_streams,
-                                   detect=self.frames.detect)
+                                   detect=self.frames.detect, open_timeout_s=settings.stream_open_timeout_s)
         self._subscribers: dict[str, set[asyncio.Transport]] = {}
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self.runner.run, kwargs={"until_done": False},

@@ -3,7 +3,7 @@
 still opening count against the limit, and a source is shown without its credentials. Against
 a real listener on loopback that accepts connections and never says a word.
 
-The open timeout is made long here (``SILENT_S``), so that "did not wait for the silent server"
+The open timeout is long here (``SILENT_S``), so that "did not wait for the silent server"
 is told apart from "was slow" on a loaded machine: what waited would wait a minute."""
 
 from __future__ import annotations
@@ -21,11 +21,6 @@ from tests.listeners import listener
 from tests.videos import write_clip
 
 SILENT_S = 60.0  # the open timeout in these tests
-
-
-@pytest.fixture()
-def long_open_timeout(monkeypatch):
-    monkeypatch.setattr("app.pipeline.stream_source.OPEN_TIMEOUT_MS", int(SILENT_S * 1e3))
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +59,11 @@ def first_frame(runner: StreamRunner, frames: dict[str, float], source: str, wai
         time.sleep(0.01)
 
 
-def test_a_silent_source_and_removed_ones_delay_no_other_stream(detector, clip, long_open_timeout):
+def test_a_silent_source_and_removed_ones_delay_no_other_stream(detector, clip):
     frames: dict[str, float] = {}
     runner = StreamRunner(detector, detector.params(),
-                          lambda frame, *_: frames.setdefault(frame.stream.id, time.monotonic()), max_streams=4)
+                          lambda frame, *_: frames.setdefault(frame.stream.id, time.monotonic()), max_streams=4,
+                          open_timeout_s=SILENT_S)
     thread = threading.Thread(target=runner.run, kwargs={"until_done": False}, daemon=True)
     thread.start()
     try:
