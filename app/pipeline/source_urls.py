@@ -139,7 +139,7 @@ def _host_port(hostport: str) -> tuple[str, int | None]:
 def _port(text: str | None) -> int | None:
     if text is None:
         return None
-    if not text.isdigit() or len(text) > 5 or not 0 < int(text) < 65536:
+    if not text.isdigit() or len(text) > 10 or not 0 < int(text) < 65536:
         raise InvalidParameter("the port of the source must be a number from 1 to 65535")
     return int(text)
 

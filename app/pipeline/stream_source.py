@@ -127,6 +127,18 @@ class Stream:
         with self._lock:
             return not self._thread.is_alive() and not self._buffer and self._thread.ident is not None
 
+    def drop_taken(self) -> None:
+        """A frame taken for a batch came back refused or failed: counted with the drops (under
+        the lock the reader counts its own drops with)."""
+        with self._lock:
+            self.stats.dropped += 1
+
+    @property
+    def delivered(self) -> bool:
+        """Every frame read so far was handed on (processed or dropped): none is in a batch."""
+        s = self.stats
+        return s.frames_done + s.dropped >= s.frames_read
+
     def pending(self) -> int:
         with self._lock:
             return len(self._buffer)

@@ -153,6 +153,10 @@ class StreamRunner:
                 yield batch
             elif until_done and all(s.finished for s in self.streams()):
                 return
+            elif not until_done:
+                # Idle: an empty batch hands back the batches still in flight now (run_overlapped
+                # yields a result only once it has the next item), not when another frame comes.
+                yield batch
 
     def _gather(self) -> list[StreamFrame]:
         """Up to ``max_batch`` frames, round robin over the streams; once one frame is there, wait
@@ -188,6 +192,8 @@ class StreamRunner:
     def _detect(self, frames: list[StreamFrame]) -> tuple[list[StreamFrame], list[ImageResult]]:
         """One batch; device frames and host frames (a source NVDEC could not read) go apart:
         a GPU batch holds one kind only."""
+        if not frames:
+            return frames, []
         on_device = [isinstance(f.image, DeviceNv12) for f in frames]
         if all(on_device) or not any(on_device):
             return frames, self._detect_frames([f.image for f in frames])
@@ -211,7 +217,7 @@ class StreamRunner:
             ids = stream.tracker.update(result.detections)
         now = time.monotonic()
         if result.error is not None:  # refused (a server over its time budget) or failed: not processed
-            stream.stats.dropped += 1
+            stream.drop_taken()
         else:
             stream.stats.frames_done += 1
             stream.stats.latencies_s.append(now - frame.captured)

@@ -119,7 +119,7 @@ class StreamHost:
                 self._metrics.update(stream.snapshot())
             for stream_id in list(self._subscribers):
                 stream = self.runner.get(stream_id)
-                if stream is not None and stream.finished:
+                if stream is not None and stream.finished and stream.delivered:  # "end" after the last event
                     self.loop.call_soon_threadsafe(self._end, stream_id, stream.state)
 
     def _end(self, stream_id: str, state: str) -> None:

@@ -78,6 +78,7 @@ def test_urls_that_could_be_read_two_ways_are_refused(source, why):
 
 @pytest.mark.parametrize("source, normalised", [
     ("RTSP://Cam.Local:0554/Live/Stream1?channel=1&subtype=0", "rtsp://cam.local:554/Live/Stream1?channel=1&subtype=0"),
+    ("rtsp://cam:000008554/a", "rtsp://cam:8554/a"),
     ("rtsp://admin:s%40cret@10.0.0.7/h264", "rtsp://admin:s%40cret@10.0.0.7/h264"),
     ("rtsp://[0:0::1]:8554/a", "rtsp://[::1]:8554/a"),
     ("HTTPS://cam.example/mjpg/video.mjpg", "https://cam.example/mjpg/video.mjpg"),
