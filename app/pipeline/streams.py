@@ -94,8 +94,8 @@ class StreamRunner:
             if len(self._streams) >= self.max_streams:
                 raise InvalidParameter(f"at most {self.max_streams} streams at once")
             if len(self._streams) + holding >= self.max_streams:
-                raise Overloaded(f"at most {self.max_streams} streams at once, and {holding} removed "
-                                 f"ones are still closing their source (within {self.open_timeout_s:g} s); retry shortly")
+                raise Overloaded(f"at most {self.max_streams} streams at once, and {holding} removed ones are "
+                                 f"still closing their source (within {self.open_timeout_s:g} s); retry shortly")
             stream_id = stream_id or str(next(self._ids))
             if stream_id in self._streams:
                 raise InvalidParameter(f"stream {stream_id!r} exists")

@@ -183,8 +183,8 @@ CASES: dict[str, Case] = {
         path="/v2/models/yolopipe/infer", headers={"Inference-Header-Content-Length": 2, "Content-Length": 2})
         .replace(b"\r\n\r\n", b"\r\nInference-Header-Content-Length: 1\r\n\r\n") + b"{}"], 400, None),
     "duplicate_content_encoding": Case(lambda c: [request(path="/v2/models/yolopipe/infer", headers={
-        "Content-Encoding": "identity", "Content-Length": 2}).replace(b"\r\n\r\n", b"\r\nContent-Encoding: gzip\r\n\r\n")
-        + b"{}"], 400, None),
+        "Content-Encoding": "identity", "Content-Length": 2})
+        .replace(b"\r\n\r\n", b"\r\nContent-Encoding: gzip\r\n\r\n") + b"{}"], 400, None),
     # --- an encoded slash is no separator, a dot segment names nothing → 404
     "encoded_slash_infer": Case(lambda c: [request(path="/v2/models/yolopipe%2Finfer", headers={"Content-Length": 2})
                                            + b"{}"], 404, None),
@@ -515,7 +515,8 @@ def test_head_answers_as_get_without_a_body_on_the_wire(server, path):
     head, _, rest = data.partition(b"\r\n\r\n")
     assert rest.startswith(b"HTTP/1.1 200 OK\r\n"), rest[:200]
     assert int(head[9:12]) == get.status
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
     if path != "/metrics":  # the page counts the GET just made
         assert length == len(get.body)
     else:

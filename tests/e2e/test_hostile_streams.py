@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -163,7 +162,8 @@ def test_the_url_a_camera_hears_is_the_url_that_was_checked_without_credentials(
 
 
 @pytest.mark.parametrize("char, named", [("\r", "U+000D"), ("\x00", "U+0000"), ("\t", "U+0009"), ("\x7f", "U+007F"),
-                                         (" ", "U+0020"), ("\u2028", "U+2028"), ("\x0b", "U+000B"), ("\u200b", "U+200B")])
+                                         (" ", "U+0020"), ("\u2028", "U+2028"), ("\x0b", "U+000B"),
+                                         ("\u200b", "U+200B")])
 def test_a_control_character_or_whitespace_in_a_source_is_a_422_naming_it(server, char, named):
     base, _, _ = server
     with listener() as camera:
@@ -203,8 +203,8 @@ def raw_post(port: int, body: bytes, headers: dict | None = None) -> tuple[int, 
 
 def _length(data: bytes) -> int:
     head = data.partition(b"\r\n\r\n")[0]
-    return next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")),
-                0)
+    lengths = (int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    return next(lengths, 0)
 
 
 def test_request_bodies_that_mean_nothing_are_refused(server):

@@ -94,9 +94,8 @@ def test_removed_streams_still_opening_count_against_the_limit(detector, monkeyp
     still holds a place (503-like ``Overloaded``), and a full list is an ``InvalidParameter``."""
     release = threading.Event()
 
-    def stuck_open(*args, **kwargs):
+    def stuck_open(*args, **kwargs):  # an open that returns only when told (then: nothing opened)
         release.wait(30)
-        return None
 
     monkeypatch.setattr("app.pipeline.stream_source.open_source", stuck_open)
     runner = StreamRunner(detector, detector.params(), lambda *_: None, max_streams=2)
