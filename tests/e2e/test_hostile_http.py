@@ -185,6 +185,14 @@ CASES: dict[str, Case] = {
     "duplicate_content_encoding": Case(lambda c: [request(path="/v2/models/yolopipe/infer", headers={
         "Content-Encoding": "identity", "Content-Length": 2})
         .replace(b"\r\n\r\n", b"\r\nContent-Encoding: gzip\r\n\r\n") + b"{}"], 400, None),
+    "duplicate_content_length_equal": Case(lambda c: [b"POST /v1/detect HTTP/1.1\r\nContent-Length: 3\r\n"
+                                                       b"Content-Length: 3\r\n\r\nabc"], 400, "bad_request"),
+    "space_before_colon_te": Case(lambda c: [b"POST /v1/detect HTTP/1.1\r\nTransfer-Encoding : chunked\r\n"
+                                              b"Content-Length: 3\r\n\r\nabc"], 400, "bad_request"),
+    "te_chunked_then_identity": Case(lambda c: [b"POST /v1/detect HTTP/1.1\r\nTransfer-Encoding: chunked, identity\r\n"
+                                                b"\r\n3\r\nabc\r\n0\r\n\r\n"], 400, "bad_request"),
+    "te_xchunked_with_length": Case(lambda c: [b"POST /v1/detect HTTP/1.1\r\nTransfer-Encoding: xchunked\r\n"
+                                               b"Content-Length: 3\r\n\r\nabc"], 400, "bad_request"),
     # --- an encoded slash is no separator, a dot segment names nothing → 404
     "encoded_slash_infer": Case(lambda c: [request(path="/v2/models/yolopipe%2Finfer", headers={"Content-Length": 2})
                                            + b"{}"], 404, None),
