@@ -1,12 +1,15 @@
-"""Before FFmpeg opens a network source: does its server answer at all?
+"""Before FFmpeg opens an RTSP source: does its server answer at all?
 
-FFmpeg's open cannot be interrupted from outside: a source whose server accepts and never
-answers (or a host that drops packets) holds the reading thread until the open timeout, and
-removing the stream meanwhile could not stop it. So a live source is first probed here, on a
-socket of our own that a stop closes at once: a TCP connect and the protocol's first exchange
-(RTSP ``OPTIONS``, an HTTP ``HEAD``, the RTMP handshake's first bytes, the TLS handshake for
-``rtsps``/``https``), each answer awaited at most the open timeout. Only a server that
-answered is handed to FFmpeg. UDP-based sources (``srt``, ``udp``) are not probed.
+FFmpeg's open cannot be interrupted from outside: a camera that accepts and never answers (or
+a host that drops packets) holds the reading thread until the open timeout, and removing the
+stream meanwhile could not stop it. So an ``rtsp``/``rtsps`` source is first probed here, on a
+socket of our own that a stop ends at once: a TCP connect and RTSP's first exchange (an
+``OPTIONS`` request, which opens no session; for ``rtsps`` the TLS handshake), each answer
+awaited at most the open timeout. Only a server that answered is handed to FFmpeg.
+
+Other schemes are not probed: an HTTP or RTMP server may serve one client only (``ffmpeg
+-listen 1``), which a probe would use up; ``srt`` is UDP. Their opens still run at once beside
+the others (``app.pipeline.sources``); a removed one still opening ends with its open timeout.
 """
 
 from __future__ import annotations
@@ -22,8 +25,7 @@ from collections.abc import Callable
 
 from app.pipeline.source_urls import SourceUrl
 
-DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322, "rtmp": 1935, "http": 80, "https": 443, "tcp": None}
-_TLS = frozenset({"rtsps", "https"})
+DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322}  # the schemes probed (see the module docstring)
 _POLL_S = 0.05  # how often a waiting probe looks at its stop flag
 
 
@@ -32,14 +34,12 @@ class Stopped(Exception):
 
 
 def probe(url: SourceUrl, timeout_s: float, stopped: Callable[[], bool]) -> str | None:
-    """None when the server of ``url`` answered within ``timeout_s``, or there is nothing to probe
-    (a UDP-based scheme); else why not, fit to show (no credentials). Raises ``Stopped`` within
-    ``_POLL_S`` of ``stopped()`` becoming true."""
+    """None when the server of ``url`` answered within ``timeout_s``, or its scheme is not probed;
+    else why not, fit to show (no credentials). Raises ``Stopped`` within ``_POLL_S`` of
+    ``stopped()`` becoming true."""
     if url.scheme not in DEFAULT_PORTS:
         return None
     port = url.port or DEFAULT_PORTS[url.scheme]
-    if port is None:
-        return None
     where = f"{url.host}:{port}"
     deadline = time.monotonic() + timeout_s
     try:
@@ -123,19 +123,11 @@ def _connect(sock: socket.socket, address: tuple, deadline: float, stopped: Call
 
 
 def _first_exchange(sock: socket.socket, url: SourceUrl, deadline: float, stopped: Callable[[], bool]) -> bool | None:
-    """Whether the server answered the protocol's first message (False: it closed without a
-    byte); None when nothing came before the deadline."""
-    if url.scheme == "tcp":
-        return True  # a raw stream: the connection is the answer
-    if url.scheme in _TLS:
+    """Whether the server answered RTSP's first message (False: it closed without a byte); None
+    when nothing came before the deadline."""
+    if url.scheme == "rtsps":
         return _tls_handshake(sock, url.host, deadline, stopped)
-    if url.scheme == "rtsp":
-        sock.sendall(f"OPTIONS {url.request_target} RTSP/1.0\r\nCSeq: 1\r\nUser-Agent: yolopipe\r\n\r\n".encode())
-    elif url.scheme == "http":  # GET, not HEAD: some camera servers answer nothing else
-        host = f"[{url.host}]" if ":" in url.host else url.host
-        sock.sendall(f"GET {url.rest or '/'} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-    elif url.scheme == "rtmp":
-        sock.sendall(b"\x03" + bytes(1536))  # C0 and C1: the server answers with S0 and S1
+    sock.sendall(f"OPTIONS {url.request_target} RTSP/1.0\r\nCSeq: 1\r\nUser-Agent: yolopipe\r\n\r\n".encode())
     if not _wait(sock, False, deadline, stopped):
         return None
     try:

@@ -5,8 +5,8 @@
 * A file read as fast as possible never drops: its reader waits for room.
 * A live source that fails (or never opens) reconnects with exponential backoff until removed.
 * Opens run at once, each on its stream's thread (FFmpeg opens concurrently: ``app.pipeline.sources``).
-  A live source's server is probed first on a socket of our own (``app.pipeline.source_probe``),
-  so that a server that never answers holds nobody, and removing its stream stops it at once.
+  An RTSP source's server is probed first on a socket of our own (``app.pipeline.source_probe``),
+  so that a camera that never answers holds nobody, and removing its stream stops it at once.
 * A source is shown (snapshots, events, errors, logs) without the credentials of its URL.
 * One source's failure stays in its own thread and its own ``state``/``error``.
 
