@@ -95,6 +95,18 @@ def first_event_seconds(base: str, source: str = "clip.avi") -> float:
         raise AssertionError("no event")
     finally:
         httpx.delete(f"{base}/v1/streams/{r.json()['id']}", timeout=30)
+        wait_idle(base)  # its frames already in a batch still run: the next measurement waits them out
+
+
+def wait_idle(base: str) -> None:
+    """Until the inference worker has had nothing queued for half a second."""
+    deadline, idle_since = time.monotonic() + 120, None
+    while idle_since is None or time.monotonic() - idle_since < 0.5:
+        assert time.monotonic() < deadline
+        depth = sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines()
+                    if line.startswith("yolopipe_queue_depth"))
+        idle_since = (idle_since or time.monotonic()) if depth == 0 else None
+        time.sleep(0.05)
 
 
 def state(base: str, stream_id: str) -> str:
