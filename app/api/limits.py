@@ -1,4 +1,4 @@
-"""The body size limit, enforced while the body streams in (never after buffering it), a
+"""The body size limits, enforced while the body streams in (never after buffering it), a
 limit on the requests with a body one HTTP worker holds at once, and a client that hangs up
 mid-body answered quietly (no 500, no traceback)."""
 
@@ -37,19 +37,30 @@ class BodyLimitMiddleware:
     limit, whatever the clients do; requests without a body (probes, /metrics) are never refused.
     """
 
-    def __init__(self, app: Any, max_body_bytes: int, max_in_flight: int = 0) -> None:
+    def __init__(self, app: Any, max_body_bytes: int, limits: dict[str, int] | None = None,
+                 max_in_flight: int = 0) -> None:
+        """``limits``: a smaller limit for the paths under each prefix (the streams API's JSON);
+        ``max_in_flight``: 0 for no limit."""
         self.app = app
-        self.limit = max_body_bytes
-        self.max_in_flight = max_in_flight  # 0: no limit
+        self.default = max_body_bytes
+        self.limits = sorted((limits or {}).items(), key=lambda item: -len(item[0]))
+        self.max_in_flight = max_in_flight
         self.in_flight = 0
+
+    def limit_for(self, path: str) -> int:
+        for prefix, limit in self.limits:
+            if path == prefix or path.startswith(prefix + "/"):
+                return limit
+        return self.default
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.limit_for(scope["path"])
         declared = _content_length(scope)
-        if declared is not None and declared > self.limit:
-            exc = ImageTooLarge(f"request body of {declared:,} bytes is over the limit of {self.limit:,}")
+        if declared is not None and declared > limit:
+            exc = ImageTooLarge(f"request body of {declared:,} bytes is over the limit of {limit:,}")
             response = error_response(exc)
             response.headers["connection"] = "close"  # the unread body makes the connection unusable
             await response(scope, receive, send)
@@ -65,19 +76,30 @@ class BodyLimitMiddleware:
         holds = int(body_unread)
         self.in_flight += holds
         started = False
+        over: ImageTooLarge | None = None
 
         async def limited_receive() -> dict:
-            nonlocal received, body_unread
+            nonlocal received, body_unread, over
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 body_unread = body_unread and message.get("more_body", False)
-                if received > self.limit:
-                    raise ImageTooLarge(f"request body is over the limit of {self.limit:,} bytes")
+                if received > limit:
+                    over = ImageTooLarge(f"request body is over the limit of {limit:,} bytes")
+                    raise over
             return message
 
         async def closing_send(message: dict) -> None:
             nonlocal started
+            if over is not None:
+                # Whatever the app made of the error (FastAPI turns one raised while it reads a
+                # JSON body into its own 400), the answer is the 413.
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    response = error_response(over)
+                    response.headers["connection"] = "close"
+                    await response(scope, receive, send)
+                return
             if message["type"] == "http.response.start":
                 started = True
                 if body_unread:

@@ -2,10 +2,13 @@
 
 One connection per inference worker, each with its own shared-memory ring; a lost
 connection fails the images waiting on it at once (503) and is re-made as soon as the worker
-is back. Each image goes to the least loaded worker (queued seconds from its status block);
-when even that one has more queued than the budget, the image is refused here without being
-sent. A request keeps at most ``window`` images at the workers, sending the next as each
-answer comes, so one large batch request cannot fill the queue alone.
+is back. A request is admitted as a whole (``admit``): when all its images, behind the work
+queued at the workers and the images this HTTP worker has yet to send, would not be done
+within the budget at the workers' measured rate, it is refused here (503) before any image is
+sent. Each image goes to the least loaded worker (queued seconds from its status block). A
+request keeps at most ``window`` images at the workers, sending the next as each answer
+comes, so one large batch request cannot fill the queue alone; the inference worker's batcher
+still refuses an image that finds its queue over the budget (the backstop).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class _Request:
         self.deadline = deadline
         self.outcomes: list[wire.Outcome | None] = [None] * len(images)
         self.sent = 0
+        client._unsent += len(images)
         self.answered = 0
         self.links: set[_Link] = set()
         # Set (to None) once every image is answered or the request failed, ``error`` then says
@@ -58,6 +62,7 @@ class _Request:
             return
         index = self.sent
         self.sent += 1
+        self.client._unsent -= 1
         try:
             link = self.client.pick()
             link.send(self, index)
@@ -79,6 +84,8 @@ class _Request:
 
     def fail(self, error: YolopipeError) -> None:
         if not self.done.done():
+            self.client._unsent -= len(self.outcomes) - self.sent  # never to be sent now
+            self.sent = len(self.outcomes)
             self.error = error
             self.done.set_result(None)
             self.images = self.headers = None  # nothing more is sent (the worker has its copies)
@@ -197,6 +204,7 @@ class InferenceClient:
         self._links: list[_Link] = []
         self._tasks: list[asyncio.Task] = []
         self._turn = itertools.count()
+        self._unsent = 0  # images of admitted requests still waiting for their window here
 
     async def start(self, wait_s: float = 30.0) -> None:
         """Connect to every worker (in the background, for good); wait up to ``wait_s`` for one."""
@@ -244,11 +252,9 @@ class InferenceClient:
         return out
 
     def pick(self) -> _Link:
-        """The connected worker with the least queued work; Overloaded when even it is over budget."""
+        """The connected worker with the least queued work; Overloaded when none is ready."""
         best: tuple[float, int] | None = None
         chosen: _Link | None = None
-        chosen_load: wire.Load | None = None
-        chosen_ahead = 0
         turn = next(self._turn)
         n = len(self._links)
         for k in range(n):
@@ -264,14 +270,37 @@ class InferenceClient:
             ahead = max(load.pending, len(link.waiting))
             key = (wire.queued_seconds(ahead, load.seconds_per_image, load.in_flight), ahead)
             if best is None or key < best:
-                best, chosen, chosen_ahead = key, link, ahead
-                chosen_load = load
-        if chosen is None or chosen_load is None:
-            raise Overloaded("no inference worker is ready (starting or restarting); retry shortly")
-        queued = wire.queued_seconds(chosen_ahead + 1, chosen_load.seconds_per_image, chosen_load.in_flight)
-        if chosen_ahead and queued > self.settings.budget_s:
-            raise wire.over_budget(queued, self.settings.budget_s)
+                best, chosen = key, link
+        if chosen is None:
+            raise _no_worker()
         return chosen
+
+    def admit(self, images: int) -> None:
+        """Overloaded, before anything is sent, when a request of ``images`` images would not be
+        done within the budget: its images behind everything queued at the ready workers and
+        everything this HTTP worker has yet to send, at the workers' measured rate (in-flight batches over
+        seconds per image, summed). An idle server still takes a request of one image, however
+        slow (the budget could refuse everything else); a larger one whose own work is over the
+        budget is refused even then."""
+        ahead, rate, unmeasured = self._unsent, 0.0, False
+        for link in self._links:
+            if not link.connected:
+                continue
+            load = link.status.read()
+            if load.state != wire.READY:
+                continue
+            ahead += max(load.pending, len(link.waiting))
+            if load.seconds_per_image > 0:
+                rate += max(load.in_flight, 1) / load.seconds_per_image
+            else:
+                unmeasured = True  # no batch timed yet: nothing to judge by
+        if rate == 0.0 and not unmeasured:
+            raise _no_worker()
+        if unmeasured or (images == 1 and ahead == 0):
+            return
+        seconds = (ahead + images) / rate
+        if seconds > self.settings.budget_s:
+            raise wire.over_budget(seconds, self.settings.budget_s, images=images, ahead=ahead)
 
     async def detect(self, images: list[bytes], params: DetectParams,
                      headers: list[ImageHeader] | None = None) -> list[wire.Outcome]:
@@ -280,6 +309,7 @@ class InferenceClient:
         again. Raises Overloaded, DeviceError or RequestTimeout when the request as a whole
         cannot be served."""
         timeout = self.settings.request_timeout_s
+        self.admit(len(images))
         request = _Request(self, images, params, time.monotonic() + timeout, headers)
         for _ in range(min(len(images), self.window)):
             request.send_next()
@@ -300,3 +330,7 @@ class InferenceClient:
             raise error
         finally:
             del error  # this frame (in its traceback) must not hold it: a cycle that holds ``images``
+
+
+def _no_worker() -> Overloaded:
+    return Overloaded("no inference worker is ready (starting or restarting); retry shortly")
