@@ -71,7 +71,8 @@ def roles(root: int, port: int, inference_pids: set[int]) -> dict[int, str]:
         try:
             p = psutil.Process(pid)
             cmd = " ".join(p.cmdline())
-            listening = any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in p.net_connections("tcp"))
+            connections = getattr(p, "net_connections", None) or p.connections  # psutil < 6 names it so
+            listening = any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in connections("tcp"))
         except psutil.Error:
             continue
         if "resource_tracker" in cmd:
