@@ -46,6 +46,19 @@ class InvalidParameter(YolopipeError):
     code = "invalid_parameter"
 
 
+class SharedMemoryError(YolopipeError):
+    """A shared-memory region that cannot be used as asked: not registered, outside its size,
+    a key that is not a readable POSIX shared-memory object, or client shared memory turned off."""
+
+    code = "shared_memory_error"
+
+
+class ModelNotFound(YolopipeError):
+    """A request for a model (or version) this server does not serve."""
+
+    code = "model_not_found"
+
+
 # --- models, artifacts and backends -----------------------------------------------------
 class WeightsError(YolopipeError):
     """Weights that cannot be found, downloaded or verified."""

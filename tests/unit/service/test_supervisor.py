@@ -9,7 +9,7 @@ import threading
 
 from app.config import Settings
 from app.ipc.layout import RunLayout
-from app.service.supervisor import HttpWorkers
+from app.service.supervisor import FrontWorkers
 
 
 def _free_port() -> int:
@@ -21,7 +21,7 @@ def _free_port() -> int:
 def test_stop_ends_a_restart_pause_at_once():
     layout = RunLayout.create(0)
     stop = threading.Event()
-    workers = HttpWorkers(Settings(host="127.0.0.1", port=_free_port()), layout, 1, stop)
+    workers = FrontWorkers(Settings(host="127.0.0.1", port=_free_port()), layout, 1, stop)
     try:
         workers.start()
         (proc,) = workers._procs
