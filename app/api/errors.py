@@ -1,10 +1,9 @@
-"""The one place where errors become HTTP responses (and gRPC status codes).
+"""The one place where errors become HTTP responses.
 
 Every error leaves the service as ``{"error": {"code": ..., "message": ...}}``: yolopipe's own
 ``app.errors`` family, FastAPI's request validation, Starlette's HTTP errors (404, 405, a
 malformed multipart body) and, as a last resort, an unexpected exception (500, no traceback).
-The KServe v2 gRPC service (``app/api/grpc``) answers the same family with the status code
-``grpc_code_for`` names, beside the HTTP status.
+The KServe v2 gRPC service answers the same family with status codes: ``app/api/grpc/errors.py``.
 """
 
 from __future__ import annotations
@@ -61,23 +60,6 @@ STATUS_BY_ERROR: dict[type[YolopipeError], int] = {
     ClientDisconnected: 499,
 }
 
-# The same errors on gRPC: names of ``grpc.StatusCode`` members (this module does not import grpc).
-# Over a limit is RESOURCE_EXHAUSTED; anything else wrong with the request INVALID_ARGUMENT.
-GRPC_CODE_BY_ERROR: dict[type[YolopipeError], str] = {
-    InvalidImage: "INVALID_ARGUMENT",
-    UnsupportedMediaType: "INVALID_ARGUMENT",
-    ImageTooLarge: "RESOURCE_EXHAUSTED",
-    InvalidParameter: "INVALID_ARGUMENT",
-    SharedMemoryError: "INVALID_ARGUMENT",
-    BadRequest: "INVALID_ARGUMENT",
-    ModelNotFound: "NOT_FOUND",
-    Overloaded: "UNAVAILABLE",
-    DeviceError: "UNAVAILABLE",
-    RequestTimeout: "DEADLINE_EXCEEDED",
-    MethodNotImplemented: "UNIMPLEMENTED",
-    ClientDisconnected: "CANCELLED",
-}
-
 # Seconds a client should wait before retrying an error that is about load, not its request.
 RETRY_AFTER_S: dict[type[YolopipeError], int] = {Overloaded: 1, DeviceError: 1}
 
@@ -99,14 +81,6 @@ def status_for(exc: YolopipeError) -> int:
         if cls in STATUS_BY_ERROR:
             return STATUS_BY_ERROR[cls]
     return 500
-
-
-def grpc_code_for(exc: YolopipeError) -> str:
-    """The ``grpc.StatusCode`` member's name for an error: its own, its parent's, else INTERNAL."""
-    for cls in type(exc).__mro__:
-        if cls in GRPC_CODE_BY_ERROR:
-            return GRPC_CODE_BY_ERROR[cls]
-    return "INTERNAL"
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 workers, beside the REST app and as thin: the same inference client, header checks, limits,
 parameters and shared-memory regions as ``/v2`` REST (``app.api.oip``).
 
-Errors are ``app.errors``, answered with the status code ``app.api.errors.grpc_code_for`` maps
+Errors are ``app.errors``, answered with the status code ``app.api.grpc.errors`` maps
 them to: INVALID_ARGUMENT for a bad image, tensor, parameter or region, RESOURCE_EXHAUSTED over
 a limit, UNAVAILABLE when overloaded, DEADLINE_EXCEEDED past the request's ``timeout`` or the
 client's deadline, NOT_FOUND for another model. A call that ends early (deadline, cancel, the
@@ -23,7 +23,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from app.api.errors import grpc_code_for
+from app.api.grpc.errors import grpc_code_for
 from app.api.grpc import messages
 from app.api.grpc.tensors import infer_response, read_request
 from app.api.metrics import rejected_counter

@@ -12,12 +12,36 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 
+from app.api.oip.schemas import errors, inline_schema
 from app.api.oip.shared_memory import RegionAccess, SharedMemoryRegistry, is_loopback, run_registry
 from app.errors import BadRequest, MethodNotImplemented, Overloaded, SharedMemoryError
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol: shared memory"])
 _CUDA = "CUDA shared memory is not supported by this server; register system shared memory instead"
+
+
+class RegionStatus(BaseModel):
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
+class RegisterRequest(BaseModel):
+    key: str = Field(description="a POSIX shared-memory name, '/name' (the object /dev/shm/name)")
+    offset: int = Field(0, description="where the region starts in the object, in bytes")
+    byte_size: int = Field(description="the region's size in bytes")
+
+
+class Done(BaseModel):
+    """An empty JSON object."""
+
+
+_REGISTER_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": inline_schema(RegisterRequest)}}}}
+_ANSWERS = errors(400, 503)
 
 
 def registry(request: Request) -> SharedMemoryRegistry:
@@ -43,14 +67,25 @@ def region_access(request: Request) -> RegionAccess | None:
     return RegionAccess(registry(request), _local(request), request.app.state.settings.max_body_bytes)
 
 
-@router.get("/systemsharedmemory/status", summary="Every registered system shared-memory region")
-@router.get("/systemsharedmemory/region/{name}/status", summary="One registered region (400 when it is not)")
-async def system_status(request: Request, name: str = "") -> list[dict[str, Any]]:
+@router.get("/systemsharedmemory/status", summary="Every registered system shared-memory region",
+            response_model=list[RegionStatus], responses=_ANSWERS)
+async def system_status_all(request: Request) -> list[dict[str, Any]]:
+    return _status(request, "")
+
+
+@router.get("/systemsharedmemory/region/{name}/status", summary="One registered region (400 when it is not)",
+            response_model=list[RegionStatus], responses=_ANSWERS)
+async def system_status(request: Request, name: str) -> list[dict[str, Any]]:
+    return _status(request, name)
+
+
+def _status(request: Request, name: str) -> list[dict[str, Any]]:
     regions = registry(request).status(name, local=_local(request))
     return [{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size} for r in regions]
 
 
-@router.post("/systemsharedmemory/region/{name}/register", summary="Register a POSIX shared-memory region")
+@router.post("/systemsharedmemory/region/{name}/register", summary="Register a POSIX shared-memory region",
+             response_model=Done, responses=_ANSWERS, openapi_extra=_REGISTER_BODY)
 async def system_register(request: Request, name: str) -> JSONResponse:
     try:
         body = json.loads(await request.body() or b"null")
@@ -65,27 +100,40 @@ async def system_register(request: Request, name: str) -> JSONResponse:
     return JSONResponse({})
 
 
-@router.post("/systemsharedmemory/unregister", summary="Unregister every system shared-memory region")
-@router.post("/systemsharedmemory/region/{name}/unregister", summary="Unregister one region")
-async def system_unregister(request: Request, name: str = "") -> JSONResponse:
+@router.post("/systemsharedmemory/unregister", summary="Unregister every system shared-memory region",
+             response_model=Done, responses=_ANSWERS)
+async def system_unregister_all(request: Request) -> JSONResponse:
+    registry(request).unregister("", local=_local(request))
+    return JSONResponse({})
+
+
+@router.post("/systemsharedmemory/region/{name}/unregister", summary="Unregister one region", response_model=Done,
+             responses=_ANSWERS)
+async def system_unregister(request: Request, name: str) -> JSONResponse:
     registry(request).unregister(name, local=_local(request))
     return JSONResponse({})
 
 
-@router.get("/cudasharedmemory/status", summary="CUDA shared memory: none (not supported)")
-@router.get("/cudasharedmemory/region/{name}/status", include_in_schema=False)
-async def cuda_status(name: str = "") -> list[dict[str, Any]]:
-    if name:
-        raise SharedMemoryError(f"no CUDA shared-memory region named {name[:100]!r}: {_CUDA}")
+@router.get("/cudasharedmemory/status", summary="CUDA shared memory: none (not supported)",
+            response_model=list[RegionStatus])
+async def cuda_status_all() -> list[dict[str, Any]]:
     return []
 
 
-@router.post("/cudasharedmemory/region/{name}/register", summary="CUDA shared memory: not supported (501)")
+@router.get("/cudasharedmemory/region/{name}/status", summary="CUDA shared memory: no such region (400)",
+            response_model=list[RegionStatus], responses=errors(400))
+async def cuda_status(name: str) -> list[dict[str, Any]]:
+    raise SharedMemoryError(f"no CUDA shared-memory region named {name[:100]!r}: {_CUDA}")
+
+
+@router.post("/cudasharedmemory/region/{name}/register", summary="CUDA shared memory: not supported (501)",
+             response_model=Done, responses=errors(501))
 async def cuda_register(name: str) -> None:
     raise MethodNotImplemented(_CUDA)
 
 
-@router.post("/cudasharedmemory/unregister", summary="CUDA shared memory: nothing to unregister")
+@router.post("/cudasharedmemory/unregister", summary="CUDA shared memory: nothing to unregister",
+             response_model=Done)
 @router.post("/cudasharedmemory/region/{name}/unregister", include_in_schema=False)
-async def cuda_unregister(name: str = "") -> JSONResponse:
+async def cuda_unregister() -> JSONResponse:
     return JSONResponse({})
