@@ -54,6 +54,12 @@ class SharedMemoryError(YolopipeError):
     code = "shared_memory_error"
 
 
+class NotSupported(YolopipeError):
+    """A protocol feature this server does not offer (Triton's CUDA shared memory)."""
+
+    code = "not_supported"
+
+
 class ModelNotFound(YolopipeError):
     """A request for a model (or version) this server does not serve."""
 

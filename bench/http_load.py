@@ -187,7 +187,7 @@ def measure_oip(server: Server, listing: Path, clients: int, args: argparse.Name
 def measure_grpc(server: Server, listing: Path, clients: int, args: argparse.Namespace) -> dict:
     """KServe v2 gRPC ModelInfer with h2load: one of the photos, as tritonclient.grpc sends it."""
     image = Path(listing.read_text().split()[0]).read_bytes()
-    run = dict(clients=clients, metrics_url=f"{server.url}/metrics", h2load=args.h2load)
+    run = {"clients": clients, "metrics_url": f"{server.url}/metrics", "h2load": args.h2load}
     try:
         if args.warmup > 0:
             run_h2load("127.0.0.1", server.grpc_port, image, duration_s=args.warmup, **run)

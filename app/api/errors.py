@@ -27,6 +27,7 @@ from app.errors import (
     InvalidParameter,
     MethodNotImplemented,
     ModelNotFound,
+    NotSupported,
     Overloaded,
     ReadTimeout,
     RequestTimeout,
@@ -46,6 +47,7 @@ STATUS_BY_ERROR: dict[type[YolopipeError], int] = {
     InvalidParameter: 422,
     SharedMemoryError: 400,
     ModelNotFound: 404,
+    NotSupported: 400,  # as Triton answers its UNSUPPORTED over HTTP
     Overloaded: 503,
     RequestTimeout: 504,
     DeviceError: 503,

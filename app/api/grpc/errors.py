@@ -17,6 +17,7 @@ from app.errors import (
     InvalidParameter,
     MethodNotImplemented,
     ModelNotFound,
+    NotSupported,
     Overloaded,
     RequestTimeout,
     SharedMemoryError,
@@ -36,6 +37,7 @@ GRPC_CODE_BY_ERROR: dict[type[YolopipeError], str] = {
     DeviceError: "UNAVAILABLE",
     RequestTimeout: "DEADLINE_EXCEEDED",
     MethodNotImplemented: "UNIMPLEMENTED",
+    NotSupported: "UNIMPLEMENTED",
     ClientDisconnected: "CANCELLED",
 }
 

@@ -23,8 +23,8 @@ import grpc
 from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from app.api.grpc.errors import grpc_code_for
 from app.api.grpc import messages
+from app.api.grpc.errors import grpc_code_for
 from app.api.grpc.tensors import infer_response, read_request
 from app.api.metrics import rejected_counter
 from app.api.oip.infer import MODEL, VERSION, detect_params, detect_within, extensions, for_image, model_name
@@ -32,7 +32,7 @@ from app.api.oip.shared_memory import RegionAccess, is_loopback, run_registry
 from app.api.oip.tensors import INPUT, OUTPUTS, output_tensors, write_output_regions
 from app.api.uploads import check_request_images
 from app.config import Settings
-from app.errors import BadRequest, MethodNotImplemented, ModelNotFound, Overloaded, SharedMemoryError, YolopipeError
+from app.errors import BadRequest, ModelNotFound, NotSupported, Overloaded, SharedMemoryError, YolopipeError
 from app.ipc.client import SERVER_SIDE, InferenceClient
 from app.ipc.metrics import LATENCY_BUCKETS
 
@@ -200,6 +200,9 @@ class InferenceService:
         except YolopipeError as exc:
             code = grpc_code_for(exc)
             return self._stream_error(request, str(exc))
+        except asyncio.CancelledError:  # the stream ended while this request was at work
+            code = "CANCELLED"
+            raise
         except Exception as exc:  # noqa: BLE001 - no traceback to the client, one in the log
             code = "INTERNAL"
             log.error("unexpected error in ModelStreamInfer", exc_info=exc)
@@ -269,7 +272,7 @@ class InferenceService:
 
     @_call
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:
-        raise MethodNotImplemented(_CUDA)
+        raise NotSupported(_CUDA)
 
     @_call
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:

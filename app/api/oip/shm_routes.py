@@ -1,5 +1,5 @@
 """Triton's shared-memory extension over REST: ``/v2/systemsharedmemory`` (register, unregister,
-status), and ``/v2/cudasharedmemory`` answering that CUDA shared memory is not supported.
+status), and ``/v2/cudasharedmemory`` answering that CUDA shared memory is not supported (400, as Triton's UNSUPPORTED).
 
 The registry is ``app/api/oip/shared_memory.py``'s, shared with the gRPC service; errors are
 ``SharedMemoryError`` (400), in the protocol's ``{"error": message}`` shape.
@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 
 from app.api.oip.schemas import errors, inline_schema
 from app.api.oip.shared_memory import RegionAccess, SharedMemoryRegistry, is_loopback, run_registry
-from app.errors import BadRequest, MethodNotImplemented, Overloaded, SharedMemoryError
+from app.errors import BadRequest, NotSupported, Overloaded, SharedMemoryError
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol: shared memory"])
 _CUDA = "CUDA shared memory is not supported by this server; register system shared memory instead"
@@ -126,10 +126,10 @@ async def cuda_status(name: str) -> list[dict[str, Any]]:
     raise SharedMemoryError(f"no CUDA shared-memory region named {name[:100]!r}: {_CUDA}")
 
 
-@router.post("/cudasharedmemory/region/{name}/register", summary="CUDA shared memory: not supported (501)",
-             response_model=Done, responses=errors(501))
+@router.post("/cudasharedmemory/region/{name}/register", summary="CUDA shared memory: not supported (400)",
+             response_model=Done, responses=errors(400))
 async def cuda_register(name: str) -> None:
-    raise MethodNotImplemented(_CUDA)
+    raise NotSupported(_CUDA)
 
 
 @router.post("/cudasharedmemory/unregister", summary="CUDA shared memory: nothing to unregister",
