@@ -72,8 +72,7 @@ def _supervise(serving: Settings, layout: RunLayout, devices: list[str | None], 
         starting = threading.Thread(target=_start_pool, args=(pool, stop, pool_started), name="yolopipe-pool-start")
         starting.start()
         try:
-            for front in fronts:
-                front.start()
+            start_all(fronts)
             if not pool_started.get("done"):
                 log.info("HTTP workers listening; /readyz says ready once the inference workers are")
         except BaseException:
@@ -134,6 +133,17 @@ def _check_port_free(host: str, port: int, option: str) -> None:
                                    hint=f"choose another {option} or stop what uses it") from None
 
 
+def start_all(fronts: list[FrontWorkers]) -> None:
+    """Every HTTP and gRPC worker started at once, then each waited for until it listens."""
+    launched = [(front, front.launch()) for front in fronts]
+    for front, pipes in launched:
+        for slot, receive in pipes:
+            error = front.listening(slot, receive)
+            if error is not None:
+                stop_all(fronts, 0.0)
+                raise YolopipeError(f"{front.kind} worker could not start: {error}")
+
+
 def stop_all(fronts: list[FrontWorkers], drain_s: float) -> None:
     """Every front-end worker is told to stop at once, then each is waited for."""
     for front in fronts:
@@ -162,13 +172,13 @@ class FrontWorkers:
         self._pauses = [0.0] * count
 
     def start(self) -> None:
-        for slot in range(self.count):
-            error = self._spawn(slot)
-            if error is not None:
-                self.stop(0.0)
-                raise YolopipeError(f"{self.kind} worker could not start: {error}")
+        start_all([self])
 
-    def _spawn(self, slot: int) -> str | None:
+    def launch(self) -> list[tuple[int, Any]]:
+        """Every worker started at once (each imports for a second or so): (slot, its pipe)."""
+        return [(slot, self._launch(slot)) for slot in range(self.count)]
+
+    def _launch(self, slot: int) -> Any:
         receive, send = self._ctx.Pipe(duplex=False)
         proc = self._ctx.Process(target=self.target, args=(self.settings, self.layout, os.getpid(), send),
                                  name=f"yolopipe-{self.kind.lower()}-{slot}")
@@ -176,6 +186,14 @@ class FrontWorkers:
         send.close()
         self._procs[slot] = proc
         self._started_at[slot] = time.monotonic()
+        return receive
+
+    def _spawn(self, slot: int) -> str | None:
+        return self.listening(slot, self._launch(slot))
+
+    def listening(self, slot: int, receive: Any) -> str | None:
+        """None once the worker in ``slot`` listens (or the service is stopping), else why not."""
+        proc = self._procs[slot]
         try:
             deadline = time.monotonic() + 60.0
             while not wait([receive, proc.sentinel], 0.1):
