@@ -52,6 +52,7 @@ MAX_DECODE_BYTES = 768 * 2**20
 # (encoders write about 10; a crafted one thousands), a PNG inflates all its compressed data.
 MAX_JPEG_SCANS = 40
 MAX_REQUEST_PIXELS = 4 * MAX_PIXELS  # summed over the images of one batch request, from their headers
+MAX_SHM_REGIONS = 256  # shared-memory regions registered at once (the whole server)
 
 
 def check_imgsz(imgsz: int) -> int:
@@ -104,6 +105,10 @@ class Settings(BaseSettings):
     max_requests_in_flight: int = Field(256, ge=0)  # requests with a body one HTTP worker holds at once (0: any)
     max_pixels: int = Field(MAX_PIXELS, ge=1)
     workers: int = Field(0, ge=0, le=256)  # HTTP worker processes; 0: from the core count
+    grpc_port: int = Field(8001, ge=0, le=65535)  # KServe v2 gRPC, Triton's default port; 0: no gRPC
+    grpc_workers: int = Field(0, ge=0, le=256)  # gRPC worker processes; 0: as many as HTTP workers
+    # Triton's system shared-memory extension (REST and gRPC): off, as Triton's --allow-client-shm
+    allow_client_shm: bool = False
     gpus: str = "all"  # 'all' visible GPUs, or CUDA indices like '0,1': one inference worker each
     cpu_workers: int = Field(1, ge=1, le=16)  # inference workers when the model runs on the CPU
     queue_budget_s: float | None = Field(None, gt=0)  # refuse work past this many seconds (default: the timeout)

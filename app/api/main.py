@@ -22,6 +22,7 @@ from app.api.limits import BodyLimitMiddleware
 from app.api.metrics import Metrics, MetricsMiddleware
 from app.api.oip.errors import OipErrorShapeMiddleware
 from app.api.oip.routes import router as oip_router
+from app.api.oip.shm_routes import router as shm_router
 from app.api.routes import router
 from app.api.streams import streams_router
 from app.config import Settings
@@ -65,6 +66,7 @@ def create_app(settings: Settings, inference: InferenceClient) -> FastAPI:
     install_docs(app)
     app.include_router(router)
     app.include_router(oip_router)  # the Open Inference Protocol (KServe v2) under /v2
+    app.include_router(shm_router)  # and Triton's shared-memory extension
     app.include_router(streams_router)
     # Outermost last: metrics see every response, including a 413 from the body limit.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,

@@ -53,6 +53,7 @@ def banned_modules_after(body: str, *args: str) -> list[str]:
 
 @pytest.mark.parametrize("module", ["app.api.main", "app.service.supervisor", "app.service.http_worker", "app.ipc.client",
                                     "app.service.inference.worker", "app.cli", "app.runtime",
+                                    "app.api.grpc.server", "app.service.grpc_worker",
                                     "app.artifacts.engines", "app.pipeline.folder", "app.distributed"])
 def test_importing_loads_no_gpu_library(module):
     assert banned_modules_after(f"import {module}") == []
