@@ -205,6 +205,8 @@ class InferenceClient:
         self._tasks: list[asyncio.Task] = []
         self._turn = itertools.count()
         self._unsent = 0  # images of admitted requests still waiting for their window here
+        self.calls = 0  # detect calls begun, and those not yet over: what "quiet" means to a worker
+        self.calls_in_flight = 0
 
     async def start(self, wait_s: float = 30.0) -> None:
         """Connect to every worker (in the background, for good); wait up to ``wait_s`` for one."""
@@ -308,6 +310,15 @@ class InferenceClient:
         checked here; they travel with the bytes, so the inference worker does not read them
         again. Raises Overloaded, DeviceError or RequestTimeout when the request as a whole
         cannot be served."""
+        self.calls += 1
+        self.calls_in_flight += 1
+        try:
+            return await self._detect(images, params, headers)
+        finally:
+            self.calls_in_flight -= 1
+
+    async def _detect(self, images: list[bytes], params: DetectParams,
+                      headers: list[ImageHeader] | None) -> list[wire.Outcome]:
         timeout = self.settings.request_timeout_s
         self.admit(len(images))
         request = _Request(self, images, params, time.monotonic() + timeout, headers)

@@ -79,13 +79,17 @@ def release_memory(pipeline_release: Callable[[], None] | None = None) -> None:
 
 class IdleRelease:
     """Calls ``release`` (on a thread) once the process has been quiet for ``after_s`` seconds
-    after some activity: ``touch()`` marks activity (from any thread), ``busy()`` says whether
-    work is in flight now. ``after_s`` 0: never."""
+    after some activity: ``touch()`` marks activity (from any thread), or ``activity()``, a
+    count read every tick, moved; ``busy()`` says whether work is in flight now. ``after_s``
+    0: never."""
 
-    def __init__(self, after_s: float, release: Callable[[], None], busy: Callable[[], bool]) -> None:
+    def __init__(self, after_s: float, release: Callable[[], None], busy: Callable[[], bool],
+                 activity: Callable[[], int] | None = None) -> None:
         self.after_s = after_s
         self._release = release
         self._busy = busy
+        self._activity = activity
+        self._seen = activity() if activity is not None else 0
         self._last = time.monotonic()
         self._dirty = False
         self._task: asyncio.Task | None = None
@@ -108,8 +112,14 @@ class IdleRelease:
 
     async def _watch(self) -> None:
         while True:
-            quiet = time.monotonic() - self._last
-            await asyncio.sleep(max(self.after_s - quiet, self.after_s / 4))
+            if self._activity is not None:  # polled: a quarter of the quiet spell at a time
+                wait = self.after_s / 4
+            else:
+                wait = max(self.after_s - (time.monotonic() - self._last), self.after_s / 4)
+            await asyncio.sleep(wait)
+            if self._activity is not None and (seen := self._activity()) != self._seen:
+                self._seen = seen
+                self.touch()
             if not self._dirty or self._busy() or time.monotonic() - self._last < self.after_s:
                 continue
             self._dirty = False  # activity from here on asks for another release

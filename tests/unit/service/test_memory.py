@@ -45,6 +45,29 @@ def test_it_releases_once_after_a_quiet_spell_never_while_busy_or_without_activi
     assert 0.7 <= delay <= 1.1
 
 
+def test_an_activity_count_that_moves_is_activity_too():
+    """The gRPC worker's way: no hook per call, a count of calls read at every tick."""
+    async def main() -> tuple[list[float], float]:
+        released: list[float] = []
+        calls = [0]
+        idle = IdleRelease(0.2, lambda: released.append(time.monotonic()), busy=lambda: False,
+                           activity=lambda: calls[0])
+        idle.start()
+        await asyncio.sleep(0.5)
+        assert released == []  # the count has not moved
+        for _ in range(6):  # a call every 0.1 s
+            calls[0] += 1
+            last = time.monotonic()
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        await idle.stop()
+        return released, last
+
+    released, last = asyncio.run(main())
+    (at,) = released
+    assert 0.15 <= at - last <= 0.5
+
+
 def test_a_release_that_fails_is_logged_and_the_watcher_goes_on(caplog):
     calls: list[int] = []
 
