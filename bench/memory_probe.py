@@ -10,7 +10,7 @@ samples the tree until ``--settle-s`` seconds after the burst's last response:
 * ``concurrent500``: 500 concurrent ``/v1/detect``, each on its own connection.
 
 Per checkpoint (rest, peak, last response, settled) it records each process's role
-(supervisor, http, inference, standby, resource-tracker) and its ``/proc/<pid>/smaps``
+(supervisor, http, grpc, inference, standby, resource-tracker) and its ``/proc/<pid>/smaps``
 split by owner (heap, glibc thread arenas, other anonymous memory, the shared-memory rings,
 file-backed pages), the GPU memory of each process (nvidia-smi) when there is one, and
 whether the tree came back within ``--tolerance`` of rest. ``--malloc-info`` also asks glibc
@@ -63,7 +63,8 @@ def _children(pid: int) -> list[int]:
 
 
 def roles(root: int, port: int, inference_pids: set[int]) -> dict[int, str]:
-    """pid → role: supervisor, http, inference, standby or resource-tracker."""
+    """pid → role: supervisor, http (listens on ``port``), grpc (listens elsewhere), inference,
+    standby or resource-tracker."""
     import psutil
 
     out = {root: "supervisor"}
@@ -72,15 +73,17 @@ def roles(root: int, port: int, inference_pids: set[int]) -> dict[int, str]:
             p = psutil.Process(pid)
             cmd = " ".join(p.cmdline())
             connections = getattr(p, "net_connections", None) or p.connections  # psutil < 6 names it so
-            listening = any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in connections("tcp"))
+            listens = {c.laddr.port for c in connections("tcp") if c.status == psutil.CONN_LISTEN}
         except psutil.Error:
             continue
         if "resource_tracker" in cmd:
             out[pid] = "resource-tracker"
         elif pid in inference_pids:
             out[pid] = "inference"
-        elif listening:
+        elif port in listens:
             out[pid] = "http"
+        elif listens:
+            out[pid] = "grpc"
         else:
             out[pid] = "standby"
     return out
@@ -426,7 +429,9 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen,
 
     port = free_port()
     code = Path(args.code or ROOT).resolve()
-    env = {**os.environ, "YOLO_OFFLINE": "1", "PYTHONPATH": str(code), **dict(kv.split("=", 1) for kv in args.env)}
+    # gRPC workers (where the server has them) on a free port, not the shared default
+    env = {**os.environ, "YOLO_OFFLINE": "1", "PYTHONPATH": str(code), "YOLOPIPE_GRPC_PORT": str(free_port()),
+           **dict(kv.split("=", 1) for kv in args.env)}
     cmd = [sys.executable, "-m", "app.cli", "serve", "--weights", args.weights, "--backend", args.backend,
            "--host", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=code,
