@@ -21,7 +21,7 @@ from app.config import Settings
 from app.errors import InvalidParameter, Overloaded
 from app.ipc import wire
 from app.ipc.layout import RunLayout
-from app.pipeline.source_urls import MAX_SOURCE_CHARS, check_characters, parse_url
+from app.source_urls import MAX_SOURCE_CHARS, check_characters, parse_url
 
 # What a client may ask a server to open: network video only; files only under an allowed root.
 STREAM_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "srt://")
@@ -32,7 +32,7 @@ def stream_socket(layout: RunLayout, worker: int) -> Path:
 
 
 def check_stream_source(source: str, settings: Settings) -> str:
-    """What a server opens for ``source``, checked and normalised once (``app.pipeline.source_urls``):
+    """What a server opens for ``source``, checked and normalised once (``app.source_urls``):
     a URL of an allowed scheme, or a file under ``settings.stream_files_root`` (no file at all
     when that is unset) as its resolved path; else ``InvalidParameter`` saying why. The answer
     is what is opened, listed and logged (``redact``ed), and checking it again gives it back."""

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from app.pipeline.source_urls import SourceUrl
+from app.source_urls import SourceUrl
 
 DEFAULT_PORTS = {"rtsp": 554, "rtsps": 322}  # the schemes probed (see the module docstring)
 _POLL_S = 0.05  # how often a waiting probe looks at its stop flag

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from app.config import decoder_name
 from app.contracts import DeviceNv12
 from app.errors import BackendUnavailable, InvalidImage, InvalidParameter
-from app.pipeline.source_urls import redact
+from app.source_urls import redact
 
 if TYPE_CHECKING:
     from app.pipeline.detector import Detector

@@ -27,7 +27,7 @@ import numpy as np
 from app.contracts import DeviceNv12
 from app.errors import InvalidParameter
 from app.pipeline.source_probe import Stopped, probe
-from app.pipeline.source_urls import SourceUrl, parse_url, redact
+from app.source_urls import SourceUrl, parse_url, redact
 from app.pipeline.sources import capture_fps, check_frame, is_live, open_source
 from app.pipeline.video import check_stride
 

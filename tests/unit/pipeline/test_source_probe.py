@@ -11,7 +11,7 @@ import time
 import pytest
 
 from app.pipeline.source_probe import Stopped, probe
-from app.pipeline.source_urls import parse_url
+from app.source_urls import parse_url
 from tests.listeners import listener
 
 

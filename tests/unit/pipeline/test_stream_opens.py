@@ -62,7 +62,7 @@ def first_frame(runner: StreamRunner, frames: dict[str, float], source: str, wai
 def test_a_silent_source_and_removed_ones_delay_no_other_stream(detector, clip):
     frames: dict[str, float] = {}
     runner = StreamRunner(detector, detector.params(),
-                          lambda frame, *_: frames.setdefault(frame.stream.id, time.monotonic()), max_streams=4,
+                          lambda batch, *_: [frames.setdefault(f.stream.id, time.monotonic()) for f in batch], max_streams=4,
                           open_timeout_s=SILENT_S)
     thread = threading.Thread(target=runner.run, kwargs={"until_done": False}, daemon=True)
     thread.start()

@@ -1,4 +1,4 @@
-"""Stream sources as a server takes them (``app.pipeline.source_urls`` and the server's
+"""Stream sources as a server takes them (``app.source_urls`` and the server's
 ``check_stream_source``): what FFmpeg and a camera could read differently from the check is
 refused, naming the culprit; what passes is one spelling, the same when checked again; and
 credentials are never shown."""
@@ -13,7 +13,7 @@ import pytest
 from app.config import Settings
 from app.errors import InvalidParameter
 from app.ipc.streams import check_stream_source
-from app.pipeline.source_urls import parse_url, redact
+from app.source_urls import parse_url, redact
 
 
 @pytest.mark.parametrize("source, named", [
