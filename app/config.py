@@ -59,6 +59,18 @@ NVDEC_THREADS_PER_ENGINE = 2  # a decode call in flight on each engine while the
 NVDEC_THREADS_UNKNOWN = 8  # when the GPU does not say how many engines it has
 
 
+NVDEC_READERS = ("simple", "threaded")  # app.gpu.nvdec.READERS: SimpleDecoder, ThreadedDecoder
+
+
+def nvdec_reader() -> str:
+    """How NVDEC reads files: ``YOLOPIPE_NVDEC_READER`` (``simple``: PyNvVideoCodec's
+    SimpleDecoder, a decode call's batch at a time; ``threaded``: its ThreadedDecoder, which
+    decodes ahead on a native thread of its own), default ``simple``."""
+    import os
+
+    return check_choice("NVDEC reader", os.environ.get("YOLOPIPE_NVDEC_READER", "simple"), NVDEC_READERS)
+
+
 def nvdec_threads(engines: int) -> int:
     """The decoder threads of a stream runner's NVDEC pool: ``YOLOPIPE_NVDEC_THREADS``, else
     ``NVDEC_THREADS_PER_ENGINE`` per NVDEC engine of the GPU (``engines``; 0: unknown)."""

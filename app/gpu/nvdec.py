@@ -20,10 +20,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from app.config import NVDEC_READERS as READERS  # file readers: SimpleDecoder, ThreadedDecoder
 from app.errors import BackendUnavailable, InvalidImage
 
 OTHER_SURFACES = ("P016", "P010", "YUV444", "NV16", "P216")  # NVDEC's layouts other than NV12
-READERS = ("simple", "threaded")  # file readers: SimpleDecoder, ThreadedDecoder (see the module docstring)
 CODECS = {"h264": "H264", "avc1": "H264", "hevc": "HEVC", "hev1": "HEVC", "hvc1": "HEVC", "h265": "HEVC",
           "av01": "AV1"}  # a demuxer's FourCC → PyNvVideoCodec's cudaVideoCodec member
 

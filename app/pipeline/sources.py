@@ -20,7 +20,7 @@ import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from app.config import decoder_name
+from app.config import decoder_name, nvdec_reader
 from app.contracts import DeviceNv12
 from app.errors import BackendUnavailable, InvalidImage, InvalidParameter
 
@@ -80,7 +80,7 @@ def open_source(source: str, decoder: str, *, max_pixels: int, device: int = 0, 
     # its reader thread for good.
     if decoder == "nvdec":
         try:
-            cap = NvdecCapture(source, device=device, timeout_ms=timeout_ms)
+            cap = NvdecCapture(source, device=device, timeout_ms=timeout_ms, reader=nvdec_reader())
         except Exception as exc:  # noqa: BLE001 - the binding raises plain errors; OpenCV may still read it
             log.info("NVDEC cannot read %s (%s: %s); OpenCV reads it", source, type(exc).__name__, exc)
         else:

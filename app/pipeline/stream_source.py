@@ -52,9 +52,16 @@ class StreamStats:
     frames_read: int = 0
     frames_done: int = 0
     dropped: int = 0
+    first_read: float = 0.0  # time.monotonic() of the first frame read, and of the last
+    last_read: float = 0.0
     reconnects: int = 0
     latencies_s: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     done_at: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+
+    def read_fps(self) -> float:
+        """Frames read per second from the first to the last (0 before two)."""
+        span = self.last_read - self.first_read
+        return (self.frames_read - 1) / span if self.frames_read > 1 and span > 0 else 0.0
 
     def fps(self, now: float) -> float:
         recent = [t for t in self.done_at if now - t <= FPS_WINDOW_S]
@@ -226,6 +233,8 @@ class Stream:
         now = time.monotonic()
         time_s = index / self.fps if (self.fps and not self.live) else now - self.added
         self.stats.frames_read += 1
+        self.stats.first_read = self.stats.first_read or now
+        self.stats.last_read = now
         self._push(StreamFrame(self, index, round(time_s, 6), image, now))
 
     def snapshot(self) -> dict[str, Any]:
