@@ -52,6 +52,7 @@ MAX_DECODE_BYTES = 768 * 2**20
 # (encoders write about 10; a crafted one thousands), a PNG inflates all its compressed data.
 MAX_JPEG_SCANS = 40
 MAX_REQUEST_PIXELS = 4 * MAX_PIXELS  # summed over the images of one batch request, from their headers
+MAX_SHM_REGIONS = 256  # shared-memory regions registered at once (the whole server)
 
 
 # --- NVDEC streams (app.pipeline.decode_pool): decoder threads of a stream runner --------------
@@ -131,16 +132,24 @@ class Settings(BaseSettings):
     max_images_per_request: int = Field(256, ge=1)  # files in one /v1/detect/batch body
     request_timeout_s: float = Field(30.0, gt=0)
     max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024)
+    max_stream_body_bytes: int = Field(4096, ge=256)  # a /v1/streams request body (JSON): 413 beyond
+    max_requests_in_flight: int = Field(256, ge=0)  # requests with a body one HTTP worker holds at once (0: any)
     max_pixels: int = Field(MAX_PIXELS, ge=1)
     workers: int = Field(0, ge=0, le=256)  # HTTP worker processes; 0: from the core count
+    grpc_port: int = Field(8001, ge=0, le=65535)  # KServe v2 gRPC, Triton's default port; 0: no gRPC
+    grpc_workers: int = Field(0, ge=0, le=256)  # gRPC worker processes; 0: as many as HTTP workers
+    # Triton's system shared-memory extension (REST and gRPC): off, as Triton's --allow-client-shm
+    allow_client_shm: bool = False
     gpus: str = "all"  # 'all' visible GPUs, or CUDA indices like '0,1': one inference worker each
     cpu_workers: int = Field(1, ge=1, le=16)  # inference workers when the model runs on the CPU
     queue_budget_s: float | None = Field(None, gt=0)  # refuse work past this many seconds (default: the timeout)
     request_window: int = Field(0, ge=0)  # images of one request admitted at once (0: the run's max_batch)
     ring_mb: int = Field(32, ge=1)  # shared memory per HTTP worker and inference worker for image bytes
     max_streams: int = Field(MAX_STREAMS, ge=0, le=1024)  # video streams one inference worker runs at once (/v1/streams)
+    stream_open_timeout_s: float = Field(5.0, gt=0, le=600)  # a stream source silent this long fails (and retries)
     stream_files_root: Path | None = None  # /v1/streams may read video files under this folder (None: URLs only)
     standby: bool = True  # a warm standby per inference worker, which takes over when it dies
+    idle_release_s: float = Field(2.0, ge=0)  # quiet seconds before a serving process frees what a burst took (0: never)
     # HTTP/1.1 limits the protocol enforces (app.api.protocol)
     max_url_bytes: int = Field(8 * 1024, ge=256)  # the request target (path and query): 414 beyond
     max_head_bytes: int = Field(64 * 1024, ge=1024)  # request line and headers, or chunked trailers: 431 beyond

@@ -100,6 +100,9 @@ class HostBackend(Protocol):
     def infer(self, batch: np.ndarray) -> np.ndarray:
         """``[B, 3, S, S]`` float32 RGB in [0, 1] → ``[B, 4 + nc, anchors]`` float32."""
 
+    def release_memory(self) -> None:
+        """Free what the backend keeps between batches; the next ``infer`` allocates again."""
+
     def close(self) -> None: ...
 
 
@@ -311,5 +314,10 @@ class Pipeline(Protocol):
         """Do now the one-time work of these batch sizes (all by default), not on first use:
         the GPU pipeline captures their CUDA graphs (``nv12``: those of device NV12 batches);
         a CPU pipeline has nothing to do."""
+
+    def release_memory(self) -> None:
+        """Give back what batches left cached (an idle server calls it after a burst): ONNX
+        Runtime's arena, torch's cached GPU blocks, staging grown for large images. Safe to
+        call at any time; the next ``run`` allocates (and on a GPU captures) again."""
 
     def close(self) -> None: ...

@@ -47,6 +47,9 @@ class DecodesItself:
     def warmup(self, batches=None, *, nv12: bool = False) -> None:
         """Nothing to prepare."""
 
+    def release_memory(self) -> None:
+        self.cpu.release_memory()
+
     def close(self) -> None:
         """The CPU pipeline is the caller's."""
 

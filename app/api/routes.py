@@ -5,6 +5,7 @@ compact form Starlette's ``JSONResponse`` writes). No image is decoded here."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from typing import Annotated, Any
 
@@ -64,6 +65,21 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
+def check_query(request: Request, known: tuple[str, ...]) -> None:
+    """A query parameter the endpoint does not take (a typo such as ``cnf``) is a 422 naming it,
+    never silently the default."""
+    unknown = sorted({name for name in request.query_params if name not in known})
+    if unknown:
+        takes = f"it takes {', '.join(known)}" if known else "it takes no query parameters"
+        raise InvalidParameter(f"unknown query parameter {', '.join(map(repr, unknown[:8]))} for {request.url.path}; "
+                               + takes)
+
+
+def no_query(request: Request) -> None:
+    """A dependency: the endpoint takes no query parameters."""
+    check_query(request, ())
+
+
 def detect_params(
     inference: InferenceDep,
     conf: Annotated[float, Query(ge=0.0, le=1.0, description="confidence threshold")] = CONF,
@@ -86,6 +102,12 @@ def detect_params(
 
 
 ParamsDep = Annotated[DetectParams, Depends(detect_params)]
+DETECT_QUERY = tuple(name for name in inspect.signature(detect_params).parameters if name != "inference")
+
+
+def detect_query(request: Request) -> None:
+    """A dependency: the detect endpoints take ``detect_params``' query parameters only."""
+    check_query(request, DETECT_QUERY)
 
 
 # --- reading images from the body ------------------------------------------------------
@@ -126,14 +148,20 @@ async def _detect(request: Request, inference: InferenceClient, metrics: Metrics
     if not detecting.done():
         detecting.cancel()  # the client's cancel: its queued images are answered without running
         raise ClientDisconnected("the client went away before its answer")
-    try:
+    error = detecting.exception()
+    if error is None:
         return detecting.result()
-    except Overloaded as exc:
-        metrics.rejected.labels(exc.code).inc()
-        return error_response(exc)
-    except SERVER_SIDE as exc:
-        metrics.rejected.labels(exc.code).inc()
-        raise
+    # Raised here, the error's traceback would hold this frame, and through ``detecting`` the
+    # frame would hold the error: a cycle that keeps ``images`` until a full collection.
+    del detecting
+    if isinstance(error, SERVER_SIDE):
+        metrics.rejected.labels(error.code).inc()
+    if isinstance(error, Overloaded):
+        return error_response(error)
+    try:
+        raise error
+    finally:
+        del error
 
 
 async def _until_disconnected(request: Request) -> None:
@@ -165,6 +193,7 @@ def _json(text: str) -> Response:
     response_model=None,
     responses={200: {"model": ImageDetections}, **DETECT_ERRORS},
     openapi_extra=detect_request_body(),
+    dependencies=[Depends(detect_query)],
 )
 async def detect(request: Request, params: ParamsDep, inference: InferenceDep, settings: SettingsDep,
                  metrics: MetricsDep) -> Response:
@@ -187,6 +216,7 @@ async def detect(request: Request, params: ParamsDep, inference: InferenceDep, s
     response_model=None,
     responses={200: {"model": BatchResponse}, **DETECT_ERRORS},
     openapi_extra=batch_request_body(),
+    dependencies=[Depends(detect_query)],
 )
 async def detect_batch(request: Request, params: ParamsDep, inference: InferenceDep, settings: SettingsDep,
                        metrics: MetricsDep) -> Response:

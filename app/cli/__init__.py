@@ -256,6 +256,13 @@ def serve(
     precision: Annotated[Optional[str], typer.Option(help="auto | fp32 | fp16 | int8.")] = None,
     host: Annotated[Optional[str], typer.Option(help="Bind address (default 127.0.0.1).")] = None,
     port: Annotated[Optional[int], typer.Option(help="Port (default 8000).")] = None,
+    grpc_port: Annotated[Optional[int], typer.Option(help="KServe v2 gRPC port, as Triton's (default 8001; "
+                                                          "0: no gRPC).")] = None,
+    grpc_workers: Annotated[Optional[int], typer.Option(help="gRPC worker processes [default: as many as HTTP "
+                                                             "workers].")] = None,
+    allow_client_shm: Annotated[Optional[bool], typer.Option(
+        "--allow-client-shm/--no-allow-client-shm", help="Triton's system shared-memory extension for clients "
+        "on this host (REST and gRPC) [default: off].")] = None,
     max_batch: Annotated[Optional[int], typer.Option(help="Largest GPU batch the batcher forms.")] = None,
     max_wait_ms: Annotated[Optional[float], typer.Option(help="Longest wait to fill a batch.")] = None,
     workers: Annotated[Optional[int], typer.Option(help="HTTP worker processes [default: from the core count].")] = None,
@@ -269,14 +276,16 @@ def serve(
     decode: Annotated[Optional[str], typer.Option(help=DECODE_HELP)] = None,
     artifacts_dir: ArtifactsDir = None,
 ) -> None:
-    """Serve detection over HTTP.
+    """Serve detection over HTTP and gRPC.
 
-    POST /v1/detect: HTTP worker processes in front of one inference worker per GPU.
+    POST /v1/detect, the Open Inference Protocol (KServe v2) under /v2, and KServe v2 gRPC on
+    --grpc-port: HTTP and gRPC worker processes in front of one inference worker per GPU.
     Every option can also come from YOLOPIPE_<OPTION> variables.
     """
     from app.service.supervisor import serve as run_server
 
     run_server(settings_from(weights=weights, backend=backend, precision=precision, host=host, port=port,
+                             grpc_port=grpc_port, grpc_workers=grpc_workers, allow_client_shm=allow_client_shm,
                              max_batch=max_batch, max_wait_ms=max_wait_ms, workers=workers, gpus=gpus,
                              cpu_workers=cpu_workers, compile=compile,
                              decode=decode, artifacts_dir=artifacts_dir))

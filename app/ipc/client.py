@@ -2,10 +2,13 @@
 
 One connection per inference worker, each with its own shared-memory ring; a lost
 connection fails the images waiting on it at once (503) and is re-made as soon as the worker
-is back. Each image goes to the least loaded worker (queued seconds from its status block);
-when even that one has more queued than the budget, the image is refused here without being
-sent. A request keeps at most ``window`` images at the workers, sending the next as each
-answer comes, so one large batch request cannot fill the queue alone.
+is back. A request is admitted as a whole (``admit``): when all its images, behind the work
+queued at the workers and the images this HTTP worker has yet to send, would not be done
+within the budget at the workers' measured rate, it is refused here (503) before any image is
+sent. Each image goes to the least loaded worker (queued seconds from its status block). A
+request keeps at most ``window`` images at the workers, sending the next as each answer
+comes, so one large batch request cannot fill the queue alone; the inference worker's batcher
+still refuses an image that finds its queue over the budget (the backstop).
 """
 
 from __future__ import annotations
@@ -39,26 +42,32 @@ class _Request:
                  headers: list[ImageHeader] | None = None) -> None:
         self.client = client
         self.id = next(client._ids)
-        self.images = images
+        self.images: list[bytes] | None = images  # None once it failed: nothing more is sent
         self.headers = headers
         self.params = params
         self.deadline = deadline
         self.outcomes: list[wire.Outcome | None] = [None] * len(images)
         self.sent = 0
+        client._unsent += len(images)
         self.answered = 0
         self.links: set[_Link] = set()
+        # Set (to None) once every image is answered or the request failed, ``error`` then says
+        # why. The error is kept here, not in the future: a future's exception raised in the
+        # awaiting frame (which holds this request) would be a cycle holding the image bytes.
         self.done = asyncio.get_running_loop().create_future()
+        self.error: YolopipeError | None = None
 
     def send_next(self) -> None:
-        if self.done.done() or self.sent >= len(self.images):
+        if self.done.done() or self.sent >= len(self.outcomes):
             return
         index = self.sent
         self.sent += 1
+        self.client._unsent -= 1
         try:
             link = self.client.pick()
             link.send(self, index)
         except YolopipeError as exc:
-            self.fail(exc)
+            self.fail(exc.with_traceback(None))  # its traceback holds this frame, which holds self
 
     def answer(self, outcome: wire.Outcome) -> None:
         if self.done.done():
@@ -68,15 +77,18 @@ class _Request:
             return
         self.outcomes[outcome.index] = outcome
         self.answered += 1
-        if self.answered == len(self.images):
+        if self.answered == len(self.outcomes):
             self.done.set_result(None)
         else:
             self.send_next()
 
     def fail(self, error: YolopipeError) -> None:
         if not self.done.done():
-            self.done.set_exception(error)
-            self.done.exception()  # retrieved: whoever still awaits it gets it; nobody else must
+            self.client._unsent -= len(self.outcomes) - self.sent  # never to be sent now
+            self.sent = len(self.outcomes)
+            self.error = error
+            self.done.set_result(None)
+            self.images = self.headers = None  # nothing more is sent (the worker has its copies)
             for link in self.links:
                 link.cancel(self.id)
 
@@ -192,6 +204,9 @@ class InferenceClient:
         self._links: list[_Link] = []
         self._tasks: list[asyncio.Task] = []
         self._turn = itertools.count()
+        self._unsent = 0  # images of admitted requests still waiting for their window here
+        self.calls = 0  # detect calls begun, and those not yet over: what "quiet" means to a worker
+        self.calls_in_flight = 0
 
     async def start(self, wait_s: float = 30.0) -> None:
         """Connect to every worker (in the background, for good); wait up to ``wait_s`` for one."""
@@ -239,11 +254,9 @@ class InferenceClient:
         return out
 
     def pick(self) -> _Link:
-        """The connected worker with the least queued work; Overloaded when even it is over budget."""
+        """The connected worker with the least queued work; Overloaded when none is ready."""
         best: tuple[float, int] | None = None
         chosen: _Link | None = None
-        chosen_load: wire.Load | None = None
-        chosen_ahead = 0
         turn = next(self._turn)
         n = len(self._links)
         for k in range(n):
@@ -259,14 +272,37 @@ class InferenceClient:
             ahead = max(load.pending, len(link.waiting))
             key = (wire.queued_seconds(ahead, load.seconds_per_image, load.in_flight), ahead)
             if best is None or key < best:
-                best, chosen, chosen_ahead = key, link, ahead
-                chosen_load = load
-        if chosen is None or chosen_load is None:
-            raise Overloaded("no inference worker is ready (starting or restarting); retry shortly")
-        queued = wire.queued_seconds(chosen_ahead + 1, chosen_load.seconds_per_image, chosen_load.in_flight)
-        if chosen_ahead and queued > self.settings.budget_s:
-            raise wire.over_budget(queued, self.settings.budget_s)
+                best, chosen = key, link
+        if chosen is None:
+            raise _no_worker()
         return chosen
+
+    def admit(self, images: int) -> None:
+        """Overloaded, before anything is sent, when a request of ``images`` images would not be
+        done within the budget: its images behind everything queued at the ready workers and
+        everything this HTTP worker has yet to send, at the workers' measured rate (in-flight batches over
+        seconds per image, summed). An idle server still takes a request of one image, however
+        slow (the budget could refuse everything else); a larger one whose own work is over the
+        budget is refused even then."""
+        ahead, rate, unmeasured = self._unsent, 0.0, False
+        for link in self._links:
+            if not link.connected:
+                continue
+            load = link.status.read()
+            if load.state != wire.READY:
+                continue
+            ahead += max(load.pending, len(link.waiting))
+            if load.seconds_per_image > 0:
+                rate += max(load.in_flight, 1) / load.seconds_per_image
+            else:
+                unmeasured = True  # no batch timed yet: nothing to judge by
+        if rate == 0.0 and not unmeasured:
+            raise _no_worker()
+        if unmeasured or (images == 1 and ahead == 0):
+            return
+        seconds = (ahead + images) / rate
+        if seconds > self.settings.budget_s:
+            raise wire.over_budget(seconds, self.settings.budget_s, images=images, ahead=ahead)
 
     async def detect(self, images: list[bytes], params: DetectParams,
                      headers: list[ImageHeader] | None = None) -> list[wire.Outcome]:
@@ -274,7 +310,17 @@ class InferenceClient:
         checked here; they travel with the bytes, so the inference worker does not read them
         again. Raises Overloaded, DeviceError or RequestTimeout when the request as a whole
         cannot be served."""
+        self.calls += 1
+        self.calls_in_flight += 1
+        try:
+            return await self._detect(images, params, headers)
+        finally:
+            self.calls_in_flight -= 1
+
+    async def _detect(self, images: list[bytes], params: DetectParams,
+                      headers: list[ImageHeader] | None) -> list[wire.Outcome]:
         timeout = self.settings.request_timeout_s
+        self.admit(len(images))
         request = _Request(self, images, params, time.monotonic() + timeout, headers)
         for _ in range(min(len(images), self.window)):
             request.send_next()
@@ -282,8 +328,20 @@ class InferenceClient:
             await asyncio.wait_for(asyncio.shield(request.done), timeout + _GRACE_S)
         except asyncio.TimeoutError:
             request.fail(RequestTimeout(f"no result within {timeout:g} s"))
-            raise RequestTimeout(f"no result within {timeout:g} s") from None
         except asyncio.CancelledError:  # the client went away: stop the work it left queued
             request.fail(RequestTimeout("the client went away"))
             raise
-        return request.outcomes  # type: ignore[return-value]
+        # Raised below, the error's traceback holds this frame (and ``images``): neither the
+        # request (a worker may still answer its images) nor this frame may hold the error.
+        outcomes, error, request.error = request.outcomes, request.error, None
+        del request
+        if error is None:
+            return outcomes  # type: ignore[return-value]
+        try:
+            raise error
+        finally:
+            del error  # this frame (in its traceback) must not hold it: a cycle that holds ``images``
+
+
+def _no_worker() -> Overloaded:
+    return Overloaded("no inference worker is ready (starting or restarting); retry shortly")

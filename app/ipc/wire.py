@@ -238,7 +238,11 @@ def queued_seconds(images: int, seconds_per_image: float, in_flight: int) -> flo
     return images * seconds_per_image / max(in_flight, 1)
 
 
-def over_budget(queued_s: float, budget_s: float) -> errors.Overloaded:
+def over_budget(queued_s: float, budget_s: float, *, images: int = 1, ahead: int = 0) -> errors.Overloaded:
+    if images > 1:
+        return errors.Overloaded(f"this request's {images} images, behind {ahead} queued, would take about "
+                                 f"{queued_s:.1f} s, over the {budget_s:g} s budget; retry shortly, or send fewer "
+                                 "images per request")
     return errors.Overloaded(f"the queue holds {queued_s:.1f} s of work, over its {budget_s:g} s budget; retry shortly")
 
 

@@ -17,17 +17,24 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from app.config import decoder_name, nvdec_reader
 from app.contracts import DeviceNv12
 from app.errors import BackendUnavailable, InvalidImage, InvalidParameter
+from app.source_urls import redact
 
 if TYPE_CHECKING:
     from app.pipeline.detector import Detector
 
 log = logging.getLogger(__name__)
+
+# OpenCV serialises every FFmpeg open of the process behind one lock unless told that FFmpeg is
+# thread-safe (it is, since FFmpeg 4): one source that never answers would hold every other
+# stream's open until its timeout. Read by OpenCV at each open; set before any thread opens one.
+os.environ.setdefault("OPENCV_FFMPEG_IS_THREAD_SAFE", "1")
 
 LIVE_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
 
@@ -82,7 +89,7 @@ def open_source(source: str, decoder: str, *, max_pixels: int, device: int = 0, 
         try:
             cap = NvdecCapture(source, device=device, timeout_ms=timeout_ms, reader=nvdec_reader())
         except Exception as exc:  # noqa: BLE001 - the binding raises plain errors; OpenCV may still read it
-            log.info("NVDEC cannot read %s (%s: %s); OpenCV reads it", source, type(exc).__name__, exc)
+            log.info("NVDEC cannot read %s (%s: %s); OpenCV reads it", redact(source), type(exc).__name__, exc)
         else:
             if not cap.opened:
                 return None
@@ -116,7 +123,7 @@ def checked_size(cap: Any, source: str, width: int, height: int, max_pixels: int
 
 def _refuse_over_limit(source: str, width: int, height: int, max_pixels: int) -> None:
     if width * height > max_pixels:  # the run's limit (RunShape.max_pixels), the images' too
-        raise InvalidImage(f"{source!r} has frames of {width}x{height} pixels, over the limit of "
+        raise InvalidImage(f"{redact(source)!r} has frames of {width}x{height} pixels, over the limit of "
                            f"{max_pixels:,} per image")
 
 
@@ -220,7 +227,7 @@ class NvdecCapture:
             raise
         except Exception as exc:  # noqa: BLE001 - the binding raises plain RuntimeErrors for what it cannot decode
             self.release()
-            raise InvalidImage(f"NVDEC cannot decode {source!r}: {exc}") from None
+            raise InvalidImage(f"NVDEC cannot decode {redact(source)!r}: {exc}") from None
         first = self._queue[0] if self._queue else None
         self.width, self.height = (first.width, first.height) if first is not None else (0, 0)
         self._current: DeviceNv12 | None = None

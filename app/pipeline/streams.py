@@ -26,11 +26,11 @@ from pathlib import Path
 
 from app.config import MAX_STREAMS, nvdec_threads
 from app.contracts import DetectedBatch, DetectParams, PipelineInput
-from app.errors import InvalidParameter
+from app.errors import InvalidParameter, Overloaded
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
 from app.pipeline.sources import is_live, video_decoder
-from app.pipeline.stream_source import LIVE_BUFFER, Stream, StreamFrame
+from app.pipeline.stream_source import LIVE_BUFFER, OPEN_TIMEOUT_S, Stream, StreamFrame
 from app.records import LINES, records
 
 __all__ = ["LIVE_BUFFER", "Stream", "StreamFrame", "StreamRunner", "event_lines", "is_live", "is_stream_source",
@@ -68,11 +68,12 @@ class StreamRunner:
 
     def __init__(self, detector: Detector, params: DetectParams, on_frames: OnFrames, *,
                  max_wait_ms: float | None = None, track: bool = False, max_streams: int = MAX_STREAMS,
-                 detect: DetectFrames | None = None) -> None:
+                 detect: DetectFrames | None = None, open_timeout_s: float = OPEN_TIMEOUT_S) -> None:
         """``detect``: how a batch of frames is detected (default: ``detector.run`` with ``params``;
         the server hands them to its batcher instead, so they share batches with HTTP images).
         Batches are up to ``detector.shape.max_batch`` frames, waiting at most ``max_wait_ms``
-        (default: ``detector.shape.max_wait_ms``) for one to fill."""
+        (default: ``detector.shape.max_wait_ms``) for one to fill. ``open_timeout_s``: how long
+        opening or reading a source may give nothing before it fails."""
         self.detector, self.params, self.on_frames = detector, params, on_frames
         self._detect_frames = detect or (lambda images: detector.run(images, params))
         self.decoder = "opencv" if detect is not None else video_decoder(detector)
@@ -84,10 +85,12 @@ class StreamRunner:
         self.max_wait_s = (detector.shape.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1e3
         self.track = track
         self.max_streams = max_streams
+        self.open_timeout_s = open_timeout_s
         # OpenCV captures share the cores: FFmpeg's default of a thread per core for each of
         # 32 captures is 512 threads on 16 cores, and the model's threads get what is left.
         self.decode_threads = max(1, (os.cpu_count() or 1) // max(1, max_streams))
         self._streams: dict[str, Stream] = {}
+        self._closing: list[Stream] = []  # removed, their reader still in an FFmpeg open or read
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._stop = threading.Event()
@@ -115,24 +118,36 @@ class StreamRunner:
     # --- control (any thread) ---------------------------------------------------------
     def add(self, source: str, *, stream_id: str | None = None, vid_stride: int = 1, realtime: bool = False,
             track: bool = False) -> Stream:
+        """A new stream, its reader started. Every stream counts against ``max_streams`` until its
+        reader has let go of its source: a removed one whose reader is inside an FFmpeg open or
+        read (which nothing interrupts; at most the open/read timeout) still counts, and a stream
+        refused for it is ``Overloaded`` (a removed one that was probing its server stops at once)."""
         with self._lock:
+            self._closing = [s for s in self._closing if s.reading]
+            holding = sum(s.in_ffmpeg for s in self._closing)
             if len(self._streams) >= self.max_streams:
                 raise InvalidParameter(f"at most {self.max_streams} streams at once")
+            if len(self._streams) + holding >= self.max_streams:
+                raise Overloaded(f"at most {self.max_streams} streams at once, and {holding} removed ones are "
+                                 f"still closing their source (within {self.open_timeout_s:g} s); retry shortly")
             stream_id = stream_id or str(next(self._ids))
             if stream_id in self._streams:
                 raise InvalidParameter(f"stream {stream_id!r} exists")
             stream = Stream(stream_id, source, vid_stride=vid_stride, realtime=realtime, track=track or self.track,
                             decoder=self.decoder, device=self.detector.pipeline.device or 0,
-                            max_pixels=self.detector.shape.max_pixels, notify=self._on_stream, pool=self.pool,
-                            decode_threads=self.decode_threads)
+                            max_pixels=self.detector.shape.max_pixels, notify=self._on_stream,
+                            open_timeout_s=self.open_timeout_s, pool=self.pool, decode_threads=self.decode_threads)
             self._streams[stream_id] = stream
         return stream.start()
 
     def remove(self, stream_id: str) -> bool:
+        """Stop a stream at once: its frames stop, its reader stops (a probe at once; an FFmpeg
+        open or read when it returns)."""
         with self._lock:
             stream = self._streams.pop(stream_id, None)
             if stream is not None:
                 self._pending -= stream.pending()
+                self._closing.append(stream)
         if stream is None:
             return False
         stream.stop()
@@ -190,6 +205,10 @@ class StreamRunner:
                 yield batch
             elif until_done and all(s.finished for s in self.streams()):
                 return
+            elif not until_done:
+                # Idle: an empty batch hands back the batches still in flight now (run_overlapped
+                # yields a result only once it has the next item), not when another frame comes.
+                yield batch
 
     def _gather(self) -> list[StreamFrame]:
         """Up to ``max_batch`` frames, round robin over the streams; once one frame is there, wait
@@ -228,11 +247,16 @@ class StreamRunner:
         self._pending = max(self._pending, count)
         return count > 0
 
-    def _detect(self, frames: list[StreamFrame]) -> tuple[list[StreamFrame], DetectedBatch]:
-        """One batch (the detector runs device frames and host frames apart)."""
+    def _detect(self, frames: list[StreamFrame]) -> tuple[list[StreamFrame], DetectedBatch | None]:
+        """One batch (the detector runs device frames and host frames apart); none for an idle
+        turn's empty batch."""
+        if not frames:
+            return frames, None
         return frames, self._detect_frames([f.image for f in frames])
 
-    def _deliver(self, frames: list[StreamFrame], answers: DetectedBatch) -> None:
+    def _deliver(self, frames: list[StreamFrame], answers: DetectedBatch | None) -> None:
+        if answers is None:  # an idle turn: nothing was run
+            return
         kept = [k for k, f in enumerate(frames) if f.stream.state != "removed"]
         if len(kept) < len(frames):
             frames, answers = [frames[k] for k in kept], answers.take(kept)
@@ -252,7 +276,7 @@ class StreamRunner:
                 ids = stream.tracker.update(answers.detections(k))
             track_ids.append(ids)
             if failed:  # refused (a server over its time budget) or failed: not processed
-                stream.stats.dropped += 1
+                stream.drop_taken()
             else:
                 stream.stats.frames_done += 1
                 stream.stats.latencies_s.append(now - frame.captured)
@@ -268,7 +292,7 @@ def event_lines(frames: list[StreamFrame], answers: DetectedBatch, track_ids: Tr
     """Each processed frame's event as a JSON object (``app.records``): its stream, where it sits,
     its detections, and how long after it was read this is (``latency_ms``)."""
     now = time.monotonic()
-    heads = [LINES.fields(stream=f.stream.id, source=f.stream.source, frame=f.index, time_s=f.time_s) for f in frames]
+    heads = [LINES.fields(stream=f.stream.id, source=f.stream.shown, frame=f.index, time_s=f.time_s) for f in frames]
     tails = [LINES.fields(latency_ms=round((now - f.captured) * 1e3, 2)) for f in frames]
     return records(heads, answers, names, tails=tails, track_ids=track_ids)
 
@@ -308,6 +332,6 @@ def predict_streams(detector: Detector, sources: list[str], write: Callable[[str
     for stream in runner.streams():
         summary.dropped += stream.stats.dropped
         if stream.state == "failed":
-            summary.failed.append(f"{stream.source}: {stream.error}")
-            write(LINES.dumps({"stream": stream.id, "source": stream.source, "error": stream.error}))
+            summary.failed.append(f"{stream.shown}: {stream.error}")
+            write(LINES.dumps({"stream": stream.id, "source": stream.shown, "error": stream.error}))
     return summary

@@ -29,7 +29,7 @@ BUILD_TIME = ("app.builder",)
 RUN_TIME = ("app.pipeline", "app.backends", "app.gpu", "app.api", "app.ipc", "app.service", "app.distributed")
 SHARED_GPU_FACTS = ("app.gpu.probe", "app.gpu.tensorrt_lib", "app.gpu.torch_model")
 NEUTRAL = ("app.artifacts", "app.boxes", "app.config", "app.contracts", "app.errors", "app.imaging", "app.records",
-           "app.types", "app.versions", "app.weights")
+           "app.source_urls", "app.types", "app.versions", "app.weights")
 # May import build time and run time alike, each for a stated reason:
 COMPOSERS = {
     "app.runtime": "the composition root: exports the weights on first use, then opens a run-time detector",
@@ -53,6 +53,7 @@ def banned_modules_after(body: str, *args: str) -> list[str]:
 
 @pytest.mark.parametrize("module", ["app.api.main", "app.service.supervisor", "app.service.http_worker", "app.ipc.client",
                                     "app.service.inference.worker", "app.cli", "app.runtime",
+                                    "app.api.grpc.server", "app.service.grpc_worker",
                                     "app.artifacts.engines", "app.pipeline.folder", "app.distributed"])
 def test_importing_loads_no_gpu_library(module):
     assert banned_modules_after(f"import {module}") == []

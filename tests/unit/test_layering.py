@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("artifacts", "boxes", "records"),
     ("contracts",),
     ("imaging",),
-    ("types", "versions"),
+    ("types", "versions", "source_urls"),
     ("config",),
     ("errors",),
 ]

@@ -42,7 +42,7 @@ class StreamHost:
         self.worker, self.settings, self.detector, self.layout, self.loop = worker, settings, detector, layout, loop
         self.frames = BatcherFrames(batcher, DetectParams(), settings.budget_s)
         self.runner = StreamRunner(detector, DetectParams(), self._on_frames, max_streams=settings.max_streams,
-                                   detect=self.frames.detect)
+                                   detect=self.frames.detect, open_timeout_s=settings.stream_open_timeout_s)
         self._subscribers: dict[str, set[asyncio.Transport]] = {}
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self.runner.run, kwargs={"until_done": False},
@@ -79,7 +79,7 @@ class StreamHost:
             # A file plays at its own frame rate, as a camera would (a server stream is not a batch job).
             stream = self.runner.add(source, stream_id=f"{self.worker}-{next(self._ids)}", vid_stride=stride,
                                      track=track, realtime=True)
-            log.info("stream %s added: %s", stream.id, source)
+            log.info("stream %s added: %s", stream.id, stream.shown)
             return {"ok": True, "stream": stream.snapshot()}
         if op == "delete":
             stream_id = str(message.get("id"))
@@ -126,7 +126,7 @@ class StreamHost:
                 self._metrics.update(stream.snapshot())
             for stream_id in list(self._subscribers):
                 stream = self.runner.get(stream_id)
-                if stream is not None and stream.finished:
+                if stream is not None and stream.finished and stream.delivered:  # "end" after the last event
                     self.loop.call_soon_threadsafe(self._end, stream_id, stream.state)
 
     def _end(self, stream_id: str, state: str) -> None:

@@ -44,9 +44,10 @@ class StandInEngine:
 
 
 class StandInPipeline:
-    def __init__(self, engine, meta, *, max_batch, device, decode, pad_to_captured=False):
-        self.engine, self.meta, self.max_batch = engine, meta, max_batch
+    def __init__(self, engine, meta, *, max_batch, in_flight, device, decode, max_pixels, pad_to_captured=False):
+        self.engine, self.meta, self.max_batch, self.in_flight = engine, meta, max_batch, in_flight
         self.backend, self.precision = engine.name, engine.precision
+        self.buckets = (max_batch,)
 
     def close(self):
         pass

@@ -4,48 +4,18 @@ protocol over a real Unix socket and shared-memory ring, and drops its link on c
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+import gc
+import weakref
 
 import pytest
 
 from app.config import Settings
 from app.contracts import DetectParams
-from app.errors import DeviceError
+from app.errors import DeviceError, Overloaded, RequestTimeout
 from app.ipc import wire
-from app.ipc.answers import results
 from app.ipc.client import InferenceClient
 from app.ipc.layout import RunLayout
-from app.ipc.ring import map_ring
-
-
-class Peer(asyncio.Protocol):
-    """One connection of the scripted inference worker. ``script``: what each connection does
-    in turn — "hello-then-close" (the link drops right after the handshake), "close-on-image"
-    (mid-request), "answer" (reads the image from the ring and answers with its length)."""
-
-    def __init__(self, script: list[str], seen: list[bytes]) -> None:
-        self.action = script.pop(0) if len(script) > 1 else script[0]
-        self.seen = seen
-        self.reader = wire.FrameReader()
-        self.ring = None
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        for kind, body in self.reader.feed(data):
-            if kind == wire.HELLO:
-                self.ring = map_ring(Path(wire.read_hello(body)["ring"]))
-                self.transport.write(wire.hello({"class_names": ["a"], "generation": 0}))
-                if self.action == "hello-then-close":
-                    self.transport.close()
-            elif kind == wire.IMAGE:
-                ref = wire.read_image(body)
-                if self.action == "close-on-image":
-                    self.transport.close()
-                    return
-                self.seen.append(bytes(self.ring[ref.offset : ref.offset + ref.length]))
-                self.transport.write(results([wire.Outcome(ref.req_id, ref.index, width=ref.length, height=1)]))
+from tests.worker_peer import Peer
 
 
 @pytest.fixture()
@@ -79,6 +49,122 @@ def test_a_link_dropping_at_its_handshake_or_mid_request_fails_fast_and_reconnec
             (outcome,) = await asyncio.wait_for(client.detect([b"second!"], DetectParams()), 5.0)
             assert outcome.error is None and outcome.width == len(b"second!") and seen == [b"second!"]
             assert not any(p.name.startswith("ring-") for p in layout.root.iterdir())  # no ring left behind
+        finally:
+            await client.close()
+            server.close()
+
+    asyncio.run(main())
+
+
+class Bodies(list):
+    """A request's image list that can be watched (a plain list takes no weak reference)."""
+
+
+@pytest.mark.parametrize("case", ["refused-here", "refused-by-the-worker", "timed-out", "link-lost"])
+def test_a_failed_request_frees_its_bodies_at_once(layout, case):
+    """Whatever fails a request (refused before sending, refused by the worker, its deadline, a
+    lost link), its image bytes are freed by reference counting as soon as the caller is done
+    with the error, even while the worker still holds some of its images: nothing is left in a
+    reference cycle for a later full collection. A burst of refused requests would otherwise
+    hold every refused body."""
+    action = {"refused-by-the-worker": "overloaded", "link-lost": "close-on-image"}.get(case, "silent")
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_unix_server(lambda: Peer([action], []),
+                                                                     str(layout.socket(0)))
+        client = InferenceClient(Settings(request_timeout_s=0.3, queue_budget_s=1.0), layout)
+        try:
+            await client.start(wait_s=0.0)
+            await _until(lambda: client.ready)
+            if case == "refused-here":  # the status block says the worker is over its budget
+                wire.StatusBlock(layout.status(0), writable=True).write(wire.Load(0, wire.READY, 50, 1.0, 1))
+            bodies = Bodies([b"x" * 1000, b"y" * 1000])
+            watch = weakref.ref(bodies)
+            expected = {"refused-here": Overloaded, "refused-by-the-worker": Overloaded,
+                        "timed-out": RequestTimeout, "link-lost": DeviceError}[case]
+            gc.disable()
+            try:
+                with pytest.raises(expected):
+                    await client.detect(bodies, DetectParams())
+                del bodies
+                assert watch() is None, [type(r).__name__ for r in gc.get_referrers(watch())]
+            finally:
+                gc.enable()
+            await _until(lambda: client.ready)  # (after a lost link: re-made, not closed mid-handshake)
+        finally:
+            await client.close()
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_a_request_is_judged_whole_and_refused_before_any_image_is_sent(layout):
+    """At 0.2 s an image on one lane and a 30 s budget: 256 images (51 s) are refused at once and
+    none reaches the worker; 100 (20 s) are served; behind 60 images another HTTP worker queued,
+    100 more (32 s) are refused; a single image is taken by an idle worker however slow it is."""
+    status = wire.StatusBlock(layout.status(0), writable=True)
+
+    async def main() -> None:
+        seen: list[bytes] = []
+        server = await asyncio.get_running_loop().create_unix_server(lambda: Peer(["answer"], seen),
+                                                                     str(layout.socket(0)))
+        client = InferenceClient(Settings(request_timeout_s=30.0, request_window=4), layout)
+        try:
+            await client.start(wait_s=0.0)
+            await _until(lambda: client.ready)
+            status.write(wire.Load(0, wire.READY, 0, 0.2, 1))
+            with pytest.raises(Overloaded, match="256 images, behind 0 queued, would take about 51.2 s, over the 30 s"):
+                await client.detect([b"x"] * 256, DetectParams())
+            assert seen == [] and client._unsent == 0
+            outcomes = await asyncio.wait_for(client.detect([b"y"] * 100, DetectParams()), 10.0)
+            assert len(seen) == 100 and all(o.error is None for o in outcomes) and client._unsent == 0
+            status.write(wire.Load(0, wire.READY, 60, 0.2, 1))
+            with pytest.raises(Overloaded, match="behind 60 queued"):
+                await client.detect([b"z"] * 100, DetectParams())
+            status.write(wire.Load(0, wire.READY, 0, 100.0, 1))
+            (outcome,) = await asyncio.wait_for(client.detect([b"one"], DetectParams()), 10.0)
+            assert outcome.error is None and len(seen) == 101
+            with pytest.raises(Overloaded):  # two are over the budget even on an idle worker
+                await client.detect([b"two"] * 2, DetectParams())
+        finally:
+            await client.close()
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_images_an_http_worker_has_yet_to_send_count_for_the_next_request(layout):
+    """A request of 100 images keeps 4 at the worker (its window); the other 96 are queued work
+    all the same: a second request that would finish behind them past the budget is refused."""
+    status = wire.StatusBlock(layout.status(0), writable=True)
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        class SlowPeer(Peer):
+            def data_received(self, data: bytes) -> None:  # answers only once released
+                asyncio.get_running_loop().create_task(self._later(data))
+
+            async def _later(self, data: bytes) -> None:
+                await release.wait()
+                Peer.data_received(self, data)
+
+        seen: list[bytes] = []
+        server = await asyncio.get_running_loop().create_unix_server(lambda: SlowPeer(["answer"], seen),
+                                                                     str(layout.socket(0)))
+        client = InferenceClient(Settings(request_timeout_s=30.0, request_window=4), layout)
+        try:
+            await client.start(wait_s=0.0)
+            release.set()
+            await _until(lambda: client.ready)
+            release.clear()
+            status.write(wire.Load(0, wire.READY, 0, 0.2, 1))
+            first = asyncio.ensure_future(client.detect([b"a"] * 100, DetectParams()))
+            await _until(lambda: client._unsent == 96)
+            with pytest.raises(Overloaded, match="60 images, behind 100 queued"):
+                await client.detect([b"b"] * 60, DetectParams())
+            release.set()
+            assert len(await asyncio.wait_for(first, 10.0)) == 100 and client._unsent == 0
         finally:
             await client.close()
             server.close()

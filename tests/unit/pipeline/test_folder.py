@@ -123,9 +123,10 @@ def test_each_images_header_is_read_once_and_reaches_a_pipeline_that_decodes_it(
     summary = predict_folder(Detector(pipeline), str(folder), out, cpu_detector.params(), batch=3, workers=2)
     sizes = {img.name: img.path.stat().st_size for img in list_images(str(folder))}
     assert sorted(reads) == sorted(size for size in sizes.values() if size)  # empty.png has no header to read
-    jpegs = {(folder / name).read_bytes() for name in ("bus.jpg", "sub/zidane.jpg", "broken.jpg")}
-    assert all(isinstance(x, EncodedImage) for x in pipeline.received)  # the JPEGs, to decode itself
-    assert {x.data for x in pipeline.received} == jpegs and len(pipeline.received) == 3
+    # The whole JPEGs, to decode itself; broken.jpg (cut short) is refused by its header check.
+    jpegs = {(folder / name).read_bytes() for name in ("bus.jpg", "sub/zidane.jpg")}
+    assert all(isinstance(x, EncodedImage) for x in pipeline.received)
+    assert {x.data for x in pipeline.received} == jpegs and len(pipeline.received) == 2
     expected = out.with_name("cpu.jsonl")
     predict_folder(cpu_detector, str(folder), expected, cpu_detector.params(), batch=3)
     assert out.read_text() == expected.read_text() and summary.errors == 2

@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 import pytest
 
-from app.contracts import DetectParams, PipelineRun
+from app.contracts import DetectParams, EncodedImage, PipelineRun
 from app.errors import InvalidImage
 from app.gpu.decoded import IN_PLACE, GpuJpegDecoder, cpu_decode
 from app.gpu.memory import align_up
@@ -34,6 +34,7 @@ from app.gpu.preprocess import (
 )
 from app.imaging.check import check_image
 from app.imaging.decode import decode_image
+from app.imaging.headers import read_header
 
 MAX_BATCH = 8
 
@@ -140,6 +141,16 @@ class Graph:
         return PipelineRun(results, timings)
 
 
+def as_input(item):
+    """What a pipeline takes: bytes travel with the header their first reader parsed (a cut or
+    corrupt JPEG's header says so; the pipeline refuses it on that), frames as they are."""
+    if isinstance(item, bytes):
+        return EncodedImage(item, read_header(item))
+    if isinstance(item, types.SimpleNamespace):
+        return EncodedImage(item.data, item.header)
+    return item
+
+
 @pytest.fixture
 def pipeline(monkeypatch):
     """``GpuPipeline`` with its CUDA parts stood in for; ``pipeline.run_on(slot, images)``."""
@@ -148,6 +159,7 @@ def pipeline(monkeypatch):
 
     p = object.__new__(GpuPipeline)
     p.size, p.max_batch, p.buckets, p.host_threads = 640, MAX_BATCH, bucket_sizes(MAX_BATCH), 2
+    p.pad_to_captured = False
     p._timeline, p._host_pool, p._pool_lock = None, None, threading.Lock()
     p._torch = types.SimpleNamespace(cuda=types.SimpleNamespace(stream=lambda stream: contextlib.nullcontext()))
     p.graph = Graph()
@@ -162,7 +174,7 @@ def pipeline(monkeypatch):
 
     monkeypatch.setattr(app.gpu.driver, "cuda_driver", lambda: None)
     monkeypatch.setattr(app.gpu.driver, "copy_host_to_device", upload)
-    p.run_on = lambda images: p._run(p.slot, images, DetectParams(), False).images
+    p.run_on = lambda images: p._run(p.slot, [as_input(i) for i in images], DetectParams(), False).images
     yield p
     if p._host_pool is not None:
         p._host_pool.shutdown()

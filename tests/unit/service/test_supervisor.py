@@ -10,14 +10,14 @@ import pytest
 
 from app.config import Settings
 from app.ipc.layout import RunLayout
-from app.service.supervisor import HttpWorkers
+from app.service.supervisor import FrontWorkers
 from tests.net import free_port
 
 
 def test_stop_ends_a_restart_pause_at_once():
     layout = RunLayout.create(0)
     stop = threading.Event()
-    workers = HttpWorkers(Settings(host="127.0.0.1", port=free_port()), layout, 1, stop)
+    workers = FrontWorkers(Settings(host="127.0.0.1", port=free_port()), layout, 1, stop)
     try:
         workers.start()
         (proc,) = workers._procs
