@@ -143,9 +143,15 @@ class LetterboxOnly:
 
         self.torch, self.cuda = torch, cuda
         self.device, self.size, self.max_batch = device, size, max_batch
-        self.stream = torch.cuda.Stream(device=device)
-        self.staging = torch.empty(0, dtype=torch.uint8, device=f"cuda:{device}")
-        self.out = cuda.device_array((max_batch, 3, size, size), np.float32)
+        self.local = threading.local()  # the runner overlaps batches on threads: each its own buffers
+
+    def buffers(self) -> threading.local:
+        local = self.local
+        if not hasattr(local, "stream"):
+            local.stream = self.torch.cuda.Stream(device=self.device)
+            local.staging = self.torch.empty(0, dtype=self.torch.uint8, device=f"cuda:{self.device}")
+            local.out = self.cuda.device_array((self.max_batch, 3, self.size, self.size), np.float32)
+        return local
 
     def __call__(self, frames) -> object:
         from app.contracts import DetectedBatch
@@ -153,17 +159,18 @@ class LetterboxOnly:
         from app.gpu.nv12_input import copy_frames, frames_offset, params_view, plan_frames, write_params
 
         results: list = [None] * len(frames)
+        own = self.buffers()
         plan = plan_frames(frames, self.device, 0, self.max_batch, self.size, results)
-        if self.staging.numel() < plan.end:
-            self.staging = self.torch.empty(plan.end * 2, dtype=self.torch.uint8, device=f"cuda:{self.device}")
+        if own.staging.numel() < plan.end:
+            own.staging = self.torch.empty(plan.end * 2, dtype=self.torch.uint8, device=f"cuda:{self.device}")
         host = np.zeros(frames_offset(0, self.max_batch), np.uint8)
         write_params(host, 0, self.max_batch, plan, len(plan))
         params = np.ascontiguousarray(params_view(host, 0, self.max_batch)[: len(plan)])
-        copy_frames(self.staging, plan, self.stream)
-        launch = self.cuda.external_stream(self.stream.cuda_stream)
-        launch_nv12_letterbox(self.cuda.as_cuda_array(self.staging), self.cuda.to_device(params, stream=launch),
-                              self.out, len(plan), launch)
-        self.stream.synchronize()  # the decoder may reuse the frames' surfaces after this
+        copy_frames(own.staging, plan, own.stream)
+        launch = self.cuda.external_stream(own.stream.cuda_stream)
+        launch_nv12_letterbox(self.cuda.as_cuda_array(own.staging), self.cuda.to_device(params, stream=launch),
+                              own.out, len(plan), launch)
+        own.stream.synchronize()  # the decoder may reuse the frames' surfaces after this
         n = len(frames)
         return DetectedBatch(np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64),
                              np.zeros((0, 6), np.float32), {i: r for i, r in enumerate(results) if r is not None})
