@@ -59,26 +59,17 @@ def check_head(out: Any, meta: ModelMeta, batch: int) -> Any:
 def load_package(path: Path, device: Any) -> Any:
     """An AOTInductor package loaded on ``device``: a callable ``images → head``.
 
-    Loaded through torch's package loader itself, single-threaded (the container's thread
-    synchronisation records and waits on CUDA events, which a graph capture forbids), so that
-    neither ``torch._inductor`` nor ``torch._dynamo`` is imported at start-up (seconds). A torch
-    whose loader takes other arguments goes through ``torch._inductor.aoti_load_package``.
+    Through torch's documented loader, ``torch._inductor.aoti_load_package``, single-threaded
+    (the container's thread synchronisation records and waits on CUDA events, which a graph
+    capture forbids). Not through ``torch._C._aoti.AOTIModelPackageLoader`` directly: in a fresh
+    process that never imported ``torch._inductor`` it crashed the process (SIGSEGV) on the H200
+    (``bench/results/2026-12-02-nvidia-h200-README.md``).
     """
-    import torch
-
-    index = device.index if device.index is not None else -1
-    try:
-        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, index)
-    except TypeError:
-        loader = None
-    except Exception as exc:  # a package this torch cannot load: rebuild it
-        raise _unloadable(path, exc) from exc
-    if loader is not None:
-        return lambda images: loader.boxed_run([images])[0]
     import inspect
 
     import torch._inductor
 
+    index = device.index if device.index is not None else -1
     accepted = inspect.signature(torch._inductor.aoti_load_package).parameters
     options = {k: v for k, v in (("run_single_threaded", True), ("device_index", index)) if k in accepted}
     try:
