@@ -55,6 +55,37 @@ MAX_REQUEST_PIXELS = 4 * MAX_PIXELS  # summed over the images of one batch reque
 MAX_SHM_REGIONS = 256  # shared-memory regions registered at once (the whole server)
 
 
+# --- NVDEC streams (app.pipeline.decode_pool): decoder threads of a stream runner --------------
+NVDEC_THREADS_PER_ENGINE = 2  # a decode call in flight on each engine while the other thread hands frames over
+NVDEC_THREADS_UNKNOWN = 8  # when the GPU does not say how many engines it has
+
+
+NVDEC_READERS = ("simple", "threaded")  # app.gpu.nvdec.READERS: SimpleDecoder, ThreadedDecoder
+
+
+def nvdec_reader() -> str:
+    """How NVDEC reads files: ``YOLOPIPE_NVDEC_READER`` (``simple``: PyNvVideoCodec's
+    SimpleDecoder, a decode call's batch at a time; ``threaded``: its ThreadedDecoder, which
+    decodes ahead on a native thread of its own), default ``simple``."""
+    import os
+
+    return check_choice("NVDEC reader", os.environ.get("YOLOPIPE_NVDEC_READER", "simple"), NVDEC_READERS)
+
+
+def nvdec_threads(engines: int) -> int:
+    """The decoder threads of a stream runner's NVDEC pool: ``YOLOPIPE_NVDEC_THREADS``, else
+    ``NVDEC_THREADS_PER_ENGINE`` per NVDEC engine of the GPU (``engines``; 0: unknown)."""
+    import os
+
+    if env := os.environ.get("YOLOPIPE_NVDEC_THREADS"):
+        if not env.isdigit() or int(env) < 1:
+            from app.errors import InvalidParameter
+
+            raise InvalidParameter(f"YOLOPIPE_NVDEC_THREADS must be a whole number >= 1, got {env!r}")
+        return int(env)
+    return engines * NVDEC_THREADS_PER_ENGINE if engines > 0 else NVDEC_THREADS_UNKNOWN
+
+
 def check_imgsz(imgsz: int) -> int:
     """``imgsz`` when a model can take it (a multiple of its largest stride, 32); else ``InvalidParameter``."""
     if imgsz % 32 or not 32 <= imgsz <= 4096:

@@ -135,11 +135,16 @@ class DeviceNv12:
     row stride is the pitch): its first ``rows * 2 / 3`` rows are the Y plane, the rest the
     interleaved UV plane; the picture is its top-left ``height × width``. It must be complete on
     the device when passed, and left untouched until ``run`` returns (the pipeline copies it).
+    ``colorspace`` (FFmpeg's AVColorSpace code of the stream's colour matrix; 2: unspecified) and
+    ``full_range`` say how its YUV converts to RGB, as OpenCV's decode of the stream converts it
+    (``app.imaging.yuv``).
     """
 
     planes: Any
     height: int
     width: int
+    colorspace: int = 2
+    full_range: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,13 +12,18 @@
 #   bench    yolopipe bench                                      → $OUT/bench.json, bench.log
 #   folder   bench/folder_plumbing.py --real                     → $OUT/folder-plumbing.json, .log
 #   http     bench/http_load.py: load, soak, kill, sigterm, naive → $OUT/http-full.json, .log
-#   streams  bench/streams.py, NVDEC and OpenCV                  → $OUT/streams.json, .log
+#   streams  pytest tests/gpu/test_nvdec.py                      → $OUT/streams-tests.log
+#            then bench/streams.py: NVDEC+letterbox ceiling, paced NVDEC at 64 and 128 streams,
+#            OpenCV at 32, Ultralytics' best case, more NVDEC streams while real time
+#                                                                → $OUT/streams.json, streams.log
 #   memory   bench/memory_probe.py: issue #30's bursts, 2 rounds  → $OUT/memory-bursts.json, .log
 #   cache    the torch.compile cache, to carry next time as .whlx/torch-cache.tgz → $OUT/torch-cache.tgz
 # Every part but setup runs setup first if this call has not. Knobs (environment): OUT (/tmp/out);
-# <PART>_TIMEOUT seconds (SETUP 120, TESTS 300, BENCH 360, FOLDER 170, HTTP 540, STREAMS 480, MEMORY 420);
+# <PART>_TIMEOUT seconds (SETUP 120, TESTS 300, BENCH 360, FOLDER 170, HTTP 540, STREAMS 330,
+# STREAMS_TESTS 120, MEMORY 420);
 # <PART>_ARGS more options for its command; TEST_PATHS; FOLDER_ROUNDS (2); SOAK_MINUTES (3),
-# DURATION (20 s a load row); STREAMS (8,32,64), CLIP (.data/video/dance-1080p30.mp4);
+# DURATION (20 s a load row); NVDEC_STREAMS (64,128), OPENCV_STREAMS (32), CLIP
+# (.data/video/dance-1080p30.mp4);
 # YOLOPIPE_IMAGES (.data/images).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -74,7 +79,8 @@ for name in "$@"; do
     bench)   part bench "${BENCH_TIMEOUT:-360}" python3 -m app.benchmark --images "$YOLOPIPE_IMAGES" --out "$OUT/bench.json" ${BENCH_ARGS:-} ;;
     folder)  part folder-plumbing "${FOLDER_TIMEOUT:-170}" python3 bench/folder_plumbing.py --real --images "$YOLOPIPE_IMAGES" --rounds "${FOLDER_ROUNDS:-2}" --out "$OUT/folder-plumbing.json" ${FOLDER_ARGS:-} ;;
     http)    part http-full "${HTTP_TIMEOUT:-540}" python3 bench/http_load.py --images "$YOLOPIPE_IMAGES" --parts load,soak,kill,sigterm --clients 64,256 --naive-clients 64 --naive-workers 4 --gpus 0 --duration "${DURATION:-20}" --warmup 3 --soak-minutes "${SOAK_MINUTES:-3}" --sample-s 5 --out "$OUT/http-full.json" ${HTTP_ARGS:-} ;;
-    streams) part streams "${STREAMS_TIMEOUT:-480}" python3 bench/streams.py --clip "${CLIP:-.data/video/dance-1080p30.mp4}" --streams "${STREAMS:-8,32,64}" --video-decode nvdec,opencv --nvdec-ceiling --out "$OUT/streams.json" ${STREAMS_ARGS:-} ;;
+    streams) part streams-tests "${STREAMS_TESTS_TIMEOUT:-120}" python3 -m pytest tests/gpu/test_nvdec.py -v -rs -p no:cacheprovider --durations=10
+             part streams "${STREAMS_TIMEOUT:-330}" python3 bench/streams.py --clip "${CLIP:-.data/video/dance-1080p30.mp4}" --nvdec-streams "${NVDEC_STREAMS:-64,128}" --opencv-streams "${OPENCV_STREAMS:-32}" --budget-s $(( ${STREAMS_TIMEOUT:-330} - 45 )) --out "$OUT/streams.json" ${STREAMS_ARGS:-} ;;
     memory)  part memory-bursts "${MEMORY_TIMEOUT:-420}" python3 bench/memory_probe.py --backend auto --rounds "${MEMORY_ROUNDS:-2}" --out "$OUT/memory-bursts.json" ${MEMORY_ARGS:-} ;;
     cache)   part cache 60 bash -c 'cd "$YOLOPIPE_CACHE_DIR" && find artifacts -path "*torch-cache*" -type f | tar -czf "$0/torch-cache.tgz" -T - && ls -la "$0/torch-cache.tgz"' "$OUT" ;;
   esac
