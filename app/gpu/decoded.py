@@ -92,8 +92,8 @@ def route(datas: Sequence[bytes], headers: Sequence[ImageHeader | None]
     for i, (data, given) in enumerate(zip(datas, headers)):
         try:
             header = given if given is not None else read_header(data)
-        except YolopipeError as exc:
-            host[i] = exc
+        except YolopipeError:
+            host[i] = cpu_decode(data)  # no readable header: the CPU path's own error ("empty image", ...)
             continue
         jpeg = header.jpeg
         if jpeg is not None and jpeg.defect is not None:
