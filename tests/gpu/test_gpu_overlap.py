@@ -170,7 +170,7 @@ def test_release_memory_shrinks_grown_staging_and_frees_torch_caches(gpu, sample
     staging back to its first size and frees torch's cached blocks: device memory reserved by
     torch and pinned host memory go back to what they were before the burst; the next batch
     captures its graph again and answers the same rows."""
-    pipe = gpu.make_pipeline(sample_model_dir, meta, "fp32", max_batch=2, slots=2)
+    pipe = gpu.make_pipeline(sample_model_dir, meta, "fp32", max_batch=2, in_flight=2)
     try:
         small = gpu.detect(pipe, [frames["bus"]])
         first = [slot.staging.capacity for slot in pipe.slots]
