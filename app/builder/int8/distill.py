@@ -23,6 +23,9 @@ the same ONNX model, which is scored by the report like any other.
   decay over the run's progress: the larger of steps done
   over ``steps`` and time spent over ``time_limit_s``, so a time-limited run still ends its
   schedule. Weights are kept within ±127 quantization steps after every update.
+* **Checks**: the loss on a few training images (unaugmented) is measured 10 times over the run;
+  the best weights are kept, and a check well above the best goes back to them at half the rate.
+  A rate too high for a model then costs time, not the PTQ model's accuracy.
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ from app.builder.int8 import graph
 from app.errors import CalibrationError
 
 MIN_IMAGES = 16  # distillation on fewer overfits them: refused with this number named
-EVAL_IMAGES = 8  # images of the loss measured before and after (no augmentation)
+EVAL_IMAGES = 8  # training images (unaugmented) whose loss is checked over the run; half on the CPU
 WARMUP = 0.05  # the share of the run over which the rate rises from 0
+CHECKS = 10  # the eval images' loss is measured this many times over a run (4 on the CPU, where it is dear)
+BACKOFF = 1.25  # a check this far above the best: back to the best weights at half the rate
 
 
 @dataclass
@@ -73,13 +78,18 @@ class DistillResult:
     images: int
     batch: int
     crop: int
-    eval_loss_before: float  # the loss on EVAL_IMAGES training images, whole, before and after
+    eval_loss_before: float  # the loss on EVAL_IMAGES training images (centres at the crop), before and after
     eval_loss_after: float
     train_loss: list[float] = field(default_factory=list)  # mean per tenth of the run
+    checks: list = field(default_factory=list)  # [step, eval loss] over the run
+    kept_step: int = 0  # the step whose weights were kept (the best eval loss)
+    backoffs: int = 0  # times the rate was halved after a check went up
 
     def to_json(self) -> dict:
-        return {k: (round(v, 6) if isinstance(v, float) else [round(x, 6) for x in v] if k == "train_loss" else v)
-                for k, v in asdict(self).items()}
+        out = {k: round(v, 6) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        out["train_loss"] = [round(v, 6) for v in self.train_loss]
+        out["checks"] = [[int(step), round(loss, 6)] for step, loss in self.checks]
+        return out
 
 
 def resolve_device(device: str) -> str:
@@ -163,8 +173,12 @@ class _Batches:
         return self.torch.rand(*shape, generator=self.gen)
 
     def whole(self, indices: Sequence[int]):
-        x = self.stack[list(indices)].flip(-1).permute(0, 3, 1, 2).float() / 255.0  # BGR→RGB, NCHW, [0, 1]
-        return x
+        return self.stack[list(indices)].flip(-1).permute(0, 3, 1, 2).float() / 255.0  # BGR→RGB, NCHW, [0, 1]
+
+    def centre(self, indices: Sequence[int]):
+        """The images' centres at the training crop (whole images when it is the image size)."""
+        x, top = self.whole(indices), (self.imgsz - self.crop) // 2
+        return x[:, :, top : top + self.crop, top : top + self.crop]
 
     def next(self):
         torch = self.torch
@@ -214,6 +228,8 @@ def distill(qdq_model, fp32_model, images: Sequence[np.ndarray], settings: Disti
     _check_crop(settings.crop, imgsz)
     if device == "cpu":
         torch.set_num_threads(os.cpu_count() or 1)
+    else:
+        torch.backends.cudnn.benchmark = True  # fixed shapes: the fastest kernels, found once
     torch.manual_seed(settings.seed)
     pairs = head_pairs(fp32_model)
     outputs = [name for pair in pairs for name in pair]
@@ -224,65 +240,119 @@ def distill(qdq_model, fp32_model, images: Sequence[np.ndarray], settings: Disti
                        device=device)
     student.clip_weights()
     batches = _Batches(images, settings, device, imgsz)
-    eval_picks = sorted({int(i) for i in np.linspace(0, len(images) - 1, min(EVAL_IMAGES, len(images)))})
+    count = EVAL_IMAGES if device != "cpu" else EVAL_IMAGES // 2  # each check costs a CPU seconds per image
+    eval_picks = sorted({int(i) for i in np.linspace(0, len(images) - 1, min(count, len(images)))})
 
     def eval_loss() -> float:
         with torch.no_grad():
             total = 0.0
             for k in eval_picks:
-                x = batches.whole([k])
+                x = batches.centre([k])
                 total += float(distill_loss(student(x), teacher(x), len(pairs)))
             return total / len(eval_picks)
 
     before = eval_loss()
-    # Each tensor's step size relative to its own magnitude: a folded BatchNorm leaves the layers'
-    # weights orders of magnitude apart, and one absolute rate moves some by many rounding steps.
-    groups = [{"params": [p], "scale": max(float(p.detach().abs().mean()), 1e-8)} for p in student.parameters()]
-    optimizer = torch.optim.Adam(groups, lr=settings.lr)
-    limit = settings.time_limit_s
-    losses: list[float] = []
-    t0 = time.perf_counter()
-    step, stopped_by, estimate_said = 0, "steps", False
+    loop = _Loop(student, teacher, batches, settings, len(pairs), eval_loss, before)
     progress = _Progress(console, f"distilling ({label})", settings.steps)
     try:
-        while True:
-            elapsed = time.perf_counter() - t0
-            done = max(step / settings.steps, elapsed / limit if limit else 0.0)
-            if done >= 1.0:
-                stopped_by = "time limit" if step < settings.steps else "steps"
-                break
-            at = max(done, (step + 1) / settings.steps)
-            rate = settings.lr * min(1.0, at / WARMUP) * 0.5 * (1.0 + math.cos(math.pi * at))
-            for group in optimizer.param_groups:
-                group["lr"] = rate * group["scale"]
-            x = batches.next()
-            with torch.no_grad():
-                target = teacher(x)
-            loss = distill_loss(student(x), target, len(pairs))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            student.clip_weights()
-            losses.append(float(loss.detach()))
-            step += 1
-            if step == min(3, settings.steps) and not estimate_said:  # the first steps warm up; the next ones say how long
-                per_step = (time.perf_counter() - t0) / step
-                expected = min(settings.steps * per_step, limit or math.inf)
-                progress.total = max(step, min(settings.steps, int(expected / per_step)))
-                progress.say(f"{label} model: {progress.total} distillation steps of {batches.crop}-pixel batches of "
-                             f"{settings.batch} on {device}, about {expected / 60:.1f} min"
-                             + (f" (time limit {limit / 60:.1f} min)" if limit else ""))
-                estimate_said = True
-            progress.advance(step)
+        loop.run(progress, label, device)
     finally:
         progress.close()
-    seconds = time.perf_counter() - t0
-    after = eval_loss()
+    after = loop.finish()
+    losses = loop.losses
     tenths = [float(np.mean(chunk)) for chunk in np.array_split(np.array(losses), min(10, len(losses))) if len(chunk)]
-    result = DistillResult(device=device, steps=step, seconds=seconds, stopped_by=stopped_by, images=len(images),
-                           batch=settings.batch, crop=batches.crop, eval_loss_before=before, eval_loss_after=after,
-                           train_loss=tenths)
+    result = DistillResult(device=device, steps=loop.step, seconds=loop.seconds, stopped_by=loop.stopped_by,
+                           images=len(images), batch=settings.batch, crop=batches.crop, eval_loss_before=before,
+                           eval_loss_after=after, train_loss=tenths, checks=loop.checks, kept_step=loop.best_step,
+                           backoffs=loop.backoffs)
     return student.write_back(), result
+
+
+class _Loop:
+    """The training steps, with the loss on the eval images measured ``CHECKS`` times over the run:
+    the best weights seen are kept (restored at the end), and a check ``BACKOFF`` times above the
+    best goes back to them at half the rate (Adam restarted), so a rate too high for a model costs
+    time, not the PTQ model's accuracy."""
+
+    def __init__(self, student, teacher, batches, settings: DistillSettings, levels: int, eval_loss, before: float):
+        import torch
+
+        self.torch, self.student, self.teacher, self.batches = torch, student, teacher, batches
+        self.settings, self.levels, self.eval_loss = settings, levels, eval_loss
+        # Each tensor's rate relative to its own magnitude: a folded BatchNorm leaves the layers'
+        # weights orders of magnitude apart, and one absolute rate moves some by many rounding steps.
+        self.groups = [{"params": [p], "scale": max(float(p.detach().abs().mean()), 1e-8)}
+                       for p in student.parameters()]
+        self.optimizer = torch.optim.Adam(self.groups, lr=settings.lr)
+        self.best, self.best_step, self.best_state = before, 0, self._snapshot()
+        self.checks: list[list[float]] = [[0, before]]
+        self.losses: list[float] = []
+        self.step, self.backoffs, self.rate_scale = 0, 0, 1.0
+        self.checks_per_run = CHECKS if settings.device != "cpu" else 4
+        self.stopped_by, self.seconds = "steps", 0.0
+
+    def _snapshot(self) -> list:
+        return [p.detach().clone() for p in self.student.parameters()]
+
+    def _restore(self) -> None:
+        with self.torch.no_grad():
+            for p, saved in zip(self.student.parameters(), self.best_state):
+                p.copy_(saved)
+
+    def check(self) -> None:
+        loss = self.eval_loss()
+        self.checks.append([self.step, loss])
+        if loss < self.best:
+            self.best, self.best_step, self.best_state = loss, self.step, self._snapshot()
+        elif loss > BACKOFF * self.best:
+            self._restore()
+            self.rate_scale *= 0.5
+            self.backoffs += 1
+            self.optimizer = self.torch.optim.Adam(self.groups, lr=self.settings.lr)
+
+    def run(self, progress, label: str, device: str) -> None:
+        settings, limit = self.settings, self.settings.time_limit_s
+        t0 = time.perf_counter()
+        checks = self.checks_per_run
+        next_check, said = 1.0 / checks, False
+        while True:
+            done = max(self.step / settings.steps, (time.perf_counter() - t0) / limit if limit else 0.0)
+            if done >= next_check:
+                self.check()
+                next_check = (math.floor(done * checks) + 1) / checks
+            if done >= 1.0:
+                self.stopped_by = "time limit" if self.step < settings.steps else "steps"
+                break
+            at = max(done, (self.step + 1) / settings.steps)
+            rate = self.rate_scale * settings.lr * min(1.0, at / WARMUP) * 0.5 * (1.0 + math.cos(math.pi * at))
+            for group in self.optimizer.param_groups:
+                group["lr"] = rate * group["scale"]
+            x = self.batches.next()
+            with self.torch.no_grad():
+                target = self.teacher(x)
+            loss = distill_loss(self.student(x), target, self.levels)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            self.student.clip_weights()
+            self.losses.append(float(loss.detach()))
+            self.step += 1
+            if self.step == min(3, settings.steps) and not said:  # past the first steps' warm-up: how long
+                per_step = (time.perf_counter() - t0) / self.step
+                expected = min(settings.steps * per_step, limit or math.inf)
+                progress.total = max(self.step, min(settings.steps, int(expected / per_step)))
+                progress.say(f"{label} model: {progress.total} distillation steps of {self.batches.crop}-pixel "
+                             f"batches of {settings.batch} on {device}, about {expected / 60:.1f} min"
+                             + (f" (time limit {limit / 60:.1f} min)" if limit else ""))
+                said = True
+            progress.advance(self.step)
+        self.seconds = time.perf_counter() - t0
+
+    def finish(self) -> float:
+        """Restore the best weights seen; their eval loss."""
+        if self.checks[-1][1] > self.best:
+            self._restore()
+        return self.best
 
 
 def float_weights(fp32_model) -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
