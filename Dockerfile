@@ -1,10 +1,11 @@
 # yolopipe: YOLOv8 detection over HTTP on an NVIDIA GPU (TensorRT, torch-cuda fallback).
 #
 #   docker build -t yolopipe .
-#   docker run --gpus '"device=0"' -p 8000:8000 -v yolopipe-artifacts:/artifacts \
+#   docker run --gpus '"device=0"' -p 8000:8000 -p 8001:8001 -v yolopipe-artifacts:/artifacts \
 #       -v "$PWD/weights:/weights:ro" -e YOLOPIPE_WEIGHTS=/weights/best.pt yolopipe
 #
-# One container per host: one inference worker per GPU it sees, HTTP workers in front; see docker/compose.yaml.
+# One container per host: one inference worker per GPU it sees, HTTP (8000) and gRPC (8001) workers in
+# front; see docker/compose.yaml.
 
 # 25.10: CUDA 13.0, TensorRT 10.13, Ubuntu 24.04, Python 3.12.
 ARG TENSORRT_TAG=25.10-py3
@@ -43,7 +44,7 @@ WORKDIR /home/yolopipe
 
 # Exported models, INT8 models and built engines (engine files are specific to a GPU and TensorRT version).
 VOLUME ["/artifacts"]
-EXPOSE 8000
+EXPOSE 8000 8001
 
 HEALTHCHECK --interval=15s --timeout=3s --start-period=300s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('YOLOPIPE_PORT', '8000') + '/healthz', timeout=2)"]

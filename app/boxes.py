@@ -106,30 +106,28 @@ def nms_numpy(pred: np.ndarray, params: DetectParams, keep_indices=nms_keep_indi
     return rows
 
 
-def scale_boxes(boxes: np.ndarray, lb: Letterbox) -> np.ndarray:
-    """Input-pixel xyxy boxes → original-image pixels, clipped (Ultralytics' ``scale_boxes``)."""
-    out = np.array(boxes, dtype=np.float32, copy=True).reshape(-1, 4)
-    # The same float32 operations per column as column-pair indexing, in three array ops
-    # (a folder of 10,000 images calls this 10,000 times, holding the GIL).
-    out -= np.array([lb.pad_left, lb.pad_top, lb.pad_left, lb.pad_top], np.float32)
-    out /= np.array([lb.gain_x, lb.gain_y, lb.gain_x, lb.gain_y], np.float32)
-    np.clip(out, 0, np.array([lb.src_w, lb.src_h, lb.src_w, lb.src_h], np.float32), out=out)
-    return out
-
-
 def scale_boxes_stacked(boxes: np.ndarray, lbs: Sequence[Letterbox], counts: Sequence[int]) -> np.ndarray:
-    """``scale_boxes`` of many images in one go: ``boxes`` holds ``counts[i]`` boxes of image ``i``
-    (placed by ``lbs[i]``), one image after another. Each element goes through the same float32
-    operations as in ``scale_boxes``, so the results are bitwise the same (a folder's batch of
-    128 images in a few array ops instead of 128 × 3)."""
+    """Input-pixel xyxy boxes → original-image pixels, clipped (Ultralytics' ``scale_boxes``), for
+    many images at once: ``boxes`` holds ``counts[i]`` boxes of image ``i`` (placed by ``lbs[i]``),
+    one image after another. The one letterbox undo: every path's boxes go through it.
+
+    Per element ``(x - pad) / gain``, clipped to the source size, in float32 with each letterbox
+    value rounded to float32 once, whatever the batch: the same bits for an image alone or in a
+    batch of 128 (in a few array ops instead of three per image)."""
     out = np.array(boxes, dtype=np.float32, copy=True).reshape(-1, 4)
     per_image = np.array([(lb.pad_left, lb.pad_top, lb.gain_x, lb.gain_y, lb.src_w, lb.src_h) for lb in lbs],
-                         np.float64).reshape(-1, 6).astype(np.float32)  # each value rounded to float32 once, as there
+                         np.float64).reshape(-1, 6).astype(np.float32)
     per_box = per_image[np.repeat(np.arange(len(per_image)), np.asarray(counts, np.int64))]
     out -= per_box[:, [0, 1, 0, 1]]
     out /= per_box[:, [2, 3, 2, 3]]
     np.clip(out, 0, per_box[:, [4, 5, 4, 5]], out=out)
     return out
+
+
+def scale_boxes(boxes: np.ndarray, lb: Letterbox) -> np.ndarray:
+    """``scale_boxes_stacked`` of one image's boxes."""
+    boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    return scale_boxes_stacked(boxes, [lb], [len(boxes)])
 
 
 def rows_to_detections(rows: np.ndarray, lb: Letterbox) -> Detections:

@@ -11,17 +11,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BackendName = Literal["auto", "onnxruntime", "torch-cuda", "tensorrt"]
 Precision = Literal["auto", "fp32", "fp16", "int8"]
-DecodeName = Literal["gpu", "nvimgcodec", "nvjpeg", "cpu"]  # GPU backends; gpu: nvImageCodec, else nvJPEG
+DecodeName = Literal["gpu", "nvimgcodec", "nvjpeg", "opencv"]  # GPU backends' JPEG; gpu: nvImageCodec, else nvJPEG
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DECODERS: tuple[str, ...] = get_args(DecodeName)
-VideoDecodeName = Literal["auto", "nvdec", "opencv"]  # videos and streams; auto: NVDEC for GPU pipelines that have it
+VideoDecodeName = Literal["auto", "nvdec", "opencv"]  # videos and streams; auto: OpenCV (app.pipeline.sources)
 VIDEO_DECODERS: tuple[str, ...] = get_args(VideoDecodeName)
+# Old spellings still accepted, each resolved here only (``decoder_name``): ``cpu`` was the JPEG
+# decoders' name for OpenCV, the decoder the video decoders call ``opencv``.
+DECODER_ALIASES = {"cpu": "opencv"}
 ENGINE_PRECISIONS = ("int8", "fp16", "fp32")  # what "auto" resolves to, fastest first
 
 # --- detection defaults (Ultralytics' own) ---------------------------------------------------
@@ -35,7 +38,10 @@ MAX_BATCH = 256  # largest batch a pipeline or engine profile is built for
 
 # --- batch defaults: one per purpose ---------------------------------------------------------
 SERVE_MAX_BATCH = 32  # the service's batcher (Settings.max_batch) and open_detector's default
-PREDICT_BATCH = 64  # images per batch of `yolopipe predict` and predict_folder
+PREDICT_BATCH = 64  # images per batch of `yolopipe predict`, predict_folder and `predict --ray`
+IN_FLIGHT = 3  # batches in flight at once on a GPU pipeline (each its own BatchSlot); the CPU runs 1
+MAX_WAIT_MS = 2.0  # longest wait for a batch to fill: the service's batcher and every stream runner
+MAX_STREAMS = 16  # video streams one stream runner (one inference worker) runs at once
 CPU_MAX_BATCH = 16  # ONNX Runtime on a CPU gains nothing from larger batches, and holds more memory
 ENGINE_OPT_BATCH = 8  # a TensorRT engine's optimization profile: the batch it is tuned for...
 ENGINE_MAX_BATCH = 64  # ...and the largest it takes
@@ -46,6 +52,7 @@ MAX_DECODE_BYTES = 768 * 2**20
 # (encoders write about 10; a crafted one thousands), a PNG inflates all its compressed data.
 MAX_JPEG_SCANS = 40
 MAX_REQUEST_PIXELS = 4 * MAX_PIXELS  # summed over the images of one batch request, from their headers
+MAX_SHM_REGIONS = 256  # shared-memory regions registered at once (the whole server)
 
 
 def check_imgsz(imgsz: int) -> int:
@@ -55,6 +62,13 @@ def check_imgsz(imgsz: int) -> int:
 
         raise InvalidParameter(f"imgsz must be a multiple of 32 (the model's largest stride) in [32, 4096], got {imgsz}")
     return imgsz
+
+
+def decoder_name(value: str, *, video: bool = False) -> str:
+    """A JPEG decoder's name (``video``: a video decoder's), its deprecated alias resolved; else
+    ``InvalidParameter`` naming the choices."""
+    value = DECODER_ALIASES.get(value, value)
+    return check_choice("video decoder" if video else "decoder", value, VIDEO_DECODERS if video else DECODERS)
 
 
 def check_choice(kind: str, value: str, choices: tuple[str, ...]) -> str:
@@ -74,27 +88,33 @@ class Settings(BaseSettings):
     imgsz: int = Field(640, ge=32, le=4096)
     backend: BackendName = "auto"
     precision: Precision = "auto"
-    decode: DecodeName = "gpu"  # GPU backends only; the CPU backend decodes with OpenCV
+    decode: DecodeName = "gpu"  # GPU backends only; the CPU backend decodes with OpenCV (cpu: alias of opencv)
     device: int = Field(0, ge=0)
-    compile: bool = True  # torch-cuda: torch.compile each batch bucket (once, cached in the artifacts folder)
+    compile: bool = True  # torch-cuda: the engine compiled ahead of time (app.builder.torch_build); False: eager
     ort_threads: int = Field(0, ge=0)  # onnxruntime intra-op threads; 0: its default
 
     # serving
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     max_batch: int = Field(SERVE_MAX_BATCH, ge=1, le=MAX_BATCH)
-    max_wait_ms: float = Field(2.0, ge=0, le=1000)
+    max_wait_ms: float = Field(MAX_WAIT_MS, ge=0, le=1000)
     max_images_per_request: int = Field(256, ge=1)  # files in one /v1/detect/batch body
     request_timeout_s: float = Field(30.0, gt=0)
     max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024)
+    max_stream_body_bytes: int = Field(4096, ge=256)  # a /v1/streams request body (JSON): 413 beyond
     max_pixels: int = Field(MAX_PIXELS, ge=1)
     workers: int = Field(0, ge=0, le=256)  # HTTP worker processes; 0: from the core count
+    grpc_port: int = Field(8001, ge=0, le=65535)  # KServe v2 gRPC, Triton's default port; 0: no gRPC
+    grpc_workers: int = Field(0, ge=0, le=256)  # gRPC worker processes; 0: as many as HTTP workers
+    # Triton's system shared-memory extension (REST and gRPC): off, as Triton's --allow-client-shm
+    allow_client_shm: bool = False
     gpus: str = "all"  # 'all' visible GPUs, or CUDA indices like '0,1': one inference worker each
     cpu_workers: int = Field(1, ge=1, le=16)  # inference workers when the model runs on the CPU
     queue_budget_s: float | None = Field(None, gt=0)  # refuse work past this many seconds (default: the timeout)
-    request_window: int = Field(0, ge=0)  # images of one request admitted at once (0: max_batch)
+    request_window: int = Field(0, ge=0)  # images of one request admitted at once (0: the run's max_batch)
     ring_mb: int = Field(32, ge=1)  # shared memory per HTTP worker and inference worker for image bytes
-    max_streams: int = Field(16, ge=0, le=1024)  # video streams one inference worker runs at once (/v1/streams)
+    max_streams: int = Field(MAX_STREAMS, ge=0, le=1024)  # video streams one inference worker runs at once (/v1/streams)
+    stream_open_timeout_s: float = Field(5.0, gt=0, le=600)  # a stream source silent this long fails (and retries)
     stream_files_root: Path | None = None  # /v1/streams may read video files under this folder (None: URLs only)
     standby: bool = True  # a warm standby per inference worker, which takes over when it dies
     # HTTP/1.1 limits the protocol enforces (app.api.protocol)
@@ -104,15 +124,20 @@ class Settings(BaseSettings):
     body_idle_timeout_s: float = Field(15.0, gt=0)  # longest silence while a body is awaited: 408 beyond
     keep_alive_s: int = Field(30, ge=1)  # idle time between requests on one connection
 
+    @field_validator("decode", mode="before")
+    @classmethod
+    def _decoder_alias(cls, value: object) -> object:
+        return DECODER_ALIASES.get(value, value) if isinstance(value, str) else value
+
     @property
     def budget_s(self) -> float:
         """Seconds of queued work past which new work is refused (503)."""
         return self.queue_budget_s or self.request_timeout_s
 
-    @property
-    def window(self) -> int:
-        """Images of one request at the inference workers at once."""
-        return self.request_window or self.max_batch
+    def window(self, max_batch: int) -> int:
+        """Images of one request at the inference workers at once: ``request_window``, else the
+        run's ``max_batch`` as the inference workers clamped it (``RunShape``; their hello says it)."""
+        return self.request_window or max_batch
 
     @property
     def ring_bytes(self) -> int:

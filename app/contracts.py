@@ -14,6 +14,10 @@ And one shape for the whole image→rows path, which the ``Detector`` drives: ``
 ``run`` returns a ``PipelineRun`` (rows per image and that batch's own stage timings).
 These are the whole contract: every attribute and method named here exists on every
 implementation, so callers never probe for them.
+
+Around them, the data every front end shares: ``EncodedImage`` (bytes with the header whoever
+read them first parsed), ``RunShape`` (how a detector runs, clamped once where it is opened)
+and ``DetectedBatch`` (what ``Detector.run`` answers for a batch, as arrays).
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from app.config import CONF, IOU, MAX_DET
+from app.config import CONF, IN_FLIGHT, IOU, MAX_DET, MAX_PIXELS, MAX_WAIT_MS, SERVE_MAX_BATCH, decoder_name
 from app.errors import InvalidParameter, YolopipeError
+from app.imaging.headers import ImageHeader
 from app.types import Detections, Letterbox, ModelMeta
 
 
@@ -66,7 +71,10 @@ def make_params(
 
 @dataclass
 class ImageResult:
-    """One image's outcome: detections with the source size, or the error that stopped it."""
+    """One image's outcome: detections with the source size, or the error that stopped it.
+
+    ``to_json`` is the readable reference of an image's record: every record yolopipe writes
+    comes from ``app.records`` (from arrays, without a dict per box), held equal to it by tests."""
 
     width: int = 0
     height: int = 0
@@ -131,10 +139,136 @@ class DeviceNv12:
     width: int
 
 
-# One image as a pipeline takes it: decoded BGR uint8 HWC pixels, JPEG bytes for a pipeline
-# that decodes JPEG itself (``Pipeline.decodes_jpeg``), or a device NV12 frame for one that
-# takes them (``Pipeline.takes_nv12``; a batch holds only those, or none).
-PipelineInput = np.ndarray | bytes | DeviceNv12
+@dataclass(frozen=True, slots=True)
+class EncodedImage:
+    """An image's encoded bytes and the header whoever first read them parsed and checked
+    (``app.imaging.check.check_image``: format, size, decode memory). The header travels with the
+    bytes to the decoder, so nothing on the way parses it again."""
+
+    data: bytes
+    header: ImageHeader
+
+
+# One image as a pipeline takes it: decoded BGR uint8 HWC pixels, a JPEG for a pipeline that
+# decodes JPEG itself (``Pipeline.decodes_jpeg``), or a device NV12 frame for one that takes them
+# (``Pipeline.takes_nv12``; a batch holds only those, or none).
+PipelineInput = np.ndarray | EncodedImage | DeviceNv12
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """How a detector runs: clamped once, where it is opened (``app.runtime.open_model_dir``), to
+    what its pipeline takes, and carried by it (``Detector.shape``). Every front end (the
+    service's batcher, folders, videos, streams, Ray) reads it; none clamps again."""
+
+    max_batch: int = SERVE_MAX_BATCH  # images per pipeline run
+    in_flight: int = IN_FLIGHT  # batches in flight at once (each run from its own thread)
+    decode: str = "gpu"  # JPEG decoder of a GPU pipeline (``app.config.DECODERS``)
+    video_decode: str = "auto"  # decoder of videos and streams (``app.config.VIDEO_DECODERS``)
+    max_pixels: int = MAX_PIXELS  # per image or frame, read from its header before it is decoded
+    max_wait_ms: float = MAX_WAIT_MS  # longest wait for a batch to fill (batcher, stream runners)
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.in_flight < 1 or self.max_pixels < 1 or self.max_wait_ms < 0:
+            raise InvalidParameter(f"a run needs max_batch, in_flight and max_pixels >= 1 and max_wait_ms >= 0: {self}")
+        object.__setattr__(self, "decode", decoder_name(self.decode))  # an old alias resolved, once
+        object.__setattr__(self, "video_decode", decoder_name(self.video_decode, video=True))
+
+
+@dataclass
+class DetectedBatch:
+    """What ``Detector.run`` answers for a batch of images, as arrays, in the batch's order.
+
+    Per image its source ``widths``/``heights`` and ``counts`` of rows (both 0 for an image in
+    ``errors``, its position → the error that stopped it); ``rows``: every ok image's rows one
+    image after another, ``[sum(counts), 6]`` float32 (x1, y1, x2, y2 in source pixels, score,
+    class); ``timings``: the stage times of the pipeline runs that made it (summed)."""
+
+    widths: np.ndarray  # [n] int64
+    heights: np.ndarray  # [n] int64
+    counts: np.ndarray  # [n] int64
+    rows: np.ndarray  # [sum(counts), 6] float32
+    errors: dict[int, YolopipeError] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    @classmethod
+    def failed(cls, errors: Sequence[YolopipeError], timings: dict[str, float] | None = None) -> DetectedBatch:
+        """A batch whose every image failed, each with its error."""
+        zeros = np.zeros(len(errors), np.int64)
+        return cls(zeros, zeros.copy(), zeros.copy(), np.zeros((0, 6), np.float32), dict(enumerate(errors)),
+                   timings or {})
+
+    @classmethod
+    def of(cls, results: Sequence[Any], timings: dict[str, float] | None = None) -> DetectedBatch:
+        """From per-image answers with ``width``, ``height``, ``detections`` and ``error``
+        (``ImageResult``, an HTTP worker's ``Outcome``s): the same values as arrays."""
+        n = len(results)
+        widths, heights, counts = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
+        parts, errors = [], {}
+        for i, r in enumerate(results):
+            if r.error is not None:
+                errors[i] = r.error
+                continue
+            det = r.detections if r.detections is not None else Detections.empty()
+            part = np.empty((len(det), 6), np.float32)
+            part[:, :4], part[:, 4], part[:, 5] = det.boxes, det.scores, det.class_ids
+            parts.append(part)
+            widths[i], heights[i], counts[i] = r.width, r.height, len(det)
+        rows = np.concatenate(parts) if parts else np.zeros((0, 6), np.float32)
+        return cls(widths, heights, counts, rows, errors, timings or {})
+
+    @classmethod
+    def concat(cls, parts: Sequence[DetectedBatch]) -> DetectedBatch:
+        """The images of ``parts``, one part after another (timings: the first part's)."""
+        if not parts:
+            return cls.failed([])
+        errors: dict[int, YolopipeError] = {}
+        start = 0
+        for part in parts:
+            errors.update((start + i, e) for i, e in part.errors.items())
+            start += len(part)
+        return cls(np.concatenate([p.widths for p in parts]), np.concatenate([p.heights for p in parts]),
+                   np.concatenate([p.counts for p in parts]), np.concatenate([p.rows for p in parts]), errors,
+                   dict(parts[0].timings))
+
+    def take(self, positions: Sequence[int]) -> DetectedBatch:
+        """The images at ``positions``, in that order (timings: this batch's)."""
+        positions = np.asarray(positions, np.int64)
+        starts = np.cumsum(self.counts) - self.counts
+        taken = self.counts[positions]
+        first = np.repeat(starts[positions] - (np.cumsum(taken) - taken), taken)
+        rows = self.rows[first + np.arange(int(taken.sum()))]
+        errors = {k: self.errors[p] for k, p in enumerate(positions.tolist()) if p in self.errors}
+        return DetectedBatch(self.widths[positions], self.heights[positions], taken, rows, errors, dict(self.timings))
+
+    def rows_of(self, i: int) -> np.ndarray:
+        """Image ``i``'s rows ``[K, 6]`` (a view)."""
+        start = int(self.counts[:i].sum())
+        return self.rows[start : start + int(self.counts[i])]
+
+    def detections(self, i: int) -> Detections | None:
+        """Image ``i``'s detections, or None when it failed."""
+        return None if i in self.errors else Detections.from_rows(self.rows_of(i))
+
+    def result(self, i: int) -> ImageResult:
+        if i in self.errors:
+            return ImageResult(error=self.errors[i])
+        return ImageResult(int(self.widths[i]), int(self.heights[i]), self.detections(i))
+
+    def results(self) -> list[ImageResult]:
+        """Per image an ``ImageResult`` (objects per image: for callers that want them, not the
+        JSON writers)."""
+        starts = np.cumsum(self.counts) - self.counts
+        out = []
+        for i, (w, h, start, n) in enumerate(zip(self.widths.tolist(), self.heights.tolist(), starts.tolist(),
+                                                 self.counts.tolist())):
+            error = self.errors.get(i)
+            out.append(ImageResult(error=error) if error is not None else
+                       ImageResult(w, h, Detections.from_rows(self.rows[start : start + n])))
+        return out
 
 
 # One image's NMS rows ``[K, 6]`` (x1, y1, x2, y2, score, class) in input pixels and where it was placed.
@@ -157,15 +291,16 @@ class Pipeline(Protocol):
     precision: str
     max_batch: int
     max_det: int  # the most rows per image ``run`` can return: the ceiling of a request's max_det
-    max_in_flight: int  # ``run`` calls (each from its own thread) that overlap usefully; 1: serial
+    in_flight: int  # ``run`` calls (each from its own thread) that overlap usefully; 1: serial
+    buckets: tuple[int, ...]  # batch sizes a run is padded up to, each prepared by ``warmup``; (): none padded
     meta: ModelMeta
-    decodes_jpeg: bool  # True: JPEG bytes may be passed and are decoded by the pipeline
+    decodes_jpeg: bool  # True: JPEGs (``EncodedImage``) may be passed and are decoded by the pipeline
     takes_nv12: bool  # True: ``DeviceNv12`` frames may be passed (a batch of them only)
     device: int | None  # the CUDA device a GPU pipeline runs on (its NV12 frames' too); None on the CPU
 
     def run(self, images: Sequence[PipelineInput], params: DetectParams) -> PipelineRun:
-        """At most ``max_batch`` images; a per-image error (e.g. a corrupt JPEG) stands in its slot.
-        Safe to call from ``max_in_flight`` threads at once."""
+        """At most ``max_batch`` images; a per-image error (e.g. a corrupt JPEG) stands in its place.
+        Safe to call from ``in_flight`` threads at once."""
 
     def warmup(self, batches: Sequence[int] | None = None, *, nv12: bool = False) -> None:
         """Do now the one-time work of these batch sizes (all by default), not on first use:

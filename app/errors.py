@@ -1,7 +1,8 @@
 """One exception family for everything yolopipe reports to a user.
 
 Each error carries a stable machine-readable ``code``. How a code becomes an HTTP status
-lives in one place (``app/api/errors.py``); how it becomes an exit status lives in the CLI.
+lives in one place (``app/api/errors.py``), how it becomes a gRPC status code in one place
+(``app/api/grpc/errors.py``); how it becomes an exit status lives in the CLI.
 """
 
 from __future__ import annotations
@@ -44,6 +45,25 @@ class InvalidParameter(YolopipeError):
     """A request or CLI parameter outside its allowed range."""
 
     code = "invalid_parameter"
+
+
+class SharedMemoryError(YolopipeError):
+    """A shared-memory region that cannot be used as asked: not registered, outside its size,
+    a key that is not a readable POSIX shared-memory object, or client shared memory turned off."""
+
+    code = "shared_memory_error"
+
+
+class NotSupported(YolopipeError):
+    """A protocol feature this server does not offer (Triton's CUDA shared memory)."""
+
+    code = "not_supported"
+
+
+class ModelNotFound(YolopipeError):
+    """A request for a model (or version) this server does not serve."""
+
+    code = "model_not_found"
 
 
 # --- models, artifacts and backends -----------------------------------------------------

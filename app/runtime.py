@@ -2,32 +2,27 @@
 and the benchmarks alike.
 
 It exports the weights only when their artifacts are missing or stale, resolves ``auto`` for
-the backend and the precision (the one place that does), and wires a backend into its
-pipeline. The Detector it returns owns the pipeline and, through it, every GPU resource.
+the backend and the precision (the one place that does), clamps the run shape (``RunShape``:
+batch, batches in flight, decoders, pixel limit, wait) to what the chosen pipeline takes (the
+one place that does), and wires a backend into its pipeline. The Detector it returns owns the
+pipeline and, through it, every GPU resource, and carries the clamped shape.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.artifacts.engines import find_engine
 from app.artifacts.exports import load_export
-from app.config import (
-    BACKENDS,
-    CPU_MAX_BATCH,
-    DECODERS,
-    MAX_PIXELS,
-    PRECISIONS,
-    SERVE_MAX_BATCH,
-    Settings,
-    check_choice,
-)
+from app.config import BACKENDS, CPU_MAX_BATCH, PRECISIONS, Settings, check_choice
+from app.contracts import RunShape
 from app.errors import BackendUnavailable, EngineMismatch, InvalidParameter
 from app.pipeline.detector import Detector
-from app.types import ModelMeta
+from app.types import ModelMeta, StartupSteps
 
 
 @dataclass(frozen=True)
@@ -85,12 +80,18 @@ def open_detector(
     *,
     imgsz: int = 640,
     artifacts_dir: Path | None = None,
+    steps: StartupSteps | None = None,
     **options,
 ) -> Detector:
     """Export if needed, then ``open_model_dir`` (its keyword options are the run options)."""
     check_choice("backend", options.get("backend", "auto"), BACKENDS)  # before a slow export
     check_choice("precision", options.get("precision", "auto"), PRECISIONS)
-    return open_model_dir(export_model(weights, imgsz=imgsz, artifacts_dir=artifacts_dir), **options)
+    fields = {k: options.pop(k) for k in [f.name for f in dataclasses.fields(RunShape)] if k in options}
+    shape = replace(options.pop("shape", None) or RunShape(), **fields)  # its decoder names, checked now too
+    steps = steps if steps is not None else StartupSteps()
+    with steps.step("checking the model's export (a first run exports it)"):
+        model_dir = export_model(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
+    return open_model_dir(model_dir, shape=shape, steps=steps, **options)
 
 
 def open_model_dir(
@@ -98,29 +99,42 @@ def open_model_dir(
     *,
     backend: str = "auto",
     precision: str = "auto",
-    decode: str = "gpu",
-    max_batch: int = SERVE_MAX_BATCH,
     device: int = 0,
-    max_pixels: int = MAX_PIXELS,
     compile: bool = True,
     ort_threads: int = 0,
+    pad_to_captured: bool = False,
+    steps: StartupSteps | None = None,
+    shape: RunShape | None = None,
+    **shape_fields,
 ) -> Detector:
-    """A detector on an existing export: pick the backend, build its pipeline. The one place that wires them."""
+    """A detector on an existing export: pick the backend, clamp the run shape to it, build its
+    pipeline. The one place that wires them. ``shape``, or its fields as keywords (``max_batch``,
+    ``in_flight``, ``decode``, ``video_decode``, ``max_pixels``, ``max_wait_ms``): what is asked for.
+
+    ``compile`` (torch-cuda): run the engine built ahead of time (``yolopipe build-engine``),
+    building it now when it is missing or stale; without it, the eager model. ``pad_to_captured``
+    (GPU): a batch runs in a larger bucket already captured rather than capturing its own (a
+    run that needs a bucket once, a service capturing the rest in the background). ``steps``
+    records each start-up step with its time."""
     from app.gpu.probe import cuda_device_count
 
-    check_choice("decoder", decode, DECODERS)
+    steps = steps if steps is not None else StartupSteps()
+    shape = replace(shape or RunShape(), **shape_fields)  # checks the decoders' names
     onnx_path, meta = load_export(model_dir)
     choice = choose_backend(backend, precision, model_dir, gpus=cuda_device_count())
     if choice.backend == "onnxruntime":
-        return Detector(_cpu_pipeline(onnx_path, meta, choice.precision, max_batch, ort_threads),
-                        max_pixels=max_pixels)
+        # ONNX Runtime: one batch at a time (its own threads use every core), at most CPU_MAX_BATCH.
+        shape = replace(shape, max_batch=min(shape.max_batch, CPU_MAX_BATCH), in_flight=1)
+        with steps.step("opening ONNX Runtime"):
+            return Detector(_cpu_pipeline(onnx_path, meta, choice.precision, shape.max_batch, ort_threads), shape)
 
     engine = None
     if choice.backend == "tensorrt":
         from app.backends.tensorrt import TensorRTEngine
 
         try:
-            engine = TensorRTEngine(choice.engine_path, meta, device=device)
+            with steps.step("loading the TensorRT engine"):
+                engine = TensorRTEngine(choice.engine_path, meta, device=device)
         except (EngineMismatch, BackendUnavailable) as exc:
             if backend != "auto":
                 raise
@@ -128,22 +142,48 @@ def open_model_dir(
             warnings.warn(f"TensorRT engine unusable here ({exc}); falling back to torch-cuda", stacklevel=2)
             choice = BackendChoice("torch-cuda", "fp16" if choice.precision == "int8" else choice.precision)
     if engine is None:
-        from app.backends.torch_cuda import TorchCudaEngine
-
-        engine = TorchCudaEngine(model_dir, meta, precision=choice.precision, max_batch=max_batch,
-                                 device=device, compile=compile)
+        engine = _torch_cuda_engine(model_dir, meta, choice.precision, shape.max_batch, device, compile, steps)
     from app.pipeline.gpu import GpuPipeline
 
-    return Detector(GpuPipeline(engine, meta, max_batch=max_batch, device=device, decode=decode), max_pixels=max_pixels)
+    shape = replace(shape, max_batch=min(shape.max_batch, engine.max_batch))  # a TensorRT profile's ceiling
+    with steps.step("setting up the GPU pipeline (buffers, decoder, kernels)"):
+        pipeline = GpuPipeline(engine, meta, max_batch=shape.max_batch, in_flight=shape.in_flight, device=device,
+                               decode=shape.decode, max_pixels=shape.max_pixels, pad_to_captured=pad_to_captured)
+    return Detector(pipeline, shape)
 
 
-def open_detector_from(settings: Settings) -> Detector:
+def shape_from(settings: Settings) -> RunShape:
+    """The run shape the service's settings ask for (``open_model_dir`` clamps it)."""
+    return RunShape(max_batch=settings.max_batch, decode=settings.decode, max_pixels=settings.max_pixels,
+                    max_wait_ms=settings.max_wait_ms)
+
+
+def _torch_cuda_engine(model_dir: Path, meta: ModelMeta, precision: str, max_batch: int, device: int,
+                       compile: bool, steps: StartupSteps):
+    """The torch-cuda engine: its package built ahead of time (built now when missing or stale;
+    ``torch.compile`` at start-up if AOTInductor cannot build here), or the eager model."""
+    from app.backends.torch_cuda import TorchCudaEngine
+
+    packages = ()
+    if compile:
+        from app.builder.torch_build import ensure_torch_engine
+
+        with steps.step("finding the torch-cuda engine (a first run builds it)"):
+            found = ensure_torch_engine(model_dir, meta, precision=precision, max_batch=max_batch, device=device,
+                                        say=steps.say)
+        packages = (found,) if found is not None else ()
+    with steps.step("loading the torch-cuda engine"):
+        return TorchCudaEngine(model_dir, meta, precision=precision, max_batch=max_batch, device=device,
+                               compile=compile, packages=packages)
+
+
+def open_detector_from(settings: Settings, steps: StartupSteps | None = None) -> Detector:
     """The service's detector, from its settings."""
     return open_detector(
-        settings.weights, backend=settings.backend, precision=settings.precision, decode=settings.decode,
-        imgsz=settings.imgsz,
-        artifacts_dir=settings.artifacts_dir, max_batch=settings.max_batch, device=settings.device,
-        max_pixels=settings.max_pixels, compile=settings.compile, ort_threads=settings.ort_threads,
+        settings.weights, backend=settings.backend, precision=settings.precision, imgsz=settings.imgsz,
+        artifacts_dir=settings.artifacts_dir, device=settings.device, compile=settings.compile,
+        ort_threads=settings.ort_threads, shape=shape_from(settings), steps=steps,
+        pad_to_captured=True,  # the worker captures the largest bucket, then the others while it serves
     )
 
 
@@ -155,7 +195,7 @@ def _cpu_pipeline(onnx_path: Path, meta: ModelMeta, precision: str, max_batch: i
     if precision == "int8":
         onnx_path = int8_cpu_model_path(onnx_path.parent)
     host = OnnxRuntimeBackend(onnx_path, precision=precision, threads=ort_threads or None)
-    return CpuPipeline(host, meta, max_batch=min(max_batch, CPU_MAX_BATCH))
+    return CpuPipeline(host, meta, max_batch=max_batch)
 
 
 def inference_devices(settings: Settings) -> list[str | None]:

@@ -1,8 +1,13 @@
-"""Plain data passed between the stages of the pipeline (NumPy and dataclasses only)."""
+"""Plain data passed between the stages of the pipeline (NumPy and dataclasses only), and the
+record of a start-up's steps."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,3 +105,61 @@ class ModelMeta:
     @classmethod
     def load(cls, path: Path) -> ModelMeta:
         return cls(**json.loads(Path(path).read_text()))
+
+
+class StartupSteps:
+    """The steps of one start-up (opening the model, building what is missing, capturing graphs),
+    each with its wall time, in order. ``listener`` hears each step as it begins and every
+    progress line said within it (the CLI's spinner, the service's ``/readyz`` phase)."""
+
+    def __init__(self, listener: Callable[[str], None] | None = None) -> None:
+        self.listener = listener
+        self.steps: list[tuple[str, float]] = []
+        self._open: tuple[str, float] | None = None
+
+    def say(self, text: str) -> None:
+        if self.listener is not None:
+            self.listener(text)
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        self.say(name)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.steps.append((name, time.perf_counter() - started))
+
+    def record(self, name: str, seconds: float) -> None:
+        self.steps.append((name, seconds))
+
+    def begin(self, name: str) -> None:
+        """A step that lasts until the next ``begin`` or ``finish`` (for steps a callback names)."""
+        self.finish()
+        self._open = (name, time.perf_counter())
+        self.say(name)
+
+    def finish(self) -> None:
+        if self._open is not None:
+            name, started = self._open
+            self.steps.append((name, time.perf_counter() - started))
+        self._open = None
+
+    def as_json(self) -> list[dict[str, Any]]:
+        return [{"step": name, "s": round(seconds, 3)} for name, seconds in self.steps]
+
+    def lines(self) -> list[str]:
+        return [f"{seconds:7.2f} s  {name}" for name, seconds in self.steps]
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux: from /proc), or None where that is unknown:
+    what a start-up took before any of our code ran (the interpreter, the imports)."""
+    try:
+        with open("/proc/self/stat") as fh:
+            started_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+        return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None

@@ -28,7 +28,7 @@ from app.boxes import nms_numpy  # noqa: E402
 from app.builder.export import export_onnx  # noqa: E402
 from app.contracts import DetectParams  # noqa: E402
 from app.imaging.letterbox import letterbox, to_input  # noqa: E402
-from app.pipeline.nms_cpu import nms_keep_indices_compiled  # noqa: E402
+from app.pipeline.nms_cpu import nms_keep_indices_cpu  # noqa: E402
 
 
 def head_outputs(batch: int) -> np.ndarray:
@@ -62,7 +62,7 @@ def main() -> None:
     heads_t = torch.from_numpy(heads)
     systems = {
         "numpy-reference": lambda: [nms_numpy(h, params) for h in heads],
-        "yolopipe-cpu": lambda: [nms_numpy(h, params, nms_keep_indices_compiled) for h in heads],
+        "yolopipe-cpu": lambda: [nms_numpy(h, params, nms_keep_indices_cpu) for h in heads],
         "ultralytics": lambda: non_max_suppression(heads_t, args.conf, 0.7, max_det=300),
     }
     same = all(np.array_equal(a, b) for a, b in zip(systems["numpy-reference"](), systems["yolopipe-cpu"]()))

@@ -4,24 +4,22 @@
     python bench/folder_plumbing.py --real [--rounds 3] [--out FILE]   # on a GPU machine: torch-cuda
 
 ``predict_folder`` runs over ``--count`` JPEGs (copies of ``--images``, the 20 COCO photos of
-the shared data by default) into a JSONL file, page cache warm, and so does main's image loop
-(``bench/folder_baseline.py``, frozen at b5392d4) on the same folder, in interleaved rounds.
-Each round gives img/s, the process CPU time per image (every thread: listing, reads, header
+the shared data by default) into a JSONL file, page cache warm, in interleaved rounds of its
+variants. Each round gives img/s, the process CPU time per image (every thread: listing, reads, header
 checks, batching, rows to JSON lines, the writer) and, with the stand-in pipeline, the share of
 the run the emulated device had no work (``device_idle_pct``; ``*_between_batches_pct``: from
 its first batch to its last), and when its first batch came and how long after its last the
 run ended. ``outputs_identical``: every variant wrote the same bytes.
 
-Variants: ``main``, ``new`` (``predict_folder`` as ``yolopipe predict`` runs it: after
-``keep_freed_heap``), ``new-default-heap`` (the same without it) and ``main+kept-heap``
-(main's loop with it on). That setting is
-process-wide, so with the stand-in every round of every variant runs in a fresh process (a warm
-run, then one timed run per ``--rates`` entry).
-``--real`` keeps one detector in this process: main and new-default-heap interleaved first,
-then main+kept-heap and new.
+Variants: ``kept-heap`` (``predict_folder`` as ``yolopipe predict`` runs it: after
+``keep_freed_heap``) and ``default-heap`` (the same without it). That setting is process-wide,
+so with the stand-in every round of every variant runs in a fresh process (a warm run, then one
+timed run per ``--rates`` entry). ``--real`` keeps one detector in this process: the
+default-heap rounds first, then the kept-heap ones. (Issue #16's rounds against main's earlier
+loop, frozen at b5392d4, and what they found: ``bench/results/README.md``.)
 
 The stand-in (``StandInPipeline``) implements ``app.contracts.Pipeline`` the way
-``app.pipeline.gpu.GpuPipeline`` does for JPEG bytes: ``max_in_flight`` slots, the same
+``app.pipeline.gpu.GpuPipeline`` does for JPEG bytes: ``in_flight`` batch slots, the same
 per-image host work before the device (``bytes()`` and the JPEG header read of
 ``GpuJpegDecoder.split``) and after it (a copy of each image's rows), and the device work of a
 batch as one GIL-free wait: a single emulated device runs batches one after another at the
@@ -110,7 +108,9 @@ class StandInPipeline:
         self.meta = meta
         self.max_batch = max_batch
         self.max_det = max_det
-        self.max_in_flight = slots
+        self.in_flight = slots
+        self.buckets: tuple[int, ...] = ()
+        self.takes_nv12 = False
         self.device = EmulatedDevice(rate)
         self._replies = replies
         self._slots = threading.BoundedSemaphore(slots)
@@ -124,7 +124,7 @@ class StandInPipeline:
 
         with self._slots:
             results: list = [None] * len(images)
-            datas = [bytes(x) for x in images]
+            datas = [x.data for x in images]  # EncodedImage: the bytes with the header read once
             if self._host_work:  # GpuJpegDecoder.split reads every header again, holding the GIL
                 for data in datas:
                     read_jpeg_header(data)
@@ -165,14 +165,9 @@ MEDIAN_KEYS = ("img_per_s", "cpu_us_per_image", "wall_s", "device_idle_pct", "de
 
 
 def run_round(variant: str, detector, folder: Path, out: Path, params, batch: int) -> dict:
-    if variant == "main":
-        from bench.folder_baseline import predict_folder as baseline
+    from app.pipeline.folder import predict_folder
 
-        run = lambda: baseline(detector, str(folder), out, params, batch=batch)
-    else:
-        from app.pipeline.folder import predict_folder
-
-        run = lambda: vars(predict_folder(detector, str(folder), out, params, batch=batch))
+    run = lambda: vars(predict_folder(detector, str(folder), out, params, batch=batch))
     device = getattr(detector.pipeline, "device", None)
     if isinstance(device, EmulatedDevice):
         device.reset()
@@ -192,12 +187,10 @@ def run_round(variant: str, detector, folder: Path, out: Path, params, batch: in
 
 
 VARIANTS = {
-    "main": "main's image loop (bench/folder_baseline.py)",
-    "new": "predict_folder as yolopipe predict runs it (keep_freed_heap called first)",
-    "new-default-heap": "predict_folder with glibc's heap thresholds left as they are (keep_freed_heap off)",
-    "main+kept-heap": "main's image loop with keep_freed_heap in effect",
+    "kept-heap": "predict_folder as yolopipe predict runs it (keep_freed_heap called first)",
+    "default-heap": "predict_folder with glibc's heap thresholds left as they are (keep_freed_heap off)",
 }
-REAL_VARIANTS = ["main", "new-default-heap", "main+kept-heap", "new"]
+REAL_VARIANTS = ["default-heap", "kept-heap"]  # keep_freed_heap cannot be undone in a process
 
 
 def _rows_of_child(a, variant: str, replies: Path, folder: Path, out: Path) -> list[dict]:
@@ -218,18 +211,17 @@ def child(a) -> None:
     import app.pipeline.folder as folder_module
     from app.pipeline.detector import Detector
 
-    if a.child in ("new", "main+kept-heap"):  # as yolopipe predict does, once per process
+    if a.child == "kept-heap":  # as yolopipe predict does, once per process
         folder_module.keep_freed_heap()
     meta, replies = pickle.loads(a.replies.read_bytes())
     detector = Detector(StandInPipeline(meta, replies, rate=0, max_batch=a.batch,
                                         host_work=not a.no_pipeline_host_work))
-    variant = _loop(a.child)
     params = detector.params()
     for k, rate in enumerate(float(r) for r in a.rates.split(",")):
         detector.pipeline.device.rate = rate
         if k == 0:  # warm: imports, first allocations
-            run_round(variant, detector, a.folder, a.jsonl, params, a.batch)
-        row = run_round(variant, detector, a.folder, a.jsonl, params, a.batch)
+            run_round(a.child, detector, a.folder, a.jsonl, params, a.batch)
+        row = run_round(a.child, detector, a.folder, a.jsonl, params, a.batch)
         print(json.dumps({"rate": rate, **row, "variant": a.child}), flush=True)
 
 
@@ -242,8 +234,8 @@ def main() -> None:
     ap.add_argument("--rates", default="7000,0",
                     help="the stand-in device's images/s, one scenario each; 0: no device time (the host's ceiling)")
     ap.add_argument("--variants", default=None,
-                    help=f"which loops run each round, of {', '.join(VARIANTS)} (default: all; --real: all, "
-                         "in two phases)")
+                    help=f"which loops run each round, of {', '.join(VARIANTS)} (default: both; --real: both, "
+                         "default-heap first)")
     ap.add_argument("--no-pipeline-host-work", action="store_true",
                     help="the stand-in skips GpuPipeline's per-image header read (device wait only)")
     ap.add_argument("--real", action="store_true", help="the torch-cuda detector instead of the stand-in")
@@ -293,8 +285,8 @@ def main() -> None:
         result = {
             "what": f"bench/folder_plumbing.py: {', '.join(f'{v} = {VARIANTS[v]}' for v in variants)}; "
                     f"over {a.count} page-cached JPEG copies of {len(photos)} photos → JSONL, batch {a.batch}, "
-                    + (f"the {a.real_backend} detector, every round in this process: main and new-default-heap "
-                       "interleaved, then main+kept-heap and new" if a.real else
+                    + (f"the {a.real_backend} detector, every round in this process: default-heap, then kept-heap"
+                       if a.real else
                        f"stand-in pipeline: device emulated at {a.rates} img/s (0: none), 3 batches in flight, rows "
                        "replayed from the sample model" + ("" if a.no_pipeline_host_work else
                                                             ", GpuPipeline's per-image header read included")
@@ -305,7 +297,6 @@ def main() -> None:
                         "note": "" if a.real else "shared with other jobs"},
             "versions": versions(),
             "code": _git_head(),
-            "baseline": "main at b5392d4: bench/folder_baseline.py",
             "config": {"count": a.count, "batch": a.batch, "rounds": a.rounds, "rates": a.rates, "real": a.real and a.real_backend,
                        "workers": 8, "pipeline_host_work": not a.no_pipeline_host_work},
             "outputs_identical": same,
@@ -322,9 +313,8 @@ def main() -> None:
 
 def _real_rounds(a, folder: Path, outs: dict[str, Path]) -> tuple[list[dict], bool]:
     """``--real``: one detector in this process (torch-cuda; the graphs of the folder's two batch
-    sizes captured first), two phases of interleaved rounds: glibc's heap as it is (main,
-    new-default-heap), then with ``keep_freed_heap`` in effect, which no process can undo
-    (main+kept-heap, new)."""
+    sizes captured first): rounds with glibc's heap as it is, then with ``keep_freed_heap`` in
+    effect, which no process can undo."""
     import app.pipeline.folder as folder_module
     from app.runtime import open_detector
 
@@ -333,21 +323,15 @@ def _real_rounds(a, folder: Path, outs: dict[str, Path]) -> tuple[list[dict], bo
     with open_detector(a.weights, backend=a.real_backend, max_batch=a.batch) as detector:
         detector.pipeline.warmup([a.batch, a.count % a.batch or a.batch])  # the two sizes the folder's batches have
         params = detector.params()
-        for phase in (("main", "new-default-heap"), ("main+kept-heap", "new")):
-            if "new" in phase:
+        for v in REAL_VARIANTS:
+            if v == "kept-heap":
                 keep()  # as yolopipe predict does; no process can undo it
-            for v in phase:  # warm: page cache, imports, first allocations
-                run_round(_loop(v), detector, folder, outs[v], params, a.batch)
+            run_round(v, detector, folder, outs[v], params, a.batch)  # warm: page cache, imports, first allocations
             for r in range(a.rounds):
-                for v in phase:
-                    row = run_round(_loop(v), detector, folder, outs[v], params, a.batch)
-                    rows.append({"rate": None, "round": r, **row, "variant": v})
-                    print(json.dumps(rows[-1]), flush=True)
+                row = run_round(v, detector, folder, outs[v], params, a.batch)
+                rows.append({"rate": None, "round": r, **row, "variant": v})
+                print(json.dumps(rows[-1]), flush=True)
     return rows, len({out.read_bytes() for out in outs.values()}) == 1
-
-
-def _loop(variant: str) -> str:
-    return "main" if variant.startswith("main") else "new"
 
 
 def _git_head() -> str:

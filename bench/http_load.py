@@ -5,7 +5,9 @@ Parts (``--parts``, in this order, on one yolopipe server):
 * ``load``: closed loop at each ``--clients`` count (wrk, one connection per thread, multipart
   640×480 JPEGs): req/s, p50/p99/p99.9 of the 200s, answers by status, socket errors, and
   the server's CPU (its whole process tree); then the same images through the Open Inference
-  Protocol at each ``--oip-clients`` count (binary tensors). The naive server at the same counts runs first.
+  Protocol at each ``--oip-clients`` count (binary tensors), and KServe v2 gRPC ``ModelInfer`` at
+  each ``--grpc-clients`` count (h2load, ``bench/grpc_client.py``: rows with ``"part": "grpc"``).
+  The naive server at the same counts runs first.
 * ``soak``: open loop at ``--soak-rate`` (default: twice the capacity ``load`` measured)
   for ``--soak-minutes``, RSS (PSS) of the server's processes and GPU memory sampled; pass
   fields: only 200/503, memory flat within 5 %, served ≥ 90 % of capacity.
@@ -44,6 +46,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
 from app.benchmark.machine import machine_info, versions  # noqa: E402
+from bench.grpc_client import run_h2load  # noqa: E402
 from bench.server_meter import ServerMeter, free_port, wait_ready  # noqa: E402
 from bench.wrk_client import OIP_SCRIPT, run_wrk  # noqa: E402
 
@@ -88,8 +91,9 @@ class Server:
     def __init__(self, name: str, cmd: list[str], env: dict, log: Path) -> None:
         self.name, self.log = name, log
         self.port = free_port()
+        self.grpc_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [c.replace("{port}", str(self.port)) for c in cmd]
+        cmd = [c.replace("{port}", str(self.port)).replace("{grpc_port}", str(self.grpc_port)) for c in cmd]
         self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         self.meter = ServerMeter(self.proc.pid)
         self.gpus = 0  # GPUs it runs on (yolopipe: read from /v1/model once ready)
@@ -113,12 +117,13 @@ def start_yolopipe(args: argparse.Namespace, logdir: Path) -> Server:
     if args.artifacts_dir is not None:
         env["YOLOPIPE_ARTIFACTS_DIR"] = str(args.artifacts_dir)
     # Serving settings the CLI has no option for (yet) travel as YOLOPIPE_* variables.
-    for name in ("workers", "gpus", "queue_budget_s", "request_window", "ring_mb", "cpu_workers"):
+    for name in ("workers", "grpc_workers", "gpus", "queue_budget_s", "request_window", "ring_mb", "cpu_workers"):
         value = getattr(args, name)
         if value not in (None, ""):
             env[f"YOLOPIPE_{name.upper()}"] = str(value)
     cmd = [sys.executable, "-m", "app.cli", "serve", "--weights", args.weights, "--backend", args.backend,
            "--precision", args.precision, "--host", "127.0.0.1", "--port", "{port}",
+           "--grpc-port", "{grpc_port}" if args.grpc_clients else "0",
            "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms)]
     return Server("yolopipe", cmd, env, logdir / "yolopipe_server.log")
 
@@ -176,6 +181,26 @@ def measure_oip(server: Server, listing: Path, clients: int, args: argparse.Name
            **row, **cpu.result}
     print(f"{'yolopipe OIP':>24} c={clients:<4} {row['req_per_s']:>8.1f} req/s  p50 {row['p50_ms']} ms  "
           f"p99 {row['p99_ms']} ms  {row['statuses']}  cpu {row['server_cpu_cores']} cores", flush=True)
+    return row
+
+
+def measure_grpc(server: Server, listing: Path, clients: int, args: argparse.Namespace) -> dict:
+    """KServe v2 gRPC ModelInfer with h2load: one of the photos, as tritonclient.grpc sends it."""
+    image = Path(listing.read_text().split()[0]).read_bytes()
+    run = {"clients": clients, "metrics_url": f"{server.url}/metrics", "h2load": args.h2load}
+    try:
+        if args.warmup > 0:
+            run_h2load("127.0.0.1", server.grpc_port, image, duration_s=args.warmup, **run)
+        with server.meter.cpu() as cpu:
+            row = run_h2load("127.0.0.1", server.grpc_port, image, duration_s=args.duration, **run)
+    except (RuntimeError, SystemExit) as exc:  # no h2load here: the other rows stand
+        print(f"gRPC row at c={clients} not measured: {exc}", flush=True)
+        return {"system": server.name, "input": "grpc-model-infer", "part": "grpc", "clients": clients,
+                "gpus": server.gpus, "req_per_s": None, "error": str(exc)[-500:]}
+    row = {"system": server.name, "input": "grpc-model-infer", "part": "grpc", "gpus": server.gpus, **row,
+           **cpu.result}
+    print(f"{'yolopipe gRPC':>24} c={clients:<4} {row['req_per_s']:>8.1f} req/s  p50 {row['p50_ms']} ms  "
+          f"p99 {row['p99_ms']} ms  {row['grpc_codes']}  cpu {row['server_cpu_cores']} cores", flush=True)
     return row
 
 
@@ -317,6 +342,11 @@ def checks(rows: list[dict]) -> dict:
         if 64 in naive and naive[64]["req_per_s"]:
             out["c64_speedup_vs_naive"] = round(r["req_per_s"] / naive[64]["req_per_s"], 1)
             out["c64_ge_14x_naive"] = out["c64_speedup_vs_naive"] >= 14
+    grpc = {r["clients"]: r for r in rows if r.get("part") == "grpc"}
+    for c in sorted(set(grpc) & set(ours)):
+        if ours[c]["req_per_s"] and grpc[c]["req_per_s"] is not None:
+            out[f"c{c}_grpc_vs_v1"] = round(grpc[c]["req_per_s"] / ours[c]["req_per_s"], 3)
+            out[f"c{c}_grpc_ge_1.2x_v1"] = out[f"c{c}_grpc_vs_v1"] >= 1.2
     oip = {r["clients"]: r for r in rows if r.get("part") == "oip"}
     for c in sorted(set(oip) & set(ours)):
         if ours[c]["req_per_s"]:
@@ -339,6 +369,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-images", type=int, default=20)
     p.add_argument("--clients", default="64,256", help="closed-loop client counts (connections)")
     p.add_argument("--oip-clients", default="64", help="client counts of the OIP (/v2 infer) rows; '' for none")
+    p.add_argument("--grpc-clients", default="64", help="client counts of the gRPC ModelInfer rows; '' for none")
+    p.add_argument("--h2load", default=None, help="h2load binary (default: .h2load/ from bench/h2load.sh, else PATH)")
     p.add_argument("--duration", type=float, default=30.0, help="seconds per measured row")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of unmeasured load before each row")
     p.add_argument("--wrk", default=None, help="wrk binary (default: .wrk/ from wrk.sh, else PATH)")
@@ -349,6 +381,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=2.0)
     p.add_argument("--workers", type=int, default=None, help="HTTP workers (default: the server's, from the cores)")
+    p.add_argument("--grpc-workers", type=int, default=None, help="gRPC workers (default: the server's, as many "
+                                                                    "as HTTP workers)")
     p.add_argument("--gpus", default=None, help="'all' or '0,1' (default: the server's, all)")
     p.add_argument("--cpu-workers", type=int, default=None, help="inference workers on a CPU-only run")
     p.add_argument("--queue-budget-s", type=float, default=None)
@@ -375,6 +409,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     args.clients = [int(c) for c in str(args.clients).split(",")]
     args.oip_clients = [int(c) for c in str(args.oip_clients).split(",") if c.strip()]
+    args.grpc_clients = [int(c) for c in str(args.grpc_clients).split(",") if c.strip()]
     args.naive_clients = [int(c) for c in str(args.naive_clients).split(",")] if args.naive_clients else args.clients
     if args.smoke:
         args.duration, args.warmup, args.soak_minutes, args.sample_s = min(args.duration, 8.0), 2.0, 0.5, 3.0
@@ -430,6 +465,7 @@ def main(argv: list[str] | None = None) -> None:
         if "load" in args.parts:
             rows += [measure(server, listing, c, args, target) for target in TARGETS for c in args.clients]
             rows += [measure_oip(server, listing, c, args) for c in args.oip_clients]
+            rows += [measure_grpc(server, listing, c, args) for c in args.grpc_clients]
             save()
         if "soak" in args.parts:
             capacity = args.capacity or next((r["req_per_s"] for r in rows if r.get("part") is None

@@ -110,6 +110,25 @@ def run_modelopt(python: str, fp32: Path, out: Path, inputs: list[np.ndarray], w
     return time.perf_counter() - t0
 
 
+def write_u8(fp32: Path, out: Path, ranges: dict, ops, floats) -> Path:
+    """The TensorRT placement in u8: Q/DQ on the inputs of ``ops`` only (their outputs float, so
+    nothing fuses), zero points from ``ranges``, s8 per-channel weights."""
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.calibrate import save_tensors_data
+
+    from app.builder.int8.thresholds import to_tensors_data
+
+    cache = out.with_suffix(".json")
+    save_tensors_data(to_tensors_data(ranges, "percentile"), cache)
+    extra = {"ActivationSymmetric": False, "WeightSymmetric": True, "OpTypesToExcludeOutputQuantization": list(ops)}
+    quantize_static(str(fp32), str(out), calibration_data_reader=None, quant_format=QuantFormat.QDQ, per_channel=True,
+                    reduce_range=False, weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8,
+                    nodes_to_exclude=list(floats), op_types_to_quantize=list(ops),
+                    calibrate_method=CalibrationMethod.Percentile, calibration_cache_path=str(cache),
+                    extra_options=extra)
+    return out
+
+
 def candidates(model_dir: Path, work: Path, calib_dir: Path) -> dict[str, Path]:
     """The TensorRT model step by step, and CPU-model variants, from the default run's ranges."""
     import onnx
@@ -121,7 +140,6 @@ def candidates(model_dir: Path, work: Path, calib_dir: Path) -> dict[str, Path]:
     from app.builder.int8.qdq import write_qdq_model
     from app.builder.int8.shift import shift_activations
     from app.builder.int8.thresholds import compute_ranges, silu_preactivation_ranges, to_tensors_data
-    from bench.int8_placement import write as write_u8
 
     own = json.loads((model_dir / "int8_report.json").read_text())
     fp32_path = model_dir / "model.onnx"
@@ -156,7 +174,7 @@ def candidates(model_dir: Path, work: Path, calib_dir: Path) -> dict[str, Path]:
     write("TensorRT model: + shifted s8, own-range mse, bias correction (before mixed precision)",
           paths["tensorrt"], "tensorrt", corrected)
     out["TensorRT placement in u8, |x| ranges (unfused, zero points: what the shift approaches)"] = write_u8(
-        fp32_path, work / "candidate-u8.onnx", ranges["cpu"], graph.CPU_OP_TYPES, floats, outputs=False)
+        fp32_path, work / "candidate-u8.onnx", ranges["cpu"], graph.CPU_OP_TYPES, floats)
     write("CPU model + bias correction", paths["cpu"], "cpu",
           lambda m: correct_biases(m, bias_errors(m, fp32, batches)))
     write("CPU model with the TensorRT model's own-range mse ranges", paths["tensorrt"], "cpu")

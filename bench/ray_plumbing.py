@@ -42,7 +42,7 @@ if __package__ in (None, ""):  # `python bench/ray_plumbing.py`: make the repo i
 import numpy as np
 
 from app.benchmark.machine import PACKAGES, machine_info, versions
-from app.contracts import ImageResult
+from app.contracts import DetectedBatch, ImageResult
 from app.distributed.actor import DetectorActor, read_batch
 from app.types import Detections
 
@@ -66,8 +66,8 @@ class CannedDetector:
         self.names = NAMES
         self.result = canned_result(boxes)
 
-    def detect(self, items, params=None):
-        return [self.result] * len(items)
+    def run(self, items, params=None):
+        return DetectedBatch.of([self.result] * len(items))
 
 
 class CannedActor(DetectorActor):

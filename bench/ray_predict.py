@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
                 else:
                     failures.append({"system": system, "gpus": g, "repeat": rep, "error": error})
                     log(f"  FAILED: {error}")
-        from app.distributed.job import BATCHES_PER_BLOCK, GPU_CALLS_PER_ACTOR
+        from app.config import IN_FLIGHT
+        from app.distributed.job import BATCHES_PER_BLOCK
 
         result = {
             "smoke": smoke,
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
                        "weights": args.weights, "imgsz": args.imgsz, "batch": args.batch, "backend": backend,
                        "precision": args.precision, "ray_gpus": ray_gpus, "cpu_actors": args.cpu_actors,
                        "ort_threads": args.ort_threads, "repeat": args.repeat,
-                       "batches_per_block": BATCHES_PER_BLOCK, "gpu_calls_per_actor": GPU_CALLS_PER_ACTOR,
+                       "batches_per_block": BATCHES_PER_BLOCK, "in_flight_per_gpu_actor": IN_FLIGHT,
                        "date": dt.datetime.now().isoformat(timespec="seconds"),
                        "elapsed_s": round(time.perf_counter() - t0, 1)},
             "note": ("CPU smoke run: proves the rows run, not a benchmark. " if smoke else "") + args.note,

@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,12 +31,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
 from app.benchmark.machine import machine_info, versions  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench.server_meter import free_port  # noqa: E402
 
 
 def _jpeg() -> bytes:
@@ -53,7 +47,7 @@ def one_start(tree: Path, artifacts: Path, backend: str, log: Path, timeout_s: f
     """One ``yolopipe serve`` of the code in ``tree``, from its start to its first answers, then SIGTERM."""
     import httpx
 
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "YOLOPIPE_ARTIFACTS_DIR": str(artifacts), "YOLO_OFFLINE": "1", "PYTHONPATH": str(tree)}
     base = f"http://127.0.0.1:{port}"
     image = _jpeg()

@@ -42,6 +42,7 @@ import cv2
 import numpy as np
 
 from app.benchmark.machine import machine_info, versions
+from app.config import MAX_WAIT_MS
 
 LATENCY_LIMIT_MS = 100.0
 DROP_LIMIT_PCT = 1.0
@@ -61,11 +62,11 @@ def yolopipe_row(detector, clip: Path, n: int, *, realtime: bool, source_fps: fl
     lock = threading.Lock()
     done = [0]
 
-    def on_frame(frame, result, ids) -> None:
+    def on_frames(frames, answers, track_ids) -> None:
         with lock:
-            done[0] += 1
+            done[0] += len(frames)
 
-    runner = StreamRunner(detector, detector.params(), on_frame, max_wait_ms=max_wait_ms, max_streams=n)
+    runner = StreamRunner(detector, detector.params(), on_frames, max_wait_ms=max_wait_ms, max_streams=n)
     decoder = runner.decoder  # app.pipeline.sources.video_decoder: what reads every stream here
     t0 = time.perf_counter()
     streams = [runner.add(str(clip), realtime=realtime) for _ in range(n)]
@@ -225,7 +226,8 @@ def main() -> None:
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--max-batch", type=int, default=64)
-    ap.add_argument("--max-wait-ms", type=float, default=5.0)
+    ap.add_argument("--max-wait-ms", type=float, default=MAX_WAIT_MS, help="the stream runner's wait for a batch "
+                                                                           "(default: yolopipe's, app.config)")
     ap.add_argument("--compile", action="store_true", help="torch-cuda: torch.compile each batch bucket first "
                                                             "(~20 s each on a first run)")
     ap.add_argument("--no-ultralytics", action="store_true")
@@ -246,6 +248,7 @@ def main() -> None:
         ultralytics_worker(args)
         return
 
+    from app.pipeline.detector import Detector
     from app.runtime import open_detector
 
     width, height, source_fps, frames_per_clip = clip_facts(args.clip)
@@ -265,9 +268,9 @@ def main() -> None:
     with detector:
         for n in counts:
             for decoder in args.video_decode.split(","):
-                detector.video_decode = decoder
+                reading = Detector(detector.pipeline, detector.shape, video_decode=decoder)  # the same pipeline
                 for realtime in (True, False):
-                    row = yolopipe_row(detector, args.clip, n, realtime=realtime, source_fps=source_fps,
+                    row = yolopipe_row(reading, args.clip, n, realtime=realtime, source_fps=source_fps,
                                        max_wait_ms=args.max_wait_ms)
                     rows.append({**common, **row, "backend": info["backend"], "precision": info["precision"]})
                     print(json.dumps(rows[-1]), flush=True)

@@ -1,7 +1,7 @@
 """The inference worker's own host CPU per request, with the device emulated.
 
 One inference worker (the process that owns the GPU and answers every HTTP worker) runs its
-real serving loop (``app.service.worker._serve``: socket, rings, batcher, answers) in front of
+real serving loop (``app.service.inference.worker._serve``: socket, rings, batcher, answers) in front of
 a stand-in pipeline that costs almost no CPU: each batch waits ``n / rate`` seconds with the
 GIL released (a serial device at ``--rate`` images/s, like a CUDA sync) and returns
 ``--rows`` detections per image, with the stage-timing keys of the GPU pipeline. JPEG bytes
@@ -62,7 +62,8 @@ class EmulatedDevice:
 
         self.rate = rate
         self.max_batch = max_batch
-        self.max_in_flight = in_flight
+        self.in_flight = in_flight
+        self.buckets: tuple[int, ...] = ()
         self.meta = ModelMeta(name="emulated", names=[f"class{i}" for i in range(80)], imgsz=640, stride=32,
                               input_name="images", output_name="output0", input_shape=["batch", 3, 640, 640],
                               output_shape=["batch", 84, 8400], opset=17, weights_sha256="0" * 64)
@@ -127,11 +128,14 @@ def run_worker(args) -> None:
     from app.config import Settings
     from app.ipc.layout import RunLayout
     from app.pipeline.detector import Detector
-    from app.service import worker
+    from app.contracts import RunShape
+    from app.service.inference import worker
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     settings = Settings(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, request_timeout_s=30.0)
-    detector = Detector(EmulatedDevice(args.rate, args.rows, args.max_batch))
+    device = EmulatedDevice(args.rate, args.rows, args.max_batch)
+    detector = Detector(device, RunShape(max_batch=args.max_batch, in_flight=device.in_flight,
+                                         max_wait_ms=args.max_wait_ms))
     spec = worker.WorkerSpec(0, None, RunLayout(layout_root, 1), 0, os.getppid())
     worker._run(worker._serve(spec, settings, detector, _Report()))
 
@@ -267,7 +271,7 @@ def measure(tree: Path, args, profile_to: Path | None = None) -> dict:
     return {"requests_per_s": round(ok / args.seconds, 1), "worker_cpu_us_per_request": round(
         (cpu1 - cpu0) / max(ok, 1) * 1e6, 1), "worker_cores_busy": round((cpu1 - cpu0) / args.seconds, 3),
         # the event loop's thread (reading descriptors, admitting, writing answers) and the rest
-        # (the lanes: batching, the stand-in device's call, answers as arrays)
+        # (the batch threads: batching, the stand-in device's call, answers as arrays)
         "loop_thread_us_per_request": round((loop1 - loop0) / max(ok, 1) * 1e6, 1),
         "other_threads_us_per_request": round((cpu1 - cpu0 - loop1 + loop0) / max(ok, 1) * 1e6, 1),
         "answers": dict(counts), "p50_ms": pct(0.5), "p99_ms": pct(0.99),

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("YOLO_OFFLINE", "1")  # Ultralytics must never reach for the network in tests
+# Servers the tests start serve no gRPC unless a test asks for it (on a free port): many run at
+# once, and the default port (8001) would be taken by the first.
+os.environ.setdefault("YOLOPIPE_GRPC_PORT", "0")
 # Kernels run in Numba's CUDA simulator unless YOLOPIPE_REAL_GPU=1 (on the GPU machine). It must
 # be chosen before anything imports numba.cuda, so here, at the root of the whole session.
 if os.environ.get("YOLOPIPE_REAL_GPU") != "1":

@@ -202,3 +202,143 @@ def jpeg_with_scans(progressive: bytes, scans: int) -> bytes:
     end = progressive.rindex(b"\xff\xd9")
     extra = scans - progressive.count(b"\xff\xda")
     return progressive[:end] + progressive[last:end] * extra + progressive[end:]
+
+
+# --- broken JPEGs: the corpus both decode paths must refuse (or accept) alike ----------------
+def jpeg_segments(jpeg: bytes) -> list[tuple[int, int, int]]:
+    """``(offset, marker, end)`` of each marker up to the first scan's data (end: where the
+    segment ends), then the first SOS; the entropy-coded data is not walked."""
+    out, i = [], 2
+    while i < len(jpeg):
+        marker = jpeg[i + 1]
+        length = int.from_bytes(jpeg[i + 2 : i + 4], "big")
+        out.append((i, marker, i + 2 + length))
+        if marker == 0xDA:
+            return out
+        i += 2 + length
+    raise AssertionError("no SOS marker")
+
+
+def jpeg_markers(jpeg: bytes) -> list[tuple[int, int]]:
+    """``(offset, marker)`` of every marker after the first SOS header (RSTn, DHT, SOS, EOI...)."""
+    start = jpeg_segments(jpeg)[-1][2]
+    out, i = [], jpeg.find(b"\xff", start)
+    while i >= 0 and i + 1 < len(jpeg):
+        if jpeg[i + 1] not in (0x00, 0xFF):
+            out.append((i, jpeg[i + 1]))
+        i = jpeg.find(b"\xff", i + 1)
+    return out
+
+
+def jpeg_without(jpeg: bytes, marker: int, which: int | None = None) -> bytes:
+    """The JPEG without its header segments of ``marker`` (all of them, or the ``which``-th)."""
+    found = [(a, b) for a, m, b in jpeg_segments(jpeg) if m == marker]
+    if which is not None:
+        found = [found[which]]
+    for a, b in reversed(found):
+        jpeg = jpeg[:a] + jpeg[b:]
+    return jpeg
+
+
+def jpeg_scan_data(jpeg: bytes) -> tuple[int, int]:
+    """``(start, end)`` of the first scan's entropy-coded data."""
+    start = jpeg_segments(jpeg)[-1][2]
+    end = next(i for i, m in jpeg_markers(jpeg) if not 0xD0 <= m <= 0xD7)
+    return start, end
+
+
+def jpeg_bit_flips(jpeg: bytes, seed: int, count: int = 1) -> bytes:
+    """``count`` random bits flipped inside the first scan's data, never creating a marker."""
+    import random
+
+    rng = random.Random(seed)
+    start, end = jpeg_scan_data(jpeg)
+    out = bytearray(jpeg)
+    flipped = 0
+    while flipped < count:
+        i, bit = rng.randrange(start, end), 1 << rng.randrange(8)
+        if out[i] == 0xFF or out[i] ^ bit == 0xFF or out[i - 1] == 0xFF:
+            continue  # keep the marker structure: the corruption is in the Huffman-coded data only
+        out[i] ^= bit
+        flipped += 1
+    return bytes(out)
+
+
+def jpeg_with_dri(jpeg: bytes, interval: int) -> bytes:
+    """A DRI segment inserted before the frame, without adding a restart marker to the data."""
+    sof = jpeg_sof(jpeg)
+    return jpeg[:sof] + b"\xff\xdd\x00\x04" + interval.to_bytes(2, "big") + jpeg[sof:]
+
+
+def jpeg_broken(name: str, jpeg: bytes) -> dict[str, bytes]:
+    """Every broken variant of one well-formed JPEG, by name."""
+    n = len(jpeg)
+    segments = jpeg_segments(jpeg)
+    markers = jpeg_markers(jpeg)
+    sos_at, _, data_at = segments[-1]
+    out = {f"{name}_cut_400": jpeg[:400], f"{name}_cut_2000": jpeg[:2000], f"{name}_cut_half": jpeg[: n // 2],
+           f"{name}_cut_90pct": jpeg[: n * 9 // 10], f"{name}_no_eoi": jpeg[:-2], f"{name}_cut_last_byte": jpeg[:-1],
+           f"{name}_cut_before_sos": jpeg[:sos_at], f"{name}_cut_after_sos": jpeg[:data_at],
+           f"{name}_zero_length_scan": jpeg[:data_at] + b"\xff\xd9",
+           f"{name}_eoi_only_after_header": jpeg[:sos_at] + b"\xff\xd9",
+           f"{name}_half_then_eoi": jpeg[: max(data_at + 1, n // 2)].rstrip(b"\xff") + b"\xff\xd9",
+           f"{name}_trailing_garbage": jpeg + b"garbage after the EOI" * 10,
+           f"{name}_garbage_before_eoi": jpeg[:-2] + b"\x00" * 64 + b"\xff\xd9",
+           f"{name}_no_dht": jpeg_without(jpeg, 0xC4), f"{name}_no_dqt": jpeg_without(jpeg, 0xDB),
+           f"{name}_second_soi": jpeg[:2] + b"\xff\xd8" + jpeg[2:],
+           f"{name}_garbage_between_segments": jpeg[:sos_at] + b"junk" + jpeg[sos_at:],
+           f"{name}_unknown_marker_before_scan": jpeg[:sos_at] + b"\xff\x02\x00\x04ab" + jpeg[sos_at:],
+           f"{name}_second_sof": jpeg[:sos_at] + jpeg[jpeg_sof(jpeg) : next(b for a, m, b in segments
+                                                                         if a == jpeg_sof(jpeg))] + jpeg[sos_at:],
+           f"{name}_scan_of_unknown_component": jpeg[: sos_at + 5] + b"\x63" + jpeg[sos_at + 6 :],
+           f"{name}_hierarchical_sof": jpeg[: jpeg_sof(jpeg) + 1] + b"\xc5" + jpeg[jpeg_sof(jpeg) + 2 :],
+           # Ss, Se, Ah/Al of the first scan zeroed (files like it exist: libjpeg warns and ignores them)
+           f"{name}_sos_parameters_zeroed": jpeg[: data_at - 3] + b"\x00\x00\x00" + jpeg[data_at:]}
+    for pct in range(1, 100):
+        out[f"{name}_cut_{pct:02d}pct"] = jpeg[: n * pct // 100]
+    for seed in range(12):
+        out[f"{name}_bit_flip_{seed}"] = jpeg_bit_flips(jpeg, seed)
+        out[f"{name}_bit_flips_{seed}x8"] = jpeg_bit_flips(jpeg, 1000 + seed, 8)
+    import random
+
+    rng = random.Random(len(jpeg))
+    for k in range(24):  # one header byte (a length, a table entry, a scan parameter...) changed
+        at = rng.randrange(2, data_at)
+        out[f"{name}_header_byte_{k}"] = jpeg[:at] + bytes([jpeg[at] ^ rng.randrange(1, 256)]) + jpeg[at + 1 :]
+    dqt = next(a for a, m, _ in segments if m == 0xDB)  # its first table declared 16-bit: too short
+    out[f"{name}_dqt_16_bit_short"] = jpeg[: dqt + 4] + bytes([jpeg[dqt + 4] | 0x10]) + jpeg[dqt + 5 :]
+    dhts = [(a, b) for a, m, b in segments if m == 0xC4]
+    for k, (a, b) in enumerate(dhts):
+        out[f"{name}_dht_{k}_removed"] = jpeg[:a] + jpeg[b:]
+        over = bytearray(jpeg[a:b])  # the first table's codes: two of 1 bit (all ones), the rest of 16
+        total = sum(over[5:21])
+        over[5:21] = bytes([2] + [0] * 14 + [total - 2])
+        out[f"{name}_dht_{k}_oversubscribed"] = jpeg[:a] + bytes(over) + jpeg[b:]
+        moved = bytearray(jpeg[a:b])
+        moved[4] = (moved[4] & 0x10) | 3  # the table defined as table 3: the scan's table is missing
+        out[f"{name}_dht_{k}_wrong_index"] = jpeg[:a] + bytes(moved) + jpeg[b:]
+    rsts = [i for i, m in markers if 0xD0 <= m <= 0xD7]
+    if rsts:
+        r = rsts[len(rsts) // 2]
+        out[f"{name}_rst_removed"] = jpeg[:r] + jpeg[r + 2 :]
+        out[f"{name}_rst_out_of_order"] = jpeg[: r + 1] + bytes([0xD0 + (jpeg[r + 1] - 0xD0 + 3) % 8]) + jpeg[r + 2 :]
+        out[f"{name}_rst_doubled"] = jpeg[: r + 2] + jpeg[r : r + 2] + jpeg[r + 2 :]
+        out[f"{name}_no_rst_markers"] = _without_rst(jpeg, rsts)
+        out[f"{name}_no_dri"] = jpeg_without(jpeg, 0xDD)
+    else:
+        out[f"{name}_dri_without_rst"] = jpeg_with_dri(jpeg, 4)
+    scans = [i for i, m in markers if m == 0xDA]
+    if scans:  # progressive (or multi-scan): cut at each later scan, with and without an EOI
+        for k, at in enumerate(scans):
+            out[f"{name}_cut_at_scan_{k + 2}"] = jpeg[:at]
+            out[f"{name}_scans_1_to_{k + 1}_then_eoi"] = jpeg[:at] + b"\xff\xd9"
+        last = scans[-1]
+        out[f"{name}_last_scan_repeated"] = jpeg[:-2] + jpeg[last:-2] + b"\xff\xd9"
+        out[f"{name}_second_scan_dropped"] = jpeg[: scans[0]] + jpeg[scans[1] if len(scans) > 1 else -2 :]
+    return out
+
+
+def _without_rst(jpeg: bytes, rsts: list[int]) -> bytes:
+    for r in reversed(rsts):
+        jpeg = jpeg[:r] + jpeg[r + 2 :]
+    return jpeg

@@ -3,6 +3,7 @@
 Every error leaves the service as ``{"error": {"code": ..., "message": ...}}``: yolopipe's own
 ``app.errors`` family, FastAPI's request validation, Starlette's HTTP errors (404, 405, a
 malformed multipart body) and, as a last resort, an unexpected exception (500, no traceback).
+The KServe v2 gRPC service answers the same family with status codes: ``app/api/grpc/errors.py``.
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ from app.errors import (
     InvalidImage,
     InvalidParameter,
     MethodNotImplemented,
+    ModelNotFound,
+    NotSupported,
     Overloaded,
     ReadTimeout,
     RequestTimeout,
+    SharedMemoryError,
     UnsupportedMediaType,
     UriTooLong,
     YolopipeError,
@@ -41,6 +45,9 @@ STATUS_BY_ERROR: dict[type[YolopipeError], int] = {
     UnsupportedMediaType: 415,
     ImageTooLarge: 413,
     InvalidParameter: 422,
+    SharedMemoryError: 400,
+    ModelNotFound: 404,
+    NotSupported: 400,  # as Triton answers its UNSUPPORTED over HTTP
     Overloaded: 503,
     RequestTimeout: 504,
     DeviceError: 503,
@@ -96,9 +103,9 @@ def error_response(exc: YolopipeError) -> JSONResponse:
     return JSONResponse(error_body(exc.code, str(exc)), status_code=status_for(exc), headers=headers)
 
 
-def image_error_json(image: str, exc: YolopipeError) -> dict[str, Any]:
-    """One failed image inside a batch response: its name, the error and the status it would have alone."""
-    return {"image": image, "status": status_for(exc), **error_body(exc.code, str(exc))}
+def image_error_fields(exc: YolopipeError) -> dict[str, Any]:
+    """One failed image inside a batch response, after its name: the status it would have alone and the error."""
+    return {"status": status_for(exc), **error_body(exc.code, str(exc))}
 
 
 def _validation_message(exc: RequestValidationError) -> str:

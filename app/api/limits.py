@@ -1,4 +1,4 @@
-"""The body size limit, enforced while the body streams in (never after buffering it), and a
+"""The body size limits, enforced while the body streams in (never after buffering it), and a
 client that hangs up mid-body answered quietly (no 500, no traceback)."""
 
 from __future__ import annotations
@@ -31,17 +31,26 @@ class BodyLimitMiddleware:
     408 or 400) so that /metrics counts it as what it was, not as a 500.
     """
 
-    def __init__(self, app: Any, max_body_bytes: int) -> None:
+    def __init__(self, app: Any, max_body_bytes: int, limits: dict[str, int] | None = None) -> None:
+        """``limits``: a smaller limit for the paths under each prefix (the streams API's JSON)."""
         self.app = app
-        self.limit = max_body_bytes
+        self.default = max_body_bytes
+        self.limits = sorted((limits or {}).items(), key=lambda item: -len(item[0]))
+
+    def limit_for(self, path: str) -> int:
+        for prefix, limit in self.limits:
+            if path == prefix or path.startswith(prefix + "/"):
+                return limit
+        return self.default
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.limit_for(scope["path"])
         declared = _content_length(scope)
-        if declared is not None and declared > self.limit:
-            exc = ImageTooLarge(f"request body of {declared:,} bytes is over the limit of {self.limit:,}")
+        if declared is not None and declared > limit:
+            exc = ImageTooLarge(f"request body of {declared:,} bytes is over the limit of {limit:,}")
             response = error_response(exc)
             response.headers["connection"] = "close"  # the unread body makes the connection unusable
             await response(scope, receive, send)
@@ -49,19 +58,30 @@ class BodyLimitMiddleware:
         received = 0
         body_unread = bool(declared) or _header(scope, b"transfer-encoding") is not None
         started = False
+        over: ImageTooLarge | None = None
 
         async def limited_receive() -> dict:
-            nonlocal received, body_unread
+            nonlocal received, body_unread, over
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 body_unread = body_unread and message.get("more_body", False)
-                if received > self.limit:
-                    raise ImageTooLarge(f"request body is over the limit of {self.limit:,} bytes")
+                if received > limit:
+                    over = ImageTooLarge(f"request body is over the limit of {limit:,} bytes")
+                    raise over
             return message
 
         async def closing_send(message: dict) -> None:
             nonlocal started
+            if over is not None:
+                # Whatever the app made of the error (FastAPI turns one raised while it reads a
+                # JSON body into its own 400), the answer is the 413.
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    response = error_response(over)
+                    response.headers["connection"] = "close"
+                    await response(scope, receive, send)
+                return
             if message["type"] == "http.response.start":
                 started = True
                 if body_unread:

@@ -17,10 +17,12 @@ from fastapi import FastAPI
 
 from app.api.docs import install_docs
 from app.api.errors import install_error_handlers
+from app.api.framing import HeadAsGetMiddleware, RequestFramingMiddleware
 from app.api.limits import BodyLimitMiddleware
 from app.api.metrics import Metrics, MetricsMiddleware
 from app.api.oip.errors import OipErrorShapeMiddleware
 from app.api.oip.routes import router as oip_router
+from app.api.oip.shm_routes import router as shm_router
 from app.api.routes import router
 from app.api.streams import streams_router
 from app.config import Settings
@@ -64,9 +66,13 @@ def create_app(settings: Settings, inference: InferenceClient) -> FastAPI:
     install_docs(app)
     app.include_router(router)
     app.include_router(oip_router)  # the Open Inference Protocol (KServe v2) under /v2
+    app.include_router(shm_router)  # and Triton's shared-memory extension
     app.include_router(streams_router)
     # Outermost last: metrics see every response, including a 413 from the body limit.
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
+                       limits={streams_router.prefix: settings.max_stream_body_bytes})
+    app.add_middleware(RequestFramingMiddleware)  # one value per header acted on; no encoded '/' in a path
     app.add_middleware(OipErrorShapeMiddleware)  # /v2 errors as {"error": message}, the body limit's too
+    app.add_middleware(HeadAsGetMiddleware)  # outside the reshaping: HEAD's Content-Length is GET's
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app

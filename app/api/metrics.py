@@ -25,6 +25,16 @@ KNOWN_PATHS = frozenset(
 )
 
 
+def rejected_counter(registry: CollectorRegistry) -> Counter:
+    """Requests the service refused or failed, by code: one series for HTTP and gRPC workers alike
+    (multiprocess mode sums the processes that define it)."""
+    return Counter(
+        "yolopipe_rejected", "Requests refused or failed by the service, not by their content, by error code "
+        "(overloaded: over the time budget or no worker ready; device_error: the inference worker failed or "
+        "stopped; timeout)", ["reason"], registry=registry,
+    )
+
+
 class Metrics:
     def __init__(self, workers_dir: Path | None = None) -> None:
         """``workers_dir``: where the inference workers write their metrics."""
@@ -35,11 +45,7 @@ class Metrics:
         self.request_latency = Histogram(
             "yolopipe_request_latency_seconds", "Whole-request latency", ["path"], buckets=LATENCY_BUCKETS, registry=r,
         )
-        self.rejected = Counter(
-            "yolopipe_rejected", "Requests refused or failed by the service, not by their content, by error code "
-            "(overloaded: over the time budget or no worker ready; device_error: the inference worker failed or "
-            "stopped; timeout)", ["reason"], registry=r,
-        )
+        self.rejected = rejected_counter(r)
         self._rendering = asyncio.Lock()  # one scrape at a time reads the files; others wait for it
 
     def observe_request(self, path: str, status: int, seconds: float) -> None:

@@ -1,16 +1,18 @@
 """Thin HTTP handlers: read the body and the parameters, check each image's header, hand the
-bytes to the inference workers, shape the JSON. No image is decoded here."""
+bytes (with their headers) to the inference workers, write the JSON (``app.records``, in the
+compact form Starlette's ``JSONResponse`` writes). No image is decoded here."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.api.errors import error_body, error_response, image_error_json
+from app.api.errors import error_body, error_response, image_error_fields
 from app.api.metrics import Metrics
 from app.api.schemas import (
     DETECT_ERRORS,
@@ -19,12 +21,13 @@ from app.api.schemas import (
     Health,
     ImageDetections,
     ModelInfo,
+    Ready,
     batch_request_body,
     detect_request_body,
 )
 from app.api.uploads import check_request_images, read_form_images
 from app.config import CONF, IOU, MAX_DET, Settings
-from app.contracts import DetectParams, make_params
+from app.contracts import DetectedBatch, DetectParams, ImageResult, make_params
 from app.errors import (
     ClientDisconnected,
     InvalidParameter,
@@ -36,6 +39,7 @@ from app.imaging.check import check_image
 from app.imaging.headers import ImageHeader
 from app.ipc.client import SERVER_SIDE, InferenceClient
 from app.ipc.wire import Outcome
+from app.records import HTTP, records
 
 router = APIRouter()
 
@@ -61,6 +65,21 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
 
+def check_query(request: Request, known: tuple[str, ...]) -> None:
+    """A query parameter the endpoint does not take (a typo such as ``cnf``) is a 422 naming it,
+    never silently the default."""
+    unknown = sorted({name for name in request.query_params if name not in known})
+    if unknown:
+        takes = f"it takes {', '.join(known)}" if known else "it takes no query parameters"
+        raise InvalidParameter(f"unknown query parameter {', '.join(map(repr, unknown[:8]))} for {request.url.path}; "
+                               + takes)
+
+
+def no_query(request: Request) -> None:
+    """A dependency: the endpoint takes no query parameters."""
+    check_query(request, ())
+
+
 def detect_params(
     inference: InferenceDep,
     conf: Annotated[float, Query(ge=0.0, le=1.0, description="confidence threshold")] = CONF,
@@ -83,6 +102,12 @@ def detect_params(
 
 
 ParamsDep = Annotated[DetectParams, Depends(detect_params)]
+DETECT_QUERY = tuple(name for name in inspect.signature(detect_params).parameters if name != "inference")
+
+
+def detect_query(request: Request) -> None:
+    """A dependency: the detect endpoints take ``detect_params``' query parameters only."""
+    check_query(request, DETECT_QUERY)
 
 
 # --- reading images from the body ------------------------------------------------------
@@ -140,12 +165,19 @@ async def _until_disconnected(request: Request) -> None:
         pass
 
 
-def _image_json(name: str, outcome: Outcome, names: list[str], total_ms: float) -> dict[str, Any]:
-    assert outcome.detections is not None
-    timings = {"decode_ms": round(outcome.decode_ms, 3), "queue_ms": round(outcome.queue_ms, 3),
-               **(outcome.batch or {}), "total_ms": round(total_ms, 3)}
-    return {"image": name, "width": outcome.width, "height": outcome.height,
-            "detections": outcome.detections.to_json(names), "timings": timings}
+def _image_records(names: list[str], outcomes: list[Outcome | ImageResult], class_names: list[str],
+                   total_ms: float) -> list[str]:
+    """Each image's JSON object: a line of ``predict`` plus its ``timings``, or, for an image that
+    failed, its error with the status it would have alone."""
+    tails = [HTTP.fields(timings={"decode_ms": round(o.decode_ms, 3), "queue_ms": round(o.queue_ms, 3),
+                                  **(o.batch or {}), "total_ms": round(total_ms, 3)})
+             if isinstance(o, Outcome) and o.error is None else "" for o in outcomes]
+    return records([HTTP.fields(image=name) for name in names], DetectedBatch.of(outcomes), class_names,
+                   tails=tails, style=HTTP, error_fields=image_error_fields)
+
+
+def _json(text: str) -> Response:
+    return Response(text.encode(), media_type="application/json")
 
 
 # --- endpoints -------------------------------------------------------------------------
@@ -155,9 +187,10 @@ def _image_json(name: str, outcome: Outcome, names: list[str], total_ms: float) 
     response_model=None,
     responses={200: {"model": ImageDetections}, **DETECT_ERRORS},
     openapi_extra=detect_request_body(),
+    dependencies=[Depends(detect_query)],
 )
 async def detect(request: Request, params: ParamsDep, inference: InferenceDep, settings: SettingsDep,
-                 metrics: MetricsDep) -> JSONResponse:
+                 metrics: MetricsDep) -> Response:
     start = time.perf_counter()
     name, data = await _read_single_image(request, settings)
     header = check_image(data, max_pixels=settings.max_pixels)  # format, size and memory, before any decode
@@ -167,8 +200,8 @@ async def detect(request: Request, params: ParamsDep, inference: InferenceDep, s
     (outcome,) = outcomes
     if outcome.error is not None:
         raise outcome.error
-    names = inference.info["class_names"]
-    return JSONResponse(_image_json(name, outcome, names, (time.perf_counter() - start) * 1e3))
+    total_ms = (time.perf_counter() - start) * 1e3
+    return _json(_image_records([name], [outcome], inference.info["class_names"], total_ms)[0])
 
 
 @router.post(
@@ -177,9 +210,10 @@ async def detect(request: Request, params: ParamsDep, inference: InferenceDep, s
     response_model=None,
     responses={200: {"model": BatchResponse}, **DETECT_ERRORS},
     openapi_extra=batch_request_body(),
+    dependencies=[Depends(detect_query)],
 )
 async def detect_batch(request: Request, params: ParamsDep, inference: InferenceDep, settings: SettingsDep,
-                       metrics: MetricsDep) -> JSONResponse:
+                       metrics: MetricsDep) -> Response:
     start = time.perf_counter()
     media = _media_type(request)
     if media != "multipart/form-data":
@@ -189,7 +223,7 @@ async def detect_batch(request: Request, params: ParamsDep, inference: Inference
     images = await read_form_images(request, "images", max_parts=settings.max_images_per_request,
                                     max_body_bytes=settings.max_body_bytes)
     # Each header is checked (format, size, memory, the request's pixel budget) before anything is
-    # decoded; images that fail are answered here, in their slots, the rest go to the inference workers.
+    # decoded; images that fail are answered here, in their places, the rest go to the inference workers.
     checked = check_request_images([data for _, data in images], max_pixels=settings.max_pixels)
     refused = {i: c for i, c in enumerate(checked) if isinstance(c, YolopipeError)}
     sent = [i for i in range(len(images)) if i not in refused]
@@ -199,13 +233,10 @@ async def detect_batch(request: Request, params: ParamsDep, inference: Inference
         return answered
     outcomes = dict(zip(sent, answered))
     total_ms = (time.perf_counter() - start) * 1e3
-    names = inference.info["class_names"]
-    results = []
-    for i, (name, _) in enumerate(images):
-        error = refused.get(i) or outcomes[i].error
-        results.append(image_error_json(name, error) if error is not None
-                       else _image_json(name, outcomes[i], names, total_ms))
-    return JSONResponse({"results": results, "timings": {"total_ms": round(total_ms, 3)}})
+    each = [outcomes[i] if i in outcomes else ImageResult(error=refused[i]) for i in range(len(images))]
+    results = _image_records([name for name, _ in images], each, inference.info["class_names"], total_ms)
+    return _json('{"results":[' + ",".join(results) + '],' + HTTP.fields(timings={"total_ms": round(total_ms, 3)})
+                 + "}")
 
 
 @router.get("/healthz", summary="The process is alive", response_model=Health)
@@ -216,7 +247,7 @@ async def healthz() -> dict[str, str]:
 @router.get(
     "/readyz",
     summary="An inference worker is ready and this HTTP worker is not draining",
-    response_model=Health,
+    response_model=Ready,
     responses={503: {"model": ErrorResponse}},
 )
 async def readyz(request: Request) -> Any:
@@ -226,7 +257,8 @@ async def readyz(request: Request) -> Any:
         doing = "; ".join(f"worker {w['worker']}: {'ready' if w['ready'] else w['phase']}" for w in workers)
         what = "the inference workers are starting" if any(w["ready"] for w in workers) else "no inference worker is ready"
         return JSONResponse(error_body("not_ready", what + (f" ({doing})" if doing else "")), status_code=503)
-    return {"status": "ready"}
+    return {"status": "ready", "startup": [{"worker": w["worker"], **w["startup"]} for w in client.workers()
+                                           if w["startup"]]}
 
 
 @router.get("/v1/model", summary="The served model, backend and serving limits", response_model=ModelInfo)
@@ -235,17 +267,17 @@ async def model_info(inference: InferenceDep, settings: SettingsDep) -> dict[str
     info.update(
         weights=settings.weights,
         serving={
-            "max_batch": info.pop("batch_limit"),
+            "max_batch": info["max_batch"],  # the run shape's, as the inference workers clamped it (the one value)
             "max_wait_ms": settings.max_wait_ms,
             "queue_budget_s": settings.budget_s,
-            "request_window": settings.window,
+            "request_window": inference.window,
             "request_timeout_s": settings.request_timeout_s,
             "max_body_bytes": settings.max_body_bytes,
             "max_pixels": info.pop("max_pixels"),
             "inference_workers": inference.workers(),
         },
     )
-    for key in ("worker", "generation", "pid", "lanes", "device"):
+    for key in ("worker", "generation", "pid", "in_flight", "device"):
         info.pop(key, None)
     return info
 

@@ -62,6 +62,18 @@ class Health(BaseModel):
     status: str
 
 
+class WorkerStartup(BaseModel):
+    model_config = {"extra": "allow"}
+
+    worker: int
+    steps: list[dict[str, Any]] = Field(description="each start-up step of the worker and its seconds, in order")
+    worker_ready_after_s: float | None = Field(None, description="the worker process's age when it was ready")
+
+
+class Ready(Health):
+    startup: list[WorkerStartup] = Field(default_factory=list, description="how each inference worker started")
+
+
 class ModelInfo(BaseModel):
     model_config = {"extra": "allow"}
 

@@ -12,26 +12,34 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.routes import InferenceDep, SettingsDep
+from app.api.routes import InferenceDep, SettingsDep, no_query
 from app.api.schemas import ErrorResponse
 from app.ipc.client import InferenceClient
 from app.ipc.streams import StreamsClient, check_stream_source, worker_of
 
-streams_router = APIRouter(prefix="/v1/streams", tags=["streams"])
+streams_router = APIRouter(prefix="/v1/streams", tags=["streams"], dependencies=[Depends(no_query)])
 
 STREAM_ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "a body that is not JSON"},
     404: {"model": ErrorResponse, "description": "no such stream"},
-    422: {"model": ErrorResponse, "description": "a source this server may not open, or too many streams"},
-    503: {"model": ErrorResponse, "description": "the inference workers are starting or restarting"},
+    413: {"model": ErrorResponse, "description": "a body over YOLOPIPE_MAX_STREAM_BODY_BYTES"},
+    422: {"model": ErrorResponse, "description": "a source this server may not open (a control character or "
+                                                 "whitespace in it, a scheme or file not allowed), an unknown field, "
+                                                 "or too many streams"},
+    503: {"model": ErrorResponse, "description": "the inference workers are starting or restarting, or removed "
+                                                 "streams are still closing their sources"},
 }
 
 
 class StreamRequest(BaseModel):
+    # A field this API does not know (a typo such as "vid_strde") or a value of another type is
+    # a 422 naming it, never silently a default.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     source: str = Field(description="rtsp://, rtsps://, rtmp://, http(s):// or srt:// URL; a file path only "
                                     "under the server's YOLOPIPE_STREAM_FILES_ROOT", max_length=2048)
     vid_stride: int = Field(1, ge=1, le=1000, description="detect on every N-th frame")

@@ -70,7 +70,7 @@ def check_request_images(
     max_decode_bytes: int = MAX_DECODE_BYTES,
 ) -> list[ImageHeader | YolopipeError]:
     """Each image's header checked before anything is decoded, in request order: its header,
-    or the error that fails its slot alone (not an image, unreadable, over the per-image
+    or the error that fails it alone, in its place (not an image, unreadable, over the per-image
     limits, or past the per-request pixel budget once the images before it are counted)."""
     results: list[ImageHeader | YolopipeError] = []
     total = 0

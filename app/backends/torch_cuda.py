@@ -14,12 +14,26 @@ Two details of Ultralytics' ``Detect`` head matter for graphs:
   do not depend on the batch, so the engine builds them once and, before each call, sets the
   head's remembered shape to the incoming one: no rebuild, one anchor tensor forever.
 
-Batches in flight (``GpuPipeline(..., slots=N)``) all use this one engine. That is safe
+Batches in flight (``GpuPipeline(..., in_flight=N)``) all use this one engine. That is safe
 because ``forward`` only runs while the pipeline captures or warms up a graph, with nothing
 else running, so the head's ``shape`` attribute is never set by two threads at once; the
 graphs then replay one after another on the pipeline's compute stream. They share the weights
 and the one anchor tensor (built by the eager probe below, outside every graph pool);
 activations and the head output live in the pipeline's graph memory pool.
+
+Three ways to run the model, fastest start first:
+
+* an **AOTInductor package** (``packages``: built ahead by ``app.builder.torch_build``, found by
+  ``app.runtime``): loaded, not compiled; nothing is traced or compiled at start-up and
+  Ultralytics is not imported. Its graph computes the head's anchors itself from the feature
+  maps' fixed size (``app.gpu.torch_model``), so no state of the head is read at all. The
+  package allocates its output (and activations) through torch's caching allocator on each
+  call, like the eager model: inside a capture that is the graph's pool, so the captured head
+  tensor keeps its address for every replay. It is loaded single-threaded: the container's
+  multi-threaded ``run`` records and waits on CUDA events of its own, which a capture forbids;
+* ``torch.compile`` (``compile=True`` without a package): Dynamo and inductor on the first call
+  of each batch size (the pipeline's warm-up), with caches under the model's folder;
+* the eager model (``compile=False``).
 """
 
 from __future__ import annotations
@@ -28,11 +42,13 @@ import contextlib
 import logging
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from app.artifacts.torch_engines import TorchEngineKey
 from app.errors import ArtifactError, BackendUnavailable, InvalidParameter
+from app.gpu.torch_model import check_head, load_model, load_package, torch_dtype
 from app.types import ModelMeta
 
 log = logging.getLogger(__name__)
@@ -54,6 +70,8 @@ class TorchCudaEngine:
         max_batch: int,
         device: int = 0,
         compile: bool = True,
+        packages: Sequence[tuple[Path, TorchEngineKey]] = (),
+        cudnn_benchmark: bool = False,
     ) -> None:
         if precision == "int8":
             raise InvalidParameter(
@@ -80,43 +98,57 @@ class TorchCudaEngine:
         self.meta = meta
         self.device = torch.device("cuda", device)
         self._torch = torch
+        self._torch_dtype = torch_dtype(precision)
+        self.cudnn_benchmark = cudnn_benchmark  # autotune convolutions on each new shape (see _scope)
         self.compiled = False
-
-        from ultralytics import YOLO
-
-        torch.cuda.set_device(self.device)
+        self.compiler = "eager"  # "aoti" (a package) | "inductor" (torch.compile) | "eager"
         self._compile_limits: dict[str, int] = {}  # torch._dynamo settings for this engine's calls
         self._inductor_cache: str | None = None
-        model = YOLO(str(weights)).model
-        model = model.fuse(verbose=False) if hasattr(model, "fuse") else model
-        model = model.to(self.device).eval()
-        model = model.half() if precision == "fp16" else model.float()
-        model = model.to(memory_format=torch.channels_last)
-        for p in model.parameters():
-            p.requires_grad_(False)
-        self._detect = model.model[-1]
-        self._detect.export = True  # return the inference tensor alone, not (y, raw)
-        self._detect.dynamic = False
-        self._model = model
-        self._torch_dtype = torch.float16 if precision == "fp16" else torch.float32
+        self._packages: list[tuple[TorchEngineKey, Any]] = []
+        self._model = self._detect = self._feat_shape = None
+        torch.cuda.set_device(self.device)
 
+        if packages:
+            self._load_packages(packages)
+            return
+        model, self._detect = load_model(weights, precision=precision, device=self.device, anchors_in_graph=False)
+        self._model = model
         # One eager call builds the anchors (batch independent) and records the feature shape.
         size = meta.imgsz
         with torch.inference_mode():
             probe = torch.zeros((1, 3, size, size), dtype=self._torch_dtype, device=self.device)
-            out = self._call(model, probe)
-        expected = (1, 4 + meta.num_classes, meta.num_anchors)
-        if tuple(out.shape) != expected:
-            raise ArtifactError(
-                f"model output {tuple(out.shape)} does not match the export's {expected}",
-                hint="re-export the model (`yolopipe export --force`)",
-            )
+            check_head(self._call(model, probe), meta, 1)
         self._feat_shape = tuple(self._detect.shape)[1:]  # (C, H, W) of the first feature map
         torch.cuda.synchronize(self.device)
 
         self._forward = model
         if compile:
             self._forward = self._compile(model, Path(model_dir) / TORCH_CACHE_DIR)
+
+    def _load_packages(self, packages: Sequence[tuple[Path, TorchEngineKey]]) -> None:
+        """Load each package (``forward`` runs a batch on the narrowest one that takes it) and
+        check its output on a batch of its smallest size."""
+        torch = self._torch
+        for path, key in sorted(packages, key=lambda p: p[1].max_batch - p[1].min_batch):
+            if key.precision != self.precision or key.imgsz != self.meta.imgsz:
+                raise ArtifactError(f"torch-cuda engine {path.name} runs {key.precision} at {key.imgsz}, "
+                                    f"not {self.precision} at {self.meta.imgsz}")
+            self._packages.append((key, load_package(path, self.device)))
+        if not any(key.covers(self.max_batch) for key, _ in self._packages):
+            raise ArtifactError(f"no torch-cuda engine package takes batches of {self.max_batch}",
+                                hint="build one: yolopipe build-engine --max-batch N")
+        size, autotune = self.meta.imgsz, self.cudnn_benchmark
+        self.cudnn_benchmark = False  # a shape check: no autotuning of shapes the run may never use
+        try:
+            with torch.inference_mode(), self._scope():
+                for key, runner in self._packages:
+                    probe = torch.zeros((key.min_batch, 3, size, size), dtype=self._torch_dtype, device=self.device)
+                    check_head(runner(probe), self.meta, key.min_batch)
+            torch.cuda.synchronize(self.device)
+        finally:
+            self.cudnn_benchmark = autotune
+        self._forward = None
+        self.compiled, self.compiler = True, "aoti"
 
     # ------------------------------------------------------------------------------ build
     def _compile(self, model, cache_dir: Path):
@@ -145,7 +177,7 @@ class TorchCudaEngine:
                 f"torch.compile unavailable ({exc}); running the eager model", RuntimeWarning, stacklevel=2
             )
             return model
-        self.compiled = True
+        self.compiled, self.compiler = True, "inductor"
         return compiled
 
     # ----------------------------------------------------------------------------- run
@@ -153,16 +185,21 @@ class TorchCudaEngine:
     def _scope(self) -> Iterator[None]:
         """This engine's settings for the length of one call, the process's own restored after.
 
-        cuDNN autotunes (fixed shapes, replayed thousands of times); fp32 means fp32, not the TF32
-        PyTorch uses by default (its rounding moves scores between batch sizes); the recompile
-        limit fits every batch bucket; inductor caches under the model's folder. The pipeline only
-        calls ``forward`` to warm up and capture graphs, from one thread, so nothing interleaves.
+        cuDNN's choice of kernels is pinned: no autotuning (timed per thread and per process, its
+        picks differed between graphs of one bucket, and moved an image's scores by a few fp16
+        steps with the slot or the thread that captured it), deterministic algorithms only;
+        fp32 means fp32, not the TF32 PyTorch uses by default (its rounding moves scores between
+        batch sizes); the recompile limit fits every batch bucket; inductor caches under the
+        model's folder. The pipeline only calls ``forward`` to warm up and capture graphs, on its
+        one capture thread, so nothing interleaves.
         """
         torch = self._torch
         cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
-        saved = cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32
+        saved = cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32, matmul.allow_tf32
         env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-        cudnn.benchmark = True
+        # Autotuning picks by timing, per process and thread: the same image could score differently
+        # across captures and restarts (issue #25). Off unless a benchmark asks for it.
+        cudnn.benchmark, cudnn.deterministic = self.cudnn_benchmark, not self.cudnn_benchmark
         if self.precision == "fp32":
             cudnn.allow_tf32 = matmul.allow_tf32 = False
         if self._inductor_cache and env is None:
@@ -173,7 +210,7 @@ class TorchCudaEngine:
                     stack.enter_context(torch._dynamo.config.patch(**self._compile_limits))
                 yield
         finally:
-            cudnn.benchmark, cudnn.allow_tf32, matmul.allow_tf32 = saved
+            cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32, matmul.allow_tf32 = saved
             if self._inductor_cache and env is None:
                 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)  # inductor writes it back itself
 
@@ -200,6 +237,13 @@ class TorchCudaEngine:
                 f"batch {images.shape[0]} is over this engine's max_batch {self.max_batch}"
             )
         with torch.inference_mode():
+            if self._packages:
+                runner = next((r for key, r in self._packages if key.covers(images.shape[0])), None)
+                if runner is None:
+                    raise InvalidParameter(f"no torch-cuda engine package takes a batch of {images.shape[0]}")
+                with self._scope():
+                    out = runner(images)
+                return out[0] if isinstance(out, (tuple, list)) else out
             if self._forward is not self._model:
                 try:
                     return self._call(self._forward, images)
@@ -212,13 +256,14 @@ class TorchCudaEngine:
                         stacklevel=2,
                     )
                     self._forward = self._model
-                    self.compiled = False
+                    self.compiled, self.compiler = False, "eager"
             return self._call(self._model, images)
 
     def close(self) -> None:
-        if self._model is None:
+        if self._model is None and not self._packages:
             return
         self._forward = self._model = self._detect = None
+        self._packages = []
         torch = self._torch
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()

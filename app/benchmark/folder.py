@@ -41,7 +41,7 @@ def folder_rows(detector, weights: Path, images, n_images: int, batch: int, gpu:
                      "errors": summary.errors, "detections": summary.detections, "jsonl_lines": lines,
                      "wall_s": round(wall, 3), "img_per_s": round(summary.images / wall, 1), "p50_ms": None,
                      "read_only_s": round(read_s, 3), "read_only_img_per_s": round(summary.images / read_s, 1),
-                     "p99_ms": None, "in_flight": pipeline.max_in_flight,
+                     "p99_ms": None, "in_flight": detector.shape.in_flight,
                      "timing": "predict_folder: reads, decode, inference, JSONL written (yolopipe predict DIR)"})
         log(f"  yolopipe folder: {summary.images} images in {wall:.2f} s = {rows[-1]['img_per_s']} img/s "
             f"(listing and reading the files alone: {read_s:.2f} s)")

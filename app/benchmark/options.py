@@ -28,13 +28,13 @@ class BenchOptions:
     iters: int = _opt(0, "timed calls per serial row (default 50; 3 with --quick)")
     warmup: int = _opt(-1, "untimed calls before each serial row (default 5; 1 with --quick)")
     quick: bool = _opt(False, "few iterations and a small folder: proves the benchmark runs")
-    compile: str = _opt("fp16", "torch.compile the torch-cuda engine for these precisions: none, fp16 or all "
-                                "(each batch bucket compiled once, cached in the artifacts folder)",
+    compile: str = _opt("fp16", "run the torch-cuda engine compiled ahead of time for these precisions: none "
+                                "(eager), fp16 or all (an AOTInductor package, built once into the artifacts folder)",
                         choices=("none", "fp16", "all"))
     pipelined_batches: tuple[int, ...] = _opt((32, 64, 128), "batch sizes of the throughput rows (GPU)")
     pipelined_images: int = _opt(0, "images per throughput row (default 4096; 256 with --quick)")
-    decoders: tuple[str, ...] = _opt(("gpu", "cpu"), "JPEG decoders of the throughput rows: gpu (nvImageCodec, "
-                                                     "else nvJPEG), nvimgcodec, nvjpeg, cpu (OpenCV threads)")
+    decoders: tuple[str, ...] = _opt(("gpu", "opencv"), "JPEG decoders of the throughput rows: gpu (nvImageCodec, "
+                                                        "else nvJPEG), nvimgcodec, nvjpeg, opencv (OpenCV threads)")
     folder_images: int = _opt(10_000, "JPEGs in the folder benchmark (copies of the images; 0 skips it)")
     folder_batch: int = _opt(128, "batch size of the folder benchmark, for yolopipe and Ultralytics alike")
     budget_s: float = _opt(330.0, "wall-clock budget: a part that would start later is skipped (and listed)")

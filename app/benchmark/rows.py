@@ -1,10 +1,10 @@
 """yolopipe's rows: serial latency per batch call, throughput with batches in flight (and the
 stage timeline of that run), the bare engine, and the per-bucket warm-up times.
 
-* ``serial``: one ``Detector.detect`` at a time, images in → boxes in original pixels on the
+* ``serial``: one ``Detector.run`` at a time, images in → boxes in original pixels on the
   host; on the GPU also the stage split of the profiling path (``gpu_*_ms_p50``) and the host
   parts (``host_*_p50``: decode, pack, upload and dispatch enqueue, wait).
-* ``pipelined``: ``Detector.detect_batches`` keeps ``max_in_flight`` batches in flight until
+* ``pipelined``: ``Detector.run_batches`` keeps ``RunShape.in_flight`` batches in flight until
   ``images`` images are done; ``img_per_s`` = images / wall time; p50/p99 per batch.
 * ``bare``: the engine alone in a CUDA graph on an already letterboxed batch (torch-cuda), or
   ``InferenceSession.run`` alone (onnxruntime).
@@ -40,7 +40,7 @@ def serial_rows(detector, images, batch: int, budget: Budget, iters: int, warmup
         timings: list[dict] = []
 
         def call(items=items, timings=timings):
-            timings.append(detector.detect_timed(items, params)[1])
+            timings.append(detector.run(items, params).timings)
 
         times = budget.measure(call, iters, warmup)
         extra: dict = {"mode": "serial"}
@@ -66,13 +66,14 @@ def serial_rows(detector, images, batch: int, budget: Budget, iters: int, warmup
 
 
 def pipelined_row(detector, items: list, input_: str, batch: int, n_images: int, decode: str | None) -> dict:
-    """Throughput with ``max_in_flight`` batches in flight; the stage timeline of the run rides along."""
+    """Throughput with ``in_flight`` batches in flight; the stage timeline of the run rides along."""
     pipeline = detector.pipeline
     params = detector.params()
-    n_batches = max(pipeline.max_in_flight, -(-n_images // batch))
+    in_flight = detector.shape.in_flight
+    n_batches = max(in_flight, -(-n_images // batch))
     # A few distinct batches (rotated inputs), so consecutive batches are not byte-identical.
     variants = [[items[(k * 7 + i) % len(items)] for i in range(batch)] for k in range(min(4, n_batches))]
-    for _ in detector.detect_batches(variants[: pipeline.max_in_flight], params):  # every slot captured
+    for _ in detector.run_batches(variants[:in_flight], params):  # every BatchSlot's graphs captured
         pass
     latencies: list[float] = []
     errors: list[str] = []
@@ -86,15 +87,15 @@ def pipelined_row(detector, items: list, input_: str, batch: int, n_images: int,
     timeline = pipeline.start_timeline()  # GPU pipelines only: these rows are GPU rows
     t0 = time.perf_counter()
     try:
-        for k, out in enumerate(detector.detect_batches(batches(), params)):
+        for k, out in enumerate(detector.run_batches(batches(), params)):
             latencies.append((time.perf_counter() - starts[k]) * 1e3)
-            errors.extend(str(r.error) for r in out if r.error is not None)
+            errors.extend(str(error) for error in out.errors.values())
     finally:
         wall = time.perf_counter() - t0
         pipeline.stop_timeline()
     done = len(latencies) * batch
     r = row("yolopipe", pipeline.backend, pipeline.precision, input_, batch, latencies, mode="pipelined",
-            in_flight=pipeline.max_in_flight, images=done, wall_s=round(wall, 3))
+            in_flight=in_flight, images=done, wall_s=round(wall, 3))
     r["img_per_s"] = round(done / wall, 1) if wall > 0 and done else None
     if decode is not None:
         r["decode"] = pipeline.decoder_name
@@ -172,7 +173,7 @@ def warm_buckets(pipeline, batches: list[int], log) -> list[dict]:
         pipeline.warmup([bucket])
         seconds = time.perf_counter() - t0
         rec = {"backend": pipeline.backend, "precision": pipeline.precision, "bucket": bucket,
-               "slots": pipeline.max_in_flight, "warmup_s": round(seconds, 2), "compiled": pipeline.engine.compiled}
+               "slots": pipeline.in_flight, "warmup_s": round(seconds, 2), "compiled": pipeline.engine.compiled}
         after = _dynamo_graphs()
         if graphs_before is not None and after is not None:
             rec["dynamo_graphs_compiled"] = after - graphs_before

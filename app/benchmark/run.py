@@ -137,7 +137,7 @@ class _Context:
                                  max_batch=max_b, compile=compile_)
         with detector:
             pipe = detector.pipeline
-            self.log(f"{backend} {precision}: {pipe.max_in_flight} slots, max batch {pipe.max_batch}, "
+            self.log(f"{backend} {precision}: {pipe.in_flight} batches in flight, max batch {pipe.max_batch}, "
                      f"compiled={pipe.engine.compiled}, decoder {pipe.decoder_name}, "
                      f"dispatch={'driver' if pipe.raw_launch_error is None else 'torch: ' + pipe.raw_launch_error}")
             these = [b for b in o.batches if b <= pipe.max_batch]
@@ -217,7 +217,7 @@ def _best_batch(rows: list[dict], backend: str, precision: str, default: int = S
 
 
 def _fidelity_rows(detector, model_dir) -> list[dict]:
-    """The default GPU decode (and decode="cpu") against Ultralytics at the same precision, on
+    """The default GPU decode (and decode="opencv") against Ultralytics at the same precision, on
     the generated varied JPEGs: F1 and the largest score difference of a matched box."""
     from ultralytics import YOLO
 
@@ -235,7 +235,7 @@ def _fidelity_rows(detector, model_dir) -> list[dict]:
                           quantize=pipe.precision, device=0, verbose=False)[0].boxes
         refs.append((r.xyxy.cpu().numpy(), r.conf.cpu().numpy(), r.cls.cpu().numpy().astype(int)))
     rows = []
-    for decode in ("gpu", "cpu"):
+    for decode in ("gpu", "opencv"):
         pipe.decode = decode
         dets = detector.detect([d for _, d in varied], params)
         pairs = [(ref, (d.detections.boxes, d.detections.scores, d.detections.class_ids)) for ref, d in zip(refs, dets)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from app.artifacts.engines import EngineMeta, engine_file_name, now_iso, save_engine_meta
+from app.artifacts.store import write_atomically
 from app.builder.trt_recipe import BuildRecipe, build_recipe, select_profile
 from app.config import ENGINE_MAX_BATCH, ENGINE_OPT_BATCH, ENGINE_PRECISIONS, check_choice
 from app.errors import ArtifactError, BackendUnavailable, CalibrationError, InvalidParameter
@@ -116,10 +117,7 @@ def build_engine(
 
     # 4. the artifacts: engine first, then its description (an entry never points at a missing file)
     engine_path = model_dir / engine_file_name(precision)
-    tmp = engine_path.with_suffix(".engine.tmp")
-    with open(tmp, "wb") as f:
-        f.write(serialized)
-    tmp.replace(engine_path)
+    write_atomically(engine_path, serialized)  # a killed build leaves the old engine or none, never a part
     save_engine_meta(
         model_dir,
         EngineMeta(

@@ -26,9 +26,8 @@ from app.config import (
     IOU,
     MAX_DET,
     PREDICT_BATCH,
-    VIDEO_DECODERS,
     Settings,
-    check_choice,
+    decoder_name,
 )
 from app.errors import AccuracyGateFailed, BackendUnavailable, DeviceError, EngineMismatch, YolopipeError
 
@@ -72,8 +71,9 @@ ArtifactsDir = Annotated[Optional[Path], typer.Option(
     help="Where exports, INT8 models and engines are kept [default: ~/.cache/yolopipe/artifacts].")]
 Backend = Annotated[str, typer.Option(help="auto | onnxruntime | torch-cuda | tensorrt. auto: a TensorRT engine "
                                            "built for this GPU, else torch-cuda on a GPU, else onnxruntime.")]
-DECODE_HELP = ("JPEG decoder of the GPU backends: gpu (nvImageCodec, else nvJPEG) | nvimgcodec | nvjpeg | cpu "
-               "(OpenCV threads: pixels exactly as Ultralytics reads them). The CPU backend always uses OpenCV.")
+DECODE_HELP = ("JPEG decoder of the GPU backends: gpu (nvImageCodec, else nvJPEG) | nvimgcodec | nvjpeg | opencv "
+               "(OpenCV threads: pixels exactly as Ultralytics reads them; cpu: its old name). The CPU backend "
+               "always uses OpenCV.")
 Precision = Annotated[str, typer.Option(help="auto | fp32 | fp16 | int8. auto: fp32 on onnxruntime, fp16 on "
                                              "torch-cuda, the best built engine on tensorrt.")]
 
@@ -218,27 +218,31 @@ def calibrate(
 @_friendly
 def build_engine(
     weights: Weights = "sample",
-    precision: Annotated[str, typer.Option(help="int8 | fp16 | fp32")] = "int8",
-    calib_images: Annotated[Optional[Path], typer.Option(help="Calibration images (int8, first build).")] = None,
-    min_batch: Annotated[int, typer.Option(help="Optimization profile: smallest batch.")] = 1,
-    opt_batch: Annotated[int, typer.Option(help="Optimization profile: batch tuned for.")] = ENGINE_OPT_BATCH,
-    max_batch: Annotated[int, typer.Option(help="Optimization profile: largest batch.")] = ENGINE_MAX_BATCH,
+    backend: Annotated[str, typer.Option(help="auto | tensorrt | torch-cuda. auto: TensorRT where it is installed, "
+                                              "else the torch-cuda engine (an AOTInductor package) on a GPU.")] = "auto",
+    precision: Annotated[str, typer.Option(help="auto | int8 | fp16 | fp32. auto: int8 on TensorRT, fp16 on "
+                                                "torch-cuda (which runs fp16 or fp32).")] = "auto",
+    calib_images: Annotated[Optional[Path], typer.Option(help="TensorRT: calibration images (int8, first build).")] = None,
+    min_batch: Annotated[int, typer.Option(help="TensorRT optimization profile: smallest batch.")] = 1,
+    opt_batch: Annotated[int, typer.Option(help="TensorRT optimization profile: batch tuned for.")] = ENGINE_OPT_BATCH,
+    max_batch: Annotated[int, typer.Option(help="Largest batch the engine takes (torch-cuda: every batch from 1 "
+                                                "to it, in one package).")] = ENGINE_MAX_BATCH,
     imgsz: Imgsz = 640,
     artifacts_dir: ArtifactsDir = None,
-    workspace_gib: Annotated[float, typer.Option(help="Builder workspace limit in GiB.")] = 4.0,
+    workspace_gib: Annotated[float, typer.Option(help="TensorRT builder workspace limit in GiB.")] = 4.0,
 ) -> None:
-    """Build a TensorRT engine for this GPU.
+    """Build the engine for this machine's GPU, ahead of time.
 
-    Export (if needed) → calibrate (int8) → engine + engine.json. Needs TensorRT 10.x/11.x.
+    TensorRT where it is installed: export (if needed) → calibrate (int8) → engine + engine.json.
+    Else, on an NVIDIA GPU, the torch-cuda engine: the model traced by torch.export and compiled
+    by AOTInductor into one package for batches 1 to --max-batch, so predict and serve start
+    without compiling anything. A build that fits this GPU and torch already is kept.
     """
-    from app.builder.trt_build import build_engine as run_build
+    from app.cli.engine import build_engine_command
 
-    path = run_build(
-        weights, precision=precision, calib_images=calib_images, min_batch=min_batch, opt_batch=opt_batch,
-        max_batch=max_batch, imgsz=imgsz, artifacts_dir=artifacts_dir, workspace_gib=workspace_gib,
-        console=console,
-    )
-    console.print(f"wrote {path}", highlight=False)
+    build_engine_command(weights, backend=backend, precision=precision, calib_images=calib_images, min_batch=min_batch,
+                         opt_batch=opt_batch, max_batch=max_batch, imgsz=imgsz, artifacts_dir=artifacts_dir,
+                         workspace_gib=workspace_gib)
 
 
 def settings_from(**given) -> Settings:
@@ -262,6 +266,13 @@ def serve(
     precision: Annotated[Optional[str], typer.Option(help="auto | fp32 | fp16 | int8.")] = None,
     host: Annotated[Optional[str], typer.Option(help="Bind address (default 127.0.0.1).")] = None,
     port: Annotated[Optional[int], typer.Option(help="Port (default 8000).")] = None,
+    grpc_port: Annotated[Optional[int], typer.Option(help="KServe v2 gRPC port, as Triton's (default 8001; "
+                                                          "0: no gRPC).")] = None,
+    grpc_workers: Annotated[Optional[int], typer.Option(help="gRPC worker processes [default: as many as HTTP "
+                                                             "workers].")] = None,
+    allow_client_shm: Annotated[Optional[bool], typer.Option(
+        "--allow-client-shm/--no-allow-client-shm", help="Triton's system shared-memory extension for clients "
+        "on this host (REST and gRPC) [default: off].")] = None,
     max_batch: Annotated[Optional[int], typer.Option(help="Largest GPU batch the batcher forms.")] = None,
     max_wait_ms: Annotated[Optional[float], typer.Option(help="Longest wait to fill a batch.")] = None,
     workers: Annotated[Optional[int], typer.Option(help="HTTP worker processes [default: from the core count].")] = None,
@@ -269,18 +280,22 @@ def serve(
                                                      "worker per GPU, each request to the least loaded [default: all].")] = None,
     cpu_workers: Annotated[Optional[int], typer.Option(help="Inference workers when the model runs on the CPU.")] = None,
     compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile",
-                                                    help="torch-cuda: torch.compile each batch size at start-up.")] = None,
+                                                    help="torch-cuda: run the engine compiled ahead of time "
+                                                         "(built on first use, or by build-engine); "
+                                                         "--no-compile: the eager model.")] = None,
     decode: Annotated[Optional[str], typer.Option(help=DECODE_HELP)] = None,
     artifacts_dir: ArtifactsDir = None,
 ) -> None:
-    """Serve detection over HTTP.
+    """Serve detection over HTTP and gRPC.
 
-    POST /v1/detect: HTTP worker processes in front of one inference worker per GPU.
+    POST /v1/detect, the Open Inference Protocol (KServe v2) under /v2, and KServe v2 gRPC on
+    --grpc-port: HTTP and gRPC worker processes in front of one inference worker per GPU.
     Every option can also come from YOLOPIPE_<OPTION> variables.
     """
     from app.service.supervisor import serve as run_server
 
     run_server(settings_from(weights=weights, backend=backend, precision=precision, host=host, port=port,
+                             grpc_port=grpc_port, grpc_workers=grpc_workers, allow_client_shm=allow_client_shm,
                              max_batch=max_batch, max_wait_ms=max_wait_ms, workers=workers, gpus=gpus,
                              cpu_workers=cpu_workers, compile=compile,
                              decode=decode, artifacts_dir=artifacts_dir))
@@ -340,6 +355,8 @@ def predict(
     video_decode: Annotated[str, typer.Option(help="Videos and streams: auto | nvdec | opencv (auto: OpenCV; nvdec: "
                                                    "NVDEC on a GPU backend, needs PyNvVideoCodec; not yet verified "
                                                    "end to end).")] = "auto",
+    verbose: Annotated[bool, typer.Option("--verbose", help="Print each start-up step with its time, once, when the "
+                                                            "first results are written.")] = False,
 ) -> None:
     """Detect objects in the images of SOURCE, as JSON Lines.
 
@@ -349,11 +366,14 @@ def predict(
     from app.contracts import make_params
     from app.errors import InvalidParameter
 
-    from app.cli.predict_output import predict_streams_command, progress_bar, set_video_decode
+    from app.cli.predict_output import StartupReport, check_video_decode, predict_streams_command, progress_bar
+
+    startup = StartupReport(verbose)
 
     source = resolve_source(source)
     make_params(conf=conf, iou=iou, max_det=max_det, agnostic=agnostic)  # bad values fail before the model loads
-    check_choice("video decoder", video_decode, VIDEO_DECODERS)
+    video_decode = decoder_name(video_decode, video=True)
+    decode = decoder_name(decode)
     if track:
         from app.pipeline.tracking import check_tracking_available
 
@@ -386,17 +406,19 @@ def predict(
 
         if not list_images(source, MEDIA_SUFFIXES):  # fail fast, before loading a model
             raise InvalidParameter(f"no images found at {source!r} (a folder, an image file, or a glob pattern)")
-        with console.status("loading model…"):
+        with startup.loading():
             detector = open_detector(weights, backend=backend, precision=precision, decode=decode, imgsz=imgsz,
-                                     artifacts_dir=artifacts_dir, max_batch=batch, device=device)
-        set_video_decode(detector, video_decode)
+                                     artifacts_dir=artifacts_dir, max_batch=batch, device=device,
+                                     video_decode=video_decode, steps=startup.steps,
+                                     pad_to_captured=True)  # the last, smaller batch: no capture of its own
+        check_video_decode(detector)
         keep_freed_heap()  # this process is ours: glibc may keep what it frees between batches
         with detector, progress_bar() as on_progress:
             info = detector.info()
             console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']}", highlight=False)
             params = detector.params(conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic)
             summary = predict_folder(detector, source, out, params, batch=batch, resume=resume,
-                                     save_images=save_images, coco=coco, on_progress=on_progress,
+                                     save_images=save_images, coco=coco, on_progress=startup.watch(on_progress),
                                      vid_stride=vid_stride, track=track)
     for line in summary.error_files[:20]:
         console.print(f"[yellow]skipped[/] {escape(line)}", highlight=False)

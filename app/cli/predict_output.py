@@ -1,9 +1,10 @@
-"""``predict``'s outputs that are not a folder's: the streams' JSON lines, the progress bar, and
-``--video-decode`` checked before any work. Imported by ``predict`` when it runs."""
+"""``predict``'s outputs that are not a folder's: the streams' JSON lines, the progress bar, the
+start-up report, and ``--video-decode`` checked before any work. Imported by ``predict`` when it runs."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,13 +14,59 @@ from rich.markup import escape
 
 from app.cli import ExitCode, console
 from app.errors import YolopipeError
+from app.types import StartupSteps, process_age_s
 
 
-def set_video_decode(detector: Any, video_decode: str) -> None:
-    """``--video-decode`` on the detector; one this backend cannot use fails now, before any work."""
+class StartupReport:
+    """``predict``'s start-up: the spinner names each step as it begins (and what is being built,
+    and how far, on a first run); with ``--verbose`` every step is printed with its time, once,
+    when the first results are written."""
+
+    def __init__(self, verbose: bool) -> None:
+        self.verbose = verbose
+        self.steps = StartupSteps()
+        before = process_age_s()  # the interpreter and the imports, before this command ran
+        if before is not None:
+            self.steps.record("starting Python and importing yolopipe", before)
+        self._opened_at = time.perf_counter()
+        self._reported = False
+
+    @contextlib.contextmanager
+    def loading(self) -> Iterator[None]:
+        with console.status("loading model…") as status:
+            self.steps.listener = lambda text: status.update(escape(text))
+            try:
+                yield
+            finally:
+                self.steps.listener = None
+                self._opened_at = time.perf_counter()
+
+    def watch(self, on_progress: Callable[[int, int], None]) -> Callable[[int, int], None]:
+        """``on_progress`` that also reports the start-up once the first results are written."""
+        def progress(advance: int, total: int) -> None:
+            on_progress(advance, total)
+            if advance and not self._reported:
+                self._reported = True
+                self.steps.record("the first batch: read, decode, detect, write (on a GPU, its CUDA graph captured "
+                                  "first)",
+                                  time.perf_counter() - self._opened_at)
+                if self.verbose:
+                    self.print()
+        return progress
+
+    def print(self) -> None:
+        total = process_age_s()
+        console.print("start-up, step by step:", highlight=False)
+        for line in self.steps.lines():
+            console.print(f"  {escape(line)}", highlight=False)
+        if total is not None:
+            console.print(f"  {total:7.2f} s  from the process start to the first results", highlight=False)
+
+
+def check_video_decode(detector: Any) -> None:
+    """The detector's ``--video-decode``: one this backend cannot use fails now, before any work."""
     from app.pipeline.sources import video_decoder
 
-    detector.video_decode = video_decode
     try:
         video_decoder(detector)
     except YolopipeError:
@@ -27,11 +74,9 @@ def set_video_decode(detector: Any, video_decode: str) -> None:
         raise
 
 
-def predict_streams_command(source: str, out: Path, *, detect: dict, vid_stride: int, track: bool, video_decode: str,
-                     **model) -> None:
+def predict_streams_command(source: str, out: Path, *, detect: dict, vid_stride: int, track: bool, **model) -> None:
     """``predict`` on a URL or a ``.streams``/``.txt`` list: every source at once, one JSON line per
     processed frame on ``--out`` (``-``: stdout), flushed per frame, until every source has ended."""
-    import json
     import sys
 
     from app.pipeline.streams import predict_streams, read_source_list
@@ -40,7 +85,7 @@ def predict_streams_command(source: str, out: Path, *, detect: dict, vid_stride:
     sources = read_source_list(source)
     with console.status("loading model…"):
         detector = open_detector(max_batch=model.pop("batch"), **model)
-    set_video_decode(detector, video_decode)
+    check_video_decode(detector)
     to_stdout = str(out) == "-"
     if not to_stdout:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -49,8 +94,8 @@ def predict_streams_command(source: str, out: Path, *, detect: dict, vid_stride:
         console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']} · "
                       f"{len(sources)} streams", highlight=False)
 
-        def write(rec: dict) -> None:
-            fh.write(json.dumps(rec) + "\n")
+        def write(line: str) -> None:
+            fh.write(line + "\n")
             fh.flush()
 
         summary = predict_streams(detector, sources, write, detector.params(**detect), vid_stride=vid_stride,

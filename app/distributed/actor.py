@@ -9,13 +9,15 @@ A batch in and out of both is a ``pyarrow.Table``:
 
 * read task: ``image`` (name), ``path`` → ``image``, ``data`` (bytes, null on error), ``error``;
 * actor: → ``RECORD_COLUMNS``: ``image``, ``line`` (the JSON line ``yolopipe predict`` writes,
-  newline included, so the driver writes a batch's lines as one buffer), ``error`` (null when
-  detected), ``detections`` (count).
+  from ``app.records``, newline included, so the driver writes a batch's lines as one buffer),
+  ``error`` (null when detected), ``detections`` (count).
+
+The actor's detector runs with ``RunShape.in_flight`` batches in flight: Ray gives it as many
+calls at once (``app.distributed.job``), each ``Detector.run`` on one batch.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -67,37 +69,29 @@ class DetectorActor:
         self.detector.pipeline.warmup()  # GPU pipelines: capture every bucket's graph now
 
     def __call__(self, batch: Any) -> Any:
-        from app.contracts import ImageResult
         from app.errors import InvalidImage
 
         names = batch.column("image").to_pylist()
         data = batch.column("data").to_pylist()
         read_errors = batch.column("error").to_pylist()
-        results: list[ImageResult | None] = [None] * len(names)
-        todo = [i for i, err in enumerate(read_errors) if err is None]
-        for i, err in enumerate(read_errors):
-            if err is not None:
-                results[i] = ImageResult(error=InvalidImage(err))
-        for i, res in zip(todo, self.detector.detect([data[i] for i in todo], self.params)):
-            results[i] = res
-        return record_table(names, results, self.detector.names)
+        items = [InvalidImage(err) if err is not None else d for d, err in zip(data, read_errors)]
+        return record_table(names, self.detector.run(items, self.params), self.detector.names)
 
 
-def record_table(names: list[str], results: list[Any], class_names: list[str]) -> Any:
-    """The actor's output table (``RECORD_COLUMNS``) for ``results``, one per name."""
+def record_table(names: list[str], answers: Any, class_names: list[str]) -> Any:
+    """The actor's output table (``RECORD_COLUMNS``) for ``answers`` (a ``DetectedBatch``), one
+    row per name."""
     import pyarrow as pa
 
-    lines, errors, counts = [], [], []
-    for name, res in zip(names, results):
-        record = res.to_json(name, class_names)
-        lines.append(json.dumps(record) + "\n")
-        errors.append(record.get("error"))
-        counts.append(len(record.get("detections", ())))
+    from app.records import image_lines
+
+    lines = [line + "\n" for line in image_lines(names, answers, class_names)]
+    errors = [str(answers.errors[i]) if i in answers.errors else None for i in range(len(names))]
     return pa.table(
         {
             "image": pa.array(names, pa.string()),
             "line": pa.array(lines, pa.string()),
             "error": pa.array(errors, pa.string()),
-            "detections": pa.array(counts, pa.int32()),
+            "detections": pa.array(answers.counts, pa.int32()),
         }
     )

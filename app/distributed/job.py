@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from app.artifacts.exports import load_export
-from app.config import BACKENDS, CONF, IOU, MAX_DET, PRECISIONS, check_choice
+from app.config import BACKENDS, CONF, IN_FLIGHT, IOU, MAX_DET, PRECISIONS, PREDICT_BATCH, check_choice
 from app.contracts import make_params
 from app.distributed.actor import DetectorActor, read_batch
 from app.distributed.output import done_images, open_sink, resolve_format
@@ -43,7 +43,6 @@ ERRORS_KEPT = 1000  # error_files listed in the summary; the output file has the
 # fraction of one core at two GPUs' rate (bench/ray_plumbing.py measures it).
 BATCHES_PER_BLOCK = 8
 BLOCKS_PER_ACTOR = 4  # ... unless that leaves an actor fewer blocks than this (balance, short jobs)
-GPU_CALLS_PER_ACTOR = 3  # batches in flight per GPU actor: GpuPipeline's slots, what plain predict keeps
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ def predict_with_ray(
     max_det: int = MAX_DET,
     classes: Sequence[int] | None = None,
     agnostic: bool = False,
-    batch: int = 32,
+    batch: int = PREDICT_BATCH,
     gpu_actors: int | None = None,
     cpu_actors: int | None = None,
     ort_threads: int | None = None,
@@ -229,12 +228,12 @@ def detect_tables(
 
 
 def _actor_pool(ray: Any, plan: ActorPlan) -> Any:
-    """A fixed pool; a GPU actor takes ``GPU_CALLS_PER_ACTOR`` calls at once, each in its own
-    thread, so that its pipeline has as many batches in flight as ``yolopipe predict`` gives it
-    (one decoding, one on the engine, one being unpacked) and a call's host work (Arrow
-    columns, JSON) overlaps the others' GPU work."""
+    """A fixed pool; a GPU actor takes ``IN_FLIGHT`` calls at once (its detector's
+    ``RunShape.in_flight``), each in its own thread, so that its pipeline has as many batches in
+    flight as ``yolopipe predict`` gives it (one decoding, one on the engine, one being unpacked)
+    and a call's host work (Arrow columns, JSON) overlaps the others' GPU work."""
     if plan.gpu:
-        return ray.data.ActorPoolStrategy(size=plan.actors, max_concurrent_calls_per_actor=GPU_CALLS_PER_ACTOR,
+        return ray.data.ActorPoolStrategy(size=plan.actors, max_concurrent_calls_per_actor=IN_FLIGHT,
                                           enable_true_multi_threading=True)
     return ray.data.ActorPoolStrategy(size=plan.actors)
 

@@ -13,12 +13,23 @@ Profiling (``run(..., profile=True)``): CUDA events cannot be recorded between t
 one graph, so that path replays four graphs captured per stage (preprocess, engine, NMS, D2H)
 with events between them. They run the same kernels on the same buffers as the full graph;
 only the engine's head lives in a second tensor.
+
+Every capture, and the eager warm-up runs before it, runs on one thread the builder owns
+(``CaptureThread``), whichever thread asked for it (a warm-up, a batch that found its bucket's
+graph missing, a slot re-captured after its staging grew). The kernels a graph holds are chosen
+while it is captured (cuDNN keeps its choices per thread); captured on one thread with the
+engine's choices pinned (``app.backends.torch_cuda``), the same image gets the same bytes of
+answer in every slot, from every caller's thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
+import queue
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from app.contracts import DeviceEngine
@@ -40,10 +51,61 @@ def graph_key(batch: int, nv12: bool = False) -> int | tuple[str, int]:
     return ("nv12", batch) if nv12 else batch
 
 
-class GraphBuilder:
-    """Captures the graphs of every slot; call only with the pipeline's gate held exclusively."""
+class CaptureThread:
+    """One thread that runs what is handed to it (``call``), one call at a time, in the context
+    ``context()`` makes (the device, for torch and Numba), and hands back its result or error."""
 
-    def __init__(self, engine: DeviceEngine, inputs: InputBuffer, compute: StreamPair, slots: list[BatchSlot]) -> None:
+    def __init__(self, context: Callable[[], Any] = contextlib.nullcontext, name: str = "yolopipe-capture") -> None:
+        self._context = context
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def ident(self) -> int | None:
+        return self._thread.ident
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is self._thread:  # already on it (a capture within a capture's call)
+            return fn(*args, **kwargs)
+        if not self._thread.is_alive():
+            raise DeviceError("the GPU pipeline's capture thread is gone")
+        done = threading.Event()
+        box: list = []
+        self._jobs.put((fn, args, kwargs, box, done))
+        done.wait()
+        ok, value = box[0]
+        if ok:
+            return value
+        raise value
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._jobs.put(None)
+            self._thread.join()
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            fn, args, kwargs, box, done = job
+            try:
+                with self._context():
+                    box.append((True, fn(*args, **kwargs)))
+            except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
+                box.append((False, exc))
+            finally:
+                del fn, args, kwargs  # nothing of the job outlives it here
+                done.set()
+
+
+class GraphBuilder:
+    """Captures the graphs of every slot on its one ``CaptureThread``; call only with the
+    pipeline's gate held exclusively."""
+
+    def __init__(self, engine: DeviceEngine, inputs: InputBuffer, compute: StreamPair, slots: list[BatchSlot],
+                 context: Callable[[], Any] = contextlib.nullcontext) -> None:
         import torch
 
         self._torch = torch
@@ -51,12 +113,16 @@ class GraphBuilder:
         self.inputs = inputs
         self.compute = compute
         self.slots = slots
-        self.pool = torch.cuda.graph_pool_handle()
+        self.pool = None  # made on the capture thread, with the first capture
+        self.thread = CaptureThread(context)
+
+    def close(self) -> None:
+        self.thread.close()
 
     def _live_pool(self):
         """The graph pool, new if every graph that used it is gone: torch releases a private
         pool with its last graph, and a capture into a released pool's handle fails."""
-        if not any(slot.graphs.by_batch for slot in self.slots):
+        if self.pool is None or not any(slot.graphs.by_batch for slot in self.slots):
             self.pool = self._torch.cuda.graph_pool_handle()
         return self.pool
 
@@ -94,10 +160,10 @@ class GraphBuilder:
         key = graph_key(batch, nv12)
         captured = slot.graphs.get(key)
         if captured is None:
-            captured = self._capture(slot, batch, raw_exec, nv12)
+            captured = self.thread.call(self._capture, slot, batch, raw_exec, nv12)
             slot.graphs.add(captured, key)
         if profile and not captured.stage_graphs:
-            self._capture_stages(slot, captured, nv12)
+            self.thread.call(self._capture_stages, slot, captured, nv12)
         return captured
 
     def _capture(self, slot: BatchSlot, batch: int, raw_exec: bool, nv12: bool = False) -> CapturedBatch:
@@ -147,6 +213,7 @@ class GraphBuilder:
         stream = self.compute.torch
         batch = captured.batch
         graphs: dict[str, Any] = {name: torch.cuda.CUDAGraph() for name in STAGES}
+        self._live_pool()
         with torch.cuda.graph(graphs["preprocess"], pool=self.pool, stream=stream):
             self._preprocess(slot, batch, nv12)
         with torch.cuda.graph(graphs["engine"], pool=self.pool, stream=stream):

@@ -12,18 +12,21 @@
                at most 3 levels (measured on the H200)
 ``nvjpeg``     torchvision ``decode_jpeg(device="cuda")``: no fancy upsampling, so about 16 %
                of the pixels differ from OpenCV's by a level or more
-``cpu``        OpenCV in the pipeline's host threads: bit-exact with Ultralytics
+``opencv``     OpenCV in the pipeline's host threads: bit-exact with Ultralytics (``cpu``: its old name)
 =============  ===========================================================================
 
 A GPU decoder returns, per image, a ``DeviceImage`` (a device buffer it owns, RGB, with its
 layout) or, for what it does not take, OpenCV's BGR frame or the image's error: CMYK/YCCK,
-12-bit, arithmetic-coded and lossless JPEGs are decoded by OpenCV up front
-(``app.gpu.jpeg``), and an image the GPU decoder refuses falls back to OpenCV alone, not
-its batch. EXIF orientation is applied as OpenCV applies it.
+12-bit, arithmetic-coded and lossless JPEGs are decoded by OpenCV up front, and an image the
+GPU decoder refuses falls back to OpenCV alone, not its batch. A JPEG whose bytes cannot decode
+whole (cut short, structurally corrupt: its header says so, ``app.imaging.jpeg_structure``) is
+OpenCV's error before any decoder sees it (``app.gpu.decoded.route``). EXIF orientation is
+applied as OpenCV applies it.
 
 The pipeline's path is ``decode_into``: every JPEG's decoded size is known from its header
 (EXIF orientation included), so the pipeline reserves its place in the batch slot's device
-staging first and nvImageCodec decodes straight into it (``images=`` views of that buffer):
+staging first (filled with zeros, so what a decoder leaves unwritten is never a previous
+image's pixels) and nvImageCodec decodes straight into it (``images=`` views of that buffer):
 no Image allocated per image, no device-to-device copy per image. torchvision's nvJPEG decodes
 into its own tensors, which are then copied into place (``gather``). The compute stream waits
 for an event recorded on the decoder's stream after the batch. A decoder serves one batch at
@@ -35,132 +38,17 @@ the engine's (``app/gpu/__init__.py``: ``CUDA_DEVICE_MAX_CONNECTIONS``).
 from __future__ import annotations
 
 import logging
-import re
-import threading
 import warnings
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from app.config import DECODERS, check_choice
-from app.errors import BackendUnavailable, InvalidImage, YolopipeError
-from app.gpu.jpeg import JpegHeader, apply_orientation, read_jpeg_header
-from app.gpu.preprocess import LAYOUT_CHW_RGB, LAYOUT_HWC_RGB
-from app.imaging.decode import decode_image
+from app.config import decoder_name
+from app.errors import BackendUnavailable
+from app.gpu.decoded import DeviceImage, GpuJpegDecoder, cpu_decode, decoded_size  # noqa: F401 (shared, named here too)
+from app.gpu.jpeg import JpegHeader, apply_orientation
+from app.gpu.preprocess import LAYOUT_CHW_RGB
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class DeviceImage:
-    """A decoded image in a device buffer its ``owner`` keeps alive: ``height × width × 3`` bytes."""
-
-    ptr: int
-    height: int
-    width: int
-    layout: int  # app.gpu.preprocess.LAYOUT_*
-    owner: Any
-
-    @property
-    def nbytes(self) -> int:
-        return self.height * self.width * 3
-
-
-Decoded = DeviceImage | np.ndarray | YolopipeError
-# decode_into's answer per image: None (decoded in place) or what stands in for it.
-Fallback = np.ndarray | YolopipeError | None
-
-
-def decoded_size(header: JpegHeader) -> tuple[int, int]:
-    """``(height, width)`` after the EXIF orientation (5-8 turn the image by 90°)."""
-    if header.orientation in (5, 6, 7, 8):
-        return header.width, header.height
-    return header.height, header.width
-
-
-def cpu_decode(data: bytes) -> np.ndarray | YolopipeError:
-    """OpenCV's BGR frame of ``data`` (Ultralytics' reader), or the image's error."""
-    try:
-        return decode_image(data)
-    except YolopipeError as exc:
-        return exc
-    except Exception as exc:  # noqa: BLE001 - any decoder failure is this image's fault
-        detail = re.sub(r"\s+", " ", str(exc))[:200]
-        return InvalidImage(f"cannot decode image: {detail}")
-
-
-class GpuJpegDecoder:
-    """Shared by the GPU decoders: the stream, the lock, routing and the gather."""
-
-    name = ""
-
-    layout = LAYOUT_HWC_RGB  # what decode_into writes
-
-    def __init__(self, device: int) -> None:
-        import torch
-
-        from app.gpu.driver import cuda_driver
-
-        self.device = int(device)
-        self.stream = torch.cuda.Stream(device=self.device)
-        self.lock = threading.Lock()
-        self._driver = cuda_driver()
-
-    @staticmethod
-    def split(datas: Sequence[bytes]) -> tuple[list[tuple[int, JpegHeader]], dict[int, np.ndarray | YolopipeError]]:
-        """``(index, header)`` of the JPEGs the GPU takes; OpenCV's frame (or the error) of the rest."""
-        gpu: list[tuple[int, JpegHeader]] = []
-        host: dict[int, np.ndarray | YolopipeError] = {}
-        for i, data in enumerate(datas):
-            header = read_jpeg_header(data)
-            if header is None or not header.gpu_decodable:
-                host[i] = cpu_decode(data)  # not ours, or not a JPEG: OpenCV, or its error
-            else:
-                gpu.append((i, header))
-        return gpu, host
-
-    def decode_into(self, datas: Sequence[bytes], headers: Sequence[JpegHeader], targets: Sequence[int]) -> list[Fallback]:
-        """Decode ``datas[k]`` into device memory at ``targets[k]`` (``decoded_size`` × 3 bytes in
-        ``self.layout``) on ``self.stream``, with ``lock`` held. Per image: None when it is there,
-        else OpenCV's frame of it (the GPU refused it) or its error."""
-        out: list[Fallback] = []
-        copies = []
-        for data, header, dst, img in zip(datas, headers, targets, self._decode_gpu(list(datas), list(headers))):
-            if img is not None and (img.height, img.width) == decoded_size(header) and img.layout == self.layout:
-                copies.append((dst, img))
-                out.append(None)
-            else:
-                out.append(cpu_decode(data))
-        self.gather(copies)
-        return out
-
-    def decode(self, datas: Sequence[bytes]) -> list[Decoded]:
-        """Decode on ``self.stream`` (call with ``lock`` held); ready in that stream's order."""
-        gpu, host = self.split(datas)
-        out: list[Decoded | None] = [host.get(i) for i in range(len(datas))]
-        if gpu:
-            decoded = self._decode_gpu([datas[i] for i, _ in gpu], [h for _, h in gpu])
-            for (i, _), result in zip(gpu, decoded):
-                out[i] = result if result is not None else cpu_decode(datas[i])
-        return out  # type: ignore[return-value]
-
-    def _decode_gpu(self, datas: list[bytes], headers: list[JpegHeader]) -> list[DeviceImage | None]:
-        raise NotImplementedError
-
-    def gather(self, copies: list[tuple[int, DeviceImage]]) -> None:
-        """``(destination pointer, image)`` device copies on ``self.stream`` (call with ``lock``)."""
-        from app.gpu.driver import copy_device_to_device
-
-        copy_device_to_device(
-            self._driver, [(dst, img.ptr, img.nbytes) for dst, img in copies], self.stream.cuda_stream
-        )
-
-    def close(self) -> None:
-        if self.stream is not None:
-            self.stream.synchronize()
-            self.stream = None
 
 
 class NvJpegDecoder(GpuJpegDecoder):
@@ -204,9 +92,9 @@ class NvJpegDecoder(GpuJpegDecoder):
 
 
 def make_decoder(decode: str, device: int, threads: int) -> GpuJpegDecoder | None:
-    """The GPU decoder ``decode`` names (None for ``cpu``); ``gpu`` takes the best one present."""
-    check_choice("decoder", decode, DECODERS)
-    if decode == "cpu":
+    """The GPU decoder ``decode`` names (None for ``opencv``); ``gpu`` takes the best one present."""
+    decode = decoder_name(decode)
+    if decode == "opencv":
         return None
     if decode == "nvjpeg":
         return NvJpegDecoder(device)

@@ -49,7 +49,10 @@ import numpy as np
 from numba import cuda
 
 from app.boxes import MAX_WH, iou_threshold_f32
+from app.gpu.kernel_cache import configure as configure_kernel_cache
 from app.gpu.rounding import SIMULATOR, fadd, fdiv, fmul, fsub, quiet_low_occupancy_warnings
+
+configure_kernel_cache()  # before the kernels below are defined: they load from it (cache=True)
 
 quiet_low_occupancy_warnings()
 
@@ -93,7 +96,7 @@ def _fmax(a, b):
 
 
 # --------------------------------------------------------------------------------- kernels
-@cuda.jit
+@cuda.jit(cache=True)
 def _clear_counters(cand_count, tickets):
     """Zero the per-image counters: recovery after a ``run`` that failed half-launched.
 
@@ -105,7 +108,7 @@ def _clear_counters(cand_count, tickets):
         tickets[b] = 0
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _candidates(head, num_classes, params_f, class_mask, cand_count, cand_score, cand_anchor, cand_class):
     """Grid (ceil(A / TPB), batch): one thread per (image, anchor)."""
     b = cuda.blockIdx.y
@@ -131,7 +134,7 @@ def _candidates(head, num_classes, params_f, class_mask, cand_count, cand_score,
         cand_class[b, slot] = best_c
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _rank_decode(
     head,
     cand_count,
@@ -224,7 +227,7 @@ def _next_tile(row, col, tiles_per_row):
     return row, col
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _mask_suppress(
     cand_count,
     tickets,

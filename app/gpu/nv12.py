@@ -20,9 +20,12 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from app.gpu.kernel_cache import configure as configure_kernel_cache
 from app.gpu.preprocess import _taps
 from app.imaging.letterbox import PAD_VALUE
 from app.types import Letterbox
+
+configure_kernel_cache()  # before the kernels below are defined: they load from it (cache=True)
 
 # Columns of the per-frame params (int64 [B, NV12_PARAMS]).
 Q_Y_OFFSET, Q_UV_OFFSET, Q_PITCH, Q_SRC_H, Q_SRC_W, Q_NEW_H, Q_NEW_W, Q_PAD_TOP, Q_PAD_LEFT = range(9)
@@ -56,7 +59,7 @@ def _channel(staging, y_off, uv_off, pitch, sy, sx, c):
     return _sat((luma + _HALF + _CUB * u) >> _SHIFT)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def nv12_letterbox_kernel(staging, params, out):
     """Grid ``(ceil(S*S / TPB), B)``: one thread per output pixel of frame ``blockIdx.y``; a frame
     with ``new_h == 0`` (an empty slot) comes out as pure padding."""

@@ -1,4 +1,5 @@
-"""nvImageCodec, the GPU pipeline's JPEG decoder (``app.gpu.decode`` has the shared part).
+"""nvImageCodec, the GPU pipeline's JPEG decoder (``app.gpu.decoded`` has the shared part,
+``app.gpu.decode`` the overview).
 
 Its hardware JPEG decoder gets every image it takes (``hardware_takes``), its default chain
 (CUDA, hybrid) the rest, OpenCV what both refuse. ``decode_into`` decodes straight into the
@@ -6,6 +7,13 @@ batch slot's staging through ``images=`` views of it, so a batch allocates no Im
 copies nothing device-to-device. (Allocation was not what kept decode from overlapping the
 engine: nvImageCodec allocates stream-ordered, and every way of holding the output measured
 the same under load; the shared hardware queue was, see ``app/gpu/__init__.py``.)
+
+What nvImageCodec reports per image is all an answer rests on: an image counts as decoded in
+place only when the call returned it (0.6+ puts None where an image failed; older versions
+leave failed ones out of the list, and a call that raises is retried image by image), at its
+target, at its size. Its hardware decoder, though, only enqueues a batch and reports every image
+a success, whatever the data: a JPEG cut short is never handed to it (its header says so,
+``app.imaging.jpeg_structure``), and the pipeline zeroes each image's place before decoding.
 """
 
 from __future__ import annotations
@@ -16,12 +24,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.errors import BackendUnavailable
-from app.gpu.decode import DeviceImage, Fallback, GpuJpegDecoder, cpu_decode, decoded_size
+from app.gpu.decoded import IN_PLACE, Answer, DeviceImage, GpuJpegDecoder, cpu_decode, decoded_size
 from app.gpu.jpeg import JpegHeader
 from app.gpu.preprocess import LAYOUT_HWC_RGB
 
 log = logging.getLogger(__name__)
-
 
 
 # libjpeg-turbo (OpenCV, Ultralytics) interpolates subsampled chroma ("fancy upsampling");
@@ -81,7 +88,7 @@ class NvImageCodecDecoder(GpuJpegDecoder):
             log.info("nvImageCodec: no hardware JPEG decoder (%s)", exc)
             return None
 
-    def decode_into(self, datas: Sequence[bytes], headers: Sequence[JpegHeader], targets: Sequence[int]) -> list[Fallback]:
+    def decode_into(self, datas: Sequence[bytes], headers: Sequence[JpegHeader], targets: Sequence[int]) -> list[Answer]:
         if not self._into:
             return super().decode_into(datas, headers, targets)
         nv = self._nv
@@ -112,9 +119,9 @@ class NvImageCodecDecoder(GpuJpegDecoder):
                 return self._into_off(exc, datas, headers, targets)
             for k, img in zip(todo, got):
                 done[k] = img is not None and _is_at(img, targets[k], sizes[k])
-        return [None if done[k] else cpu_decode(datas[k]) for k in range(n)]
+        return [IN_PLACE if done[k] else cpu_decode(datas[k]) for k in range(n)]
 
-    def _into_off(self, exc: Exception, datas, headers, targets) -> list[Fallback]:
+    def _into_off(self, exc: Exception, datas, headers, targets) -> list[Answer]:
         log.info("nvImageCodec: no decode into external buffers (%s: %s); decoding then copying",
                  type(exc).__name__, exc)
         self._into = False

@@ -9,6 +9,12 @@ A JPEG's place is reserved from its header's size before it is decoded, and the 
 writes it there. Frames are copied into the pinned buffer on the calling thread, or by several
 host threads at once once there are megabytes of them (NumPy releases the GIL for the copies);
 JPEGs decoded on the GPU never touch the host.
+
+A JPEG waits in ``BatchPlan.pending`` until its decode is settled (``settle_decoded``): it
+joins the batch (``placed``, what the params header and so the graph read) only when the
+decoder reported it decoded whole at its place, or as OpenCV's frame of it written there; any
+other answer is the image's error and its place is read by nothing. ``write_header`` refuses
+a plan with an image still pending.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from typing import Any
 import numpy as np
 
 from app.errors import InvalidImage, YolopipeError
+from app.gpu.decoded import IN_PLACE
 from app.gpu.memory import align_up
 from app.gpu.preprocess import LAYOUT_HWC_BGR, fill_params, letterbox_placement
+from app.imaging.check import undecodable
 from app.types import Letterbox
 
 IMAGE_ALIGN = 16  # byte alignment of each image in the staging buffer
@@ -45,10 +53,16 @@ class BatchPlan:
     """Where each image of a batch goes; batch position ``j`` is ``placed[j]``."""
 
     placed: list[tuple[int, Letterbox, int, int]] = field(default_factory=list)  # (result index, lb, offset, layout)
+    pending: list[tuple[int, Letterbox, int, int]] = field(default_factory=list)  # JPEGs not yet decoded, alike
     frame_copies: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (offset, BGR frame)
-    device_offsets: list[int] = field(default_factory=list)  # where each JPEG decoded on the device goes
     host_end: int = 0  # bytes [0, host_end) travel in the H2D copy
+    device_start: int = 0  # bytes [device_start, end) are the JPEGs' places, written on the device
     end: int = 0  # bytes of the staging buffer in use
+
+    @property
+    def device_offsets(self) -> list[int]:
+        """Where each JPEG still to be decoded on the device goes."""
+        return [offset for _, _, offset, _ in self.pending]
 
     def __len__(self) -> int:
         return len(self.placed)
@@ -68,40 +82,47 @@ def plan_batch(
         offset += align_up(img.nbytes, IMAGE_ALIGN)
     plan.host_end = offset
     offset = align_up(offset)
+    plan.device_start = offset
     for i, h, w, layout in images:
-        plan.placed.append((i, letterbox_placement(h, w, size), offset, layout))
-        plan.device_offsets.append(offset)
+        plan.pending.append((i, letterbox_placement(h, w, size), offset, layout))
         offset += align_up(h * w * 3, IMAGE_ALIGN)
     plan.end = offset
     return plan
 
 
-def settle_fallbacks(
-    plan: BatchPlan, first: int, answers: list, host_np: np.ndarray, size: int
+def settle_decoded(
+    plan: BatchPlan, answers: Sequence[Any], host_np: np.ndarray, size: int
 ) -> tuple[list[tuple[int, int]], dict[int, YolopipeError]]:
-    """After ``decode_into``: ``answers[k]`` for ``plan.placed[first + k]`` is None (decoded in
-    place), OpenCV's frame (the GPU refused it) or the image's error. A frame is written into
-    the pinned staging at the image's reserved offset, to be uploaded there (``(offset,
-    nbytes)`` returned); an error takes its image out of the batch (returned by result index)."""
+    """After ``decode_into``: ``answers[k]`` for ``plan.pending[k]`` is ``IN_PLACE`` (the decoder
+    reported it decoded whole at its place), OpenCV's frame (the GPU refused it) or the image's
+    error. A frame is written into the pinned staging at the image's reserved offset, to be
+    uploaded there (``(offset, nbytes)`` returned). Only those two join the batch; anything
+    else (an error, a missing or unknown answer) takes the image out of it, its error returned
+    by result index. Nothing is pending after."""
     uploads: list[tuple[int, int]] = []
     errors: dict[int, YolopipeError] = {}
-    keep = plan.placed[:first]
-    for (i, lb, offset, layout), answer in zip(plan.placed[first:], answers):
-        if answer is None:
-            keep.append((i, lb, offset, layout))
+    pending, plan.pending = plan.pending, []
+    for k, (i, lb, offset, layout) in enumerate(pending):
+        answer = answers[k] if k < len(answers) else None
+        if answer is IN_PLACE:
+            plan.placed.append((i, lb, offset, layout))
         elif isinstance(answer, np.ndarray) and answer.nbytes <= lb.src_h * lb.src_w * 3:
             host_np[offset : offset + answer.nbytes] = answer.reshape(-1)
             uploads.append((offset, answer.nbytes))
-            keep.append((i, letterbox_placement(answer.shape[0], answer.shape[1], size), offset, LAYOUT_HWC_BGR))
-        else:
-            errors[i] = answer if isinstance(answer, YolopipeError) else InvalidImage(
-                "the decoded image is larger than its header says")
-    plan.placed = keep
+            plan.placed.append((i, letterbox_placement(answer.shape[0], answer.shape[1], size), offset, LAYOUT_HWC_BGR))
+        elif isinstance(answer, YolopipeError):
+            errors[i] = answer
+        elif isinstance(answer, np.ndarray):
+            errors[i] = InvalidImage("the decoded image is larger than its header says")
+        else:  # not reported decoded: refused as OpenCV refuses what it cannot decode
+            errors[i] = undecodable("jpeg")
     return uploads, errors
 
 
 def write_header(host_params: np.ndarray, plan: BatchPlan, bucket: int) -> None:
     """Each image's params into the pinned header; the bucket's padding slots read no pixels."""
+    if plan.pending:
+        raise RuntimeError("a batch was about to run with images whose decode was never settled")
     for j, (_, lb, offset, layout) in enumerate(plan.placed):
         fill_params(host_params[j], lb, offset, layout)
     for j in range(len(plan.placed), bucket):

@@ -25,9 +25,12 @@ import math
 import numpy as np
 from numba import cuda
 
+from app.gpu.kernel_cache import configure as configure_kernel_cache
 from app.gpu.rounding import dmul, dsub, quiet_low_occupancy_warnings
 from app.imaging.letterbox import PAD_VALUE, letterbox_params
 from app.types import Letterbox
+
+configure_kernel_cache()  # before the kernels below are defined: they load from it (cache=True)
 
 quiet_low_occupancy_warnings()
 
@@ -89,7 +92,7 @@ def _taps(d, src_len, dst_len, reset_at_borders):
     return s0, s1, w0, w1
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def letterbox_kernel(staging, params, out):
     """Grid ``(ceil(S*S / TPB), B)``: one thread per output pixel of image ``blockIdx.y``.
 

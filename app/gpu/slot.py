@@ -1,6 +1,6 @@
 """A batch slot: everything one batch in flight owns while it is decoded, uploaded, run and read.
 
-The pipeline keeps a few slots (``GpuPipeline(slots=3)``); a ``run`` takes a free one and
+The pipeline keeps a few slots (``GpuPipeline(in_flight=3)``); a ``run`` takes a free one and
 gives it back once the batch's results are on the host. So with three runs in flight, batch
 N+1 is decoded and uploaded into its slot while batch N's graph runs and batch N−1's rows are
 unpacked from theirs, and no buffer is ever written while the GPU may still read it.

@@ -1,6 +1,6 @@
 """What is decided about an image before a pixel is decoded: a format we accept, a readable
-header, and pixels, decode memory and decode work within the limits. No OpenCV here: the
-HTTP workers check every image with it and never decode one."""
+header, pixels, decode memory and decode work within the limits, and (a JPEG) a whole byte
+structure. No OpenCV here: the HTTP workers check every image with it and never decode one."""
 
 from __future__ import annotations
 
@@ -45,4 +45,17 @@ def check_image(
     if header.jpeg is not None and header.jpeg.scans > MAX_JPEG_SCANS:
         # Each scan of a progressive JPEG is decoded over the whole image.
         raise ImageTooLarge(f"this JPEG has {header.jpeg.scans:,} scans, the limit is {MAX_JPEG_SCANS}")
+    check_whole(header)
     return header
+
+
+def check_whole(header: ImageHeader) -> None:
+    """A JPEG whose byte structure is not whole (``app.imaging.jpeg_structure``) is refused as
+    OpenCV refuses what it cannot decode, on every decode path."""
+    if header.jpeg is not None and header.jpeg.defect is not None:
+        raise undecodable(header.format)
+
+
+def undecodable(fmt: str) -> InvalidImage:
+    """The one error for an image that is truncated or corrupt, whichever decoder found it."""
+    return InvalidImage(f"cannot decode this {fmt.upper()} image (truncated or corrupt)")

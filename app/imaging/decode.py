@@ -10,7 +10,7 @@ import numpy as np
 
 from app.config import MAX_DECODE_BYTES, MAX_PIXELS
 from app.errors import ImageTooLarge, InvalidImage
-from app.imaging.check import check_image, decode_bytes  # noqa: F401 (decode_bytes: read with the decode)
+from app.imaging.check import check_image, check_whole, decode_bytes, undecodable  # noqa: F401 (decode_bytes: read with the decode)
 from app.imaging.headers import ImageHeader
 
 
@@ -28,6 +28,8 @@ def decode_image(
     """
     if header is None:  # else checked already (by whoever read it: an HTTP worker)
         header = check_image(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes)
+    else:
+        check_whole(header)  # whoever read it may have read it only
     flags = cv2.IMREAD_COLOR
     if header.format == "tiff" and header.bits > 8 and header.channels >= 3:
         flags |= cv2.IMREAD_ANYDEPTH
@@ -36,7 +38,7 @@ def decode_image(
     except cv2.error as exc:
         raise _decode_error(exc, header) from None
     if img is None or img.size == 0:
-        raise InvalidImage(f"cannot decode this {header.format.upper()} image (truncated or corrupt)")
+        raise undecodable(header.format)
     if img.shape[0] * img.shape[1] > max_pixels:  # the header lied in a way its parser did not catch
         raise ImageTooLarge(f"image has {img.shape[0] * img.shape[1]:,} pixels, the limit is {max_pixels:,}")
     if img.dtype == np.uint16:  # the high byte, shifted in place: a 50 MP 16-bit image is 300 MB

@@ -7,7 +7,9 @@ do we; OpenCV reads BMP heights as signed and TIFF's first directory only, so do
 we cannot read is refused (``InvalidImage``) rather than handed to a decoder whose size we do
 not know: that is what keeps a 1 KB file from allocating gigabytes. Work a header cannot
 show is bounded here too: a PNG whose compressed data inflates past what its size can hold
-is refused (inflating stops there), and a JPEG's scans are counted.
+is refused (inflating stops there), and a JPEG's scans are counted. A JPEG's whole byte
+structure is walked too (``app.imaging.jpeg_structure``): its header says whether the bytes
+can decode whole, for every decoder that is handed them with it.
 
 This is the one JPEG header parser: besides the size, it reads what a GPU decoder needs to
 know (coding, precision, components, chroma sampling, EXIF orientation). Pure Python, no
@@ -20,7 +22,9 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from app.config import MAX_JPEG_SCANS
 from app.errors import InvalidImage, UnsupportedMediaType, YolopipeError
+from app.imaging.jpeg_structure import JpegStructure, walk_jpeg
 
 _SIGNATURES: tuple[tuple[bytes, str], ...] = (
     (b"\xff\xd8\xff", "jpeg"),
@@ -36,7 +40,9 @@ _SIGNATURES: tuple[tuple[bytes, str], ...] = (
 
 @dataclass(frozen=True)
 class JpegHeader:
-    """What a JPEG's markers say before its first scan, and how many scans follow."""
+    """What a JPEG's markers say before its first scan, how many scans follow, and whether its
+    byte structure is whole (``app.imaging.jpeg_structure``: every JPEG header is read with
+    that walk, so whoever holds a header knows it)."""
 
     height: int
     width: int
@@ -48,11 +54,15 @@ class JpegHeader:
     sampling: tuple[tuple[int, int], ...]  # (horizontal, vertical) factor per component
     orientation: int = 1  # EXIF orientation 1..8
     scans: int = 1  # SOS markers from the frame header on (an EXIF thumbnail's come before it)
+    defect: str | None = None  # why the bytes cannot decode whole (truncated, corrupt); None: they can
+    needs_libjpeg: bool = False  # it leans on a libjpeg leniency (Huffman tables it never defines, ...)
 
     @property
     def gpu_decodable(self) -> bool:
-        """8-bit, gray or three-component, Huffman-coded, not lossless: the GPU decoders' ground."""
-        return self.precision == 8 and self.components in (1, 3) and not (self.arithmetic or self.lossless)
+        """8-bit, gray or three-component, Huffman-coded, not lossless, and nothing only libjpeg
+        reads as meant: the GPU decoders' ground."""
+        return self.precision == 8 and self.components in (1, 3) and not (
+            self.arithmetic or self.lossless or self.needs_libjpeg)
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,12 @@ class ImageHeader:
     @property
     def pixels(self) -> int:
         return self.height * self.width
+
+    @property
+    def gpu_decodable(self) -> bool:
+        """Whether a GPU JPEG decoder takes this image: the one test of it (``JpegHeader``'s),
+        for the detector's routing and the GPU decoders' alike."""
+        return self.jpeg is not None and self.jpeg.gpu_decodable
 
 
 # File suffixes of the formats read_header accepts: what a folder of images is listed by.
@@ -148,10 +164,12 @@ def _jpeg(data: bytes) -> ImageHeader | None:
             if length < 8 + 3 * comps or comps == 0 or i + length > n:
                 return None
             factors = data[i + 8 : i + 8 + 3 * comps]
+            structure = walk_jpeg(data, max_scans=MAX_JPEG_SCANS)
             facts = JpegHeader(height, width, comps, bits, progressive=marker in _SOF_PROGRESSIVE,
                                arithmetic=marker in _SOF_ARITHMETIC, lossless=marker in _SOF_LOSSLESS,
                                sampling=tuple((factors[3 * c + 1] >> 4, factors[3 * c + 1] & 0x0F) for c in range(comps)),
-                               orientation=orientation, scans=_scans(data, i, marker))
+                               orientation=orientation, scans=_scans(data, i, structure),
+                               defect=structure.defect, needs_libjpeg=structure.needs_libjpeg)
             return ImageHeader("jpeg", height, width, comps, bits, jpeg=facts)
         if marker not in _BEFORE_FRAME:  # a second SOI, EOI, a scan before any frame, an unknown marker
             return None
@@ -164,12 +182,13 @@ def _jpeg(data: bytes) -> ImageHeader | None:
             i += length
 
 
-def _scans(data: bytes, start: int, marker: int) -> int:
-    """SOS markers after the frame header, counted only where they can be many: a sequential JPEG
-    codes each component in one scan, while a progressive one may refine in any number (the
-    decode-time bomb ``MAX_JPEG_SCANS`` bounds). Counting reads the whole file, so the usual
-    baseline JPEG, parsed on every request path, is not read past its header."""
-    return data.count(b"\xff\xda", start) if marker in _SOF_PROGRESSIVE else 1
+def _scans(data: bytes, start: int, structure: JpegStructure) -> int:
+    """The scans the structure walk counted; where it stopped early (a defect, or more scans
+    than ``MAX_JPEG_SCANS``: each scan of a progressive JPEG is decoded over the whole image,
+    the decode-time bomb that limit bounds) every SOS marker from the frame header on."""
+    if structure.defect is None and structure.scans <= MAX_JPEG_SCANS:
+        return structure.scans
+    return data.count(b"\xff\xda", start)
 
 
 def _exif_orientation(tiff: bytes) -> int:

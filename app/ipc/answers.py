@@ -3,8 +3,9 @@
 A RESULTS body is the batch's timings (JSON), the record count, one ``RECORD`` per image, the
 rows of every ok image (rows × 6 float32: x1, y1, x2, y2, score, class in source pixels, in
 record order), then each failed image's error code and message (UTF-8, in record order):
-fixed-size parts the inference worker writes from arrays, a batch at a time, with no object
-per image. An HTTP worker reads them back as ``Outcome`` objects.
+fixed-size parts the inference worker writes from arrays (a ``DetectedBatch``'s, with each
+image's request, index and waits: ``app.service.inference.answers``), a batch at a time, with
+no object per image. An HTTP worker reads them back as ``Outcome`` objects.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from app.contracts import DetectedBatch
 from app.errors import YolopipeError
 from app.ipc.wire import RESULTS, Outcome, error_from_code, frame
 from app.types import Detections
@@ -73,6 +74,11 @@ class Answers:
             first, first_row = last, last_row
         return out
 
+    def detected(self) -> DetectedBatch:
+        """The same answers as the detector's arrays (views, no copy of the rows)."""
+        return DetectedBatch(self.records["width"].astype(np.int64), self.records["height"].astype(np.int64),
+                             self.records["rows"].astype(np.int64), self.rows, dict(self.errors), self.timings)
+
     def outcomes(self) -> list[Outcome]:
         """As ``Outcome`` objects, each with its own detections (what an HTTP worker reads)."""
         out = []
@@ -129,35 +135,4 @@ def read_answers(body: bytes) -> Answers:
         message = bytes(body[pos + n_code : pos + n_code + n_msg]).decode()
         pos += n_code + n_msg
         errors[i] = error_from_code(code, message)
-    return Answers(records, rows, errors, timings)
-
-
-
-def batch_answers(batch: list[Any], start: float, placed: list[tuple[int, Any]], errors: dict[int, YolopipeError],
-                  timings: dict[str, float]) -> Answers:
-    """A batch's answers as arrays: each placed image's NMS rows taken back to source pixels
-    (``app.boxes.scale_boxes``' float32 operations, on the whole batch at once)."""
-    records = np.zeros(len(batch), RECORD)
-    records["req_id"] = [j.ref.req_id for j in batch]
-    records["index"] = [j.ref.index for j in batch]
-    records["decode_ms"] = [j.decode_ms for j in batch]
-    records["queue_ms"] = [(start - j.admitted_at) * 1e3 for j in batch]
-    if not placed:
-        return Answers(records, np.empty((0, 6), np.float32), errors, timings)
-    positions = [i for i, _ in placed]
-    parts = [np.asarray(rows, np.float32).reshape(-1, 6) for _, (rows, _) in placed]
-    boxes = [lb for _, (_, lb) in placed]
-    counts = [len(p) for p in parts]
-    records["ok"][positions] = 1
-    records["width"][positions] = [lb.src_w for lb in boxes]
-    records["height"][positions] = [lb.src_h for lb in boxes]
-    records["rows"][positions] = counts
-    rows = np.concatenate(parts)  # a copy: the pipeline's own rows are left as they were
-    pads = np.repeat(np.array([(lb.pad_left, lb.pad_top) * 2 for lb in boxes], np.float32), counts, 0)
-    gains = np.repeat(np.array([(lb.gain_x, lb.gain_y) * 2 for lb in boxes], np.float32), counts, 0)
-    limits = np.repeat(np.array([(lb.src_w, lb.src_h) * 2 for lb in boxes], np.float32), counts, 0)
-    xyxy = rows[:, :4]
-    xyxy -= pads
-    xyxy /= gains
-    np.clip(xyxy, 0, limits, out=xyxy)
     return Answers(records, rows, errors, timings)

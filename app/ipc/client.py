@@ -2,10 +2,13 @@
 
 One connection per inference worker, each with its own shared-memory ring; a lost
 connection fails the images waiting on it at once (503) and is re-made as soon as the worker
-is back. Each image goes to the least loaded worker (queued seconds from its status block);
-when even that one has more queued than the budget, the image is refused here without being
-sent. A request keeps at most ``window`` images at the workers, sending the next as each
-answer comes, so one large batch request cannot fill the queue alone.
+is back. A request is admitted as a whole (``admit``): when all its images, behind the work
+queued at the workers and the images this HTTP worker has yet to send, would not be done
+within the budget at the workers' measured rate, it is refused here (503) before any image is
+sent. Each image goes to the least loaded worker (queued seconds from its status block). A
+request keeps at most ``window`` images at the workers, sending the next as each answer
+comes, so one large batch request cannot fill the queue alone; the inference worker's batcher
+still refuses an image that finds its queue over the budget (the backstop).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class _Request:
         self.deadline = deadline
         self.outcomes: list[wire.Outcome | None] = [None] * len(images)
         self.sent = 0
+        client._unsent += len(images)
         self.answered = 0
         self.links: set[_Link] = set()
         self.done = asyncio.get_running_loop().create_future()
@@ -54,6 +58,7 @@ class _Request:
             return
         index = self.sent
         self.sent += 1
+        self.client._unsent -= 1
         try:
             link = self.client.pick()
             link.send(self, index)
@@ -75,6 +80,8 @@ class _Request:
 
     def fail(self, error: YolopipeError) -> None:
         if not self.done.done():
+            self.client._unsent -= len(self.images) - self.sent  # never to be sent now
+            self.sent = len(self.images)
             self.done.set_exception(error)
             self.done.exception()  # retrieved: whoever still awaits it gets it; nobody else must
             for link in self.links:
@@ -187,11 +194,12 @@ class InferenceClient:
     def __init__(self, settings: Settings, layout: RunLayout) -> None:
         self.settings = settings
         self.layout = layout
-        self.info: dict | None = None  # the first worker's hello: model, names, limits
+        self.info: dict | None = None  # the first worker's hello: model, names, the run shape's limits
         self._ids = itertools.count(1)
         self._links: list[_Link] = []
         self._tasks: list[asyncio.Task] = []
         self._turn = itertools.count()
+        self._unsent = 0  # images of admitted requests still waiting for their window here
 
     async def start(self, wait_s: float = 30.0) -> None:
         """Connect to every worker (in the background, for good); wait up to ``wait_s`` for one."""
@@ -209,6 +217,12 @@ class InferenceClient:
             link.close()
 
     @property
+    def window(self) -> int:
+        """Images of one request at the inference workers at once (``Settings.window`` of the
+        ``max_batch`` the inference workers run, as their hello says)."""
+        return self.settings.window((self.info or {}).get("max_batch", self.settings.max_batch))
+
+    @property
     def ready(self) -> bool:
         """An inference worker is ready (and the service's first start is over: it starts ready
         with every worker, and stays ready while one of them is)."""
@@ -217,8 +231,8 @@ class InferenceClient:
         return any(link.connected and link.status.read().state == wire.READY for link in self._links)
 
     def workers(self) -> list[dict]:
-        """Each inference worker as an operator sees it: ready, queued images, pid, device, and
-        what it is doing while it starts (its warm-up step)."""
+        """Each inference worker as an operator sees it: ready, queued images, pid, device, what it
+        is doing while it starts (its warm-up step), and once started, its start-up step by step."""
         out = []
         for i, link in enumerate(self._links):
             load = link.status.read() if link.connected else None
@@ -228,15 +242,14 @@ class InferenceClient:
                         "queued_images": load.pending if load else 0, "pid": info.get("pid"),
                         "device": info.get("device"), "restarts": info.get("generation", 0),
                         "phase": "" if ready else (link.status.read_phase() or "starting"),
+                        "startup": info.get("startup"),
                         "standby_ready": link.status.read_standby() != 0})
         return out
 
     def pick(self) -> _Link:
-        """The connected worker with the least queued work; Overloaded when even it is over budget."""
+        """The connected worker with the least queued work; Overloaded when none is ready."""
         best: tuple[float, int] | None = None
         chosen: _Link | None = None
-        chosen_load: wire.Load | None = None
-        chosen_ahead = 0
         turn = next(self._turn)
         n = len(self._links)
         for k in range(n):
@@ -250,16 +263,39 @@ class InferenceClient:
             # worker has not taken in yet (a batch request sends several before the status moves):
             # idle workers tie, and the rotation shares the work.
             ahead = max(load.pending, len(link.waiting))
-            key = (wire.queued_seconds(ahead, load.seconds_per_image, load.lanes), ahead)
+            key = (wire.queued_seconds(ahead, load.seconds_per_image, load.in_flight), ahead)
             if best is None or key < best:
-                best, chosen, chosen_ahead = key, link, ahead
-                chosen_load = load
-        if chosen is None or chosen_load is None:
-            raise Overloaded("no inference worker is ready (starting or restarting); retry shortly")
-        queued = wire.queued_seconds(chosen_ahead + 1, chosen_load.seconds_per_image, chosen_load.lanes)
-        if chosen_ahead and queued > self.settings.budget_s:
-            raise wire.over_budget(queued, self.settings.budget_s)
+                best, chosen = key, link
+        if chosen is None:
+            raise _no_worker()
         return chosen
+
+    def admit(self, images: int) -> None:
+        """Overloaded, before anything is sent, when a request of ``images`` images would not be
+        done within the budget: its images behind everything queued at the ready workers and
+        everything this HTTP worker has yet to send, at the workers' measured rate (in-flight batches over
+        seconds per image, summed). An idle server still takes a request of one image, however
+        slow (the budget could refuse everything else); a larger one whose own work is over the
+        budget is refused even then."""
+        ahead, rate, unmeasured = self._unsent, 0.0, False
+        for link in self._links:
+            if not link.connected:
+                continue
+            load = link.status.read()
+            if load.state != wire.READY:
+                continue
+            ahead += max(load.pending, len(link.waiting))
+            if load.seconds_per_image > 0:
+                rate += max(load.in_flight, 1) / load.seconds_per_image
+            else:
+                unmeasured = True  # no batch timed yet: nothing to judge by
+        if rate == 0.0 and not unmeasured:
+            raise _no_worker()
+        if unmeasured or (images == 1 and ahead == 0):
+            return
+        seconds = (ahead + images) / rate
+        if seconds > self.settings.budget_s:
+            raise wire.over_budget(seconds, self.settings.budget_s, images=images, ahead=ahead)
 
     async def detect(self, images: list[bytes], params: DetectParams,
                      headers: list[ImageHeader] | None = None) -> list[wire.Outcome]:
@@ -268,8 +304,9 @@ class InferenceClient:
         again. Raises Overloaded, DeviceError or RequestTimeout when the request as a whole
         cannot be served."""
         timeout = self.settings.request_timeout_s
+        self.admit(len(images))
         request = _Request(self, images, params, time.monotonic() + timeout, headers)
-        for _ in range(min(len(images), self.settings.window)):
+        for _ in range(min(len(images), self.window)):
             request.send_next()
         try:
             await asyncio.wait_for(asyncio.shield(request.done), timeout + _GRACE_S)
@@ -280,3 +317,7 @@ class InferenceClient:
             request.fail(RequestTimeout("the client went away"))
             raise
         return request.outcomes  # type: ignore[return-value]
+
+
+def _no_worker() -> Overloaded:
+    return Overloaded("no inference worker is ready (starting or restarting); retry shortly")

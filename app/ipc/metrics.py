@@ -1,109 +1,24 @@
-"""Metrics of the inference workers, and rendering every process's metrics as one page.
+"""How every serving process's metrics meet: files in one folder, rendered as one page.
 
 Each serving process writes its metrics to files in ``PROMETHEUS_MULTIPROC_DIR`` (set before
 ``prometheus_client`` is imported; the supervisor owns the folder), and any HTTP worker
-renders all of them (``prometheus_client``'s multiprocess mode). The HTTP workers' own
-families (``app.api.metrics``) and these never share a name.
+renders all of them (``prometheus_client``'s multiprocess mode). The families themselves are
+their processes': the HTTP workers' (``app.api.metrics``) and the inference workers'
+(``app.service.inference.metrics``) never share a name.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-# Latency buckets in seconds: sub-millisecond GPU stages up to multi-second CPU batches.
+# Latency buckets in seconds, shared by every process's latency histograms: sub-millisecond GPU
+# stages up to multi-second CPU batches.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
-_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-
-
-class WorkerMetrics:
-    def __init__(self, worker: str) -> None:
-        r = self.registry = CollectorRegistry(auto_describe=True)
-        self.worker = worker
-        self.stage_latency = Histogram(
-            "yolopipe_stage_latency_seconds",
-            "Latency per stage in the inference worker: queue (admitted to batch start), decode, batch (the "
-            "detector call), and the pipeline's own preprocess/engine/nms when it reports them",
-            ["stage"], buckets=LATENCY_BUCKETS, registry=r,
-        )
-        self.batch_size = Histogram("yolopipe_batch_size", "Images per detector batch", buckets=_BATCH_BUCKETS,
-                                    registry=r)
-        self._images = Counter("yolopipe_images", "Images answered by the inference workers, by outcome",
-                               ["outcome", "worker"], registry=r)
-        self.device_errors = Counter("yolopipe_device_errors", "Batches failed by the accelerator", registry=r)
-        self._pending = Gauge("yolopipe_queue_depth", "Images admitted and not yet answered, summed over the "
-                              "inference workers (each one's own: /v1/model)", multiprocess_mode="livesum", registry=r)
-        self.restarts = Counter("yolopipe_worker_restarts", "Inference workers started again after one died",
-                                ["worker"], registry=r)
-        self._gpu_memory = Gauge(
-            "yolopipe_gpu_memory_bytes", "GPU memory by source (allocator: the framework's pool; device: used on "
-            "the whole device, from NVML)", ["worker", "source"], multiprocess_mode="livesum", registry=r)
-
-        self._stages: dict[str, Any] = {}
-
-    def images(self, outcome: str) -> Any:
-        return self._images.labels(outcome, self.worker)
-
-    def stage(self, name: str) -> Any:
-        """The latency histogram of one stage (looked up once: ``labels`` costs more than ``observe``)."""
-        child = self._stages.get(name)
-        if child is None:
-            child = self._stages[name] = self.stage_latency.labels(name)
-        return child
-
-    def observe_stage(self, name: str, seconds: list[float]) -> None:
-        """Several observations of one stage at once (a batch's images): the same histogram as
-        observing each, with one write per bucket touched instead of two per value."""
-        observe_many(self.stage(name), seconds)
-
-    def set_pending(self, n: int) -> None:
-        self._pending.set(n)
-
-    def sample_gpu_memory(self, readers: dict[str, Callable[[], float | None]], every_s: float,
-                          stop: threading.Event) -> threading.Thread | None:
-        """Gauges set every ``every_s`` from a thread (multiprocess gauges cannot be read on demand)."""
-        if not readers:
-            return None
-
-        def loop() -> None:
-            while not stop.wait(every_s):
-                for source, read in readers.items():
-                    self._gpu_memory.labels(self.worker, source).set(read() or 0.0)
-
-        thread = threading.Thread(target=loop, name="yolopipe-gpu-memory", daemon=True)
-        thread.start()
-        return thread
-
-
-def observe_many(histogram: Any, values: list[float]) -> None:
-    """``histogram.observe(v)`` for each of ``values``, one increment per bucket touched.
-
-    prometheus_client has no call for it, so this adds to the child's bucket and sum values
-    the way its ``observe`` does; where those are not there (another version), it observes one
-    by one."""
-    bounds = getattr(histogram, "_upper_bounds", None)
-    buckets = getattr(histogram, "_buckets", None)
-    total = getattr(histogram, "_sum", None)
-    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
-        for v in values:
-            histogram.observe(v)
-        return
-    if not values:
-        return
-    found = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))
-    total.inc(float(sum(values)))
-    for i in np.flatnonzero(found).tolist():
-        buckets[i].inc(int(found[i]))
 
 
 def render_dir(path: Path) -> bytes:
@@ -124,64 +39,3 @@ def mark_dead(pid: int, path: Path) -> None:
     from prometheus_client.multiprocess import mark_process_dead
 
     mark_process_dead(pid, str(path))
-
-
-# --- GPU memory readers -------------------------------------------------------------------
-def gpu_memory_readers(detector: Any, device: int) -> dict[str, Callable[[], float | None]]:
-    """How to read GPU memory for this detector; empty for a CPU backend.
-
-    ``allocator``: torch's reserved pool when torch is already loaded (GPU backends load it; we
-    never import it here). ``device``: memory used on the whole device, from NVML via ctypes.
-    """
-    pipeline = detector.pipeline
-    if pipeline.backend == "onnxruntime":
-        return {}
-    readers: dict[str, Callable[[], float | None]] = {}
-    if "torch" in sys.modules:
-        torch = sys.modules["torch"]
-        readers["allocator"] = lambda: float(torch.cuda.memory_reserved(device))
-    nvml = _NvmlMemory.open(device)
-    if nvml is not None:
-        readers["device"] = nvml.used_bytes
-    return readers
-
-
-class _NvmlMemoryInfo(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
-
-
-class _NvmlMemory:
-    """Device memory in use, through libnvidia-ml (needs no CUDA context on the calling thread)."""
-
-    def __init__(self, lib: Any, handle: ctypes.c_void_p) -> None:
-        self._lib = lib
-        self._handle = handle
-
-    @classmethod
-    def open(cls, device: int) -> _NvmlMemory | None:
-        for name in ("libnvidia-ml.so.1", "libnvidia-ml.so"):
-            try:
-                lib = ctypes.CDLL(name)
-                break
-            except OSError:
-                continue
-        else:
-            return None
-        handle = ctypes.c_void_p()
-        if lib.nvmlInit_v2() != 0:
-            return None
-        # NVML numbers every GPU of the host; CUDA only the visible ones. Map through
-        # CUDA_VISIBLE_DEVICES (an index or a UUID per entry) when it is set.
-        visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-        if device < len(visible) and not visible[device].isdigit():
-            status = lib.nvmlDeviceGetHandleByUUID(visible[device].encode(), ctypes.byref(handle))
-        else:
-            index = int(visible[device]) if device < len(visible) else device
-            status = lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle))
-        return cls(lib, handle) if status == 0 else None
-
-    def used_bytes(self) -> float | None:
-        info = _NvmlMemoryInfo()
-        if self._lib.nvmlDeviceGetMemoryInfo(self._handle, ctypes.byref(info)) != 0:
-            return None
-        return float(info.used)

@@ -1,6 +1,6 @@
 """Video streams in ``serve``: the HTTP workers' side of the inference workers' stream host.
 
-Each inference worker runs its streams itself (``app.service.streams``: it owns the detector)
+Each inference worker runs its streams itself (``app.service.inference.streams``: it owns the detector)
 and listens for their control on a socket of its own beside the image socket, so the image
 path is untouched. Every message is one ``wire.STREAM`` frame holding a JSON object: a request
 (``{"op": "add" | "list" | "delete" | "events", ...}``), then one answer (``{"ok": ...}`` or
@@ -21,6 +21,7 @@ from app.config import Settings
 from app.errors import InvalidParameter, Overloaded
 from app.ipc import wire
 from app.ipc.layout import RunLayout
+from app.source_urls import MAX_SOURCE_CHARS, check_characters, parse_url
 
 # What a client may ask a server to open: network video only; files only under an allowed root.
 STREAM_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "srt://")
@@ -31,14 +32,20 @@ def stream_socket(layout: RunLayout, worker: int) -> Path:
 
 
 def check_stream_source(source: str, settings: Settings) -> str:
-    """``source`` if a server may open it: a URL of an allowed scheme, or a file under
-    ``settings.stream_files_root`` (no file at all when that is unset); else ``InvalidParameter``."""
-    if not isinstance(source, str) or not source.strip() or len(source) > 2048 or "\n" in source:
+    """What a server opens for ``source``, checked and normalised once (``app.source_urls``):
+    a URL of an allowed scheme, or a file under ``settings.stream_files_root`` (no file at all
+    when that is unset) as its resolved path; else ``InvalidParameter`` saying why. The answer
+    is what is opened, listed and logged (``redact``ed), and checking it again gives it back."""
+    if not isinstance(source, str) or not source:
         raise InvalidParameter("source must be a URL or file path of at most 2048 characters")
-    source = source.strip()
-    if source.lower().startswith(STREAM_SCHEMES):
-        return source
-    if "://" in source or source.startswith(("-", "|")):
+    if len(source) > MAX_SOURCE_CHARS:
+        raise InvalidParameter(f"source must be at most {MAX_SOURCE_CHARS} characters")
+    check_characters(source)
+    if "://" in source:
+        if f"{source.partition('://')[0].lower()}://" not in STREAM_SCHEMES:
+            raise InvalidParameter(f"source scheme not allowed; use one of {', '.join(STREAM_SCHEMES)}")
+        return str(parse_url(source))
+    if source.startswith(("-", "|")):
         raise InvalidParameter(f"source scheme not allowed; use one of {', '.join(STREAM_SCHEMES)}")
     root = settings.stream_files_root
     if root is None:

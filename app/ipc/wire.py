@@ -37,8 +37,10 @@ STREAM = 5  # video streams' control and events, on their own socket (app.ipc.st
 _IMAGE = struct.Struct("<QIQIdddIBH")
 # Then the header the HTTP worker read (so the inference worker never parses it again): format
 # (0: none sent), height, width, channels, bits, work bytes; a JPEG's components, precision,
-# coding flags (progressive 1, arithmetic 2, lossless 4), orientation and scans.
-_HEADER = struct.Struct("<BIIBBQBBBBI")
+# coding flags (progressive 1, arithmetic 2, lossless 4), orientation, scans, and the chroma
+# sampling factors of its first four components (as in its frame header: horizontal << 4 | vertical).
+_HEADER = struct.Struct("<BIIBBQBBBBI4s")
+_MAX_SAMPLED = 4
 _FORMATS = ("", "jpeg", "png", "bmp", "tiff", "webp")
 _CANCEL = struct.Struct("<Q")
 
@@ -75,6 +77,11 @@ def stream_message(message: dict[str, Any]) -> bytes:
     return frame(STREAM, json.dumps(message).encode())
 
 
+def stream_event(event_json: str) -> bytes:
+    """``stream_message({"event": event})`` for an event already written as JSON text."""
+    return frame(STREAM, ('{"event": ' + event_json + "}").encode())
+
+
 def read_stream_message(body: bytes) -> dict[str, Any]:
     return json.loads(bytes(body))
 
@@ -95,7 +102,7 @@ class ImageRef:
     length: int
     deadline: float
     params: DetectParams
-    header: ImageHeader | None = None  # as the HTTP worker read it (a JPEG's chroma sampling stays behind)
+    header: ImageHeader | None = None  # as the HTTP worker read it
 
 
 def image(ref: ImageRef) -> bytes:
@@ -142,22 +149,26 @@ def _remember(cache: dict, key: bytes, value: Any) -> Any:
 
 def _pack_header(h: ImageHeader | None) -> bytes:
     if h is None:
-        return _HEADER.pack(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+        return _HEADER.pack(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, b"")
     j = h.jpeg
-    flags = 0 if j is None else (j.progressive | j.arithmetic << 1 | j.lossless << 2)
+    flags = 0 if j is None else (j.progressive | j.arithmetic << 1 | j.lossless << 2 | j.needs_libjpeg << 3)
+    sampling = b"" if j is None else bytes(hf << 4 | vf for hf, vf in j.sampling[:_MAX_SAMPLED])
     return _HEADER.pack(_FORMATS.index(h.format), h.height, h.width, h.channels, h.bits, h.work_bytes,
                         0 if j is None else j.components, 0 if j is None else j.precision, flags,
-                        0 if j is None else j.orientation, 0 if j is None else j.scans)
+                        0 if j is None else j.orientation, 0 if j is None else j.scans, sampling)
 
 
 def _unpack_header(body: bytes, pos: int) -> ImageHeader | None:
-    fmt, height, width, channels, bits, work, comps, precision, flags, orientation, scans = _HEADER.unpack_from(body, pos)
+    fmt, height, width, channels, bits, work, comps, precision, flags, orientation, scans, sampled = \
+        _HEADER.unpack_from(body, pos)
     if not fmt:
         return None
     jpeg = None
     if comps:
+        sampling = tuple((b >> 4, b & 0x0F) for b in sampled[: min(comps, _MAX_SAMPLED)])
         jpeg = JpegHeader(height, width, comps, precision, progressive=bool(flags & 1), arithmetic=bool(flags & 2),
-                          lossless=bool(flags & 4), sampling=(), orientation=orientation, scans=scans)
+                          lossless=bool(flags & 4), sampling=sampling, orientation=orientation, scans=scans,
+                          needs_libjpeg=bool(flags & 8))  # a defect never travels: check_image refused it
     return ImageHeader(_FORMATS[fmt], height, width, channels, bits, work, jpeg)
 
 
@@ -204,7 +215,7 @@ def _errors_by_code() -> dict[str, type[YolopipeError]]:
 
 # --- the load an inference worker publishes --------------------------------------------
 STARTING, READY, DRAINING = 0, 1, 2
-# generation, state, images admitted and unanswered, s/image, lanes (in the host's byte order)
+# generation, state, images admitted and unanswered, s/image, batches in flight (in the host's byte order)
 _STATUS = struct.Struct("=QIIdI")
 _STANDBY_AT = 48  # u32: the pid of the worker's warm standby, once it is ready
 _PHASE_AT, _PHASE_MAX = 64, 256  # then a short text: the warm-up step of a starting worker
@@ -216,18 +227,22 @@ class Load:
     state: int
     pending: int
     seconds_per_image: float
-    lanes: int
+    in_flight: int
 
     def queued_s(self, more: int = 0) -> float:
         """Seconds until the admitted work (and ``more`` images) is done at the measured rate."""
-        return queued_seconds(self.pending + more, self.seconds_per_image, self.lanes)
+        return queued_seconds(self.pending + more, self.seconds_per_image, self.in_flight)
 
 
-def queued_seconds(images: int, seconds_per_image: float, lanes: int) -> float:
-    return images * seconds_per_image / max(lanes, 1)
+def queued_seconds(images: int, seconds_per_image: float, in_flight: int) -> float:
+    return images * seconds_per_image / max(in_flight, 1)
 
 
-def over_budget(queued_s: float, budget_s: float) -> errors.Overloaded:
+def over_budget(queued_s: float, budget_s: float, *, images: int = 1, ahead: int = 0) -> errors.Overloaded:
+    if images > 1:
+        return errors.Overloaded(f"this request's {images} images, behind {ahead} queued, would take about "
+                                 f"{queued_s:.1f} s, over the {budget_s:g} s budget; retry shortly, or send fewer "
+                                 "images per request")
     return errors.Overloaded(f"the queue holds {queued_s:.1f} s of work, over its {budget_s:g} s budget; retry shortly")
 
 
@@ -255,10 +270,10 @@ class StatusBlock:
             self._generation = whole[0:8].cast("Q")
             self._u32 = whole[8:16].cast("I")  # state, pending
             self._seconds = whole[16:24].cast("d")
-            self._lanes = whole[24:28].cast("I")
+            self._in_flight = whole[24:28].cast("I")
             self._standby = whole[_STANDBY_AT : _STANDBY_AT + 4].cast("I")
             self._phase_len = whole[_PHASE_AT : _PHASE_AT + 2].cast("H")
-            self._views = [self._generation, self._u32, self._seconds, self._lanes, self._standby, self._phase_len,
+            self._views = [self._generation, self._u32, self._seconds, self._in_flight, self._standby, self._phase_len,
                            whole]
 
     def write(self, load: Load) -> None:
@@ -266,7 +281,7 @@ class StatusBlock:
         self._u32[0] = load.state
         self._u32[1] = load.pending
         self._seconds[0] = load.seconds_per_image
-        self._lanes[0] = load.lanes
+        self._in_flight[0] = load.in_flight
 
     def read(self) -> Load:
         return Load(*_STATUS.unpack_from(self._map, 0))

@@ -1,4 +1,4 @@
-"""The CPU request path: letterbox → host backend → NMS (compiled; the NumPy reference's keep set)."""
+"""The CPU request path: letterbox → host backend → NMS (the NumPy reference's keep set; compiled for many candidates)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,20 @@ from app.boxes import nms_numpy
 from app.config import CPU_MAX_BATCH, MAX_DET
 from app.contracts import DetectParams, HostBackend, PipelineInput, PipelineRun
 from app.imaging.letterbox import letterbox, to_input
-from app.pipeline.nms_cpu import nms_keep_indices_compiled
+from app.pipeline.nms_cpu import nms_keep_indices_cpu
 from app.types import ModelMeta
 
 
 class CpuPipeline:
     """Implements ``app.contracts.Pipeline`` for a ``HostBackend``. One batch at a time
-    (``max_in_flight = 1``): the backend's own threads already use every core."""
+    (``in_flight = 1``): the backend's own threads already use every core. No bucket: ONNX
+    Runtime runs any batch size as it is, padding none."""
 
     decodes_jpeg = False
     takes_nv12 = False
     device = None
-    max_in_flight = 1
+    in_flight = 1
+    buckets: tuple[int, ...] = ()
 
     def __init__(self, backend: HostBackend, meta: ModelMeta, *, max_batch: int = CPU_MAX_BATCH, max_det: int = MAX_DET) -> None:
         self.backend = backend.name
@@ -40,7 +42,7 @@ class CpuPipeline:
         t1 = time.perf_counter()
         head = self._engine.infer(batch)
         t2 = time.perf_counter()
-        rows = [nms_numpy(h, params, nms_keep_indices_compiled) for h in head]
+        rows = [nms_numpy(h, params, nms_keep_indices_cpu) for h in head]
         t3 = time.perf_counter()
         timings = {"preprocess_ms": (t1 - t0) * 1e3, "engine_ms": (t2 - t1) * 1e3, "nms_ms": (t3 - t2) * 1e3}
         return PipelineRun([(r, p[1]) for r, p in zip(rows, placed)], timings)

@@ -1,40 +1,61 @@
-"""The one detector API shared by every backend: images (bytes or arrays) in, detections out.
+"""The one detector path shared by every backend and every front end: images in, arrays out.
 
-``yolopipe predict`` and the HTTP service both use it. It validates parameters, decodes what
-the pipeline does not decode itself, splits work into batches the pipeline takes, and turns
-NMS rows in input pixels into detections in original pixels.
+The service's batcher, ``predict`` on folders, videos and streams, and the Ray actor all call
+``Detector.run``: a batch of already-read images (``EncodedImage``, BGR arrays, ``DeviceNv12``
+frames, or the error that stands in for one) → a ``DetectedBatch``: per image its source size
+and its error or its rows, in source pixels (``app.boxes.scale_boxes_stacked``), and the
+batch's timings. It decodes on the CPU what the pipeline does not decode itself, splits the
+batch into runs the pipeline takes (``RunShape.max_batch``; device frames apart from host
+ones), keeps up to ``RunShape.in_flight`` of them in flight (``app.pipeline.overlap``), and
+validates parameters. ``app.records`` writes the JSON of its answers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from app.boxes import rows_to_detections
-from app.config import MAX_PIXELS, VIDEO_DECODERS, check_choice
-from app.contracts import DetectParams, DeviceNv12, ImageResult, Pipeline, PipelineInput, PipelineRun, make_params
+from app.boxes import scale_boxes_stacked
+from app.contracts import (
+    DetectedBatch,
+    DetectParams,
+    DeviceNv12,
+    EncodedImage,
+    ImageResult,
+    Pipeline,
+    PipelineInput,
+    PipelineRun,
+    RunShape,
+    make_params,
+)
 from app.errors import InvalidParameter, YolopipeError
 from app.imaging.check import check_image
 from app.imaging.decode import decode_image
-from app.imaging.headers import ImageHeader, sniff_format
+from app.imaging.headers import ImageHeader
 from app.pipeline.overlap import run_overlapped
 from app.types import ModelMeta
 
+# What ``run`` takes per image: bytes are read (header checked) here; an error stands in for an
+# image that could not be read, and comes back as that image's answer.
+Item = EncodedImage | np.ndarray | DeviceNv12 | YolopipeError | bytes
+
 
 class Detector:
-    """Owns one pipeline (and through it the backend and every GPU resource).
+    """Owns one pipeline (and through it the backend and every GPU resource), and the run shape
+    it was opened with (``shape``: ``app.runtime`` clamps it to the pipeline, once)."""
 
-    ``detect`` and ``detect_batches`` keep up to ``pipeline.max_in_flight`` batches in flight
-    (``app.pipeline.overlap``): on the GPU, the decode and upload of one batch overlap with the
-    graph of the one before.
-    """
-
-    def __init__(self, pipeline: Pipeline, *, max_pixels: int = MAX_PIXELS, video_decode: str = "auto") -> None:
+    def __init__(self, pipeline: Pipeline, shape: RunShape | None = None, **changes: Any) -> None:
+        """``shape``: by default the pipeline's own batch and in-flight limits; ``changes``:
+        fields of it to set (``video_decode="nvdec"``)."""
+        shape = replace(shape or RunShape(max_batch=pipeline.max_batch, in_flight=pipeline.in_flight), **changes)
+        if shape.max_batch > pipeline.max_batch or shape.in_flight > pipeline.in_flight:
+            raise InvalidParameter(f"run shape max_batch {shape.max_batch}, in_flight {shape.in_flight} is over the "
+                                   f"{pipeline.backend} pipeline's {pipeline.max_batch}, {pipeline.in_flight}")
         self.pipeline = pipeline
-        self.max_pixels = max_pixels
-        self.video_decode = check_choice("video decoder", video_decode, VIDEO_DECODERS)  # app.pipeline.sources
+        self.shape = shape
 
     # --- facts -----------------------------------------------------------------------
     @property
@@ -45,13 +66,17 @@ class Detector:
     def names(self) -> list[str]:
         return self.pipeline.meta.names
 
+    @property
+    def max_pixels(self) -> int:
+        return self.shape.max_pixels
+
     def info(self) -> dict[str, Any]:
         return {
             "model": self.meta.name,
             "backend": self.pipeline.backend,
             "precision": self.pipeline.precision,
             "imgsz": self.meta.imgsz,
-            "max_batch": self.pipeline.max_batch,
+            "max_batch": self.shape.max_batch,
             "class_names": self.names,
             "weights_sha256": self.meta.weights_sha256,
         }
@@ -59,10 +84,26 @@ class Detector:
     def params(self, **kwargs: Any) -> DetectParams:
         return make_params(**kwargs, num_classes=len(self.names))
 
-    # --- work ------------------------------------------------------------------------
-    def prepare(self, item: bytes | np.ndarray | DeviceNv12, header: ImageHeader | None = None) -> PipelineInput:
-        """Decode on the CPU unless the pipeline decodes this item itself (JPEG on the GPU).
-        ``header``: the image's, already checked (the service's HTTP workers read it)."""
+    # --- one image ---------------------------------------------------------------------
+    def encoded(self, data: bytes) -> EncodedImage:
+        """``data`` with its header, read and checked (format, size, decode memory) before any
+        pixel: the one read of it, by whoever first holds the bytes."""
+        data = bytes(data)
+        return EncodedImage(data, check_image(data, max_pixels=self.shape.max_pixels))
+
+    def gpu_decodes(self, header: ImageHeader) -> bool:
+        """Whether the pipeline decodes the image of this header itself: a JPEG the GPU decoders
+        take (``ImageHeader.gpu_decodable``, the one test of it); CMYK, 12-bit, arithmetic and
+        lossless ones decode on the CPU, like Ultralytics."""
+        return self.pipeline.decodes_jpeg and header.gpu_decodable
+
+    def prepare(self, item: Item) -> PipelineInput:
+        """What the pipeline takes for ``item``: decoded on the CPU (OpenCV) unless the pipeline
+        decodes it itself; bytes are read first (``encoded``). Raises the image's error. Front ends
+        that decode in threads of their own (the folder's readers, the batcher's pool) call it
+        there; ``run`` passes prepared items through."""
+        if isinstance(item, YolopipeError):
+            raise item
         if isinstance(item, DeviceNv12):
             if not self.pipeline.takes_nv12:
                 raise InvalidParameter(f"the {self.pipeline.backend} pipeline takes no device NV12 frames")
@@ -71,67 +112,55 @@ class Detector:
             if item.ndim != 3 or item.shape[2] != 3 or item.dtype != np.uint8:
                 raise InvalidParameter(f"arrays must be BGR uint8 [H, W, 3], got {item.dtype} {item.shape}")
             return item
-        data = bytes(item)
-        if header is None:
-            header = check_image(data, max_pixels=self.max_pixels)  # format, size and memory, before any pixel
-        if self._gpu_decodes(header):
-            return data  # the GPU decodes it; a corrupt one comes back as an error in its slot
-        return decode_image(data, max_pixels=self.max_pixels, header=header)
+        image = item if isinstance(item, EncodedImage) else self.encoded(item)
+        if self.gpu_decodes(image.header):
+            return image  # the GPU decodes it; a corrupt one comes back as an error in its place
+        return decode_image(image.data, max_pixels=self.shape.max_pixels, header=image.header)
 
-    def decodes_itself(self, header: ImageHeader | None, data: Any = b"") -> bool:
-        """Whether the pipeline decodes these bytes (so no CPU decode is needed before it)."""
-        if header is None:
-            fmt = sniff_format(bytes(data[:16]))
-            return self.pipeline.decodes_jpeg and fmt == "jpeg"
-        return self._gpu_decodes(header)
-
-    def _gpu_decodes(self, header: ImageHeader) -> bool:
-        """The one place that decides it: a JPEG the GPU decoders take (8-bit, 1 or 3 components,
-        Huffman); CMYK, 12-bit, arithmetic and lossless ones decode on the CPU, like Ultralytics."""
-        if not self.pipeline.decodes_jpeg or header.format != "jpeg":
-            return False
-        return header.jpeg is None or header.jpeg.gpu_decodable
-
-    def detect(self, items: Sequence[bytes | np.ndarray], params: DetectParams | None = None) -> list[ImageResult]:
-        """Detections for each item, in order; a bad item gets an error, the others go on."""
-        return self.detect_timed(items, params)[0]
-
-    def detect_timed(
-        self, items: Sequence[bytes | np.ndarray], params: DetectParams | None = None
-    ) -> tuple[list[ImageResult], dict[str, float]]:
-        """``detect``, and the pipeline's stage times of these items' batches (summed over them)."""
+    # --- a batch -------------------------------------------------------------------------
+    def run(self, items: Sequence[Item], params: DetectParams | None = None) -> DetectedBatch:
+        """Every item's answer, in order: each image's error or its rows in source pixels. Items
+        that fail to prepare fail alone; a run that fails as a whole raises (``DeviceError``)."""
         params = params or DetectParams()
-        timings: dict[str, float] = {}
-        results: list[ImageResult] = [ImageResult() for _ in items]
+        errors: dict[int, YolopipeError] = {}
         ready: list[tuple[int, PipelineInput]] = []
         for i, item in enumerate(items):
             try:
                 ready.append((i, self.prepare(item)))
             except YolopipeError as exc:
-                results[i].error = exc
-        step = self.pipeline.max_batch
-        chunks = [ready[start : start + step] for start in range(0, len(ready), step)]
+                errors[i] = exc
+        runs = self._runs(ready)
 
-        def run(chunk: list[tuple[int, PipelineInput]]) -> PipelineRun:
-            return self.pipeline.run([x for _, x in chunk], params)
+        def run(part: list[tuple[int, PipelineInput]]) -> PipelineRun:
+            return self.pipeline.run([x for _, x in part], params)
 
-        depth = self.pipeline.max_in_flight if len(chunks) > 1 else 1
-        for chunk, done in zip(chunks, run_overlapped(run, chunks, depth)):
+        placed: list[tuple[int, Any]] = []  # (position, (rows, letterbox))
+        timings: dict[str, float] = {}
+        for part, done in zip(runs, run_overlapped(run, runs, self.shape.in_flight if len(runs) > 1 else 1)):
             for key, value in done.timings.items():
                 timings[key] = timings.get(key, 0.0) + value
-            for (i, _), out in zip(chunk, done.images):
+            for (i, _), out in zip(part, done.images):
                 if isinstance(out, YolopipeError):
-                    results[i].error = out
-                    continue
-                rows, lb = out
-                results[i] = ImageResult(lb.src_w, lb.src_h, rows_to_detections(rows, lb))
-        return results, timings
+                    errors[i] = out
+                else:
+                    placed.append((i, out))
+        return _detected(len(items), sorted(placed, key=lambda p: p[0]), errors, timings)
 
-    def detect_batches(
-        self, batches: Iterable[Sequence[bytes | np.ndarray]], params: DetectParams | None = None
-    ) -> Iterator[list[ImageResult]]:
-        """``detect`` on each batch, up to ``pipeline.max_in_flight`` at once; results in order."""
-        return run_overlapped(lambda items: self.detect(items, params), batches, self.pipeline.max_in_flight)
+    def _runs(self, ready: list[tuple[int, PipelineInput]]) -> list[list[tuple[int, PipelineInput]]]:
+        """Pipeline-sized runs, device frames apart from host images (a GPU run holds one kind)."""
+        on_device = [x for x in ready if isinstance(x[1], DeviceNv12)]
+        on_host = [x for x in ready if not isinstance(x[1], DeviceNv12)] if on_device else ready
+        step = self.shape.max_batch
+        return [group[k : k + step] for group in (on_host, on_device) for k in range(0, len(group), step)]
+
+    def detect(self, items: Sequence[Item], params: DetectParams | None = None) -> list[ImageResult]:
+        """``run``'s answers as an ``ImageResult`` per item (for callers that want objects)."""
+        return self.run(items, params).results()
+
+    def run_batches(self, batches: Iterable[Sequence[Item]], params: DetectParams | None = None
+                    ) -> Iterator[DetectedBatch]:
+        """``run`` on each batch, up to ``shape.in_flight`` at once; answers in order."""
+        return run_overlapped(lambda items: self.run(items, params), batches, self.shape.in_flight)
 
     def close(self) -> None:
         self.pipeline.close()
@@ -141,3 +170,20 @@ class Detector:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _detected(n: int, placed: list[tuple[int, Any]], errors: dict[int, YolopipeError],
+              timings: dict[str, float]) -> DetectedBatch:
+    """The answers as arrays: each placed image's NMS rows taken to source pixels, all at once."""
+    widths, heights, counts = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    if not placed:
+        return DetectedBatch(widths, heights, counts, np.zeros((0, 6), np.float32), errors, timings)
+    positions = [i for i, _ in placed]
+    parts = [np.asarray(rows, np.float32).reshape(-1, 6) for _, (rows, _) in placed]
+    boxes = [lb for _, (_, lb) in placed]
+    widths[positions] = [lb.src_w for lb in boxes]
+    heights[positions] = [lb.src_h for lb in boxes]
+    counts[positions] = [len(p) for p in parts]
+    rows = np.concatenate(parts)  # a copy: the pipeline's own rows are left as they were
+    rows[:, :4] = scale_boxes_stacked(rows[:, :4], boxes, counts[positions])
+    return DetectedBatch(widths, heights, counts, rows, errors, timings)

@@ -2,16 +2,16 @@
 
 Four stages overlap: file reads and header checks (and, for a pipeline that does not decode
 JPEG itself, OpenCV decodes) in a thread pool running a few batches ahead, bounded so memory
-stays flat on any folder size; up to ``pipeline.max_in_flight`` batches in the pipeline at once
-(on the GPU: decode on the decoder's stream, upload, graph; ``app.pipeline.overlap``), each
-batch's rows turned into its JSON lines in one go by the thread that ran it
-(``app.pipeline.jsonl``); and the writes, by this thread while the next batches run.
+stays flat on any folder size; up to ``RunShape.in_flight`` batches in the detector at once
+(``Detector.run``; on the GPU: decode on the decoder's stream, upload, graph;
+``app.pipeline.overlap``), each batch's answers turned into its JSON lines in one go by the
+thread that ran it (``app.records``); and the writes, by this thread while the next batches run.
 
 Every per-image step of the image half holds the GIL, and the GPU pipeline's threads need it
 to launch the next batch, so the image half makes no object per image beyond what it must:
-names as strings (no ``Path`` per file), reads with ``os.read``, no second header check or
-``ImageResult`` per image (the pipeline is called directly; ``--save-images`` and ``--coco``
-build them), no dict or ``json.dumps`` per image.
+names as strings (no ``Path`` per file), reads with ``os.read``, one header check per image
+(its header travels with its bytes, ``EncodedImage``), no ``ImageResult`` per image
+(``--save-images`` and ``--coco`` build them), no dict or ``json.dumps`` per image.
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ import cv2
 import numpy as np
 
 from app.config import PREDICT_BATCH
-from app.contracts import DetectParams, ImageResult, ImageRows
+from app.contracts import DetectedBatch, DetectParams, ImageResult
 from app.errors import InvalidImage, InvalidParameter, YolopipeError
 from app.imaging.headers import IMAGE_SUFFIXES
 from app.pipeline.detector import Detector
 from app.pipeline.files import SourceImage, list_images
-from app.pipeline.jsonl import image_result, json_lines
 from app.pipeline.overlap import run_overlapped
 from app.pipeline.video import VIDEO_SUFFIXES, frames_done, predict_video
+from app.records import image_lines
 
 MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES  # what ``predict`` reads: images and videos
 
@@ -106,7 +106,8 @@ def keep_freed_heap() -> bool:
 
 
 def _prepared(detector: Detector, img: SourceImage) -> Any:
-    """Read and decode one file on a worker thread; an error object stands in for a bad file."""
+    """Read one file and check its header (``EncodedImage``), and decode it unless the pipeline
+    does, on a worker thread; an error object stands in for a bad file."""
     data = _read(img)
     if isinstance(data, YolopipeError):
         return data
@@ -235,36 +236,27 @@ def predict_folder(
         on_progress(0, len(todo))
     out.parent.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = []
-    pipeline, names = detector.pipeline, detector.names
+    names, in_flight = detector.names, detector.shape.in_flight
 
-    def detect_chunk(chunk: list[tuple[SourceImage, Any]]) -> tuple[list[SourceImage], list, list[str]]:
-        """In a batch thread: the pipeline on the batch's readable images, then its JSON lines."""
-        outputs: list[ImageRows | YolopipeError] = [x for _, x in chunk]
-        ok = [i for i, x in enumerate(outputs) if not isinstance(x, YolopipeError)]
-        for start in range(0, len(ok), pipeline.max_batch):
-            part = ok[start : start + pipeline.max_batch]
-            for i, answer in zip(part, pipeline.run([outputs[i] for i in part], params).images):
-                outputs[i] = answer
+    def detect_chunk(chunk: list[tuple[SourceImage, Any]]) -> tuple[list[SourceImage], DetectedBatch, list[str]]:
+        """In a batch thread: the detector on the batch's images, then its JSON lines."""
         files = [img for img, _ in chunk]
-        return files, outputs, json_lines([img.name for img in files], outputs, names)
+        answers = detector.run([x for _, x in chunk], params)
+        return files, answers, image_lines([img.name for img in files], answers, names)
 
-    chunks = _batches(detector, todo, batch, workers, ahead_batches=pipeline.max_in_flight + 2)
+    chunks = _batches(detector, todo, batch, workers, ahead_batches=in_flight + 2)
     with open(out, "a" if resume else "w") as fh:
         if resume and not _ends_with_newline(out):
             fh.write("\n")  # a torn last line stays torn, on its own, instead of swallowing the next one
-        for files, outputs, lines in run_overlapped(detect_chunk, chunks, pipeline.max_in_flight):
-            lines.append("")
-            fh.write("\n".join(lines))
+        for files, answers, lines in run_overlapped(detect_chunk, chunks, in_flight):
+            fh.write("\n".join(lines) + "\n")
             fh.flush()
             summary.images += len(files)
-            for img, answer in zip(files, outputs):
-                if isinstance(answer, YolopipeError):
-                    summary.errors += 1
-                    summary.error_files.append(f"{img.name}: {answer}")
-                else:
-                    summary.detections += len(answer[0])
+            summary.errors += len(answers.errors)
+            summary.error_files += [f"{files[i].name}: {answers.errors[i]}" for i in sorted(answers.errors)]
+            summary.detections += int(answers.counts.sum())
             if save_images is not None or coco is not None:
-                _keep_results(files, outputs, names, save_images, records if coco is not None else None)
+                _keep_results(files, answers, lines, names, save_images, records if coco is not None else None)
             if on_progress:
                 on_progress(len(files), len(todo))
         if videos:
@@ -284,15 +276,15 @@ def _is_video(img: SourceImage) -> bool:
     return suffix in VIDEO_SUFFIXES and suffix != ".gif"
 
 
-def _keep_results(images: list[SourceImage], outputs: list, names: list[str], save_images: Path | None,
-                  records: list[dict[str, Any]] | None) -> None:
-    """``--save-images`` and ``--coco``: each image's ``ImageResult``, drawn and/or kept as its record."""
-    for img, out in zip(images, outputs):
-        res = image_result(out)
-        if save_images is not None and res.error is None:
-            draw_detections(img.path, res, names, Path(save_images) / img.name)
+def _keep_results(images: list[SourceImage], answers: DetectedBatch, lines: list[str], names: list[str],
+                  save_images: Path | None, records: list[dict[str, Any]] | None) -> None:
+    """``--save-images`` and ``--coco``: each image drawn (from its ``ImageResult``) and/or its
+    line kept as a record."""
+    for k, img in enumerate(images):
+        if save_images is not None and k not in answers.errors:
+            draw_detections(img.path, answers.result(k), names, Path(save_images) / img.name)
         if records is not None:
-            records.append(res.to_json(img.name, names))
+            records.append(json.loads(lines[k]))
 
 
 def _predict_videos(
@@ -303,10 +295,12 @@ def _predict_videos(
     """Each video's frames as JSON lines on ``fh`` (flushed per batch); ``--resume`` goes on after
     the last frame written; ``--save-images`` writes the annotated video as ``NAME.mp4``."""
 
-    def write(rec: dict[str, Any]) -> None:
-        fh.write(json.dumps(rec) + "\n")
-        if records is not None and "error" not in rec:
-            records.append({**rec, "image": f"{rec['image']}#{rec['frame']}"})
+    def write(line: str) -> None:
+        fh.write(line + "\n")
+        if records is not None:
+            rec = json.loads(line)
+            if "error" not in rec:
+                records.append({**rec, "image": f"{rec['image']}#{rec['frame']}"})
 
     for video in videos:
         save_to = Path(save_images) / f"{video.name}.mp4" if save_images is not None else None

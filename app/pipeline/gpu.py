@@ -3,8 +3,10 @@
 One batch, stage by stage (the module that does each):
 
 1. **decode** (``app.gpu.decode``): each JPEG's place in the slot's device staging is planned
-   from its header, then it is decoded there on the decoder's own stream (nvImageCodec by
-   default), or by OpenCV in the host threads (``decode="cpu"``); frames are taken as they are;
+   from its header (the one its first reader parsed, ``EncodedImage``; a JPEG whose bytes cannot
+   decode whole is OpenCV's error here), zeroed, then it is decoded there on the decoder's own
+   stream (nvImageCodec by default), or by OpenCV in the host threads (``decode="opencv"``); a
+   JPEG joins the batch only as its decoder reported it decoded; frames are taken as they are;
 2. **staging** (``app.gpu.pack``): an event on the decoder's stream after the batch's decode,
    then the params header and the frames into the slot's pinned staging;
 3. **upload**: one H2D copy of ``[header | frames]`` on the copy stream, then an event;
@@ -15,17 +17,19 @@ One batch, stage by stage (the module that does each):
 Device NV12 frames (NVDEC's) take steps 1-2 from ``app.gpu.nv12_input``: copies device to
 device into the slot's staging, then the bucket's NV12 graph.
 
-``run`` is thread-safe and takes one of ``slots`` batch slots (``app.gpu.slot``) for the
-whole batch, so up to ``slots`` threads calling it keep that many batches in flight: while
+``run`` is thread-safe and takes one of ``in_flight`` batch slots (``app.gpu.slot``) for the
+whole batch, so up to ``in_flight`` threads calling it keep that many batches in flight: while
 batch N's graph runs, batch N+1 is decoded and uploaded into its own slot and batch N−1's rows
 are unpacked from theirs. Every wait releases the GIL (nvImageCodec, NumPy copies, the event
 wait), so the compute stream is fed as long as the host work of a batch takes less time than
 its graph. ``app.pipeline.overlap`` drives a stream of batches that way (folder inference,
-the benchmark); ``max_in_flight`` says how many are worth having in flight.
+the benchmark); ``in_flight`` says how many are worth having in flight.
 
 Graph launches are made straight through the CUDA driver (``app.gpu.driver.RawDispatch``;
 ``Tensor.copy_`` + ``CUDAGraph.replay()`` if that is unavailable). Captures run with the gate
-held exclusively (``app.gpu.gate``): no other thread makes CUDA calls while one is captured.
+held exclusively (``app.gpu.gate``): no other thread makes CUDA calls while one is captured;
+and every capture runs on the one capture thread of ``app.gpu.capture`` (the same kernels in
+every graph of a bucket, whichever thread asked: the same answer in any slot).
 """
 
 from __future__ import annotations
@@ -41,16 +45,17 @@ from typing import Any
 
 from numba import cuda
 
-from app.config import DECODERS, MAX_DET, check_choice
-from app.contracts import DetectParams, DeviceEngine, DeviceNv12, PipelineInput, PipelineRun
+from app.config import IN_FLIGHT, MAX_DET, MAX_PIXELS, decoder_name
+from app.contracts import DetectParams, DeviceEngine, DeviceNv12, EncodedImage, PipelineInput, PipelineRun
 from app.errors import DeviceError, InvalidParameter, YolopipeError
 from app.gpu import nv12_input
 from app.gpu.capture import GraphBuilder, graph_key
-from app.gpu.decode import GpuJpegDecoder, cpu_decode, decoded_size, make_decoder
+from app.gpu.decode import make_decoder
+from app.gpu.decoded import GpuJpegDecoder, cpu_decode, decoded_size
 from app.gpu.dispatch import Dispatcher
 from app.gpu.gate import Gate
 from app.gpu.memory import CapturedBatch, InputBuffer, StreamPair
-from app.gpu.pack import bucket_sizes, checked_frames, copy_frames, plan_batch, settle_fallbacks, write_header
+from app.gpu.pack import bucket_sizes, checked_frames, copy_frames, plan_batch, settle_decoded, write_header
 from app.gpu.slot import BatchSlot
 from app.gpu.timeline import Timeline
 from app.types import ModelMeta
@@ -59,8 +64,9 @@ from app.types import ModelMeta
 class GpuPipeline:
     """Implements ``app.contracts.Pipeline`` for a ``DeviceEngine`` (torch-cuda, TensorRT).
 
-    ``slots``: batches in flight at once; ``decode``: ``gpu`` | ``nvimgcodec`` | ``nvjpeg`` |
-    ``cpu`` (``app.gpu.decode``), changeable between calls; ``host_threads``: the pool that packs
+    ``in_flight``: batches in flight at once (a ``BatchSlot`` each); ``decode``: ``gpu`` |
+    ``nvimgcodec`` | ``nvjpeg`` | ``opencv`` (``app.gpu.decode``), changeable between calls;
+    ``max_pixels``: the limit OpenCV's decodes are held to; ``host_threads``: the pool that packs
     frames and decodes with OpenCV; ``raw_launch``: dispatch through the CUDA driver directly
     when possible.
     """
@@ -77,10 +83,12 @@ class GpuPipeline:
         device: int = 0,
         max_det: int = MAX_DET,
         staging_bytes: int | None = None,
-        slots: int = 3,
+        in_flight: int = IN_FLIGHT,
         decode: str = "gpu",
+        max_pixels: int = MAX_PIXELS,
         host_threads: int | None = None,
         raw_launch: bool = True,
+        pad_to_captured: bool = False,
     ) -> None:
         import torch
 
@@ -88,21 +96,23 @@ class GpuPipeline:
             raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
         if max_batch > engine.max_batch:
             raise InvalidParameter(f"max_batch {max_batch} is over the engine's max_batch {engine.max_batch}")
-        if slots < 1:
-            raise InvalidParameter(f"slots must be >= 1, got {slots}")
+        if in_flight < 1:
+            raise InvalidParameter(f"in_flight must be >= 1, got {in_flight}")
         self._torch = torch
         self.engine = engine
         self.backend = engine.name
         self.precision = engine.precision
         self.meta = meta
         self.max_batch = int(max_batch)
-        self.max_in_flight = int(slots)
+        self.in_flight = int(in_flight)
+        self.max_pixels = int(max_pixels)
         self.device = int(device)
         self.max_det = int(max_det)
         self.size = int(meta.imgsz)
-        self.buckets = bucket_sizes(self.max_batch)
+        self.buckets = tuple(bucket_sizes(self.max_batch))
         self.host_threads = int(host_threads or min(16, os.cpu_count() or 1))
         self.last_launch_path = ""  # "driver" | "torch": how the last batch was dispatched
+        self.pad_to_captured = pad_to_captured  # see _bucket_to_run
         self._gate = Gate()
         self._closed = False
         self._host_pool: ThreadPoolExecutor | None = None
@@ -119,9 +129,9 @@ class GpuPipeline:
             self.slots = [
                 BatchSlot(i, max_batch=self.max_batch, max_det=self.max_det, meta=meta, device=self.device,
                           staging_bytes=staging_bytes)
-                for i in range(slots)
+                for i in range(in_flight)
             ]
-            self.graphs = GraphBuilder(engine, self.inputs, self.compute, self.slots)
+            self.graphs = GraphBuilder(engine, self.inputs, self.compute, self.slots, context=self._on_device)
         self._free_slots: queue.SimpleQueue[BatchSlot] = queue.SimpleQueue()
         for slot in self.slots:
             self._free_slots.put(slot)
@@ -136,7 +146,7 @@ class GpuPipeline:
 
     @decode.setter
     def decode(self, value: str) -> None:
-        check_choice("decoder", value, DECODERS)
+        value = decoder_name(value)
         if value not in self._decoders:
             self._decoders[value] = make_decoder(value, self.device, self.host_threads)
         self._decode = value
@@ -148,13 +158,19 @@ class GpuPipeline:
 
     @property
     def decoder_name(self) -> str:
-        """What decodes JPEG now: ``nvimgcodec``, ``nvjpeg`` or ``cpu``."""
+        """What decodes JPEG now: ``nvimgcodec``, ``nvjpeg`` or ``opencv``."""
         decoder = self._decoders[self._decode]
-        return decoder.name if decoder is not None else "cpu"
+        return decoder.name if decoder is not None else "opencv"
 
     def _numba_device(self):
         """Numba's current context must be this device's (it is device 0 unless told)."""
         return cuda.gpus[self.device] if self.device != 0 else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _on_device(self):
+        """This pipeline's device for torch and Numba, on the calling thread (the capture thread's)."""
+        with self._torch.cuda.device(self.device), self._numba_device():
+            yield
 
     @contextlib.contextmanager
     def _exclusive(self):
@@ -173,6 +189,18 @@ class GpuPipeline:
             if b >= n:
                 return b
         raise InvalidParameter(f"batch of {n} images is over max_batch {self.max_batch}")
+
+    def _bucket_to_run(self, slot: BatchSlot, n: int, nv12: bool = False) -> int:
+        """The bucket ``n`` images run in on ``slot``: the smallest that takes them, its graph
+        captured now if missing; with ``pad_to_captured``, the smallest that takes them among
+        those already captured there, if any, so that a bucket a run needs once (a folder's last
+        batch) or while the service is still capturing the others costs no capture."""
+        exact = self.bucket_for(n)
+        if self.pad_to_captured and slot.graphs.get(graph_key(exact, nv12)) is None:
+            for b in self.buckets:
+                if b > exact and slot.graphs.get(graph_key(b, nv12)) is not None:
+                    return b
+        return exact
 
     def warmup(self, batches: Sequence[int] | None = None, *, profile: bool = False, nv12: bool = False) -> None:
         """Capture the graphs of the buckets of ``batches`` (all by default) on every slot now;
@@ -196,7 +224,7 @@ class GpuPipeline:
 
     # --------------------------------------------------------------------------- run
     def run(self, images: Sequence[PipelineInput], params: DetectParams, *, profile: bool = False) -> PipelineRun:
-        """One batch; thread-safe: up to ``max_in_flight`` calls overlap, more wait for a slot."""
+        """One batch; thread-safe: up to ``in_flight`` calls overlap, more wait for a slot."""
         if self._closed:
             raise DeviceError("the GPU pipeline was closed")
         n = len(images)
@@ -231,9 +259,9 @@ class GpuPipeline:
         timings: dict[str, float] = {}
         t_start = time.perf_counter()
         results: list[Any] = [None] * len(images)
-        byte_slots = [i for i, x in enumerate(images) if isinstance(x, (bytes, bytearray, memoryview))]
-        frames = checked_frames(images, set(byte_slots), results)
-        decoder = self._decoders[self._decode] if byte_slots else None
+        encoded = [i for i, x in enumerate(images) if isinstance(x, EncodedImage)]  # positions of the JPEGs
+        frames = checked_frames(images, set(encoded), results)
+        decoder = self._decoders[self._decode] if encoded else None
         timeline = self._timeline
         marks = timeline.begin(len(images), ("decode", "upload", "compute") if decoder else ("upload", "compute")) \
             if timeline is not None else None
@@ -242,29 +270,32 @@ class GpuPipeline:
         with decoder.lock if decoder is not None else contextlib.nullcontext():
             if marks is not None and decoder is not None:
                 marks.record("decode", False, decoder.stream)
-            datas = [bytes(images[i]) for i in byte_slots]
+            jpegs: list[EncodedImage] = [images[i] for i in encoded]  # type: ignore[misc]
+            datas = [x.data for x in jpegs]
             gpu: list = []
             if decoder is None:
-                host = dict(enumerate(self._cpu_decode(datas))) if datas else {}
-            else:
-                gpu, host = decoder.split(datas)
+                host = dict(enumerate(self._cpu_decode(jpegs))) if jpegs else {}
+            else:  # routed by the headers that came with the bytes: none is parsed again
+                gpu, host = decoder.split(datas, [x.header for x in jpegs])
             for k, d in host.items():
                 if isinstance(d, YolopipeError):
-                    results[byte_slots[k]] = d
+                    results[encoded[k]] = d
                 else:
-                    frames.append((byte_slots[k], d))  # decoded by OpenCV: packed as a frame
+                    frames.append((encoded[k], d))  # decoded by OpenCV: packed as a frame
             if not frames and not gpu:
                 return PipelineRun(results, {"decode_ms": (time.perf_counter() - t_start) * 1e3})
             plan = plan_batch(slot.staging.header_bytes, self.size, frames,
-                              [(byte_slots[k], *decoded_size(h), decoder.layout) for k, h in gpu])
+                              [(encoded[k], *decoded_size(h), decoder.layout) for k, h in gpu])
             frames = None  # the plan holds them
             if plan.end - slot.staging.header_bytes > slot.staging.capacity:
                 self._grow(slot, plan.end - slot.staging.header_bytes)
             if gpu:
                 base = slot.staging.dev.data_ptr()
+                with self._torch.cuda.stream(decoder.stream):  # unwritten bytes are zeros, never a past image
+                    slot.staging.dev[plan.device_start : plan.end].zero_()
                 answers = decoder.decode_into([datas[k] for k, _ in gpu], [h for _, h in gpu],
                                               [base + off for off in plan.device_offsets])
-                self._settle(slot, plan, len(plan) - len(gpu), answers, decoder, results)
+                self._settle(slot, plan, answers, decoder, results)
                 slot.decoded.record(decoder.stream)
                 if marks is not None:
                     marks.record("decode", True, decoder.stream)
@@ -272,7 +303,7 @@ class GpuPipeline:
             datas = gpu = None
             if not plan.placed:
                 return PipelineRun(results, {"decode_ms": (time.perf_counter() - t_start) * 1e3})
-            bucket = self.bucket_for(len(plan))
+            bucket = self._bucket_to_run(slot, len(plan))
         t_decoded = time.perf_counter()
         timings["decode_ms"] = (t_decoded - t_start) * 1e3
 
@@ -292,7 +323,7 @@ class GpuPipeline:
             return PipelineRun(results, {})
         if plan.end - slot.staging.header_bytes > slot.staging.capacity:
             self._grow(slot, plan.end - slot.staging.header_bytes)
-        bucket = self.bucket_for(len(plan))
+        bucket = self._bucket_to_run(slot, len(plan), nv12=True)
         with self._torch.cuda.device(self.device):
             nv12_input.stage(slot.staging, plan, bucket, self.copy_stream)  # device to device, then "decoded"
             slot.decoded.record(self.copy_stream)
@@ -336,17 +367,22 @@ class GpuPipeline:
         self.last_launch_path = path
         return PipelineRun(results, timings)
 
-    def _cpu_decode(self, datas: list[bytes]) -> list:
-        if len(datas) == 1:
-            return [cpu_decode(datas[0])]
-        return list(self._pool().map(cpu_decode, datas))
+    def _cpu_decode(self, jpegs: list[EncodedImage]) -> list:
+        """``decode="opencv"``: OpenCV's frames of ``jpegs`` (their headers already read), or errors."""
+        def one(image: EncodedImage) -> Any:
+            return cpu_decode(image.data, image.header, max_pixels=self.max_pixels)
 
-    def _settle(self, slot: BatchSlot, plan, first: int, answers: list, decoder: GpuJpegDecoder, results) -> None:
-        """The JPEGs the GPU decoder did not decode in place: OpenCV's frames go there through the
-        pinned staging (H2D on the decoder's stream), errors into ``results``."""
+        if len(jpegs) == 1:
+            return [one(jpegs[0])]
+        return list(self._pool().map(one, jpegs))
+
+    def _settle(self, slot: BatchSlot, plan, answers: list, decoder: GpuJpegDecoder, results) -> None:
+        """Each JPEG joins the batch only as the decoder reported it decoded in place, or as
+        OpenCV's frame of it (through the pinned staging, H2D on the decoder's stream); any other
+        answer is its error in ``results``, and its place is read by nothing."""
         from app.gpu.driver import copy_host_to_device, cuda_driver
 
-        uploads, errors = settle_fallbacks(plan, first, answers, slot.staging.host_np, self.size)
+        uploads, errors = settle_decoded(plan, answers, slot.staging.host_np, self.size)
         for i, err in errors.items():
             results[i] = err
         if uploads:
@@ -399,6 +435,7 @@ class GpuPipeline:
                 self._host_pool.shutdown(wait=True)
                 self._host_pool = None
             self.dispatcher.close()
+            self.graphs.close()
 
     def __enter__(self) -> GpuPipeline:
         return self

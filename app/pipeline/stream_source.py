@@ -4,6 +4,10 @@
   frames: when the model falls behind, the oldest buffered frame is dropped and counted.
 * A file read as fast as possible never drops: its reader waits for room.
 * A live source that fails (or never opens) reconnects with exponential backoff until removed.
+* Opens run at once, each on its stream's thread (FFmpeg opens concurrently: ``app.pipeline.sources``).
+  An RTSP source's server is probed first on a socket of our own (``app.pipeline.source_probe``),
+  so that a camera that never answers holds nobody, and removing its stream stops it at once.
+* A source is shown (snapshots, events, errors, logs) without the credentials of its URL.
 * One source's failure stays in its own thread and its own ``state``/``error``.
 
 Frames are decoded by OpenCV, or by NVDEC into device memory (``app.pipeline.sources``).
@@ -21,6 +25,9 @@ from typing import Any
 import numpy as np
 
 from app.contracts import DeviceNv12
+from app.errors import InvalidParameter
+from app.pipeline.source_probe import Stopped, probe
+from app.source_urls import SourceUrl, parse_url, redact
 from app.pipeline.sources import capture_fps, check_frame, is_live, open_source
 from app.pipeline.video import check_stride
 
@@ -28,7 +35,7 @@ LIVE_BUFFER = 4  # frames a live stream keeps while the model is busy (newest wi
 FILE_BUFFER = 64  # frames a file reader gets ahead of the model
 NVDEC_FILE_BUFFER = 16  # the same, in device memory (a 1080p NV12 frame is 3 MB; many streams share the GPU)
 BACKOFF_S = (0.5, 8.0)  # first and longest wait before a live source is opened again
-OPEN_TIMEOUT_MS = 5000  # opening or reading a source that gives nothing for this long fails
+OPEN_TIMEOUT_S = 5.0  # opening or reading a source that gives nothing for this long fails (the default)
 LATENCY_WINDOW = 1024  # per stream: the frames whose latency the percentiles are taken over
 FPS_WINDOW_S = 5.0
 
@@ -64,12 +71,16 @@ class StreamStats:
 class Stream:
     """One source read on its own thread into a bounded buffer (see the module docstring)."""
 
-    def __init__(self, stream_id: str, source: str, *, vid_stride: int = 1, realtime: bool = False,
+    def __init__(self, stream_id: str, source: str, *, max_pixels: int, vid_stride: int = 1, realtime: bool = False,
                  track: bool = False, notify: Callable[[], None] = lambda: None, decoder: str = "opencv",
-                 device: int = 0) -> None:
-        self.id, self.source = stream_id, source
+                 device: int = 0, open_timeout_s: float = OPEN_TIMEOUT_S) -> None:
+        self.id, self.source = stream_id, source  # what is opened
+        self.shown = redact(source)  # what is shown: no credentials
         self.decoder, self.device = decoder, device  # app.pipeline.sources.open_source
+        self.max_pixels = max_pixels  # the run's (RunShape.max_pixels): larger frames fail the stream
+        self.open_timeout_s = open_timeout_s
         self.live = is_live(source)
+        self._url = _probe_url(source) if self.live else None
         self.drops = self.live or realtime  # newest frames win
         self.realtime = realtime
         self.vid_stride = check_stride(vid_stride)
@@ -85,6 +96,7 @@ class Stream:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self._stop = threading.Event()
+        self._in_ffmpeg = False  # inside an FFmpeg open or read: a stop waits for it to return
         self._notify = notify
         self._thread = threading.Thread(target=self._read_loop, name=f"yolopipe-stream-{stream_id}", daemon=True)
 
@@ -105,10 +117,28 @@ class Stream:
         return self._thread.is_alive()
 
     @property
+    def in_ffmpeg(self) -> bool:
+        """The reader is inside an FFmpeg open or read, which nothing interrupts (at most the open
+        or read timeout); a stop takes effect when it returns. A probe stops at once."""
+        return self._in_ffmpeg and self._thread.is_alive()
+
+    @property
     def finished(self) -> bool:
         """Nothing more will come: the reader ended and every buffered frame was taken."""
         with self._lock:
             return not self._thread.is_alive() and not self._buffer and self._thread.ident is not None
+
+    def drop_taken(self) -> None:
+        """A frame taken for a batch came back refused or failed: counted with the drops (under
+        the lock the reader counts its own drops with)."""
+        with self._lock:
+            self.stats.dropped += 1
+
+    @property
+    def delivered(self) -> bool:
+        """Every frame read so far was handed on (processed or dropped): none is in a batch."""
+        s = self.stats
+        return s.frames_done + s.dropped >= s.frames_read
 
     def pending(self) -> int:
         with self._lock:
@@ -137,12 +167,21 @@ class Stream:
         backoff = BACKOFF_S[0]
         try:
             while not self._stop.is_set():
-                cap = open_source(self.source, self.decoder, device=self.device, timeout_ms=OPEN_TIMEOUT_MS)
+                unanswered = None
+                if self._url is not None:
+                    unanswered = probe(self._url, self.open_timeout_s, self._stop.is_set)
+                    if self._stop.is_set():
+                        return
+                self._in_ffmpeg = not unanswered
+                cap = None if unanswered else open_source(self.source, self.decoder, device=self.device,
+                                                          timeout_ms=round(self.open_timeout_s * 1e3),
+                                                          max_pixels=self.max_pixels)
+                self._in_ffmpeg = cap is not None  # reading it, until released
                 if cap is None:
                     if not self.live:
-                        self.state, self.error = "failed", f"cannot open {self.source!r}"
+                        self.state, self.error = "failed", f"cannot open {self.shown!r}"
                         return
-                    self.state, self.error = "reconnecting", f"cannot open {self.source!r}; retrying"
+                    self.state, self.error = "reconnecting", f"{unanswered or f'cannot open {self.shown!r}'}; retrying"
                     self.stats.reconnects += 1
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, BACKOFF_S[1])
@@ -153,6 +192,7 @@ class Stream:
                     before, index = index, self._read_frames(cap, index)
                 finally:
                     cap.release()
+                    self._in_ffmpeg = False
                 if self._stop.is_set():
                     self.state = "removed"
                     return
@@ -164,8 +204,10 @@ class Stream:
                 backoff = BACKOFF_S[0] if index > before else backoff  # it had worked: start over
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, BACKOFF_S[1])
+        except Stopped:  # removed while its server was probed
+            pass
         except Exception as exc:  # noqa: BLE001 - one source's failure stays in its own stream
-            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}".replace(self.source, self.shown)
         finally:
             if self._stop.is_set() and self.state not in ("failed", "ended"):
                 self.state = "removed"
@@ -187,7 +229,7 @@ class Stream:
                 ok, image = cap.retrieve()
                 if not ok or image is None:
                     return index
-                check_frame(image, self.source)
+                check_frame(image, self.shown, self.max_pixels)
                 now = time.monotonic()
                 time_s = index / self.fps if (self.fps and not self.live) else now - self.added
                 self.stats.frames_read += 1
@@ -200,9 +242,18 @@ class Stream:
         s = self.stats
         seen = s.frames_done + s.dropped
         return {
-            "id": self.id, "source": self.source, "live": self.live, "state": self.state, "error": self.error,
+            "id": self.id, "source": self.shown, "live": self.live, "state": self.state, "error": self.error,
             "source_fps": round(self.fps, 3), "fps": round(s.fps(now), 2), "frames": s.frames_done,
             "dropped": s.dropped, "dropped_pct": round(100.0 * s.dropped / seen, 3) if seen else 0.0,
             "reconnects": s.reconnects, "track": self.track,
             "latency_p50_ms": s.latency_ms(50), "latency_p99_ms": s.latency_ms(99),
         }
+
+
+def _probe_url(source: str) -> SourceUrl | None:
+    """The parts of a live URL to probe; None for one this check cannot read (a URL a CLI user
+    typed for their own machine: FFmpeg is left to open it as it is)."""
+    try:
+        return parse_url(source)
+    except InvalidParameter:
+        return None

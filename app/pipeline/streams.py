@@ -2,8 +2,9 @@
 
 Each source is read by a thread of its own into a small buffer (``app.pipeline.stream_source``:
 drops, reconnects, failures); one runner thread forms batches from every stream's buffer (round
-robin, waiting at most ``max_wait_ms`` for a batch to fill) and hands each frame's result to
-``on_frame``. Frames are decoded as ``app.pipeline.sources.video_decoder`` says: by NVDEC into
+robin, up to the detector's ``RunShape.max_batch``, waiting at most its ``max_wait_ms`` for a
+batch to fill) and hands each batch's answers to ``on_frames`` (``event_lines`` writes their
+events). Frames are decoded as ``app.pipeline.sources.video_decoder`` says: by NVDEC into
 device memory when the detector's GPU pipeline has it, else by OpenCV; a server's streams
 (``detect`` given: their frames join its batcher's batches of host images) by OpenCV.
 """
@@ -17,16 +18,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from app.contracts import DetectParams, DeviceNv12, ImageResult, PipelineInput
-from app.errors import InvalidParameter
+from app.config import MAX_STREAMS
+from app.contracts import DetectedBatch, DetectParams, PipelineInput
+from app.errors import InvalidParameter, Overloaded
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
 from app.pipeline.sources import is_live, video_decoder
-from app.pipeline.stream_source import LIVE_BUFFER, Stream, StreamFrame
+from app.pipeline.stream_source import LIVE_BUFFER, OPEN_TIMEOUT_S, Stream, StreamFrame
+from app.records import LINES, records
 
-__all__ = ["LIVE_BUFFER", "Stream", "StreamFrame", "StreamRunner", "frame_event", "is_live", "is_stream_source",
+__all__ = ["LIVE_BUFFER", "Stream", "StreamFrame", "StreamRunner", "event_lines", "is_live", "is_stream_source",
            "predict_streams", "read_source_list"]
 
 log = logging.getLogger(__name__)
@@ -50,28 +52,35 @@ def read_source_list(source: str) -> list[str]:
     return sources
 
 
-OnFrame = Callable[[StreamFrame, ImageResult, "list[int | None] | None"], None]
-DetectFrames = Callable[[list[PipelineInput]], list[ImageResult]]
+# A batch's frames (of streams not removed), their answers, and per frame its track ids (None: untracked).
+TrackIds = list["list[int | None] | None"]
+OnFrames = Callable[[list[StreamFrame], DetectedBatch, TrackIds], None]
+DetectFrames = Callable[[list[PipelineInput]], DetectedBatch]
 
 
 class StreamRunner:
     """Batches the frames of every stream through one detector; streams come and go at any time."""
 
-    def __init__(self, detector: Detector, params: DetectParams, on_frame: OnFrame, *, max_batch: int | None = None,
-                 max_wait_ms: float = 5.0, track: bool = False, max_streams: int = 256,
-                 detect: DetectFrames | None = None) -> None:
-        """``detect``: how a batch of frames is detected (default: ``detector.detect`` with ``params``;
-        the server hands them to its batcher instead, so they share batches with HTTP images)."""
-        self.detector, self.params, self.on_frame = detector, params, on_frame
-        self._detect_frames = detect or (lambda images: detector.detect(images, params))
+    def __init__(self, detector: Detector, params: DetectParams, on_frames: OnFrames, *,
+                 max_wait_ms: float | None = None, track: bool = False, max_streams: int = MAX_STREAMS,
+                 detect: DetectFrames | None = None, open_timeout_s: float = OPEN_TIMEOUT_S) -> None:
+        """``detect``: how a batch of frames is detected (default: ``detector.run`` with ``params``;
+        the server hands them to its batcher instead, so they share batches with HTTP images).
+        Batches are up to ``detector.shape.max_batch`` frames, waiting at most ``max_wait_ms``
+        (default: ``detector.shape.max_wait_ms``) for one to fill. ``open_timeout_s``: how long
+        opening or reading a source may give nothing before it fails."""
+        self.detector, self.params, self.on_frames = detector, params, on_frames
+        self._detect_frames = detect or (lambda images: detector.run(images, params))
         self.decoder = "opencv" if detect is not None else video_decoder(detector)
         if self.decoder == "nvdec":  # capture the NV12 graphs now: no capture while readers use the GPU
             detector.pipeline.warmup(nv12=True)
-        self.max_batch = min(max_batch or detector.pipeline.max_batch, detector.pipeline.max_batch)
-        self.max_wait_s = max_wait_ms / 1e3
+        self.max_batch = detector.shape.max_batch
+        self.max_wait_s = (detector.shape.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1e3
         self.track = track
         self.max_streams = max_streams
+        self.open_timeout_s = open_timeout_s
         self._streams: dict[str, Stream] = {}
+        self._closing: list[Stream] = []  # removed, their reader still in an FFmpeg open or read
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._stop = threading.Event()
@@ -81,21 +90,35 @@ class StreamRunner:
     # --- control (any thread) ---------------------------------------------------------
     def add(self, source: str, *, stream_id: str | None = None, vid_stride: int = 1, realtime: bool = False,
             track: bool = False) -> Stream:
+        """A new stream, its reader started. Every stream counts against ``max_streams`` until its
+        reader has let go of its source: a removed one whose reader is inside an FFmpeg open or
+        read (which nothing interrupts; at most the open/read timeout) still counts, and a stream
+        refused for it is ``Overloaded`` (a removed one that was probing its server stops at once)."""
         with self._lock:
+            self._closing = [s for s in self._closing if s.reading]
+            holding = sum(s.in_ffmpeg for s in self._closing)
             if len(self._streams) >= self.max_streams:
                 raise InvalidParameter(f"at most {self.max_streams} streams at once")
+            if len(self._streams) + holding >= self.max_streams:
+                raise Overloaded(f"at most {self.max_streams} streams at once, and {holding} removed ones are "
+                                 f"still closing their source (within {self.open_timeout_s:g} s); retry shortly")
             stream_id = stream_id or str(next(self._ids))
             if stream_id in self._streams:
                 raise InvalidParameter(f"stream {stream_id!r} exists")
             stream = Stream(stream_id, source, vid_stride=vid_stride, realtime=realtime, track=track or self.track,
                             decoder=self.decoder, device=self.detector.pipeline.device or 0,
-                            notify=self._notify)
+                            max_pixels=self.detector.shape.max_pixels, notify=self._notify,
+                            open_timeout_s=self.open_timeout_s)
             self._streams[stream_id] = stream
         return stream.start()
 
     def remove(self, stream_id: str) -> bool:
+        """Stop a stream at once: its frames stop, its reader stops (a probe at once; an FFmpeg
+        open or read when it returns)."""
         with self._lock:
             stream = self._streams.pop(stream_id, None)
+            if stream is not None:
+                self._closing.append(stream)
         if stream is None:
             return False
         stream.stop()
@@ -123,10 +146,9 @@ class StreamRunner:
     # --- the runner thread -------------------------------------------------------------
     def run(self, *, until_done: bool = True) -> None:
         """Process frames until ``stop``, or (``until_done``) until every stream has finished."""
-        depth = self.detector.pipeline.max_in_flight
-        for frames, results in run_overlapped(self._detect, self._batches(until_done), depth):
-            for frame, result in zip(frames, results):
-                self._deliver(frame, result)
+        batches = run_overlapped(self._detect, self._batches(until_done), self.detector.shape.in_flight)
+        for frames, answers in batches:
+            self._deliver(frames, answers)
         for stream in self.streams():
             stream.stop()
 
@@ -137,6 +159,10 @@ class StreamRunner:
                 yield batch
             elif until_done and all(s.finished for s in self.streams()):
                 return
+            elif not until_done:
+                # Idle: an empty batch hands back the batches still in flight now (run_overlapped
+                # yields a result only once it has the next item), not when another frame comes.
+                yield batch
 
     def _gather(self) -> list[StreamFrame]:
         """Up to ``max_batch`` frames, round robin over the streams; once one frame is there, wait
@@ -169,54 +195,54 @@ class StreamRunner:
     def _available(self) -> int:
         return sum(s.pending() for s in self._streams.values())
 
-    def _detect(self, frames: list[StreamFrame]) -> tuple[list[StreamFrame], list[ImageResult]]:
-        """One batch; device frames and host frames (a source NVDEC could not read) go apart:
-        a GPU batch holds one kind only."""
-        on_device = [isinstance(f.image, DeviceNv12) for f in frames]
-        if all(on_device) or not any(on_device):
-            return frames, self._detect_frames([f.image for f in frames])
-        results: list[ImageResult] = [ImageResult()] * len(frames)
-        for kind in (True, False):
-            group = [k for k, d in enumerate(on_device) if d is kind]
-            for k, result in zip(group, self._detect_frames([frames[k].image for k in group])):
-                results[k] = result
-        return frames, results
+    def _detect(self, frames: list[StreamFrame]) -> tuple[list[StreamFrame], DetectedBatch | None]:
+        """One batch (the detector runs device frames and host frames apart); none for an idle
+        turn's empty batch."""
+        if not frames:
+            return frames, None
+        return frames, self._detect_frames([f.image for f in frames])
 
-    def _deliver(self, frame: StreamFrame, result: ImageResult) -> None:
-        stream = frame.stream
-        if stream.state == "removed":
+    def _deliver(self, frames: list[StreamFrame], answers: DetectedBatch | None) -> None:
+        if answers is None:  # an idle turn: nothing was run
             return
-        ids = None
-        if stream.track and result.detections is not None:
-            if stream.tracker is None:
-                from app.pipeline.tracking import StreamTracker
-
-                stream.tracker = StreamTracker((stream.fps or 30.0) / stream.vid_stride)
-            ids = stream.tracker.update(result.detections)
+        kept = [k for k, f in enumerate(frames) if f.stream.state != "removed"]
+        if len(kept) < len(frames):
+            frames, answers = [frames[k] for k in kept], answers.take(kept)
+        if not frames:
+            return
+        track_ids: TrackIds = []
         now = time.monotonic()
-        if result.error is not None:  # refused (a server over its time budget) or failed: not processed
-            stream.stats.dropped += 1
-        else:
-            stream.stats.frames_done += 1
-            stream.stats.latencies_s.append(now - frame.captured)
-            stream.stats.done_at.append(now)
+        for k, frame in enumerate(frames):
+            stream = frame.stream
+            ids = None
+            failed = k in answers.errors
+            if stream.track and not failed:
+                if stream.tracker is None:
+                    from app.pipeline.tracking import StreamTracker
+
+                    stream.tracker = StreamTracker((stream.fps or 30.0) / stream.vid_stride)
+                ids = stream.tracker.update(answers.detections(k))
+            track_ids.append(ids)
+            if failed:  # refused (a server over its time budget) or failed: not processed
+                stream.drop_taken()
+            else:
+                stream.stats.frames_done += 1
+                stream.stats.latencies_s.append(now - frame.captured)
+                stream.stats.done_at.append(now)
         try:
-            self.on_frame(frame, result, ids)
+            self.on_frames(frames, answers, track_ids)
         except Exception:  # a consumer's failure must not stop the other streams
-            log.exception("stream %s: delivering frame %d failed", stream.id, frame.index)
+            log.exception("delivering a batch of %d stream frames failed", len(frames))
 
 
-def frame_event(frame: StreamFrame, result: ImageResult, ids: list[int | None] | None, names: list[str]) -> dict[str, Any]:
-    """One processed frame as a JSON object: its stream, where it sits, and its detections."""
-    from app.pipeline.tracking import with_track_ids
-
-    rec = result.to_json("", names)
-    rec.pop("image", None)
-    if ids is not None and "detections" in rec:
-        rec["detections"] = with_track_ids(rec["detections"], ids)
-    latency_ms = round((time.monotonic() - frame.captured) * 1e3, 2)
-    return {"stream": frame.stream.id, "source": frame.stream.source, "frame": frame.index, "time_s": frame.time_s,
-            **rec, "latency_ms": latency_ms}
+def event_lines(frames: list[StreamFrame], answers: DetectedBatch, track_ids: TrackIds | None,
+                names: list[str]) -> list[str]:
+    """Each processed frame's event as a JSON object (``app.records``): its stream, where it sits,
+    its detections, and how long after it was read this is (``latency_ms``)."""
+    now = time.monotonic()
+    heads = [LINES.fields(stream=f.stream.id, source=f.stream.shown, frame=f.index, time_s=f.time_s) for f in frames]
+    tails = [LINES.fields(latency_ms=round((now - f.captured) * 1e3, 2)) for f in frames]
+    return records(heads, answers, names, tails=tails, track_ids=track_ids)
 
 
 @dataclass
@@ -228,22 +254,23 @@ class StreamsSummary:
     failed: list[str] = field(default_factory=list)  # "source: why" of each stream that never ran to its end
 
 
-def predict_streams(detector: Detector, sources: list[str], write: Callable[[dict[str, Any]], None],
-                    params: DetectParams, *, vid_stride: int = 1, track: bool = False, realtime: bool = False,
-                    max_wait_ms: float = 5.0) -> StreamsSummary:
+def predict_streams(detector: Detector, sources: list[str], write: Callable[[str], None],
+                    params: DetectParams, *, vid_stride: int = 1, track: bool = False,
+                    realtime: bool = False) -> StreamsSummary:
     """Run every source at once (ids ``0``, ``1``, … in list order) until all have ended (or Ctrl-C);
-    ``write`` gets each frame's JSON object as soon as its batch is done."""
+    ``write`` gets each frame's JSON line (no newline) as soon as its batch is done."""
     summary = StreamsSummary(streams=len(sources))
     lock = threading.Lock()
 
-    def on_frame(frame: StreamFrame, result: ImageResult, ids: list[int | None] | None) -> None:
+    def on_frames(frames: list[StreamFrame], answers: DetectedBatch, track_ids: TrackIds) -> None:
+        lines = event_lines(frames, answers, track_ids, detector.names)
         with lock:
-            write(frame_event(frame, result, ids, detector.names))
-            summary.frames += 1
-            summary.detections += len(result.detections or [])
+            for line in lines:
+                write(line)
+            summary.frames += len(frames)
+            summary.detections += int(answers.counts.sum())
 
-    runner = StreamRunner(detector, params, on_frame, max_wait_ms=max_wait_ms, track=track,
-                          max_streams=max(len(sources), 1))
+    runner = StreamRunner(detector, params, on_frames, track=track, max_streams=max(len(sources), 1))
     for source in sources:
         runner.add(source, vid_stride=vid_stride, realtime=realtime)
     try:
@@ -253,6 +280,6 @@ def predict_streams(detector: Detector, sources: list[str], write: Callable[[dic
     for stream in runner.streams():
         summary.dropped += stream.stats.dropped
         if stream.state == "failed":
-            summary.failed.append(f"{stream.source}: {stream.error}")
-            write({"stream": stream.id, "source": stream.source, "error": stream.error})
+            summary.failed.append(f"{stream.shown}: {stream.error}")
+            write(LINES.dumps({"stream": stream.id, "source": stream.shown, "error": stream.error}))
     return summary

@@ -51,7 +51,8 @@ class StreamTracker:
         )
         tracked = self._tracker.update(frame)
         ids: list[int | None] = [None] * n
-        for index, track_id in zip(tracked.data["index"], tracked.tracker_id):
+        # A frame with nothing tracked comes back without the "index" column (a frame of no detections).
+        for index, track_id in zip(tracked.data.get("index", ()), tracked.tracker_id):
             ids[int(index)] = int(track_id) if int(track_id) >= 0 else None
         return ids
 

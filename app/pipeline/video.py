@@ -21,11 +21,12 @@ from typing import Any
 import cv2
 import numpy as np
 
-from app.contracts import DetectParams, DeviceNv12, ImageResult
+from app.contracts import DetectedBatch, DetectParams, DeviceNv12, ImageResult
 from app.errors import InvalidImage, InvalidParameter
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
 from app.pipeline.sources import capture_fps, check_frame, open_source, video_decoder
+from app.records import LINES, error_line, frame_lines
 
 # Ultralytics' VID_FORMATS: what it reads as video.
 VIDEO_SUFFIXES = frozenset(
@@ -50,21 +51,21 @@ def check_stride(vid_stride: int) -> int:
     return vid_stride
 
 
-def open_capture(source: str) -> cv2.VideoCapture:
+def open_capture(source: str, *, max_pixels: int) -> cv2.VideoCapture:
     """An OpenCV capture through its FFmpeg backend; ``InvalidImage`` when nothing opens it or
-    its frames are over the pixel limit."""
-    cap = open_source(source, "opencv")
+    its frames are over ``max_pixels``."""
+    cap = open_source(source, "opencv", max_pixels=max_pixels)
     if cap is None:
         raise InvalidImage(f"cannot open video {source!r}")
     return cap
 
 
-def read_frames(path: Path, *, vid_stride: int = 1, start: int = 0, decoder: str = "opencv",
+def read_frames(path: Path, *, max_pixels: int, vid_stride: int = 1, start: int = 0, decoder: str = "opencv",
                 device: int = 0) -> Iterator[VideoFrame]:
     """Every ``vid_stride``-th frame of a video file, from frame ``start`` on (skipped frames are
     grabbed, never converted), decoded by ``decoder`` (``app.pipeline.sources``). Ends at the end
-    of the file or at the first unreadable frame."""
-    cap = open_source(str(path), decoder, device=device)
+    of the file or at the first unreadable frame; a frame over ``max_pixels`` is an ``InvalidImage``."""
+    cap = open_source(str(path), decoder, device=device, max_pixels=max_pixels)
     if cap is None:
         raise InvalidImage(f"cannot open video {str(path)!r}")
     try:
@@ -75,7 +76,7 @@ def read_frames(path: Path, *, vid_stride: int = 1, start: int = 0, decoder: str
                 ok, image = cap.retrieve()
                 if not ok or image is None:
                     return
-                check_frame(image, str(path))
+                check_frame(image, str(path), max_pixels)
                 yield VideoFrame(index, round(index / fps, 6) if fps else 0.0, image)
             index += 1
     finally:
@@ -143,18 +144,6 @@ def _chunks(frames: Iterator[VideoFrame], size: int) -> Iterator[list[VideoFrame
         yield chunk
 
 
-def frame_record(
-    name: str, frame: VideoFrame, result: ImageResult, names: list[str], track_ids: list[int | None] | None = None
-) -> dict[str, Any]:
-    """One frame's JSON line: ``image``, ``frame``, ``time_s``, then the image fields."""
-    rec = result.to_json(name, names)
-    if track_ids is not None and "detections" in rec:
-        from app.pipeline.tracking import with_track_ids
-
-        rec["detections"] = with_track_ids(rec["detections"], track_ids)
-    return {"image": name, "frame": frame.index, "time_s": frame.time_s, **{k: v for k, v in rec.items() if k != "image"}}
-
-
 @dataclass
 class VideoSummary:
     frames: int = 0
@@ -185,7 +174,7 @@ def predict_video(
     detector: Detector,
     path: Path,
     name: str,
-    write: Callable[[dict[str, Any]], None],
+    write: Callable[[str], None],
     params: DetectParams,
     *,
     batch: int = 8,
@@ -196,16 +185,18 @@ def predict_video(
     on_frames: Callable[[int], None] | None = None,
     track: bool = False,
 ) -> VideoSummary:
-    """Detect on the frames of one video; ``write`` gets each frame's JSON line, in frame order.
+    """Detect on the frames of one video; ``write`` gets each frame's JSON line (no newline, from
+    ``app.records.frame_lines``), in frame order.
 
     ``annotate`` and ``save_to`` together write the annotated video there; ``track`` adds
     ByteTrack ids (``app.pipeline.tracking``; a resumed video's tracks start afresh)."""
     summary = VideoSummary()
+    max_pixels = detector.shape.max_pixels
     try:
-        cap = open_capture(str(path))
+        cap = open_capture(str(path), max_pixels=max_pixels)
     except InvalidImage as exc:
         summary.error = str(exc)
-        write({"image": name, "error": summary.error})
+        write(error_line(LINES.fields(image=name), summary.error))
         return summary
     fps = capture_fps(cap)
     cap.release()
@@ -218,28 +209,32 @@ def predict_video(
     decoder = "opencv" if writer is not None else video_decoder(detector)
     if decoder == "nvdec":  # capture the NV12 graphs now: no capture while the reader uses the GPU
         detector.pipeline.warmup(nv12=True)
-    frames = prefetch(_chunks(read_frames(path, vid_stride=vid_stride, start=start, decoder=decoder,
-                                          device=detector.pipeline.device or 0), batch), depth=3)
+    frames = prefetch(_chunks(read_frames(path, max_pixels=max_pixels, vid_stride=vid_stride, start=start,
+                                          decoder=decoder, device=detector.pipeline.device or 0), batch), depth=3)
 
-    def detect(chunk: list[VideoFrame]) -> tuple[list[VideoFrame], list[ImageResult]]:
-        return chunk, detector.detect([f.image for f in chunk], params)
+    def detect(chunk: list[VideoFrame]) -> tuple[list[VideoFrame], DetectedBatch]:
+        return chunk, detector.run([f.image for f in chunk], params)
 
     try:
-        for chunk, results in _frames_detected(detect, frames, detector.pipeline.max_in_flight, summary):
-            for frame, result in zip(chunk, results):
-                ids = tracker.update(result.detections) if tracker and result.detections is not None else None
-                write(frame_record(name, frame, result, detector.names, ids))
-                summary.frames += 1
-                summary.detections += len(result.detections or [])
-                if writer is not None and annotate is not None:
-                    writer.write(annotate(frame.image, result))
+        for chunk, answers in _frames_detected(detect, frames, detector.shape.in_flight, summary):
+            track_ids = None
+            if tracker is not None:
+                track_ids = [None if k in answers.errors else tracker.update(answers.detections(k))
+                             for k in range(len(chunk))]
+            for line in frame_lines(name, [(f.index, f.time_s) for f in chunk], answers, detector.names, track_ids):
+                write(line)
+            summary.frames += len(chunk)
+            summary.detections += int(answers.counts.sum())
+            if writer is not None and annotate is not None:
+                for k, frame in enumerate(chunk):
+                    writer.write(annotate(frame.image, answers.result(k)))
             if on_frames:
                 on_frames(len(chunk))
     finally:
         if writer is not None:
             writer.close()
     if summary.error is not None:  # a frame over the pixel limit after the first ones
-        write({"image": name, "error": summary.error})
+        write(error_line(LINES.fields(image=name), summary.error))
     return summary
 
 

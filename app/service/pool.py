@@ -28,7 +28,7 @@ from app.config import Settings
 from app.errors import YolopipeError
 from app.ipc.layout import RunLayout
 from app.ipc.wire import StatusBlock, error_from_code
-from app.service.worker import WorkerSpec, worker_main
+from app.service.inference.worker import WorkerSpec, worker_main
 
 log = logging.getLogger("yolopipe.serving")
 

@@ -1,11 +1,12 @@
-"""``yolopipe serve``: the supervisor of N HTTP workers and one inference worker per GPU.
+"""``yolopipe serve``: the supervisor of N HTTP workers, M gRPC workers and one inference worker per GPU.
 
     supervisor ── inference workers (InferencePool): one per GPU, or ``cpu_workers`` on a CPU
-             └─── HTTP workers: uvicorn, each with its own SO_REUSEPORT listener on host:port
+             ├─── HTTP workers: uvicorn, each with its own SO_REUSEPORT listener on host:port
+             └─── gRPC workers: grpc.aio, each with its own SO_REUSEPORT listener on host:grpc_port
 
 It owns the run folder (sockets, status blocks, metrics files) and removes it at exit. A dead
-worker of either kind is started again; SIGTERM or SIGINT drains everything in order — the
-HTTP workers finish their requests (the inference workers still serving them), then the
+worker of any kind is started again; SIGTERM or SIGINT drains everything in order — the HTTP
+and gRPC workers finish their requests (the inference workers still serving them), then the
 inference workers stop — and the supervisor exits 0.
 """
 
@@ -25,6 +26,7 @@ from app.config import Settings
 from app.errors import InvalidParameter, YolopipeError
 from app.ipc.layout import RunLayout
 from app.runtime import inference_devices
+from app.service.grpc_worker import grpc_worker_main
 from app.service.http_worker import http_worker_main
 from app.service.pool import InferencePool
 from app.service.processes import metrics_folder, setup_logging
@@ -39,22 +41,30 @@ def serve(settings: Settings) -> None:
     setup_logging()
     devices = inference_devices(serving)
     n_http = http_worker_count(serving.workers, len(devices), on_gpu=devices[0] is not None)
-    _check_port_free(serving.host, serving.port)
+    n_grpc = (serving.grpc_workers or n_http) if serving.grpc_port else 0
+    if serving.grpc_port == serving.port:
+        raise InvalidParameter(f"--grpc-port {serving.grpc_port} is --port too; give gRPC a port of its own (or 0)")
+    _check_port_free(serving.host, serving.port, "--port")
+    if n_grpc:
+        _check_port_free(serving.host, serving.grpc_port, "--grpc-port")
     layout = RunLayout.create(len(devices))
     with metrics_folder(layout.metrics_dir):  # every child writes there
-        _supervise(serving, layout, devices, n_http)
+        _supervise(serving, layout, devices, n_http, n_grpc)
     log.info("stopped")
 
 
-def _supervise(serving: Settings, layout: RunLayout, devices: list[str | None], n_http: int) -> None:
+def _supervise(serving: Settings, layout: RunLayout, devices: list[str | None], n_http: int, n_grpc: int) -> None:
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     pool = InferencePool(serving, layout, devices)
-    http = HttpWorkers(serving, layout, n_http, stop)
+    fronts = [FrontWorkers(serving, layout, n_http, stop, http_worker_main, "HTTP")]
+    if n_grpc:
+        fronts.append(FrontWorkers(serving, layout, n_grpc, stop, grpc_worker_main, "gRPC"))
     try:
-        log.info("starting %d inference worker(s) (%s) and %d HTTP worker(s) on %s:%d; run folder %s",
-                 len(devices), ", ".join(f"cuda:{d}" if d is not None else "cpu" for d in devices), n_http,
-                 serving.host, serving.port, layout.root)
+        log.info("starting %d inference worker(s) (%s), %d HTTP worker(s) on %s:%d and %d gRPC worker(s)%s; "
+                 "run folder %s", len(devices), ", ".join(f"cuda:{d}" if d is not None else "cpu" for d in devices),
+                 n_http, serving.host, serving.port, n_grpc, f" on port {serving.grpc_port}" if n_grpc else "",
+                 layout.root)
         # The HTTP workers start while the inference workers warm up, so that /readyz answers
         # meanwhile: 503 naming each worker's start-up step (opening the model, each bucket).
         pool_started: dict[str, Any] = {}
@@ -62,7 +72,7 @@ def _supervise(serving: Settings, layout: RunLayout, devices: list[str | None], 
         starting = threading.Thread(target=_start_pool, args=(pool, stop, pool_started), name="yolopipe-pool-start")
         starting.start()
         try:
-            http.start()
+            start_all(fronts)
             if not pool_started.get("done"):
                 log.info("HTTP workers listening; /readyz says ready once the inference workers are")
         except BaseException:
@@ -75,13 +85,15 @@ def _supervise(serving: Settings, layout: RunLayout, devices: list[str | None], 
         if not pool_started["started"]:
             return  # SIGTERM while the inference workers warmed up
         layout.starting.unlink()
-        log.info("serving on http://%s:%d", serving.host, serving.port)
+        log.info("serving on http://%s:%d%s", serving.host, serving.port,
+                 f" and gRPC on port {serving.grpc_port}" if n_grpc else "")
         while not stop.is_set():
-            http.replace_dead(timeout=0.5)
-        log.info("draining: HTTP workers finish their requests, then the inference workers stop")
-        http.stop(serving.request_timeout_s)
+            for front in fronts:
+                front.replace_dead(timeout=0.5 / len(fronts))
+        log.info("draining: HTTP and gRPC workers finish their requests, then the inference workers stop")
+        stop_all(fronts, serving.request_timeout_s)
     finally:
-        http.stop(0.0)
+        stop_all(fronts, 0.0)
         pool.stop(serving.request_timeout_s)
         layout.remove()
         for sig, handler in previous.items():
@@ -110,7 +122,7 @@ def http_worker_count(given: int, inference_workers: int, *, on_gpu: bool) -> in
     return max(1, cores // 8)
 
 
-def _check_port_free(host: str, port: int) -> None:
+def _check_port_free(host: str, port: int, option: str) -> None:
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -118,16 +130,41 @@ def _check_port_free(host: str, port: int) -> None:
             s.bind((host, port))
         except OSError as exc:
             raise InvalidParameter(f"cannot listen on {host}:{port}: {exc.strerror}",
-                                   hint="choose another --port or stop what uses it") from None
+                                   hint=f"choose another {option} or stop what uses it") from None
 
 
-class HttpWorkers:
-    """``stop``: set by SIGTERM; no pause or wait here outlasts it by more than a fraction of a second."""
+def start_all(fronts: list[FrontWorkers]) -> None:
+    """Every HTTP and gRPC worker started at once, then each waited for until it listens."""
+    launched = [(front, front.launch()) for front in fronts]
+    for front, pipes in launched:
+        for slot, receive in pipes:
+            error = front.listening(slot, receive)
+            if error is not None:
+                stop_all(fronts, 0.0)
+                raise YolopipeError(f"{front.kind} worker could not start: {error}")
 
-    def __init__(self, settings: Settings, layout: RunLayout, count: int, stop: threading.Event) -> None:
+
+def stop_all(fronts: list[FrontWorkers], drain_s: float) -> None:
+    """Every front-end worker is told to stop at once, then each is waited for."""
+    for front in fronts:
+        front.terminate()
+    deadline = time.monotonic() + drain_s + 10.0
+    for front in fronts:
+        front.join(deadline)
+
+
+class FrontWorkers:
+    """The HTTP (or gRPC) worker processes: ``target`` is their entry point, ``kind`` their name
+    in the log. ``stop``: set by SIGTERM; no pause or wait here outlasts it by more than a
+    fraction of a second."""
+
+    def __init__(self, settings: Settings, layout: RunLayout, count: int, stop: threading.Event,
+                 target: Any = http_worker_main, kind: str = "HTTP") -> None:
         self.settings = settings
         self.layout = layout
         self.count = count
+        self.target = target
+        self.kind = kind
         self._stop = stop
         self._ctx = multiprocessing.get_context("spawn")
         self._procs: list[Any] = [None] * count
@@ -135,20 +172,28 @@ class HttpWorkers:
         self._pauses = [0.0] * count
 
     def start(self) -> None:
-        for slot in range(self.count):
-            error = self._spawn(slot)
-            if error is not None:
-                self.stop(0.0)
-                raise YolopipeError(f"HTTP worker could not start: {error}")
+        start_all([self])
 
-    def _spawn(self, slot: int) -> str | None:
+    def launch(self) -> list[tuple[int, Any]]:
+        """Every worker started at once (each imports for a second or so): (slot, its pipe)."""
+        return [(slot, self._launch(slot)) for slot in range(self.count)]
+
+    def _launch(self, slot: int) -> Any:
         receive, send = self._ctx.Pipe(duplex=False)
-        proc = self._ctx.Process(target=http_worker_main, args=(self.settings, self.layout, os.getpid(), send),
-                                 name=f"yolopipe-http-{slot}")
+        proc = self._ctx.Process(target=self.target, args=(self.settings, self.layout, os.getpid(), send),
+                                 name=f"yolopipe-{self.kind.lower()}-{slot}")
         proc.start()
         send.close()
         self._procs[slot] = proc
         self._started_at[slot] = time.monotonic()
+        return receive
+
+    def _spawn(self, slot: int) -> str | None:
+        return self.listening(slot, self._launch(slot))
+
+    def listening(self, slot: int, receive: Any) -> str | None:
+        """None once the worker in ``slot`` listens (or the service is stopping), else why not."""
+        proc = self._procs[slot]
         try:
             deadline = time.monotonic() + 60.0
             while not wait([receive, proc.sentinel], 0.1):
@@ -175,23 +220,31 @@ class HttpWorkers:
             mark_dead(proc.pid, self.layout.metrics_dir)
             lived = time.monotonic() - self._started_at[slot]
             self._pauses[slot] = min(10.0, max(0.5, 2 * self._pauses[slot])) if lived < _YOUNG_S else 0.0
-            log.error("HTTP worker pid %d ended with exit code %s after %.0f s; starting another%s", proc.pid,
-                      proc.exitcode, lived, f" in {self._pauses[slot]:.1f} s" if self._pauses[slot] else "")
+            log.error("%s worker pid %d ended with exit code %s after %.0f s; starting another%s", self.kind,
+                      proc.pid, proc.exitcode, lived, f" in {self._pauses[slot]:.1f} s" if self._pauses[slot] else "")
             if self._stop.wait(self._pauses[slot]):
                 return
             error = self._spawn(slot)
             if error is not None:
-                log.error("HTTP worker could not start: %s", error)
+                log.error("%s worker could not start: %s", self.kind, error)
 
     def stop(self, drain_s: float) -> None:
-        """SIGTERM: each stops accepting and finishes its requests (uvicorn's graceful shutdown)."""
-        live = [p for p in self._procs if p is not None and p.is_alive()]
-        for p in live:
-            p.terminate()
-        deadline = time.monotonic() + drain_s + 10.0
-        for p in live:
+        """SIGTERM: each stops accepting and finishes its requests (a graceful shutdown)."""
+        self.terminate()
+        self.join(time.monotonic() + drain_s + 10.0)
+
+    def terminate(self) -> None:
+        for p in self._procs:
+            if p is not None and p.is_alive():
+                p.terminate()
+
+    def join(self, deadline: float) -> None:
+        """Each worker by ``deadline`` (time.monotonic), else killed."""
+        for p in self._procs:
+            if p is None or p.exitcode is not None:
+                continue
             p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
-                log.error("HTTP worker pid %d did not stop in time; killing it", p.pid)
+                log.error("%s worker pid %d did not stop in time; killing it", self.kind, p.pid)
                 p.kill()
                 p.join()

@@ -26,6 +26,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.net import free_port, wait_ready
+
 BODY_LIMIT = 2 * 1024 * 1024
 SERVER = f"""
 import sys, uvicorn
@@ -172,6 +174,36 @@ CASES: dict[str, Case] = {
     "bare_lf_line_endings": Case(lambda c: [b"GET /healthz HTTP/1.1\nHost: x\n\n"], 400, "bad_request"),
     "binary_garbage": Case(lambda c: [bytes(range(1, 64)) + b"\r\n\r\n"], 400, "bad_request"),
     "connect_authority_form": Case(lambda c: [b"CONNECT example.com:443 HTTP/1.1\r\n\r\n"], 400, "bad_request"),
+    # --- one value per header the server acts on → 400 (two, equal or not: a proxy may have read the other)
+    "duplicate_host": Case(lambda c: [b"GET /healthz HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n"], 400, "bad_request"),
+    "duplicate_host_equal": Case(lambda c: [b"GET /healthz HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n"], 400,
+                                 "bad_request"),
+    "duplicate_content_type": Case(lambda c: [request(headers={"Content-Type": "image/jpeg", "Content-Length": 3})
+                                              .replace(b"\r\n\r\n", b"\r\nContent-Type: image/png\r\n\r\n") + b"abc"],
+                                   400, "bad_request"),
+    "duplicate_inference_header_length": Case(lambda c: [request(
+        path="/v2/models/yolopipe/infer", headers={"Inference-Header-Content-Length": 2, "Content-Length": 2})
+        .replace(b"\r\n\r\n", b"\r\nInference-Header-Content-Length: 1\r\n\r\n") + b"{}"], 400, None),
+    "duplicate_content_encoding": Case(lambda c: [request(path="/v2/models/yolopipe/infer", headers={
+        "Content-Encoding": "identity", "Content-Length": 2})
+        .replace(b"\r\n\r\n", b"\r\nContent-Encoding: gzip\r\n\r\n") + b"{}"], 400, None),
+    "duplicate_content_length_equal": Case(lambda c: [b"POST /v1/detect HTTP/1.1\r\nContent-Length: 3\r\n"
+                                                       b"Content-Length: 3\r\n\r\nabc"], 400, "bad_request"),
+    "space_before_colon_te": Case(lambda c: [b"POST /v1/detect HTTP/1.1\r\nTransfer-Encoding : chunked\r\n"
+                                              b"Content-Length: 3\r\n\r\nabc"], 400, "bad_request"),
+    "te_chunked_then_identity": Case(lambda c: [b"POST /v1/detect HTTP/1.1\r\nTransfer-Encoding: chunked, identity\r\n"
+                                                b"\r\n3\r\nabc\r\n0\r\n\r\n"], 400, "bad_request"),
+    "te_xchunked_with_length": Case(lambda c: [b"POST /v1/detect HTTP/1.1\r\nTransfer-Encoding: xchunked\r\n"
+                                               b"Content-Length: 3\r\n\r\nabc"], 400, "bad_request"),
+    # --- an encoded slash is no separator, a dot segment names nothing → 404
+    "encoded_slash_infer": Case(lambda c: [request(path="/v2/models/yolopipe%2Finfer", headers={"Content-Length": 2})
+                                           + b"{}"], 404, None),
+    "encoded_slash_lowercase": Case(lambda c: [request("GET", "/v2/models/yolopipe%2fready")], 404, None),
+    "encoded_backslash": Case(lambda c: [request("GET", "/v2/models/yolopipe%5Cready")], 404, None),
+    "encoded_dot_dot": Case(lambda c: [request("GET", "/v2/models/%2e%2e/ready")], 404, None),
+    "plain_dot_dot": Case(lambda c: [request("GET", "/v1/streams/../../healthz")], 404, "not_found"),
+    "dot_segment": Case(lambda c: [request("GET", "/v1/./model")], 404, "not_found"),
+    "double_encoded_slash": Case(lambda c: [request("GET", "/v2/models/yolopipe%252Fready")], 404, None),
     # --- methods and versions → 501 / 505 / 405
     "unknown_method": Case(lambda c: [b"FOO /healthz HTTP/1.1\r\n\r\n"], 501, "not_implemented"),
     "teapot_method": Case(lambda c: [b"BREW /healthz HTTP/1.1\r\n\r\n"], 501, "not_implemented"),
@@ -297,6 +329,7 @@ CASES: dict[str, Case] = {
                                   "invalid_parameter"),
     "multipart_1000_parts": Case(lambda c: [multipart([(f'name="images"; filename="{i}"', b"x") for i in range(1000)],
                                                       "/v1/detect/batch")], 400, "bad_request"),
+    "unknown_query_parameter": Case(lambda c: [image(c["jpeg"], path="/v1/detect?cnf=0.9")], 422, "invalid_parameter"),
     "conf_nan": Case(lambda c: [image(c["jpeg"], path="/v1/detect?conf=nan")], 422, "invalid_parameter"),
     "classes_junk": Case(lambda c: [image(c["jpeg"], path="/v1/detect?classes=" + "x," * 2000)], 422,
                          "invalid_parameter"),
@@ -309,18 +342,13 @@ def batch_statuses(reply: Reply) -> list[int | None]:
 
 @pytest.fixture(scope="module")
 def server(artifacts_dir, tmp_path_factory):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     log = tmp_path_factory.mktemp("hostile") / "server.log"
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-c", SERVER, str(artifacts_dir), str(port)], stdout=out,
                                 stderr=subprocess.STDOUT, env={**os.environ, "YOLO_OFFLINE": "1"})
     try:
-        deadline = time.monotonic() + 180
-        while not _ready(port):
-            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.25)
+        wait_ready(f"http://127.0.0.1:{port}", proc, log, ready=lambda _: _ready(port))
         yield port, proc, log, _peak_rss(proc.pid)
     finally:
         proc.kill()
@@ -374,6 +402,8 @@ def test_hostile_input_gets_its_documented_answer(server, ctx, name):
     assert reply.seconds < 5.0
     if case.code is not None:
         assert json.loads(reply.body) == {"error": {"code": case.code, "message": json.loads(reply.body)["error"]["message"]}}
+    elif case.status is not None and case.status >= 400:  # a /v2 path: the protocol's own error shape
+        assert isinstance(json.loads(reply.body)["error"], str)
     elif case.status == 200:
         assert reply.responses == case.responses
     if case.statuses is not None:
@@ -468,3 +498,31 @@ def test_a_batch_of_pixel_bombs_stays_within_the_request_budget(server, ctx):
                                       "/v1/detect/batch")], timeout=60)
     assert reply.status == 200 and batch_statuses(reply) == [200] * 4 + [413] * 2
     assert _peak_rss(proc.pid) - before < 1 << 30
+
+
+HEAD_PATHS = ["/healthz", "/readyz", "/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/yolopipe",
+              "/v2/models/yolopipe/ready", "/v1/model", "/v1/streams", "/metrics", "/docs", "/v2/models/nope"]
+
+
+@pytest.mark.parametrize("path", HEAD_PATHS)
+def test_head_answers_as_get_without_a_body_on_the_wire(server, path):
+    """HEAD, then GET /healthz pipelined on the same connection: the second answer must start
+    right after the first one's headers (no body bytes between), with GET's status and length."""
+    port, _, _, _ = server
+    get = exchange(port, [request("GET", path)], timeout=10)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request("HEAD", path) + GET_HEALTHZ)
+        data = b""
+        while not data.endswith(b'{"status":"ok"}'):
+            chunk = sock.recv(1 << 16)
+            assert chunk, data[:500]
+            data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    assert rest.startswith(b"HTTP/1.1 200 OK\r\n"), rest[:200]
+    assert int(head[9:12]) == get.status
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    if path != "/metrics":  # the page counts the GET just made
+        assert length == len(get.body)
+    else:
+        assert length > 1000

@@ -9,10 +9,8 @@ import base64
 import gzip
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import cv2
@@ -21,6 +19,8 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
+
+from tests.net import free_port, wait_ready
 
 BODY_LIMIT = 2 * 1024 * 1024
 MAX_IMAGES = 8
@@ -36,21 +36,12 @@ uvicorn.run(create_service_app(settings), host="127.0.0.1", port=int(sys.argv[2]
 
 
 def start(artifacts_dir: Path, log: Path, **settings) -> tuple[int, subprocess.Popen]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-c", SERVER, str(artifacts_dir), str(port), repr(settings)],
                                 stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "YOLO_OFFLINE": "1"})
-    deadline = time.monotonic() + 180
-    while True:
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return port, proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
+    wait_ready(f"http://127.0.0.1:{port}", proc, log)
+    return port, proc
 
 
 @pytest.fixture(scope="module")

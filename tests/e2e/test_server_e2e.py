@@ -18,28 +18,10 @@ import httpx
 import psutil
 import pytest
 
+from tests.net import free_port, wait_ready
+
 CLI = [sys.executable, "-m", "app.cli"]
 JPEG = {"content-type": "image/jpeg"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(base: str, proc: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.25)
-    pytest.fail(f"server not ready in {timeout} s:\n{log.read_text()[-3000:]}")
 
 
 def start_server(artifacts_dir: Path, log: Path, **env: str) -> tuple[str, subprocess.Popen]:

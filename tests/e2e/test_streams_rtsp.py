@@ -16,6 +16,7 @@ import pytest
 
 from app.pipeline.streams import StreamRunner
 from app.runtime import open_detector
+from tests.net import free_port
 from tests.videos import CLIP_SIZE, ffmpeg, write_clip, write_h264
 
 pytestmark = [
@@ -23,12 +24,6 @@ pytestmark = [
     pytest.mark.skipif(ffmpeg() is None or shutil.which("rtsp-server-perl") is None,
                        reason="needs ffmpeg and rtsp-server-perl (apt-get install ffmpeg rtsp-server-perl; .ci/run does)"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -93,16 +88,17 @@ def test_a_killed_rtsp_source_reconnects_and_the_other_never_stops(clip, artifac
     frames: dict[str, list] = {}
     lock = threading.Lock()
 
-    def on_frame(frame, result, ids):
+    def on_frames(batch, answers, track_ids):
         with lock:
-            frames.setdefault(frame.stream.id, []).append((frame.index, result))
+            for frame, result in zip(batch, answers.results()):
+                frames.setdefault(frame.stream.id, []).append((frame.index, result))
 
     def count(stream_id: str) -> int:
         with lock:
             return len(frames.get(stream_id, []))
 
     with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=4) as detector:
-        runner = StreamRunner(detector, detector.params(), on_frame)
+        runner = StreamRunner(detector, detector.params(), on_frames)
         thread = threading.Thread(target=runner.run, kwargs={"until_done": False}, daemon=True)
         thread.start()
         try:
@@ -145,7 +141,8 @@ def test_a_live_http_source_is_read_as_a_camera(clip, artifacts_dir):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen: list = []
     with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=4) as detector:
-        runner = StreamRunner(detector, detector.params(), lambda frame, result, ids: seen.append((frame, result)))
+        runner = StreamRunner(detector, detector.params(),
+                              lambda batch, answers, ids: seen.extend(zip(batch, answers.results())))
         thread = threading.Thread(target=runner.run, kwargs={"until_done": False}, daemon=True)
         thread.start()
         try:

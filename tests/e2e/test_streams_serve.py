@@ -6,25 +6,18 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from app.runtime import open_detector
+from tests.net import free_port, wait_ready
 from tests.videos import CLIP_FPS, decoded_frames, write_clip
 
 CLI = [sys.executable, "-m", "app.cli"]
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +34,7 @@ def server(tmp_path_factory, artifacts_dir, assets_dir):
         proc = subprocess.Popen([*CLI, "serve", "--backend", "onnxruntime", "--host", "127.0.0.1", "--port", str(port)],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.25)
+    wait_ready(base, proc, log)
     yield base, videos
     proc.send_signal(signal.SIGTERM)
     try:

@@ -10,23 +10,17 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.net import free_port, wait_ready
+
 JPEG = {"content-type": "image/jpeg"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +36,7 @@ def server(artifacts_dir, tmp_path_factory):
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(base, proc, log)
+        wait_ready(base, proc, log, ready=both_workers_ready)
         yield base
     finally:
         for pid in worker_pids(base, quiet=True):  # never leave a stopped worker behind
@@ -51,19 +45,9 @@ def server(artifacts_dir, tmp_path_factory):
         proc.wait()
 
 
-def wait_ready(base: str, proc: subprocess.Popen, log: Path, timeout: float = 180.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            workers = httpx.get(f"{base}/v1/model", timeout=2).json()["serving"]["inference_workers"]
-            if len(workers) == 2 and all(w["ready"] for w in workers):
-                return
-        except (httpx.TransportError, KeyError, ValueError):
-            pass
-        time.sleep(0.25)
-    pytest.fail(f"two workers not ready in {timeout} s:\n{log.read_text()[-3000:]}")
+def both_workers_ready(base: str) -> bool:
+    serving = httpx.get(f"{base}/v1/model", timeout=2).json().get("serving", {})
+    return len(serving.get("inference_workers", [])) == 2 and all(w["ready"] for w in serving["inference_workers"])
 
 
 def workers(base: str) -> list[dict]:

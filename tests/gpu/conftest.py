@@ -72,10 +72,20 @@ def ultralytics_predict(model, frame, half):
     return b.xyxy.cpu().numpy(), b.conf.cpu().numpy(), b.cls.cpu().numpy().astype(int)
 
 
+def jpeg(data: bytes, header_of: bytes | None = None):
+    """``data`` as a pipeline takes encoded bytes: with the header whoever read them first checked
+    (``header_of``: another image's, for bytes whose own header cannot be read)."""
+    from app.contracts import EncodedImage
+    from app.imaging.check import check_image
+
+    return EncodedImage(data, check_image(data if header_of is None else header_of))
+
+
 def detect(pipe, items, params=None):
-    """Detections (original pixels) per item, or the item's error."""
+    """Detections (original pixels) per item (bytes: with their header read), or the item's error."""
     from app.boxes import rows_to_detections
 
+    items = [jpeg(x) if isinstance(x, bytes) else x for x in items]
     out = pipe.run(items, params or DetectParams(conf=CONF, iou=IOU)).images
     return [o if isinstance(o, YolopipeError) else rows_to_detections(*o) for o in out]
 
@@ -95,5 +105,5 @@ def gpu():
     """The helpers above, for test modules (they cannot import this conftest)."""
     return types.SimpleNamespace(
         CONF=CONF, IOU=IOU, MAX_BATCH=MAX_BATCH, make_pipeline=make_pipeline, ultralytics_predict=ultralytics_predict,
-        detect=detect, rows_of=rows_of, slot_of=slot_of,
+        detect=detect, rows_of=rows_of, slot_of=slot_of, jpeg=jpeg,
     )

@@ -23,8 +23,9 @@ from app.benchmark.workloads import varied_jpegs
 from app.contracts import DetectParams
 from app.errors import InvalidImage, UnsupportedMediaType, YolopipeError
 from app.gpu.decode import DeviceImage, NvJpegDecoder, to_host_bgr
-from app.gpu.nvimgcodec import NvImageCodecDecoder
+from app.gpu.decoded import IN_PLACE
 from app.gpu.jpeg import read_jpeg_header
+from app.gpu.nvimgcodec import NvImageCodecDecoder
 
 try:
     import nvidia.nvimgcodec  # noqa: F401
@@ -98,7 +99,9 @@ def test_decoder_bad_inputs_fail_alone(name, assets_dir):
         with decoder.lock:
             out = decoder.decode(datas)
         assert isinstance(out[0], DeviceImage) and isinstance(out[7], DeviceImage)
-        for k in (1, 2):  # cut short / garbage after valid headers: an error, or the header's size
+        # cut short: OpenCV's own error, before any GPU decoder is handed it
+        assert isinstance(out[1], InvalidImage) and str(out[1]) == "cannot decode this JPEG image (truncated or corrupt)"
+        for k in (2,):  # garbage after valid headers: an error, or the header's size
             if not isinstance(out[k], InvalidImage):
                 shape = out[k].shape[:2] if isinstance(out[k], np.ndarray) else (out[k].height, out[k].width)
                 assert shape == (header.height, header.width), (k, out[k])
@@ -132,7 +135,7 @@ def test_decode_into_writes_each_image_where_it_was_told(name, varied):
             answers = decoder.decode_into(datas, headers, [buf.data_ptr() + o for o in offsets])
             refs = decoder.decode(datas)
         decoder.stream.synchronize()
-        assert all(a is None for a in answers), [type(a).__name__ for a in answers]
+        assert all(a is IN_PLACE for a in answers), [type(a).__name__ for a in answers]
         if name == "nvimgcodec":
             assert decoder._into, "nvImageCodec fell back to decode + copy"
         for (h, w), o, ref in zip(sizes, offsets, refs):
@@ -147,9 +150,11 @@ def test_decode_into_writes_each_image_where_it_was_told(name, varied):
 
 def test_bad_jpeg_in_a_batch_fails_alone(gpu, pipe32, assets_dir):
     """A corrupt JPEG in a GPU-decoded batch gets its own error; the others get their boxes."""
-    good = [(assets_dir / n).read_bytes() for n in ("bus.jpg", "zidane.jpg")]
+    good = [gpu.jpeg((assets_dir / n).read_bytes()) for n in ("bus.jpg", "zidane.jpg")]
     assert pipe32.decoder_name in ("nvimgcodec", "nvjpeg")
-    batch = [good[0], b"\xff\xd8\xff\xe0 corrupt", good[1], b"\xff\xd8" + b"\x00" * 64]
+    # Bytes that are not what their header said (it came with them, read from other bytes).
+    lying = [gpu.jpeg(data, header_of=good[0].data) for data in (b"\xff\xd8\xff\xe0 corrupt", b"\xff\xd8" + b"\x00" * 64)]
+    batch = [good[0], lying[0], good[1], lying[1]]
     out = pipe32.run(batch, DetectParams()).images
     assert isinstance(out[1], InvalidImage) and isinstance(out[3], YolopipeError)
     alone = gpu.rows_of(pipe32.run(good, DetectParams()))

@@ -29,7 +29,7 @@ def test_folder_lines_equal_the_detectors_per_image_results(gpu, sample_model_di
     for name, data in varied_jpegs()[:24]:  # progressive, 4:1:1, CMYK, EXIF orientations, gray, ...
         (src / name).write_bytes(data)
     (src / "broken.jpg").write_bytes((assets_dir / "bus.jpg").read_bytes()[:400])
-    pipe = gpu.make_pipeline(sample_model_dir, meta, "fp32", max_batch=8, slots=3)
+    pipe = gpu.make_pipeline(sample_model_dir, meta, "fp32", max_batch=8, in_flight=3)
     try:
         det = Detector(pipe)
         out = tmp_path / "p.jsonl"

@@ -33,14 +33,14 @@ def _assert_rows_close(a, b, where):
 
 @pytest.fixture(scope="module")
 def pipe_slots(gpu, sample_model_dir, meta):
-    p = gpu.make_pipeline(sample_model_dir, meta, "fp32", max_batch=16, slots=3)
+    p = gpu.make_pipeline(sample_model_dir, meta, "fp32", max_batch=16, in_flight=3)
     yield p
     p.close()
 
 
 @pytest.fixture(scope="module")
-def batches(frames, assets_dir):
-    jpegs = [(assets_dir / n).read_bytes() for n in ("bus.jpg", "zidane.jpg")]
+def batches(gpu, frames, assets_dir):
+    jpegs = [gpu.jpeg((assets_dir / n).read_bytes()) for n in ("bus.jpg", "zidane.jpg")]
     return [
         [frames["bus"], frames["zidane"]],
         [frames["stacked"], frames["bus_small"], frames["zidane_gray"]],
@@ -87,7 +87,7 @@ def test_overlapped_runner_keeps_order_and_results(gpu, pipe_slots, batches):
     params = DetectParams()
     serial = [gpu.rows_of(pipe_slots.run(b, params)) for b in batches]
     stream = [batches[k % len(batches)] for k in range(12)]
-    out = list(run_overlapped(lambda b: gpu.rows_of(pipe_slots.run(b, params)), stream, pipe_slots.max_in_flight))
+    out = list(run_overlapped(lambda b: gpu.rows_of(pipe_slots.run(b, params)), stream, pipe_slots.in_flight))
     assert len(out) == len(stream)
     for k, rows in enumerate(out):
         for j, (a, b) in enumerate(zip(rows, serial[k % len(batches)])):
@@ -129,9 +129,9 @@ def test_decode_of_the_next_batch_overlaps_the_engine(gpu, sample_model_dir, met
     (when the decode waited for the device, it ended ~one decode after that graph instead)."""
     import cv2
 
-    pipe = gpu.make_pipeline(sample_model_dir, meta, "fp16", max_batch=64, slots=3, decode="nvimgcodec")
+    pipe = gpu.make_pipeline(sample_model_dir, meta, "fp16", max_batch=64, in_flight=3, decode="nvimgcodec")
     try:
-        jpegs = [cv2.imencode(".jpg", cv2.resize(frames[name], size))[1].tobytes()
+        jpegs = [gpu.jpeg(cv2.imencode(".jpg", cv2.resize(frames[name], size))[1].tobytes())
                  for name in ("bus", "zidane") for size in ((640, 480), (810, 1080), (1280, 720))]
         batch = [jpegs[i % len(jpegs)] for i in range(64)]
         params = DetectParams()
@@ -150,7 +150,7 @@ def test_decode_of_the_next_batch_overlaps_the_engine(gpu, sample_model_dir, met
 
 
 def test_staging_grows_and_graphs_are_recaptured(gpu, sample_model_dir, meta, frames):
-    pipe = gpu.make_pipeline(sample_model_dir, meta, "fp32", max_batch=2, slots=1)
+    pipe = gpu.make_pipeline(sample_model_dir, meta, "fp32", max_batch=2, in_flight=1)
     try:
         small = gpu.detect(pipe, [frames["bus"]])  # fits the initial staging (2 × 640² × 3)
         cap = pipe.slots[0].staging.capacity
@@ -166,17 +166,17 @@ def test_staging_grows_and_graphs_are_recaptured(gpu, sample_model_dir, meta, fr
 
 
 def test_cpu_decode_equals_opencv_frames(gpu, pipe32, assets_dir):
-    """decode="cpu": bytes decoded by OpenCV in the host pool give exactly the rows of the
-    frames decoded by the CPU path's own decoder (Ultralytics' reader)."""
+    """decode="opencv" (``cpu``: its old name): bytes decoded by OpenCV in the host pool give
+    exactly the rows of the frames decoded by the CPU path's own decoder (Ultralytics' reader)."""
     from app.imaging.decode import decode_image
 
     datas = [(assets_dir / n).read_bytes() for n in ("bus.jpg", "zidane.jpg")]
     before = pipe32.decode
     pipe32.decode = "cpu"
     try:
-        assert pipe32.decoder_name == "cpu"
-        from_bytes = gpu.rows_of(pipe32.run(datas, DetectParams()))
-        single = gpu.rows_of(pipe32.run(datas[:1], DetectParams()))  # one image: decoded inline
+        assert pipe32.decode == "opencv" and pipe32.decoder_name == "opencv"
+        from_bytes = gpu.rows_of(pipe32.run([gpu.jpeg(d) for d in datas], DetectParams()))
+        single = gpu.rows_of(pipe32.run([gpu.jpeg(datas[0])], DetectParams()))  # one image: decoded inline
     finally:
         pipe32.decode = before
     from_frames = gpu.rows_of(pipe32.run([decode_image(d) for d in datas], DetectParams()))

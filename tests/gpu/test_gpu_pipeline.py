@@ -117,7 +117,7 @@ def test_replay_trace_has_only_the_final_copies(pipe32, frames):
 
 
 def test_bucket_padding_three_in_four(gpu, sample_model_dir, meta, frames):
-    pipe = gpu.make_pipeline(sample_model_dir, meta, "fp32", max_batch=4, slots=1)
+    pipe = gpu.make_pipeline(sample_model_dir, meta, "fp32", max_batch=4, in_flight=1)
     try:
         items = [frames["bus"], frames["zidane"], frames["bus_small"]]
         pipe.run([*items, frames["zidane_huge"]], DetectParams())  # slot 3 of bucket 4 once held an image
@@ -176,8 +176,8 @@ def test_input_buffer_is_the_letterboxed_image(pipe16, frames):
 
 
 # ------------------------------------------------------------------------ profiling, dispatch
-def test_profile_path_gives_stage_times_and_same_rows(pipe32, frames, assets_dir):
-    items = [frames["bus"], (assets_dir / "zidane.jpg").read_bytes()]
+def test_profile_path_gives_stage_times_and_same_rows(gpu, pipe32, frames, assets_dir):
+    items = [frames["bus"], gpu.jpeg((assets_dir / "zidane.jpg").read_bytes())]
     plain = pipe32.run(items, DetectParams())
     profiled = pipe32.run(items, DetectParams(), profile=True)
     t = profiled.timings
@@ -203,12 +203,12 @@ class _Counting:
 
 @pytest.mark.parametrize("alone", [True, False], ids=["alone", "in-flight"])
 @pytest.mark.parametrize("kind", ["frames", "jpeg"])
-def test_dispatch_is_one_upload_and_one_graph_launch(pipe32, frames, assets_dir, kind, alone):
+def test_dispatch_is_one_upload_and_one_graph_launch(gpu, pipe32, frames, assets_dir, kind, alone):
     """Per batch the host enqueues exactly one H2D copy and one graph launch, plus the event
     calls that order them: alone, the upload goes on the compute stream (no event); with other
     batches in flight, on the copy stream (an event, and the compute stream waits for it)."""
     assert pipe32.raw_launch_error is None, pipe32.raw_launch_error
-    items = [frames["bus"], frames["zidane"]] if kind == "frames" else [(assets_dir / "bus.jpg").read_bytes()] * 2
+    items = [frames["bus"], frames["zidane"]] if kind == "frames" else [gpu.jpeg((assets_dir / "bus.jpg").read_bytes())] * 2
     pipe32.run(items, DetectParams())  # captured on some slot; make every slot count
     saved = []
     for slot in pipe32.slots:
@@ -289,7 +289,7 @@ def test_torch_compile_engine(gpu, sample_model_dir, meta, frames, pipe16):
 
     before = "TORCHINDUCTOR_CACHE_DIR" in os.environ
     benchmark_before = torch.backends.cudnn.benchmark
-    pipe = gpu.make_pipeline(sample_model_dir, meta, "fp16", compile=True, max_batch=1, slots=1)
+    pipe = gpu.make_pipeline(sample_model_dir, meta, "fp16", compile=True, max_batch=1, in_flight=1)
     try:
         items = [frames["bus"]]
         (det,) = gpu.detect(pipe, items)

@@ -14,11 +14,11 @@ import textwrap
 import numpy as np
 import pytest
 
-from app.boxes import head_candidates, nms_numpy
+from app.boxes import head_candidates, iou_one_to_many, nms_numpy
 from app.contracts import DetectParams
 
 cuda = pytest.importorskip("numba.cuda")
-from app.gpu.nms import GpuNms  # noqa: E402
+from app.gpu.nms import WORD_BITS, GpuNms  # noqa: E402
 
 
 def make_head(rng, batch, nc, anchors, *, n_obj=4, quantize=True, size=640.0):
@@ -133,11 +133,29 @@ def test_unquantized_boxes_bit_exact():
         assert_rows_equal(rows[b], nms_numpy(head[b], params))
 
 
+def suppressed_only_across_words(pred, params) -> int:
+    """Candidates the reference drops only because of kept boxes in an earlier 64-candidate word
+    of the score order (none in their own word): what only the removed bitset's later words carry."""
+    boxes, scores, cls, anchor_idx = head_candidates(pred, params.conf, params.classes)
+    order = np.lexsort((anchor_idx, -scores))  # the kernel's order: score desc, anchor asc
+    boxes, cls, anchor_idx = boxes[order], cls[order], anchor_idx[order]
+    kept = np.isin(anchor_idx, torchvision_keep(pred, params))
+    count = 0
+    for j in np.nonzero(~kept)[0]:
+        earlier = np.nonzero(kept[:j] & ((cls[:j] == cls[j]) | params.agnostic))[0]
+        hits = earlier[iou_one_to_many(boxes[j], boxes[earlier]) > np.float32(params.iou)]
+        count += len(hits) > 0 and all(i // WORD_BITS < j // WORD_BITS for i in hits)
+    return count
+
+
 def test_several_words_cross_word_suppression():
-    # > 64 candidates: the removed bitset spans several words
+    # > 64 candidates: the removed bitset spans several words, and some suppressions cross them
     rng = np.random.default_rng(5)
     head = make_head(rng, 1, 2, 150, n_obj=3)
-    check(head, DetectParams(conf=0.05, iou=0.5))
+    params = DetectParams(conf=0.05, iou=0.5)
+    _, _, totals = check(head, params)
+    assert totals[0] > 2 * WORD_BITS, totals
+    assert suppressed_only_across_words(head[0], params) > 0
 
 
 def test_ties_identical_boxes_keep_lowest_anchor():

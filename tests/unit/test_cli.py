@@ -66,8 +66,23 @@ def test_build_engine_without_tensorrt(tmp_path):
 
     if importlib.util.find_spec("tensorrt") is not None:
         pytest.skip("TensorRT is installed here (tests/tensorrt builds engines)")
-    proc = run_cli("build-engine", "--precision", "fp16", cwd=tmp_path)
+    proc = run_cli("build-engine", "--backend", "tensorrt", "--precision", "fp16", cwd=tmp_path)
     assert proc.returncode == ExitCode.UNAVAILABLE and "TensorRT is not installed" in proc.stderr, proc.stderr
+
+
+def test_build_engine_on_a_machine_without_a_gpu(tmp_path):
+    """auto: TensorRT, else the torch-cuda engine on a GPU; a CPU has none to build, and says what it runs."""
+    import importlib.util
+
+    from app.gpu.probe import cuda_device_count
+
+    if cuda_device_count() or importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("this machine has a GPU or TensorRT")
+    for args in ([], ["--backend", "torch-cuda"]):
+        proc = run_cli("build-engine", *args, "--artifacts-dir", str(tmp_path / "a"), cwd=tmp_path)
+        said = " ".join(proc.stderr.split())
+        assert proc.returncode == ExitCode.UNAVAILABLE and ("no NVIDIA GPU" in said or "needs an NVIDIA GPU" in said), said
+    assert not (tmp_path / "a").exists()  # refused before any export
 
 
 def test_calibrate_counts_only_the_images_it_can_read(tmp_path, assets_dir):
@@ -186,3 +201,22 @@ def test_calibrate_writes_both_models_and_its_report(tmp_path, sample_model_dir,
     shutil.copy(images / "bus_0.jpg", few / "bus_0.jpg")
     proc = run_cli("calibrate", "--images", str(few), "--artifacts-dir", str(root), cwd=tmp_path)
     assert proc.returncode == ExitCode.USAGE and "error:" in proc.stderr
+
+
+def test_verbose_predict_lists_each_start_up_step_with_its_time_once(tmp_path, artifacts_dir):
+    import re
+
+    out = tmp_path / "p.jsonl"
+    proc = run_cli("predict", "samples", "--verbose", "--out", str(out), "--artifacts-dir", str(artifacts_dir),
+                   cwd=tmp_path)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    assert proc.stderr.count("start-up, step by step:") == 1
+    steps = {m[2]: float(m[1]) for m in re.finditer(r"^\s+(\d+\.\d+) s  (.+)$", proc.stderr, re.MULTILINE)}
+    names = list(steps)
+    assert names[0] == "starting Python and importing yolopipe", names
+    assert "checking the model's export (a first run exports it)" in names and "opening ONNX Runtime" in names
+    assert names[-2].startswith("the first batch") and names[-1] == "from the process start to the first results"
+    assert 0 < max(v for k, v in steps.items() if k != names[-1]) <= steps[names[-1]]
+    assert len(out.read_text().splitlines()) == 2
+    quiet = run_cli("predict", "samples", "--out", str(out), "--artifacts-dir", str(artifacts_dir), cwd=tmp_path)
+    assert quiet.returncode == ExitCode.OK and "step by step" not in quiet.stderr

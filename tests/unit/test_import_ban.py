@@ -5,7 +5,9 @@
    itself has torch loaded.
 2. Build-time code (``app/builder``) and run-time code never import each other; both may use
    the neutral layers (artifacts, imaging, boxes, types, errors, config, weights) and the GPU
-   facts build and run share (``app.gpu.probe``, ``app.gpu.tensorrt_lib``). Only the composers
+   facts build and run share (``app.gpu.probe``, ``app.gpu.tensorrt_lib``, and
+   ``app.gpu.torch_model``: the model as the torch-cuda engine runs it and its builder exports
+   it, and how a built package is loaded, which the builder checks as a run loads it). Only the composers
    below may import both sides; every module of ``app`` is in exactly one group. Read from the source.
 """
 
@@ -25,9 +27,9 @@ BANNED = ("torch", "numba.cuda", "cupy", "tensorrt", "ultralytics", "modelopt", 
 APP = Path(app.__file__).parent
 BUILD_TIME = ("app.builder",)
 RUN_TIME = ("app.pipeline", "app.backends", "app.gpu", "app.api", "app.ipc", "app.service", "app.distributed")
-SHARED_GPU_FACTS = ("app.gpu.probe", "app.gpu.tensorrt_lib")
-NEUTRAL = ("app.artifacts", "app.boxes", "app.config", "app.contracts", "app.errors", "app.imaging", "app.types",
-           "app.versions", "app.weights")
+SHARED_GPU_FACTS = ("app.gpu.probe", "app.gpu.tensorrt_lib", "app.gpu.torch_model")
+NEUTRAL = ("app.artifacts", "app.boxes", "app.config", "app.contracts", "app.errors", "app.imaging", "app.records",
+           "app.source_urls", "app.types", "app.versions", "app.weights")
 # May import build time and run time alike, each for a stated reason:
 COMPOSERS = {
     "app.runtime": "the composition root: exports the weights on first use, then opens a run-time detector",
@@ -49,7 +51,9 @@ def banned_modules_after(body: str, *args: str) -> list[str]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("module", ["app.api.main", "app.service.supervisor", "app.service.http_worker", "app.ipc.client", "app.cli", "app.runtime",
+@pytest.mark.parametrize("module", ["app.api.main", "app.service.supervisor", "app.service.http_worker", "app.ipc.client",
+                                    "app.service.inference.worker", "app.cli", "app.runtime",
+                                    "app.api.grpc.server", "app.service.grpc_worker",
                                     "app.artifacts.engines", "app.pipeline.folder", "app.distributed"])
 def test_importing_loads_no_gpu_library(module):
     assert banned_modules_after(f"import {module}") == []
@@ -75,6 +79,36 @@ def test_auto_backend_on_a_cpu_machine_stays_light(artifacts_dir, assets_dir):
     if cuda_device_count():
         pytest.skip("this machine has a GPU: auto picks a GPU backend")
     assert banned_modules_after(DETECT, str(assets_dir / "bus.jpg"), "auto") == []
+
+
+PREDICT_SAMPLES = """
+import json, sys
+out, root = sys.argv[1], sys.argv[2]
+sys.argv = ["yolopipe", "predict", "samples", "--out", out, "--artifacts-dir", root]
+from app.cli import main
+try:
+    main()
+except SystemExit as exc:
+    assert exc.code in (0, None), exc.code
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_predict_samples_on_a_cpu_machine_loads_no_gpu_library_and_no_compiler(artifacts_dir, tmp_path):
+    """``yolopipe predict samples`` as a user types it: no torch (so no torch.cuda), no numba.cuda,
+    no CuPy; and no Numba at all (its CPU NMS is for many candidates: loading it is seconds)."""
+    from app.gpu.probe import cuda_device_count
+
+    if cuda_device_count():
+        pytest.skip("this machine has a GPU: auto picks a GPU backend")
+    out = tmp_path / "p.jsonl"
+    proc = subprocess.run([sys.executable, "-c", PREDICT_SAMPLES, str(out), str(artifacts_dir)], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [m for m in loaded if any(m == b or m.startswith(b + ".") for b in BANNED)] == []
+    assert [m for m in loaded if m == "numba" or m.startswith("numba.")] == []
+    assert len(out.read_text().splitlines()) == 2  # it did predict both images
 
 
 def imports_of(path: Path) -> set[str]:

@@ -16,20 +16,22 @@ LAYERS: list[tuple[str, ...]] = [
     ("cli",),
     ("service",),
     ("api", "distributed", "benchmark"),
-    ("ipc",),
     ("runtime",),
     ("pipeline",),
     ("builder",),
     ("backends",),
     ("gpu",),
+    ("ipc",),  # transport only: below every part that holds a model, a pipeline or a device
     ("weights",),
-    ("artifacts", "imaging", "boxes"),
+    ("artifacts", "boxes", "records"),
     ("contracts",),
-    ("types", "versions"),
+    ("imaging",),
+    ("types", "versions", "source_urls"),
     ("config",),
     ("errors",),
 ]
 RANK = {part: depth for depth, parts in enumerate(LAYERS) for part in parts}
+MODEL_PARTS = ("runtime", "pipeline", "backends", "gpu")  # what opens, runs or holds a model
 
 
 def part_of(module: str) -> str | None:
@@ -66,6 +68,13 @@ def test_every_part_has_a_layer():
 def test_imports_only_run_down():
     upward = sorted((src, dst) for src, dsts in edges().items() for dst in dsts if RANK[dst] <= RANK[src])
     assert upward == [], f"imports that run up or sideways (importer, imported): {upward}"
+
+
+def test_ipc_is_transport_only():
+    """The wire format, the rings, the layout and the clients import no part that holds a model:
+    ipc ranks below them all, and none of its modules imports one (lazily or not)."""
+    assert all(RANK["ipc"] > RANK[part] for part in MODEL_PARTS)
+    assert edges()["ipc"].isdisjoint(MODEL_PARTS), edges()["ipc"]
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -38,3 +38,30 @@ def test_impossible_choices_are_one_clear_error(tmp_path, backend, precision, gp
     model_dir = make_engine_dir(tmp_path / "m", ["int8"])
     with pytest.raises(error, match=words):
         choose_backend(backend, precision, model_dir, gpus=gpus)
+
+
+def test_the_run_shape_is_clamped_once_where_the_detector_is_opened(sample_model_dir):
+    """ONNX Runtime runs one batch at a time, of at most ``CPU_MAX_BATCH``: the detector carries
+    that shape, and its pipeline was built for it (nothing downstream clamps again)."""
+    from app.config import CPU_MAX_BATCH, Settings
+    from app.contracts import RunShape
+    from app.runtime import open_model_dir, shape_from
+
+    settings = Settings(backend="onnxruntime", max_batch=64, max_pixels=1_000_000, max_wait_ms=7.5, decode="cpu")
+    asked = shape_from(settings)
+    assert asked == RunShape(max_batch=64, decode="opencv", max_pixels=1_000_000, max_wait_ms=7.5)
+    with open_model_dir(sample_model_dir, backend="onnxruntime", shape=asked) as det:
+        assert det.shape == RunShape(max_batch=CPU_MAX_BATCH, in_flight=1, decode="opencv", max_pixels=1_000_000,
+                                     max_wait_ms=7.5)
+        assert det.pipeline.max_batch == det.info()["max_batch"] == CPU_MAX_BATCH
+    with open_model_dir(sample_model_dir, backend="onnxruntime", max_batch=4) as det:
+        assert (det.shape.max_batch, det.pipeline.max_batch) == (4, 4)
+
+
+def test_a_decoder_name_is_checked_before_the_model_is_exported(tmp_path):
+    from app.runtime import open_detector
+
+    with pytest.raises(InvalidParameter, match="unknown decoder 'libjpeg'; choose one of gpu, nvimgcodec, nvjpeg, opencv"):
+        open_detector("no-such-weights.pt", decode="libjpeg", artifacts_dir=tmp_path)
+    with pytest.raises(InvalidParameter, match="unknown video decoder"):
+        open_detector("no-such-weights.pt", video_decode="gpu", artifacts_dir=tmp_path)

@@ -10,8 +10,14 @@ Outputs follow TensorRT's EfficientNMS plugin: ``num_dets`` INT32 ``[B, 1]``, ``
 FP32 ``[B, K, 4]`` (x1, y1, x2, y2 in source pixels), ``det_scores`` FP32 ``[B, K]``,
 ``det_classes`` INT32 ``[B, K]``; K is the batch's largest count (at least 1), zero-padded.
 
+An input or output may instead lie in a registered shared-memory region (Triton's system
+shared-memory extension: ``shared_memory_region``, ``shared_memory_byte_size``,
+``shared_memory_offset`` in its parameters; ``app/api/oip/shared_memory.py``).
+
 Everything a client can get wrong raises ``InvalidParameter`` (422), or ``BadRequest`` (400)
-for a header that is not JSON, or ``ImageTooLarge`` (413) past a size limit.
+for a header that is not JSON, ``SharedMemoryError`` (400) for a region it cannot use, or
+``ImageTooLarge`` (413) past a size limit. The gRPC service (``app/api/grpc``) hands its
+messages to ``read_infer_header`` in the same shape, so both protocols check the same things.
 """
 
 from __future__ import annotations
@@ -21,11 +27,13 @@ import binascii
 import json
 import struct
 import zlib
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from app.api.oip.shared_memory import RegionAccess, TensorPlace, tensor_place
 from app.errors import BadRequest, ImageTooLarge, InvalidParameter, UnsupportedMediaType
 from app.types import Detections
 
@@ -50,6 +58,7 @@ class InferRequest:
     parameters: dict[str, Any]  # the model's parameters (conf, iou, ...), not yet validated
     outputs: dict[str, bool]  # output name → binary, in the order they are to be answered
     timeout_s: float | None = None  # Triton's "timeout" parameter (microseconds); None: the server's
+    output_places: dict[str, TensorPlace] = field(default_factory=dict)  # outputs written to shared memory
 
 
 def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
@@ -80,7 +89,8 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
     return b"".join(out)
 
 
-def parse_infer_request(body: bytes, header_length: str | None, *, max_images: int) -> InferRequest:
+def parse_infer_request(body: bytes, header_length: str | None, *, max_images: int,
+                        regions: RegionAccess | None = None) -> InferRequest:
     """The images, parameters and wanted outputs of one (decompressed) inference body."""
     if header_length is None:
         json_end = len(body)
@@ -96,6 +106,13 @@ def parse_infer_request(body: bytes, header_length: str | None, *, max_images: i
         header = json.loads(body[:json_end])
     except (ValueError, RecursionError):
         raise BadRequest("the inference request header is not valid JSON") from None
+    return read_infer_header(header, body[json_end:], max_images=max_images, regions=regions)
+
+
+def read_infer_header(header: Any, binary: bytes, *, max_images: int,
+                      regions: RegionAccess | None = None) -> InferRequest:
+    """The request a parsed header describes; ``binary``: the bytes after it (binary tensor
+    data); ``regions``: the shared-memory regions this request may use."""
     if not isinstance(header, dict):
         raise InvalidParameter("the inference request must be a JSON object")
     request_id = header.get("id")
@@ -110,9 +127,9 @@ def parse_infer_request(body: bytes, header_length: str | None, *, max_images: i
     timeout_us = parameters.pop("timeout", 0)
     if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0:
         raise InvalidParameter(f"parameters.timeout must be whole microseconds >= 0, got {str(timeout_us)[:40]!r}")
-    images = _read_inputs(header.get("inputs"), body[json_end:], max_images)
-    return InferRequest(request_id, images, parameters, _read_outputs(header.get("outputs"), binary_default),
-                        timeout_us / 1e6 if timeout_us else None)
+    images = _read_inputs(header.get("inputs"), binary, max_images, regions)
+    outputs, places = _read_outputs(header.get("outputs"), binary_default, regions)
+    return InferRequest(request_id, images, parameters, outputs, timeout_us / 1e6 if timeout_us else None, places)
 
 
 def _object(value: Any, where: str) -> dict[str, Any]:
@@ -123,7 +140,7 @@ def _object(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _read_inputs(inputs: Any, binary: bytes, max_images: int) -> list[bytes]:
+def _read_inputs(inputs: Any, binary: bytes, max_images: int, regions: RegionAccess | None) -> list[bytes]:
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise InvalidParameter(f"inputs must hold exactly one tensor, {INPUT!r}")
     tensor = inputs[0]
@@ -139,7 +156,15 @@ def _read_inputs(inputs: Any, binary: bytes, max_images: int) -> list[bytes]:
     count = shape[0]
     if count > max_images:
         raise ImageTooLarge(f"the request holds {count} images, over the limit of {max_images}")
-    size = _object(tensor.get("parameters"), f"input {INPUT!r} parameters").get("binary_data_size")
+    parameters = _object(tensor.get("parameters"), f"input {INPUT!r} parameters")
+    size = parameters.get("binary_data_size")
+    place = tensor_place(parameters, f"input {INPUT!r}")
+    if place is not None:
+        if size is not None or "data" in tensor:
+            raise InvalidParameter(f"input {INPUT!r} has both shared memory and data of its own")
+        if binary:
+            raise InvalidParameter(f"the body has {len(binary)} bytes after its JSON header but no input declares them")
+        return split_bytes_tensor(RegionAccess.of(regions).read(place, f"input {INPUT!r}"), count)
     if size is None:
         if binary:
             raise InvalidParameter(f"the body has {len(binary)} bytes after its JSON header but no input declares them")
@@ -194,23 +219,33 @@ def _json_images(data: Any, shape: list[int]) -> list[bytes]:
     return images
 
 
-def _read_outputs(outputs: Any, binary_default: bool) -> dict[str, bool]:
+def _read_outputs(outputs: Any, binary_default: bool,
+                  regions: RegionAccess | None) -> tuple[dict[str, bool], dict[str, TensorPlace]]:
+    """Output name → binary, in the order asked; and the outputs to write to shared memory."""
     if outputs is None:
-        return dict.fromkeys(OUTPUTS, binary_default)
+        return dict.fromkeys(OUTPUTS, binary_default), {}
     if not isinstance(outputs, list) or not outputs:
         raise InvalidParameter("outputs must be a non-empty list (or left out for all of them)")
     wanted: dict[str, bool] = {}
+    places: dict[str, TensorPlace] = {}
     for tensor in outputs:
         name = tensor.get("name") if isinstance(tensor, dict) else None
         if name not in OUTPUTS:
             raise InvalidParameter(f"unknown output {str(name)[:64]!r}; this model's outputs are {', '.join(OUTPUTS)}")
         if name in wanted:
             raise InvalidParameter(f"output {name!r} is asked for twice")
-        binary = _object(tensor.get("parameters"), f"output {name!r} parameters").get("binary_data", binary_default)
+        parameters = _object(tensor.get("parameters"), f"output {name!r} parameters")
+        binary = parameters.get("binary_data", binary_default)
         if not isinstance(binary, bool):
             raise InvalidParameter(f"output {name!r}: binary_data must be true or false")
+        place = tensor_place(parameters, f"output {name!r}")
+        if place is not None:
+            if parameters.get("binary_data") is True:
+                raise InvalidParameter(f"output {name!r} has both shared memory and binary_data true")
+            RegionAccess.of(regions).check_output(place, f"output {name!r}")
+            places[name] = place
         wanted[name] = binary
-    return wanted
+    return wanted, places
 
 
 def output_tensors(detections: list[Detections]) -> dict[str, np.ndarray]:
@@ -226,15 +261,25 @@ def output_tensors(detections: list[Detections]) -> dict[str, np.ndarray]:
     return {"num_dets": counts.reshape(-1, 1), "det_boxes": boxes, "det_scores": scores, "det_classes": classes}
 
 
+def write_output_regions(tensors: dict[str, np.ndarray], places: dict[str, TensorPlace],
+                         regions: RegionAccess | None) -> None:
+    """The outputs asked for in shared memory, written there (C order, as binary tensor data)."""
+    for name, place in places.items():
+        RegionAccess.of(regions).write(place, tensors[name].tobytes(), f"output {name!r}")
+
+
 def encode_response(model: str, request_id: str | None, tensors: dict[str, np.ndarray],
-                    wanted: dict[str, bool]) -> tuple[bytes, int | None]:
-    """The response body and, when any output is binary, the length of its JSON header."""
+                    wanted: dict[str, bool], in_regions: Collection[str] = ()) -> tuple[bytes, int | None]:
+    """The response body and, when any output is binary, the length of its JSON header. An
+    output in ``in_regions`` (written to shared memory) is described without data, as Triton does."""
     described = []
     blobs = []
     for name, binary in wanted.items():
         array = tensors[name]
         entry: dict[str, Any] = {"name": name, "datatype": OUTPUTS[name][0], "shape": list(array.shape)}
-        if binary:
+        if name in in_regions:
+            pass
+        elif binary:
             blob = array.tobytes()  # C order, little-endian on every host this runs on
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.schemas import BatchResponse, ErrorResponse, ImageDetections, ModelInfo
+from app.api.schemas import BatchResponse, ErrorResponse, ImageDetections, ModelInfo, Ready
 from app.config import Settings
 from app.service.http_worker import create_service_app
 
@@ -112,7 +112,13 @@ def test_batch_requests_coalesce_into_one_detector_batch(artifacts_dir, bus):
 
 def test_health_ready_model_docs(client, detector):
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready"}
+    ready = client.get("/readyz").json()
+    Ready.model_validate(ready)
+    (worker,) = ready["startup"]  # how the worker started, step by step, each with its time
+    assert ready["status"] == "ready" and worker["worker"] == 0 and worker["worker_ready_after_s"] > 0
+    steps = [s["step"] for s in worker["steps"]]
+    assert steps[:2] == ["checking the model's export (a first run exports it)", "opening ONNX Runtime"], steps
+    assert steps[-1] == "warming up batch size 1 (1 of 1)" and all(s["s"] >= 0 for s in worker["steps"])
     info = client.get("/v1/model").json()
     ModelInfo.model_validate(info)
     assert info["backend"] == "onnxruntime" and info["precision"] == "fp32"

@@ -51,7 +51,9 @@ def test_work_over_the_time_budget_gets_503_with_retry_after_at_once(artifacts_d
 
 def test_one_request_keeps_at_most_its_window_of_images_at_the_worker(artifacts_dir, bus):
     async def main() -> httpx.Response:
-        async with serving(artifacts_dir, request_window=2, max_wait_ms=50) as client:
+        # A budget no CPU misses (this is about the window, not admission: a loaded machine's
+        # warm-up may measure seconds per image).
+        async with serving(artifacts_dir, request_window=2, max_wait_ms=50, queue_budget_s=600) as client:
             files = [("images", (f"{i}.jpg", bus, "image/jpeg")) for i in range(5)]
             return await client.post("/v1/detect/batch", files=files)
 
@@ -72,3 +74,30 @@ def test_pixel_limit_is_checked_on_the_header_before_any_work(artifacts_dir, bus
     assert r.status_code == 413 and r.json()["error"]["code"] == "image_too_large"
     assert "874,800 pixels" in r.json()["error"]["message"]
     assert "yolopipe_images_total" not in metrics  # no image reached the inference worker
+
+
+def test_a_batch_whose_whole_cost_is_over_the_budget_is_refused_at_once_and_never_queued(artifacts_dir, bus):
+    """A budget below eight images' time on this CPU: a batch of eight is refused whole, at once,
+    on /v1 and /v2 alike, and no image of it reaches the inference worker; one image is served."""
+    import base64
+
+    async def main() -> tuple[list[tuple[httpx.Response, float]], httpx.Response, str, str]:
+        async with serving(artifacts_dir, queue_budget_s=0.05) as client:
+            files = [("images", (f"{i}.jpg", bus, "image/jpeg")) for i in range(8)]
+            v2 = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [8],
+                              "data": [base64.b64encode(bus).decode()] * 8}]}
+            before = (await client.get("/metrics")).text
+            refused = [await timed_post(client, "/v1/detect/batch", files=files),
+                       await timed_post(client, "/v2/models/yolopipe/infer", json=v2)]
+            after = (await client.get("/metrics")).text
+            one = await client.post("/v1/detect", content=bus, headers=JPEG)
+            return refused, one, before, after
+
+    refused, one, before, after = asyncio.run(main())
+    for r, seconds in refused:
+        assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+        assert "8 images, behind 0 queued" in r.text and "send fewer images per request" in r.text
+        assert seconds < 2.0
+    images = [line for line in after.splitlines() if line.startswith("yolopipe_images_total")]
+    assert images == [line for line in before.splitlines() if line.startswith("yolopipe_images_total")]
+    assert one.status_code == 200

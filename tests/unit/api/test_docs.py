@@ -40,7 +40,9 @@ def test_install_docs_refuses_an_app_that_serves_the_cdn_page():
 def test_the_service_docs_work_offline():
     from app.service.http_worker import create_service_app
 
-    _docs_page_assets(TestClient(create_service_app()))
+    client = TestClient(create_service_app())
+    for url in _docs_page_assets(client):
+        assert client.get(url).status_code == 200, url
 
 
 @pytest.mark.parametrize("range_header, status", [("bytes=abc", 400), ("bytes=5-2", 400), ("items=0-1", 400),

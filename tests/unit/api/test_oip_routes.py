@@ -7,7 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.main import create_app
-from app.api.oip.routes import detect_params
+from app.api.oip.infer import detect_params
 from app.config import CONF, IOU, MAX_DET, Settings
 from app.contracts import make_params
 from app.errors import InvalidParameter

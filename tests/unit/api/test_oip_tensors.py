@@ -17,6 +17,7 @@ from tritonclient.http import InferInput, InferRequestedOutput, InferResult
 from tritonclient.http._utils import _get_inference_request
 from tritonclient.utils import serialize_byte_tensor
 
+from app.api.errors import status_for
 from app.api.oip.errors import reshape
 from app.api.oip.tensors import (
     OUTPUTS,
@@ -67,10 +68,10 @@ def test_named_outputs_keep_their_order_and_binary_choice():
 @settings(max_examples=300)
 @given(st.binary(max_size=256), st.one_of(st.none(), st.integers(-5, 300).map(str), st.text(max_size=5)))
 def test_arbitrary_bytes_are_refused_as_the_clients_mistake(body, header_length):
-    try:
+    """Random bytes are never a valid request: always refused, as a 4xx with a message."""
+    with pytest.raises(CLIENT_ERRORS) as info:
         parse_infer_request(body, header_length, max_images=8)
-    except CLIENT_ERRORS:
-        pass
+    assert 400 <= status_for(info.value) < 500 and info.value.message
 
 
 @settings(max_examples=300)

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from app.api.errors import install_error_handlers
 from app.api.protocol import JsonHttpToolsProtocol, uvicorn_options
 from app.config import Settings
+from tests.net import free_port
 
 
 @pytest.fixture()
@@ -26,9 +27,7 @@ def server(monkeypatch):
     app = FastAPI()
     install_error_handlers(app)
     app.add_api_route("/ok", lambda: {"ok": True}, methods=["GET"])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                         **uvicorn_options(Settings())))
     thread = threading.Thread(target=srv.run, daemon=True)

@@ -10,7 +10,7 @@ import httpx
 from app.api.main import create_app
 from app.config import Settings
 from app.ipc import wire
-from app.ipc.device import warmup
+from app.service.inference.warmup import warmup
 from app.ipc.client import InferenceClient
 from app.ipc.layout import RunLayout
 

@@ -1,12 +1,16 @@
-"""``yolopipe predict --ray``'s own options: one name, one meaning (``--gpu-actors`` counts actors;
-``--gpus`` is ``serve``'s device list and not a ``predict`` option)."""
+"""``yolopipe predict --ray``'s own options: ``--gpu-actors`` and ``--cpu-actors`` count actors
+and reach the Ray job as given; without ``--ray`` they are refused before anything runs."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from app.cli import ExitCode
+import pytest
+from typer.testing import CliRunner
+
+from app.cli import ExitCode, cli
+from app.pipeline.folder import FolderSummary
 
 
 def predict(tmp_path, *args):
@@ -23,6 +27,25 @@ def test_ray_options_need_ray(tmp_path):
     assert not (tmp_path / "p.jsonl").exists()
 
 
-def test_gpus_is_not_a_predict_option(tmp_path):
-    proc = predict(tmp_path, "--ray", "--gpus", "1")
-    assert proc.returncode == ExitCode.USAGE and "--gpus" in proc.stdout + proc.stderr
+@pytest.mark.parametrize("args, actors", [
+    (["--gpu-actors", "2"], {"gpu_actors": 2, "cpu_actors": None}),
+    (["--gpu-actors", "0", "--cpu-actors", "3"], {"gpu_actors": 0, "cpu_actors": 3}),
+    ([], {"gpu_actors": None, "cpu_actors": None}),  # the job's default: every GPU of the cluster
+])
+def test_the_actor_counts_reach_the_ray_job_as_given(tmp_path, monkeypatch, args, actors):
+    import app.distributed
+
+    calls = []
+
+    def job(source, out, **kwargs):
+        calls.append((source, out, kwargs))
+        return FolderSummary(images=3, detections=7)
+
+    monkeypatch.setattr(app.distributed, "predict_with_ray", job)
+    out = tmp_path / "p.jsonl"
+    result = CliRunner().invoke(cli, ["predict", "s3://bucket/photos", "--ray", "--out", str(out), *args])
+    assert result.exit_code == ExitCode.OK, result.output
+    ((source, written, kwargs),) = calls
+    assert source == "s3://bucket/photos" and written == out
+    assert {k: kwargs[k] for k in actors} == actors
+    assert "3 images, 7 detections, 0 errors" in result.output

@@ -137,17 +137,18 @@ def test_plan_reserves_each_gpu_jpeg_its_decoded_size_after_the_frames():
     frames = [(0, np.zeros((480, 640, 3), np.uint8)), (3, np.zeros((7, 5, 3), np.uint8))]
     jpegs = [(1, 1080, 1920, LAYOUT_HWC_RGB), (2, 3, 1, LAYOUT_HWC_RGB), (4, 640, 480, LAYOUT_HWC_RGB)]
     plan = plan_batch(1024, 640, frames, jpegs)
-    assert [p[0] for p in plan.placed] == [0, 3, 1, 2, 4]
-    assert [p[3] for p in plan.placed] == [LAYOUT_HWC_BGR] * 2 + [LAYOUT_HWC_RGB] * 3
+    assert [p[0] for p in plan.placed] == [0, 3]  # the JPEGs wait for their decode
+    assert [p[0] for p in plan.pending] == [1, 2, 4]
+    assert [p[3] for p in plan.placed + plan.pending] == [LAYOUT_HWC_BGR] * 2 + [LAYOUT_HWC_RGB] * 3
     assert plan.host_end == 1024 + align_up(480 * 640 * 3, IMAGE_ALIGN) + align_up(7 * 5 * 3, IMAGE_ALIGN)
-    assert plan.device_offsets[0] >= plan.host_end and plan.device_offsets[0] % 256 == 0
+    assert plan.device_offsets[0] == plan.device_start >= plan.host_end and plan.device_offsets[0] % 256 == 0
     spans = [(off, off + h * w * 3) for off, (_, h, w, _) in zip(plan.device_offsets, jpegs)]
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) and spans[-1][1] <= plan.end
     assert all(off % IMAGE_ALIGN == 0 for off in plan.device_offsets)
 
 
 def test_decoded_size_and_hardware_routing_from_the_header():
-    from app.gpu.decode import decoded_size
+    from app.gpu.decoded import decoded_size
     from app.gpu.jpeg import JpegHeader
     from app.gpu.nvimgcodec import hardware_takes
 
@@ -180,19 +181,29 @@ def test_timeline_summary_says_whether_each_decode_finished_under_the_graph_befo
 
 def test_what_the_gpu_refused_goes_into_its_reserved_place_or_out_of_the_batch():
     from app.errors import InvalidImage
-    from app.gpu.pack import plan_batch, settle_fallbacks
-    from app.gpu.preprocess import LAYOUT_HWC_BGR, LAYOUT_HWC_RGB
+    from app.gpu.decoded import IN_PLACE
+    from app.gpu.pack import plan_batch, settle_decoded, write_header
+    from app.gpu.preprocess import LAYOUT_HWC_BGR, LAYOUT_HWC_RGB, PARAMS_PER_IMAGE
 
     frame = np.full((4, 6, 3), 9, np.uint8)
     plan = plan_batch(256, 640, [(0, frame)], [(1, 4, 6, LAYOUT_HWC_RGB), (2, 5, 5, LAYOUT_HWC_RGB),
-                                               (3, 2, 2, LAYOUT_HWC_RGB)])
+                                               (3, 2, 2, LAYOUT_HWC_RGB), (4, 3, 3, LAYOUT_HWC_RGB),
+                                               (5, 3, 3, LAYOUT_HWC_RGB)])
     host = np.zeros(plan.end, np.uint8)
+    params = np.zeros((8, PARAMS_PER_IMAGE), np.int64)
+    with pytest.raises(RuntimeError, match="never settled"):
+        write_header(params, plan, 8)  # JPEGs still pending never reach the graph's params
     refused = np.arange(5 * 5 * 3, dtype=np.uint8).reshape(5, 5, 3)  # OpenCV's frame of image 2
     err = InvalidImage("corrupt")
     offsets = list(plan.device_offsets)
-    uploads, errors = settle_fallbacks(plan, 1, [None, refused, err], host, 640)
+    # image 4: None (no report of a decode) and image 5: no answer at all are refused, not trusted
+    uploads, errors = settle_decoded(plan, [IN_PLACE, refused, err, None], host, 640)
     assert uploads == [(offsets[1], refused.nbytes)]
     np.testing.assert_array_equal(host[offsets[1] : offsets[1] + refused.nbytes], refused.reshape(-1))
-    assert errors == {3: err}
+    assert errors[3] is err and sorted(errors) == [3, 4, 5]
+    assert all(str(errors[i]) == "cannot decode this JPEG image (truncated or corrupt)" for i in (4, 5))
     assert [(p[0], p[2], p[3]) for p in plan.placed] == [(0, 256, LAYOUT_HWC_BGR), (1, offsets[0], LAYOUT_HWC_RGB),
                                                           (2, offsets[1], LAYOUT_HWC_BGR)]
+    assert not plan.pending
+    write_header(params, plan, 8)
+    assert params[:3, 0].tolist() == [256, offsets[0], offsets[1]] and not params[3:].any()

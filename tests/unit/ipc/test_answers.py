@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from app.api.errors import status_for
-from app.contracts import DetectParams
 from app.errors import ImageTooLarge
 from app.ipc import answers, wire
 
@@ -33,28 +32,15 @@ def test_results_round_trip_to_the_same_json_as_the_detector(detected):
     assert str(back[2].error) == "image has 2,500,000,000 pixels"
 
 
-def test_each_owner_gets_its_share_of_a_batch_in_one_frame(detected):
-    """A batch's answers to three HTTP workers: each frame holds that worker's answers, rows
-    and errors included, and nothing of the others'."""
-    from app.ipc.batcher import Job
-    from app.service.worker import answer_frames
+def test_answers_read_back_as_the_detectors_arrays(detected):
+    """``Answers.detected``: a RESULTS frame read back is the batch ``Detector.run`` answered."""
+    det, results = detected
+    from app.contracts import DetectedBatch
 
-    det, (bus_result, zidane_result) = detected
-    results = [bus_result, zidane_result, None, zidane_result, bus_result]
-    owners = ["a", "b", "a", "c", "a"]
-    outcomes = [wire.Outcome(5, i, r.width, r.height, r.detections) if r is not None else
-                wire.Outcome(5, i, error=ImageTooLarge("too big")) for i, r in enumerate(results)]
-    jobs = [Job(owner, wire.ImageRef(5, i, 0, 0, 0.0, DetectParams()), None) for i, owner in enumerate(owners)]
-    frames = answer_frames(jobs, answers.Answers.of(outcomes, {"batch_ms": 3.0}))
-    assert [owner for owner, _ in frames] == ["a", "b", "c"]
-    for owner, data in frames:
-        ((_, body),) = wire.FrameReader().feed(data)
-        timings, back = answers.read_results(body)
-        assert timings == {"batch_ms": 3.0}
-        assert [o.index for o in back] == [i for i, o in enumerate(owners) if o == owner]
-        for o in back:
-            expected = results[o.index]
-            if expected is None:
-                assert type(o.error) is ImageTooLarge and str(o.error) == "too big"
-            else:
-                assert o.detections.to_json(det.names) == expected.detections.to_json(det.names) != []
+    batch = DetectedBatch.of([*results, type(results[0])(error=ImageTooLarge("too big"))])
+    outcomes = [wire.Outcome(1, i, r.width, r.height, r.detections, error=r.error) for i, r in enumerate(batch.results())]
+    ((_, body),) = wire.FrameReader().feed(answers.results(outcomes))
+    back = answers.read_answers(body).detected()
+    assert back.widths.tolist() == batch.widths.tolist() and back.counts.tolist() == batch.counts.tolist()
+    assert back.rows.tobytes() == batch.rows.tobytes() and len(back.rows) > 0
+    assert list(back.errors) == [2] and str(back.errors[2]) == "too big"

@@ -10,7 +10,7 @@ import pytest
 
 from app.config import Settings
 from app.contracts import DetectParams
-from app.errors import DeviceError
+from app.errors import DeviceError, Overloaded
 from app.ipc import wire
 from app.ipc.answers import results
 from app.ipc.client import InferenceClient
@@ -79,6 +79,80 @@ def test_a_link_dropping_at_its_handshake_or_mid_request_fails_fast_and_reconnec
             (outcome,) = await asyncio.wait_for(client.detect([b"second!"], DetectParams()), 5.0)
             assert outcome.error is None and outcome.width == len(b"second!") and seen == [b"second!"]
             assert not any(p.name.startswith("ring-") for p in layout.root.iterdir())  # no ring left behind
+        finally:
+            await client.close()
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_a_request_is_judged_whole_and_refused_before_any_image_is_sent(layout):
+    """At 0.2 s an image on one lane and a 30 s budget: 256 images (51 s) are refused at once and
+    none reaches the worker; 100 (20 s) are served; behind 60 images another HTTP worker queued,
+    100 more (32 s) are refused; a single image is taken by an idle worker however slow it is."""
+    status = wire.StatusBlock(layout.status(0), writable=True)
+
+    async def main() -> None:
+        seen: list[bytes] = []
+        server = await asyncio.get_running_loop().create_unix_server(lambda: Peer(["answer"], seen),
+                                                                     str(layout.socket(0)))
+        client = InferenceClient(Settings(request_timeout_s=30.0, request_window=4), layout)
+        try:
+            await client.start(wait_s=0.0)
+            await _until(lambda: client.ready)
+            status.write(wire.Load(0, wire.READY, 0, 0.2, 1))
+            with pytest.raises(Overloaded, match="256 images, behind 0 queued, would take about 51.2 s, over the 30 s"):
+                await client.detect([b"x"] * 256, DetectParams())
+            assert seen == [] and client._unsent == 0
+            outcomes = await asyncio.wait_for(client.detect([b"y"] * 100, DetectParams()), 10.0)
+            assert len(seen) == 100 and all(o.error is None for o in outcomes) and client._unsent == 0
+            status.write(wire.Load(0, wire.READY, 60, 0.2, 1))
+            with pytest.raises(Overloaded, match="behind 60 queued"):
+                await client.detect([b"z"] * 100, DetectParams())
+            status.write(wire.Load(0, wire.READY, 0, 100.0, 1))
+            (outcome,) = await asyncio.wait_for(client.detect([b"one"], DetectParams()), 10.0)
+            assert outcome.error is None and len(seen) == 101
+            with pytest.raises(Overloaded):  # two are over the budget even on an idle worker
+                await client.detect([b"two"] * 2, DetectParams())
+        finally:
+            await client.close()
+            server.close()
+
+    asyncio.run(main())
+
+
+def test_images_an_http_worker_has_yet_to_send_count_for_the_next_request(layout):
+    """A request of 100 images keeps 4 at the worker (its window); the other 96 are queued work
+    all the same: a second request that would finish behind them past the budget is refused."""
+    status = wire.StatusBlock(layout.status(0), writable=True)
+
+    async def main() -> None:
+        release = asyncio.Event()
+
+        class SlowPeer(Peer):
+            def data_received(self, data: bytes) -> None:  # answers only once released
+                asyncio.get_running_loop().create_task(self._later(data))
+
+            async def _later(self, data: bytes) -> None:
+                await release.wait()
+                Peer.data_received(self, data)
+
+        seen: list[bytes] = []
+        server = await asyncio.get_running_loop().create_unix_server(lambda: SlowPeer(["answer"], seen),
+                                                                     str(layout.socket(0)))
+        client = InferenceClient(Settings(request_timeout_s=30.0, request_window=4), layout)
+        try:
+            await client.start(wait_s=0.0)
+            release.set()
+            await _until(lambda: client.ready)
+            release.clear()
+            status.write(wire.Load(0, wire.READY, 0, 0.2, 1))
+            first = asyncio.ensure_future(client.detect([b"a"] * 100, DetectParams()))
+            await _until(lambda: client._unsent == 96)
+            with pytest.raises(Overloaded, match="60 images, behind 100 queued"):
+                await client.detect([b"b"] * 60, DetectParams())
+            release.set()
+            assert len(await asyncio.wait_for(first, 10.0)) == 100 and client._unsent == 0
         finally:
             await client.close()
             server.close()

@@ -83,10 +83,10 @@ def test_folder_listing_keeps_rglob_order_and_names(tmp_path):
 
 
 def test_folder_lines_equal_the_detectors_per_image_results(folder, tmp_path, artifacts_dir):
-    """The folder path calls the pipeline itself and writes each batch's lines in one go: the file
+    """The folder path runs the detector on each batch and writes its lines in one go: the file
     is byte for byte ``json.dumps(to_json)`` of what ``Detector.detect`` gives each file, in
-    listing order, with batches larger than the pipeline's (split) and errors in their place;
-    ``--coco`` and ``--save-images`` get the same results."""
+    listing order, with batches larger than the run's ``max_batch`` (the detector splits them) and
+    errors in their place; ``--coco`` and ``--save-images`` get the same results."""
     from app.pipeline.folder import coco_document, predict_folder
     from app.runtime import open_detector
 
@@ -105,6 +105,31 @@ def test_folder_lines_equal_the_detectors_per_image_results(folder, tmp_path, ar
     assert json.loads(coco.read_text()) == json.loads(json.dumps(coco_document(expected, ["Normal", "Fall"])))
     assert sorted(p.relative_to(viz).as_posix() for p in viz.rglob("*.jpg")) == [
         "bus.jpg", "sub/bus copy ü.jpg", "sub/zidane.jpg"]
+
+
+def test_each_images_header_is_read_once_and_reaches_a_pipeline_that_decodes_it(folder, tmp_path, cpu_detector,
+                                                                                monkeypatch):
+    """The reader threads read each file's header (checking it), and it travels with the bytes
+    (``EncodedImage``) to a pipeline that decodes JPEGs itself (the GPU's; here a stand-in that
+    decodes with the header it is given): one read per file, none again downstream."""
+    from app.contracts import EncodedImage
+    from app.pipeline.detector import Detector
+    from app.pipeline.folder import predict_folder
+    from tests.standins import DecodesItself, count_header_reads
+
+    pipeline = DecodesItself(cpu_detector.pipeline)
+    reads = count_header_reads(monkeypatch)
+    out = tmp_path / "p.jsonl"
+    summary = predict_folder(Detector(pipeline), str(folder), out, cpu_detector.params(), batch=3, workers=2)
+    sizes = {img.name: img.path.stat().st_size for img in list_images(str(folder))}
+    assert sorted(reads) == sorted(size for size in sizes.values() if size)  # empty.png has no header to read
+    # The whole JPEGs, to decode itself; broken.jpg (cut short) is refused by its header check.
+    jpegs = {(folder / name).read_bytes() for name in ("bus.jpg", "sub/zidane.jpg")}
+    assert all(isinstance(x, EncodedImage) for x in pipeline.received)
+    assert {x.data for x in pipeline.received} == jpegs and len(pipeline.received) == 2
+    expected = out.with_name("cpu.jsonl")
+    predict_folder(cpu_detector, str(folder), expected, cpu_detector.params(), batch=3)
+    assert out.read_text() == expected.read_text() and summary.errors == 2
 
 
 def test_read_gives_the_bytes_or_the_reason(tmp_path):

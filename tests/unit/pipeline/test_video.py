@@ -147,19 +147,25 @@ def test_cli_predict_on_a_video_and_a_broken_one(media, tmp_path, artifacts_dir)
     assert "Traceback" not in proc.stderr
 
 
-def test_a_video_whose_frames_are_over_the_pixel_limit_is_refused_before_reading(detector, media, monkeypatch):
+def with_max_pixels(detector, max_pixels: int):
+    """The same pipeline under a run shape with this pixel limit (``RunShape.max_pixels``)."""
+    from app.pipeline.detector import Detector
+
+    return Detector(detector.pipeline, detector.shape, max_pixels=max_pixels)
+
+
+def test_a_video_whose_frames_are_over_the_pixel_limit_is_refused_before_reading(detector, media):
     """Frame size is read from the container before any frame is decoded; a file (or a camera)
     of giant frames is one clear error, as an image over the limit is."""
-    import app.pipeline.sources as sources
     from app.pipeline.video import predict_video
 
     written = []
-    monkeypatch.setattr(sources, "MAX_PIXELS", 640 * 480 - 1)  # the clip's frames are 640x480
-    summary = predict_video(detector, media / "cams" / "clip.avi", "clip.avi", written.append, detector.params())
+    limited = with_max_pixels(detector, 640 * 480 - 1)  # the clip's frames are 640x480
+    summary = predict_video(limited, media / "cams" / "clip.avi", "clip.avi", written.append, detector.params())
     assert summary.frames == 0 and "has frames of 640x480 pixels, over the limit of 307,199" in summary.error
-    assert written == [{"image": "clip.avi", "error": summary.error}]
-    monkeypatch.setattr(sources, "MAX_PIXELS", 640 * 480)
-    ok = predict_video(detector, media / "cams" / "clip.avi", "clip.avi", [].append, detector.params(), vid_stride=8)
+    assert written == [json.dumps({"image": "clip.avi", "error": summary.error})]
+    ok = predict_video(with_max_pixels(detector, 640 * 480), media / "cams" / "clip.avi", "clip.avi", [].append,
+                       detector.params(), vid_stride=8)
     assert ok.error is None and ok.frames > 0
 
 
@@ -169,8 +175,8 @@ def test_a_frame_over_the_limit_that_the_container_did_not_announce_ends_the_vid
     from app.pipeline.video import predict_video
 
     monkeypatch.setattr(sources, "checked_size", lambda cap, *_: cap)  # as if the container gave no size
-    monkeypatch.setattr(sources, "MAX_PIXELS", 640 * 480 - 1)
     written = []
-    summary = predict_video(detector, media / "cams" / "clip.avi", "clip.avi", written.append, detector.params())
+    summary = predict_video(with_max_pixels(detector, 640 * 480 - 1), media / "cams" / "clip.avi", "clip.avi",
+                            written.append, detector.params())
     assert summary.frames == 0 and "has frames of 640x480 pixels" in summary.error
-    assert written == [{"image": "clip.avi", "error": summary.error}]
+    assert written == [json.dumps({"image": "clip.avi", "error": summary.error})]

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from app.pipeline.detector import Detector
 from app.pipeline.folder import predict_folder
 from app.pipeline.streams import LIVE_BUFFER, StreamRunner, predict_streams, read_source_list
 from app.runtime import open_detector
@@ -58,10 +59,11 @@ class RecordingRunner(StreamRunner):
 def test_files_as_streams_equal_predict_and_share_batches(detector, clips, per_video):
     got: dict[str, list] = {}
 
-    def on_frame(frame, result, ids):
-        got.setdefault(frame.stream.source, []).append((frame.index, result.detections.to_json(detector.names)))
+    def on_frames(frames, answers, track_ids):
+        for k, frame in enumerate(frames):
+            got.setdefault(frame.stream.source, []).append((frame.index, answers.detections(k).to_json(detector.names)))
 
-    runner = RecordingRunner(detector, detector.params(), on_frame, max_wait_ms=200)
+    runner = RecordingRunner(detector, detector.params(), on_frames, max_wait_ms=200)
     streams = [runner.add(str(c)) for c in clips]
     runner.run(until_done=True)
     for clip in clips:
@@ -84,9 +86,10 @@ def test_a_realtime_file_keeps_its_newest_frames_and_counts_drops(detector, clip
 
 
 def test_a_bad_source_fails_alone(detector, clips, per_video, tmp_path):
-    lines: list[dict] = []
-    summary = predict_streams(detector, [str(tmp_path / "missing.mp4"), str(clips[1])], lines.append,
+    written: list[str] = []
+    summary = predict_streams(detector, [str(tmp_path / "missing.mp4"), str(clips[1])], written.append,
                               detector.params())
+    lines = [json.loads(line) for line in written]
     good = [r for r in lines if r["stream"] == "1"]
     assert [r["frame"] for r in good] == [r["frame"] for r in per_video[str(clips[1])]]
     (bad,) = [r for r in lines if r["stream"] == "0"]
@@ -98,11 +101,12 @@ def test_streams_come_and_go_while_others_run(detector, clips):
     frames: dict[str, int] = {}
     lock = threading.Lock()
 
-    def on_frame(frame, result, ids):
+    def on_frames(batch, answers, track_ids):
         with lock:
-            frames[frame.stream.id] = frames.get(frame.stream.id, 0) + 1
+            for frame in batch:
+                frames[frame.stream.id] = frames.get(frame.stream.id, 0) + 1
 
-    runner = StreamRunner(detector, detector.params(), on_frame, max_streams=3)
+    runner = StreamRunner(detector, detector.params(), on_frames, max_streams=3)
     thread = threading.Thread(target=runner.run, kwargs={"until_done": False}, daemon=True)
     thread.start()
     try:
@@ -148,22 +152,21 @@ def test_cli_streams_from_a_list_to_stdout(clips, tmp_path, artifacts_dir):
     assert "2 streams, 10 frames" in proc.stderr
 
 
-def test_a_source_of_frames_over_the_pixel_limit_fails_alone(detector, clips, per_video, tmp_path, monkeypatch):
+def test_a_source_of_frames_over_the_pixel_limit_fails_alone(detector, clips, per_video, tmp_path):
     """Its frame size is read on opening, before any frame is queued (a camera of giant frames
     would otherwise fill the stream's buffer with them); the other stream runs as it would alone."""
     import cv2
     import numpy as np
-
-    import app.pipeline.sources as sources
 
     big = tmp_path / "big.avi"
     writer = cv2.VideoWriter(str(big), cv2.VideoWriter_fourcc(*"MJPG"), 10.0, (800, 600))
     for k in range(3):
         writer.write(np.full((600, 800, 3), 40 * k, np.uint8))
     writer.release()
-    monkeypatch.setattr(sources, "MAX_PIXELS", 800 * 600 - 1)  # clips[1] is 640x480: under it
-    lines: list[dict] = []
-    summary = predict_streams(detector, [str(big), str(clips[1])], lines.append, detector.params())
+    limited = Detector(detector.pipeline, detector.shape, max_pixels=800 * 600 - 1)  # clips[1] is 640x480: under it
+    written: list[str] = []
+    summary = predict_streams(limited, [str(big), str(clips[1])], written.append, detector.params())
+    lines = [json.loads(line) for line in written]
     good = [r for r in lines if r["stream"] == "1"]
     assert [r["frame"] for r in good] == [r["frame"] for r in per_video[str(clips[1])]]
     (bad,) = [r for r in lines if r["stream"] == "0"]

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 import app.service.pool
 from app.config import Settings
 from app.service.http_worker import create_service_app
-from app.service.worker import EXIT_DEVICE_LOST, worker_main
+from app.service.inference.worker import EXIT_DEVICE_LOST, worker_main
 
 MARKER = "lose-the-device"
 
@@ -29,8 +29,8 @@ def _loses_its_device(spec, settings, report, promote=None):
     real_open = app.runtime.open_detector_from
     marker = spec.layout.root / MARKER
 
-    def open_detector_from(settings):
-        detector = real_open(settings)
+    def open_detector_from(settings, steps=None):
+        detector = real_open(settings, steps)
         if spec.generation == 0:
             real_run = detector.pipeline.run
 

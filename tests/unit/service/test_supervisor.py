@@ -4,24 +4,20 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
+
+import pytest
 
 from app.config import Settings
 from app.ipc.layout import RunLayout
-from app.service.supervisor import HttpWorkers
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from app.service.supervisor import FrontWorkers
+from tests.net import free_port
 
 
 def test_stop_ends_a_restart_pause_at_once():
     layout = RunLayout.create(0)
     stop = threading.Event()
-    workers = HttpWorkers(Settings(host="127.0.0.1", port=_free_port()), layout, 1, stop)
+    workers = FrontWorkers(Settings(host="127.0.0.1", port=free_port()), layout, 1, stop)
     try:
         workers.start()
         (proc,) = workers._procs
@@ -48,11 +44,8 @@ def test_the_metrics_folder_variable_is_put_back_after_serving(tmp_path, monkeyp
         assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(tmp_path / "a")
     assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "/elsewhere")
-    try:
-        with metrics_folder(tmp_path / "b"):
-            raise RuntimeError("the service failed")
-    except RuntimeError:
-        pass
+    with pytest.raises(RuntimeError), metrics_folder(tmp_path / "b"):
+        raise RuntimeError("the service failed")
     assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == "/elsewhere"
 
 
@@ -66,7 +59,7 @@ def test_serve_whose_model_cannot_open_says_why_and_exits_while_its_http_workers
 
     missing = tmp_path / "missing.pt"
     proc = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--backend", "onnxruntime", "--weights",
-                           str(missing), "--host", "127.0.0.1", "--port", str(_free_port())],
+                           str(missing), "--host", "127.0.0.1", "--port", str(free_port())],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
     assert proc.returncode == ExitCode.USAGE, proc.stderr
     assert f"error: weights file not found: {missing}" in proc.stderr

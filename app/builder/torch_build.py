@@ -1,0 +1,284 @@
+"""The torch-cuda engine, built ahead of time (build time only): an AOTInductor package.
+
+``torch.export`` traces the fused model once (``app.gpu.torch_model``) with one dynamic batch
+dimension, and ``torch._inductor.aoti_compile_and_package`` compiles it (Triton kernels, a C++
+wrapper, the weights) into one ``.pt2`` file in the model's artifacts folder, keyed and checked by
+``app.artifacts.torch_engines``. A run loads that file (``app.backends.torch_cuda``): no Dynamo
+tracing, no inductor, no Ultralytics import at start-up.
+
+A build holds the folder's lock (the service's worker and its standby may start together: one
+builds, the other waits and loads), writes the package under a temporary name, checks it
+against the eager model, renames it into place and writes its manifest last. A failure leaves
+nothing that a later run would load; ``ensure_torch_engine`` then says why and returns None,
+and the engine falls back to ``torch.compile`` as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from app.artifacts.engines import now_iso
+from app.artifacts.exports import WEIGHTS_COPY_NAME
+from app.artifacts.store import exclusive_lock, publish, temp_name
+from app.artifacts.torch_engines import (
+    TorchEngineKey,
+    TorchEngineManifest,
+    find_torch_engine,
+    leftovers,
+    lock_path,
+    manifest_path,
+    package_path,
+    save_manifest,
+    sha256_of,
+)
+from app.config import ENGINE_MAX_BATCH
+from app.errors import ArtifactError, BackendUnavailable, InvalidParameter
+from app.types import ModelMeta
+
+Say = Callable[[str], None]
+TORCH_CACHE_DIR = "torch-cache"  # inductor's and Triton's caches, under the model's folder
+# A package's head may differ from the eager model's by kernel fusion and reordering only:
+# (boxes in input pixels, where fp16 steps by 0.5 near 640; scores), max |difference|.
+CHECK_TOLERANCE = {"fp16": (2.0, 0.02), "fp32": (0.05, 1e-3)}
+
+
+def engine_key(meta: ModelMeta, *, precision: str, max_batch: int, device: int = 0, min_batch: int = 1) -> TorchEngineKey:
+    """The key of a package for this GPU and torch: what a run looks for, what a build writes."""
+    import torch
+
+    from app.gpu.probe import gpu_identity
+
+    gpu_name, capability = gpu_identity(device)
+    return TorchEngineKey(meta.weights_sha256, meta.imgsz, precision, torch.__version__, gpu_name, capability,
+                          min_batch, max_batch)
+
+
+def build_range(max_batch: int) -> int:
+    """The largest batch a package is built for: the run's, and at least ``ENGINE_MAX_BATCH``,
+    so that runs of other batch sizes (the service's 32, predict's 64) share one package."""
+    return max(int(max_batch), ENGINE_MAX_BATCH)
+
+
+def ensure_torch_engine(model_dir: Path, meta: ModelMeta, *, precision: str, max_batch: int, device: int = 0,
+                        say: Say | None = None) -> tuple[Path, TorchEngineKey] | None:
+    """The package this run loads: the one built earlier when it fits, else built now. None
+    (with a warning) when AOTInductor cannot build here; the engine then compiles at start-up."""
+    say = say or (lambda text: None)
+    wanted = engine_key(meta, precision=precision, max_batch=max_batch, device=device)
+    found = find_torch_engine(model_dir, wanted)
+    if found.package is not None:
+        return found.package, found.manifest.key
+    for reason in found.refused:
+        say(f"rebuilding: {reason}")
+        warnings.warn(f"{reason}; building it again", RuntimeWarning, stacklevel=2)
+    key = TorchEngineKey(**{**asdict(wanted), "max_batch": build_range(max_batch)})
+    try:
+        return build_torch_engine(model_dir, meta, key, device=device, say=say), key
+    except BackendUnavailable as exc:
+        warnings.warn(f"{exc.message}; compiling with torch.compile at start-up instead", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def build_for_weights(weights: str = "sample", *, precision: str = "fp16", max_batch: int = ENGINE_MAX_BATCH,
+                      imgsz: int = 640, artifacts_dir: Path | None = None, device: int = 0,
+                      say: Say | None = None) -> tuple[Path, bool]:
+    """``yolopipe build-engine`` on a GPU without TensorRT: export (if needed), then the package
+    for batches 1 to ``max_batch``. Returns its path and whether it was built now (False: an
+    earlier build fits this GPU and torch)."""
+    from app.builder.export import export_onnx
+    from app.config import MAX_BATCH
+    from app.gpu.probe import cuda_device_count
+
+    if precision not in ("fp16", "fp32"):
+        raise InvalidParameter(f"the torch-cuda engine runs fp16 or fp32, not {precision}",
+                               hint="int8 needs TensorRT: pip install 'yolopipe[tensorrt-cu13]'")
+    if not 1 <= max_batch <= MAX_BATCH:
+        raise InvalidParameter(f"max batch must be within [1, {MAX_BATCH}], got {max_batch}")
+    if cuda_device_count() == 0:
+        raise BackendUnavailable("building the torch-cuda engine needs an NVIDIA GPU and none was found")
+    exported = export_onnx(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
+    key = engine_key(exported.meta, precision=precision, max_batch=max_batch, device=device)
+    found = find_torch_engine(exported.model_dir, key)
+    if found.package is not None and found.manifest.key.max_batch == max_batch:
+        return found.package, False
+    for reason in found.refused:
+        (say or (lambda text: None))(f"rebuilding: {reason}")
+    return build_torch_engine(exported.model_dir, exported.meta, key, device=device, say=say), True
+
+
+def build_torch_engine(model_dir: Path, meta: ModelMeta, key: TorchEngineKey, *, device: int = 0,
+                       say: Say | None = None) -> Path:
+    """Build the package of ``key`` (unless another process just did) and return its path."""
+    say = say or (lambda text: None)
+    if key.precision not in ("fp16", "fp32"):
+        raise InvalidParameter(f"the torch-cuda engine runs fp16 or fp32, not {key.precision}")
+    if not 1 <= key.min_batch <= key.max_batch:
+        raise InvalidParameter(f"bad batch range {key.min_batch}-{key.max_batch}")
+    model_dir = Path(model_dir)
+    weights = model_dir / WEIGHTS_COPY_NAME
+    if not weights.is_file():
+        raise ArtifactError(f"weights not found: {weights}", hint="run `yolopipe export` first")
+    final = package_path(model_dir, key)
+    what = f"the torch-cuda engine ({key.precision}, batch {_batches(key)}, {key.gpu_name})"
+    if _locked_elsewhere(model_dir):
+        say(f"waiting for another process building {what}")
+    with exclusive_lock(lock_path(model_dir)):
+        again = find_torch_engine(model_dir, key)
+        if again.package is not None and again.manifest.key == key:
+            return again.package  # another process built it while this one waited for the lock
+        for stale in leftovers(model_dir):  # a killed build's files: no build runs while the lock is held
+            stale.unlink(missing_ok=True)
+        started = time.perf_counter()
+        tmp = temp_name(final)
+        try:
+            with _inductor_cache(model_dir):
+                builder = _compile(weights, meta, key, device, tmp, say, what)
+            package_sha256, package_bytes = sha256_of(tmp), tmp.stat().st_size
+            manifest_path(model_dir, key).unlink(missing_ok=True)  # never an old manifest beside a new package
+            publish(tmp, final)
+            save_manifest(model_dir, TorchEngineManifest(key, package_sha256, package_bytes,
+                                                         round(time.perf_counter() - started, 1), now_iso(), builder))
+        finally:
+            tmp.unlink(missing_ok=True)
+    say(f"{what}: built in {time.perf_counter() - started:.0f} s")
+    return final
+
+
+def _batches(key: TorchEngineKey) -> str:
+    return str(key.min_batch) if key.min_batch == key.max_batch else f"{key.min_batch}-{key.max_batch}"
+
+
+def _locked_elsewhere(model_dir: Path) -> bool:
+    """Whether another process holds the build lock now (only to say why this one waits)."""
+    import fcntl
+
+    path = lock_path(model_dir)
+    if not path.exists():
+        return False
+    with open(path, "a") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+    return False
+
+
+@contextlib.contextmanager
+def _inductor_cache(model_dir: Path) -> Iterator[None]:
+    """Inductor's and Triton's caches under the model's folder (a rebuild reuses its kernels);
+    a user's own ``TORCHINDUCTOR_CACHE_DIR`` wins."""
+    env = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if env is None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(model_dir) / TORCH_CACHE_DIR / "inductor")
+    try:
+        yield
+    finally:
+        if env is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+
+
+def _compile(weights: Path, meta: ModelMeta, key: TorchEngineKey, device: int, out: Path, say: Say,
+             what: str) -> dict[str, Any]:
+    """Export and compile into ``out``; check the result. Returns how it was built (for the manifest)."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise BackendUnavailable("torch is not installed", hint="pip install torch") from exc
+    from app.gpu.torch_model import check_head, load_model, torch_dtype
+
+    dev = torch.device("cuda", device) if key.gpu_name != "cpu" else torch.device("cpu")
+    say(f"{what}: exporting the model with torch.export (1 of 3)")
+    model, _ = load_model(weights, precision=key.precision, device=dev, anchors_in_graph=True)
+    example = torch.rand((example_batch(key), 3, meta.imgsz, meta.imgsz), generator=torch.Generator().manual_seed(0))
+    example = example.to(dev, torch_dtype(key.precision))
+    with torch.inference_mode(), exact_fp32(key.precision):
+        reference = check_head(model(example), meta, example.shape[0]).float()
+    program = export_program(model, example, key)
+    del model
+    say(f"{what}: compiling with AOTInductor (2 of 3; a minute or two on a first build)")
+    compile_package(program, out)
+    del program
+    say(f"{what}: checking it against the eager model (3 of 3)")
+    return check_package(out, example, reference, key, meta, dev)
+
+
+def example_batch(key: TorchEngineKey) -> int:
+    """The batch traced: the fixed one, or 2 for a dynamic range (torch.export specialises sizes
+    0 and 1, so a batch of 1 would fix the dimension)."""
+    return key.max_batch if key.min_batch == key.max_batch else min(2, key.max_batch)
+
+
+def export_program(model: Any, example: Any, key: TorchEngineKey) -> Any:
+    """``torch.export`` of ``model`` on ``example``, the batch dimension dynamic over the key's range."""
+    import torch
+
+    dynamic = None
+    if key.min_batch != key.max_batch:
+        dynamic = ({0: torch.export.Dim("batch", min=key.min_batch, max=key.max_batch)},)
+    try:
+        with torch.inference_mode(False), torch.no_grad():
+            return torch.export.export(model, (example,), dynamic_shapes=dynamic, strict=False)
+    except Exception as exc:  # a model torch.export cannot trace: say which step failed
+        raise BackendUnavailable(f"torch.export could not trace the model: {type(exc).__name__}: {exc}"[:500]) from exc
+
+
+def compile_package(program: Any, out: Path) -> Path:
+    """AOTInductor: ``program`` → the ``.pt2`` package ``out``."""
+    import torch._inductor
+
+    try:
+        return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(out)))
+    except Exception as exc:  # no C++ compiler, an inductor failure: one clear line
+        raise BackendUnavailable(f"AOTInductor could not compile the model: {type(exc).__name__}: {exc}"[:500],
+                                 hint="AOTInductor needs a C++ compiler (g++) beside torch") from exc
+
+
+@contextlib.contextmanager
+def exact_fp32(precision: str) -> Iterator[None]:
+    """fp32 means fp32 (no TF32), as the engine runs it (``app.backends.torch_cuda``)."""
+    import torch
+
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = cudnn.allow_tf32, matmul.allow_tf32
+    if precision == "fp32":
+        cudnn.allow_tf32 = matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        cudnn.allow_tf32, matmul.allow_tf32 = saved
+
+
+def check_package(path: Path, example: Any, reference: Any, key: TorchEngineKey, meta: ModelMeta, dev: Any
+                  ) -> dict[str, Any]:
+    """Load the package and run it on the traced batch and on its smallest batch: the head must
+    equal the eager model's within ``CHECK_TOLERANCE`` (boxes in pixels, then scores)."""
+    import torch
+
+    from app.gpu.torch_model import check_head, load_package
+
+    try:
+        runner = load_package(path, dev)  # as a run loads it
+    except ArtifactError as exc:
+        raise BackendUnavailable(f"the AOTInductor package just built does not load: {exc.message}") from exc
+    box_tol, score_tol = CHECK_TOLERANCE[key.precision]
+    worst = [0.0, 0.0]
+    with torch.inference_mode(), exact_fp32(key.precision):
+        for n in sorted({example.shape[0], key.min_batch}):
+            got = check_head(runner(example[:n].contiguous()), meta, n).float()
+            diff = (got - reference[:n]).abs()
+            worst = [max(worst[0], diff[:, :4].max().item()), max(worst[1], diff[:, 4:].max().item())]
+    del runner
+    if not all(w <= t for w, t in zip(worst, (box_tol, score_tol))):  # NaN fails too
+        raise ArtifactError(f"the compiled torch-cuda engine differs from the eager model by {worst[0]:.3g} px "
+                            f"(boxes) and {worst[1]:.3g} (scores), over {box_tol} and {score_tol}")
+    return {"checked_max_abs_diff": {"boxes_px": worst[0], "scores": worst[1]}, "example_batch": int(example.shape[0]),
+            "inductor": "aoti_compile_and_package, default settings"}
+

@@ -1,0 +1,58 @@
+"""``build-engine``: which engine this machine gets (TensorRT, else torch-cuda on a GPU), built
+with its progress on the terminal. Imported by the command when it runs."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from rich.markup import escape
+
+from app.cli import console
+from app.config import BACKENDS, ENGINE_PRECISIONS, check_choice
+from app.errors import BackendUnavailable, InvalidParameter
+
+BUILD_BACKENDS = ("auto", "tensorrt", "torch-cuda")
+
+
+def build_backend(backend: str) -> str:
+    """``auto`` → TensorRT where it is installed, else torch-cuda on a GPU; a CPU has no engine to build."""
+    from app.gpu.probe import cuda_device_count
+
+    check_choice("backend", backend, BACKENDS)
+    if backend == "onnxruntime":
+        raise InvalidParameter("ONNX Runtime runs the exported model.onnx: `yolopipe export` (and `calibrate` "
+                               "for int8) is all it needs")
+    if backend != "auto":
+        return backend
+    if importlib.util.find_spec("tensorrt") is not None:
+        return "tensorrt"
+    if cuda_device_count() == 0:
+        raise BackendUnavailable("build-engine builds a GPU engine (TensorRT, else torch-cuda) and this machine has "
+                                 "no NVIDIA GPU", hint="on a CPU, ONNX Runtime runs the model `yolopipe export` writes")
+    return "torch-cuda"
+
+
+def build_engine_command(weights: str, *, backend: str, precision: str, calib_images: Path | None, min_batch: int,
+                         opt_batch: int, max_batch: int, imgsz: int, artifacts_dir: Path | None,
+                         workspace_gib: float) -> None:
+    check_choice("precision", precision, ("auto", *ENGINE_PRECISIONS))
+    backend = build_backend(backend)
+    if backend == "tensorrt":
+        from app.builder.trt_build import build_engine
+
+        path = build_engine(weights, precision="int8" if precision == "auto" else precision,
+                            calib_images=calib_images, min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
+                            imgsz=imgsz, artifacts_dir=artifacts_dir, workspace_gib=workspace_gib, console=console)
+        console.print(f"wrote {path}", highlight=False)
+        return
+    from app.builder.torch_build import build_for_weights
+
+    with console.status("torch-cuda engine: exporting the model if needed…") as status:
+        def say(text: str) -> None:
+            status.update(escape(text))
+            console.print(escape(text), highlight=False)
+
+        path, built = build_for_weights(weights, precision="fp16" if precision == "auto" else precision,
+                                        max_batch=max_batch, imgsz=imgsz, artifacts_dir=artifacts_dir, say=say)
+    console.print(f"{'wrote' if built else 'up to date'}: {path}", highlight=False)

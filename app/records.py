@@ -1,0 +1,137 @@
+"""Every JSON record yolopipe writes about detections, from a ``DetectedBatch``'s arrays: an
+image's line (``predict`` on folders, ``predict --ray``), a video frame's line, a stream's event
+(``predict`` on streams, ``/v1/streams``) and ``/v1``'s answers. One formatter, byte for byte
+what ``json.dumps`` gives for the record as a dict (``ImageResult.to_json``, the readable
+reference, plus the fields around it), without a dict per box or a ``json.dumps`` per image (the
+folder path's biggest holder of the GIL after reading, issue #16).
+
+A record is ``{HEAD, "width": W, "height": H, "detections": [...], TAIL}`` or, for an image that
+failed, ``{HEAD, "error": ..., TAIL}``: ``HEAD`` names what the record is about (``"image"``;
+``"frame"`` and ``"time_s"``; ``"stream"``...), ``TAIL`` adds what follows (``"latency_ms"``,
+``"timings"``). Why the bytes are the same:
+
+* boxes and scores are the batch's float32 values (already in source pixels);
+* ``round(v, 2)`` and ``round(s, 5)``: a float32 times 100 (or 1e5) is exact in float64 (24 + 5,
+  24 + 12 significant bits), so ``rint`` of it is the correctly rounded, half-to-even decimal
+  that ``round`` finds, and dividing by 100 (1e5) gives the float64 nearest that decimal, as
+  ``round``'s own string-to-float does;
+* numbers are written with ``%r`` (``float.__repr__``, as ``json`` does for finite floats; a
+  batch with a NaN or an infinity writes each number with ``json.dumps``) and strings with
+  ``json.dumps``;
+* the layout (keys, order, separators) is ``json.dumps``' in the record's ``Style``: its defaults
+  for lines and events, Starlette's ``JSONResponse`` (compact, UTF-8, no NaN) for ``/v1``.
+
+``tests/unit/test_records.py`` compares the two on varied and adversarial records.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.contracts import DetectedBatch
+from app.errors import YolopipeError
+
+
+@dataclass(frozen=True)
+class Style:
+    """How ``json.dumps`` is called for a kind of output."""
+
+    item: str  # between items
+    key: str  # between a key and its value
+    ensure_ascii: bool
+    allow_nan: bool
+
+    def dumps(self, value: Any) -> str:
+        return json.dumps(value, ensure_ascii=self.ensure_ascii, allow_nan=self.allow_nan,
+                          separators=(self.item, self.key))
+
+    def fields(self, **values: Any) -> str:
+        """``"key": value`` pairs as ``dumps`` writes them inside an object (a record's head or tail)."""
+        return self.dumps(values)[1:-1]
+
+
+LINES = Style(", ", ": ", ensure_ascii=True, allow_nan=True)  # json.dumps' defaults: JSON lines, events
+HTTP = Style(",", ":", ensure_ascii=False, allow_nan=False)  # Starlette's JSONResponse: /v1's answers
+
+# What an image that failed holds besides its head and tail (``{"error": message}`` by default).
+ErrorFields = Callable[[YolopipeError], dict[str, Any]]
+
+
+def _error_message(error: YolopipeError) -> dict[str, Any]:
+    return {"error": str(error)}
+
+
+def records(heads: Sequence[str], batch: DetectedBatch, class_names: Sequence[str], *,
+            tails: Sequence[str] | None = None, track_ids: Sequence[Sequence[int | None] | None] | None = None,
+            style: Style = LINES, error_fields: ErrorFields = _error_message) -> list[str]:
+    """One JSON object (no newline) per image of ``batch``: ``heads[i]`` and ``tails[i]`` (field
+    text, ``Style.fields``) around image ``i``'s size and detections, or its error;
+    ``track_ids[i]``: a ``track_id`` per detection of image ``i`` (None: untracked)."""
+    detections = _detection_texts(batch, class_names, style)
+    counts = batch.counts.tolist()
+    widths, heights = batch.widths.tolist(), batch.heights.tolist()
+    item, key = style.item, style.key
+    ok_record = "{%s" + item + '"width"' + key + "%d" + item + '"height"' + key + '%d' + item + '"detections"' + key \
+        + "[%s]%s}"
+    track_key = item + '"track_id"' + key
+    lines = []
+    start = 0
+    for i, head in enumerate(heads):
+        tail = item + tails[i] if tails is not None and tails[i] else ""
+        error = batch.errors.get(i)
+        if error is not None:
+            lines.append("{" + head + item + style.fields(**error_fields(error)) + tail + "}")
+            continue
+        mine = detections[start : start + counts[i]]
+        start += counts[i]
+        ids = track_ids[i] if track_ids is not None else None
+        if ids is not None:
+            mine = [d[:-1] + track_key + ("null" if t is None else str(int(t))) + "}" for d, t in zip(mine, ids)]
+        lines.append(ok_record % (head, widths[i], heights[i], item.join(mine), tail))
+    return lines
+
+
+def _detection_texts(batch: DetectedBatch, class_names: Sequence[str], style: Style) -> list[str]:
+    """Every detection of the batch as its JSON object, one image after another."""
+    item, key = style.item, style.key
+    boxes = batch.rows[:, :4].astype(np.float64)
+    scores = batch.rows[:, 4].astype(np.float64)
+    class_ids = batch.rows[:, 5].astype(np.int32).tolist()
+    labels = {i: style.dumps(n) for i, n in enumerate(class_names)}
+    names = [labels.get(cid) or style.dumps(str(cid)) for cid in class_ids]
+    template = ('{"box"' + key + "[%s" + item + "%s" + item + "%s" + item + "%s]" + item + '"score"' + key + "%s"
+                + item + '"class_id"' + key + "%d" + item + '"class_name"' + key + "%s}")
+    if not (np.isfinite(boxes).all() and np.isfinite(scores).all()):  # json's own words for them (or its refusal)
+        return [template % (*(style.dumps(round(v, 2)) for v in box), style.dumps(round(score, 5)), cid, name)
+                for box, score, cid, name in zip(boxes.tolist(), scores.tolist(), class_ids, names)]
+    np.rint(boxes * 100, out=boxes)
+    boxes /= 100
+    np.rint(scores * 100_000, out=scores)
+    scores /= 100_000
+    template = template.replace("%s", "%r", 5)  # the four box values and the score
+    return [template % (x1, y1, x2, y2, score, cid, name)
+            for (x1, y1, x2, y2), score, cid, name in zip(boxes.tolist(), scores.tolist(), class_ids, names)]
+
+
+def image_lines(names: Sequence[str], batch: DetectedBatch, class_names: Sequence[str]) -> list[str]:
+    """``predict``'s line per image: ``{"image": name, "width", "height", "detections"}`` or
+    ``{"image": name, "error"}``."""
+    return records(['"image": ' + json.dumps(name) for name in names], batch, class_names)
+
+
+def frame_lines(name: str, frames: Sequence[tuple[int, float]], batch: DetectedBatch, class_names: Sequence[str],
+                track_ids: Sequence[Sequence[int | None] | None] | None = None) -> list[str]:
+    """``predict``'s line per video frame: ``"image"`` (the video), ``"frame"`` (its index) and
+    ``"time_s"``, then an image's fields (``frames``: each frame's index and time)."""
+    heads = [LINES.fields(image=name, frame=index, time_s=time_s) for index, time_s in frames]
+    return records(heads, batch, class_names, track_ids=track_ids)
+
+
+def error_line(head: str, error: YolopipeError | str, style: Style = LINES) -> str:
+    """A record of something that failed before it had an image (a video that does not open)."""
+    return "{" + head + style.item + style.fields(error=str(error)) + "}"

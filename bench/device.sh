@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# yolopipe on the lent GPU machine, in one call of the device tool (bench/README.md, "On the lent
+# GPU machine": what to carry and what each part writes). Build the carry here first:
+# bash bench/device_carry.sh [video] [wrk].
+#
+#   bash bench/device.sh PART...          e.g.  bash bench/device.sh setup tests bench
+#
+# Parts run in the order given. Each writes under $OUT as it goes (a call cut off keeps what it
+# did), runs under its own timeout, and adds "<log> rc=<status> <seconds> s" to $OUT/parts.txt.
+#   setup    unpack .whlx/site.tar.xz into /tmp/site (SITE; once per machine); $OUT/machine.json
+#   tests    pytest tests/kernels tests/gpu tests/tensorrt -v    → $OUT/gpu-tests.log
+#   bench    yolopipe bench                                      → $OUT/bench.json, bench.log
+#   folder   bench/folder_plumbing.py --real                     → $OUT/folder-plumbing.json, .log
+#   http     bench/http_load.py: load, soak, kill, sigterm, naive → $OUT/http-full.json, .log
+#   streams  bench/streams.py, NVDEC and OpenCV                  → $OUT/streams.json, .log
+#   cache    the torch.compile cache, to carry next time as .whlx/torch-cache.tgz → $OUT/torch-cache.tgz
+# Every part but setup runs setup first if this call has not. Knobs (environment): OUT (/tmp/out);
+# <PART>_TIMEOUT seconds (SETUP 120, TESTS 300, BENCH 360, FOLDER 170, HTTP 540, STREAMS 480);
+# <PART>_ARGS more options for its command; TEST_PATHS; FOLDER_ROUNDS (2); SOAK_MINUTES (3),
+# DURATION (20 s a load row); STREAMS (8,32,64), CLIP (.data/video/dance-1080p30.mp4);
+# YOLOPIPE_IMAGES (.data/images).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export SITE=${SITE:-/tmp/site}
+export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 YOLO_OFFLINE=1 YOLOPIPE_REAL_GPU=1
+export YOLOPIPE_CACHE_DIR=${YOLOPIPE_CACHE_DIR:-$PWD/.cache} YOLOPIPE_IMAGES=${YOLOPIPE_IMAGES:-$PWD/.data/images}
+usage="usage: bash bench/device.sh PART...   (parts: setup tests bench folder http streams cache)"
+[ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
+status=0
+ready=0
+
+part() {  # part NAME TIMEOUT COMMAND...: the command under its timeout, its output in $OUT/NAME.log as it goes
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  echo "== $name (at most ${limit} s): $*"
+  timeout -k 10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log" | tail -n "${TAIL:-40}"
+  rc=${PIPESTATUS[0]}
+  echo "$name rc=$rc $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
+  [ "$rc" = 0 ] || status=1
+}
+
+unpack() {  # the carried packages into $SITE, unless a warm machine has this very tarball there
+  local stamp
+  set -o pipefail
+  stamp=$(md5sum < .whlx/site.tar.xz) || return 1
+  if [ "$(cat "$SITE/.carried" 2>/dev/null)" != "$stamp" ]; then
+    rm -rf "$SITE" && mkdir -p "$SITE" && xz -dc .whlx/site.tar.xz | tar -C "$SITE" -xf - || return 1
+    echo "$stamp" > "$SITE/.carried"
+  fi
+  if [ -f .whlx/torch-cache.tgz ]; then mkdir -p "$YOLOPIPE_CACHE_DIR" && tar -C "$YOLOPIPE_CACHE_DIR" -xzf .whlx/torch-cache.tgz; fi
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+  python3 -c "import json; from app.benchmark.machine import PACKAGES, machine_info, versions
+carried = ('pynvvideocodec', 'tritonclient', 'grpcio', 'protobuf', 'pydantic')
+print(json.dumps({'machine': machine_info(gpu=True), 'versions': versions(PACKAGES + carried)}, indent=1))" | tee "$OUT/machine.json"
+}
+
+export -f unpack
+setup() {
+  part setup "${SETUP_TIMEOUT:-120}" bash -c unpack
+  ready=1
+}
+
+for name in "$@"; do
+  case "$name" in setup|tests|bench|folder|http|streams|cache) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
+done
+for name in "$@"; do
+  [ "$name" = setup ] || [ "$ready" = 1 ] || setup
+  case "$name" in
+    setup)   setup ;;
+    tests)   part gpu-tests "${TESTS_TIMEOUT:-300}" python3 -m pytest ${TEST_PATHS:-tests/kernels tests/gpu tests/tensorrt} -v -rs -p no:cacheprovider --durations=15 ${TESTS_ARGS:-} ;;
+    bench)   part bench "${BENCH_TIMEOUT:-360}" python3 -m app.benchmark --images "$YOLOPIPE_IMAGES" --out "$OUT/bench.json" ${BENCH_ARGS:-} ;;
+    folder)  part folder-plumbing "${FOLDER_TIMEOUT:-170}" python3 bench/folder_plumbing.py --real --images "$YOLOPIPE_IMAGES" --rounds "${FOLDER_ROUNDS:-2}" --out "$OUT/folder-plumbing.json" ${FOLDER_ARGS:-} ;;
+    http)    part http-full "${HTTP_TIMEOUT:-540}" python3 bench/http_load.py --images "$YOLOPIPE_IMAGES" --parts load,soak,kill,sigterm --clients 64,256 --naive-clients 64 --naive-workers 4 --gpus 0 --duration "${DURATION:-20}" --warmup 3 --soak-minutes "${SOAK_MINUTES:-3}" --sample-s 5 --out "$OUT/http-full.json" ${HTTP_ARGS:-} ;;
+    streams) part streams "${STREAMS_TIMEOUT:-480}" python3 bench/streams.py --clip "${CLIP:-.data/video/dance-1080p30.mp4}" --streams "${STREAMS:-8,32,64}" --video-decode nvdec,opencv --nvdec-ceiling --out "$OUT/streams.json" ${STREAMS_ARGS:-} ;;
+    cache)   part cache 60 bash -c 'cd "$YOLOPIPE_CACHE_DIR" && find artifacts -path "*torch-cache*" -type f | tar -czf "$0/torch-cache.tgz" -T - && ls -la "$0/torch-cache.tgz"' "$OUT" ;;
+  esac
+done
+exit "$status"

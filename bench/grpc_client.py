@@ -1,0 +1,120 @@
+"""h2load (nghttp2's HTTP/2 load generator, C) as the gRPC load generator for ``ModelInfer``.
+
+Closed loop: ``clients`` connections with one call in flight each (``-m 1``), the way wrk's rows
+hold one request per connection. Every call sends the same prepared body: one photo as
+``tritonclient.grpc`` sends it (a ``ModelInferRequest`` with the image as a BYTES element in
+``raw_input_contents``), framed as a gRPC message. h2load sees HTTP/2 statuses only (a gRPC error
+is a 200 with a ``grpc-status`` trailer), so each row also carries the server's own count of
+the calls by gRPC status over the same run (``yolopipe_grpc_requests_total`` in /metrics), and
+``req_per_s`` counts the OK calls only.
+
+    bash bench/h2load.sh          # unpacks Debian's h2load into .h2load/ (or have h2load on PATH)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCAL_H2LOAD = ROOT / ".h2load" / "usr" / "bin" / "h2load"  # unpacked by bench/h2load.sh
+PATH = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def find_h2load(given: str | None = None) -> tuple[str, dict]:
+    env = dict(os.environ)
+    if given:
+        return given, env
+    if LOCAL_H2LOAD.exists():
+        lib = str(ROOT / ".h2load" / "usr" / "lib" / "x86_64-linux-gnu")
+        env["LD_LIBRARY_PATH"] = lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+        return str(LOCAL_H2LOAD), env
+    on_path = shutil.which("h2load")
+    if on_path:
+        return on_path, env
+    raise SystemExit("h2load not found: run bench/h2load.sh (unpacks Debian's nghttp2-client into .h2load/)")
+
+
+def infer_body(image: bytes, model: str = "yolopipe") -> bytes:
+    """One gRPC-framed ModelInferRequest: a flag byte (not compressed), the length, the message."""
+    from app.api.grpc import messages
+
+    request = messages.ModelInferRequest(model_name=model)
+    request.inputs.add(name="image", datatype="BYTES", shape=[1])
+    request.raw_input_contents.append(struct.pack("<I", len(image)) + image)
+    message = request.SerializeToString()
+    return b"\0" + struct.pack(">I", len(message)) + message
+
+
+def grpc_codes(metrics_url: str) -> dict[str, float]:
+    """The server's count of ModelInfer calls by gRPC status code, from /metrics."""
+    import httpx
+
+    text = httpx.get(metrics_url, timeout=30).text
+    codes: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("yolopipe_grpc_requests_total{") and 'method="ModelInfer"' in line:
+            code = re.search(r'code="([A-Z_]+)"', line)
+            if code:
+                codes[code.group(1)] = codes.get(code.group(1), 0.0) + float(line.rsplit(" ", 1)[1])
+    return codes
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    k = min(len(sorted_values) - 1, max(0, -(-len(sorted_values) * q // 100) - 1))
+    return round(sorted_values[int(k)], 2)
+
+
+def run_h2load(host: str, port: int, image: bytes, *, clients: int, duration_s: float, metrics_url: str,
+               threads: int | None = None, h2load: str | None = None) -> dict:
+    """One closed-loop run; the OK calls' rate, every call's latency percentiles, and statuses."""
+    binary, env = find_h2load(h2load)
+    threads = max(1, min(threads or 8, clients))
+    with tempfile.TemporaryDirectory(prefix="yolopipe-h2load-") as tmp:
+        body, log = Path(tmp) / "body.bin", Path(tmp) / "calls.tsv"
+        body.write_bytes(infer_body(image))
+        before = grpc_codes(metrics_url)
+        started = time.monotonic()
+        cmd = [binary, f"-c{clients}", "-m1", f"-t{threads}", f"-D{max(1, round(duration_s))}",
+               "-d", str(body), "-H", "content-type: application/grpc",
+               "-H", "te: trailers", f"--log-file={log}", f"http://{host}:{port}{PATH}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        wall = time.monotonic() - started
+        if proc.returncode != 0:
+            raise RuntimeError(f"h2load failed ({proc.returncode}): {proc.stderr[-2000:]}\n{proc.stdout[-2000:]}")
+        after = grpc_codes(metrics_url)
+        calls = [line.split("\t") for line in log.read_text().splitlines() if line.strip()]
+    codes = {k: int(after.get(k, 0) - before.get(k, 0)) for k in sorted(set(after) | set(before))}
+    codes = {k: v for k, v in codes.items() if v}
+    http = {}
+    for _, status, _ in calls:
+        http[status] = http.get(status, 0) + 1
+    seconds = _finished_in(proc.stdout) or wall
+    latency = sorted(int(c[2]) / 1000 for c in calls)
+    errored = re.search(r"(\d+) failed, (\d+) errored, (\d+) timeout", proc.stdout)
+    return {
+        "clients": clients, "h2load_threads": threads, "duration_s": round(seconds, 2),
+        "req_per_s": round(codes.get("OK", 0) / seconds, 1), "answered_per_s": round(len(calls) / seconds, 1),
+        "grpc_codes": codes, "http_statuses": http,
+        "h2load_failed_errored_timeout": [int(g) for g in errored.groups()] if errored else None,
+        "p50_ms": percentile(latency, 50), "p99_ms": percentile(latency, 99), "p999_ms": percentile(latency, 99.9),
+        "max_ms": round(latency[-1], 2) if latency else None, "latency_of": "every call (h2load cannot tell OK apart)",
+        "only_ok_and_unavailable": set(codes) <= {"OK", "UNAVAILABLE"} and set(http) <= {"200"},
+        "body_bytes": len(infer_body(image)), "mode": "closed",
+    }
+
+
+def _finished_in(stdout: str) -> float | None:
+    """h2load's own measured time ("finished in 30.00s, ...")."""
+    found = re.search(r"finished in ([\d.]+)(ms|s)", stdout)
+    if not found:
+        return None
+    return float(found.group(1)) / (1000 if found.group(2) == "ms" else 1)

@@ -1,0 +1,218 @@
+"""The torch-cuda engine three ways, on a GPU: built ahead by AOTInductor with one dynamic batch
+dimension (what ``yolopipe build-engine`` builds), built ahead for one fixed batch, and
+``torch.compile`` at start-up (the path before), with the eager model as the floor.
+
+For each, in fresh processes (children of this script): the build (AOTInductor: one process
+with an empty inductor cache, so every kernel is compiled), then a start (``torch.compile``:
+once with an empty cache, once with the cache the first left, as every later start finds it):
+the seconds from the process start to the first forward done (that includes cuDNN autotuning
+the new shapes; one start of the dynamic package runs without it), and the engine's throughput
+at ``--batch`` (and at batch 1): its forward captured alone in a CUDA graph and replayed, GPU
+time by CUDA events over ``--iters`` replays. The packages are built into a scratch copy of the
+model's folder, so nothing a user's runs find is touched.
+
+    python bench/torch_engines.py --batch 64 --out bench/results/DATE-MACHINE-torch-engines.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):
+    sys.path.insert(0, str(ROOT))
+
+from app.benchmark.machine import machine_info, versions  # noqa: E402
+
+
+def child(args: argparse.Namespace) -> dict:
+    """One engine in this (fresh) process: build it, or start it and time it."""
+    from app.artifacts.exports import load_export
+    from app.types import process_age_s
+
+    model_dir = Path(args.model_dir)
+    _, meta = load_export(model_dir)
+    if args.child == "build":
+        from app.builder.torch_build import build_torch_engine, engine_key
+
+        key = engine_key(meta, precision=args.precision, max_batch=args.max_batch, min_batch=args.min_batch)
+        started = time.perf_counter()
+        path = build_torch_engine(model_dir, meta, key, say=lambda text: print(text, file=sys.stderr, flush=True))
+        return {"build_s": round(time.perf_counter() - started, 1), "package": path.name,
+                "package_mb": round(path.stat().st_size / 2**20, 1), "key": dataclasses.asdict(key)}
+    import torch
+
+    from app.backends.torch_cuda import TorchCudaEngine
+
+    packages = []
+    if args.child == "aoti":
+        from app.artifacts.torch_engines import manifest_path, package_path
+        from app.builder.torch_build import engine_key
+
+        for lo, hi in args.ranges:
+            key = engine_key(meta, precision=args.precision, max_batch=hi, min_batch=lo)
+            assert manifest_path(model_dir, key).is_file(), f"no package built for batches {lo}-{hi}"
+            packages.append((package_path(model_dir, key), key))
+    t0 = time.perf_counter()
+    engine = TorchCudaEngine(model_dir, meta, precision=args.precision, max_batch=args.batch,
+                             compile=args.child == "inductor", packages=packages,
+                             cudnn_benchmark=not args.no_cudnn_benchmark)
+    t_loaded = time.perf_counter()
+    dtype = torch.float16 if args.precision == "fp16" else torch.float32
+    out: dict = {"engine": engine.compiler, "cudnn_benchmark": engine.cudnn_benchmark,
+                 "load_s": round(t_loaded - t0, 3)}
+    for batch in args.measure:
+        x = torch.rand((batch, 3, meta.imgsz, meta.imgsz), generator=torch.Generator().manual_seed(0))
+        x = x.to(engine.device, dtype).contiguous()
+        stream = torch.cuda.Stream(device=engine.device)
+        stream.wait_stream(torch.cuda.current_stream(engine.device))
+        first = time.perf_counter()
+        with torch.cuda.stream(stream):
+            engine.forward(x)
+            stream.synchronize()
+            if "first_forward_s" not in out:
+                out["first_forward_s"] = round(time.perf_counter() - first, 3)  # compile, autotune, kernel loading
+                out["process_to_first_forward_s"] = round(process_age_s() or 0.0, 3)
+            for _ in range(3):
+                engine.forward(x)
+            stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream):
+                engine.forward(x)
+            stream.synchronize()
+            ms = []
+            for _ in range(args.iters):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record(stream)
+                graph.replay()
+                e1.record(stream)
+                e1.synchronize()
+                ms.append(e0.elapsed_time(e1))
+        graph.reset()
+        p50 = statistics.median(ms)
+        out[f"b{batch}"] = {"gpu_ms_p50": round(p50, 4), "img_per_s": round(batch / p50 * 1e3, 1),
+                            "gpu_ms_min": round(min(ms), 4)}
+    engine.close()
+    return out
+
+
+def run_child(kind: str, args: argparse.Namespace, model_dir: Path, env: dict, **extra) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--model-dir", str(model_dir),
+           "--precision", args.precision, "--batch", str(args.batch), "--iters", str(args.iters)]
+    for name, value in extra.items():  # a list: the option's values (an empty one: a flag)
+        cmd += [f"--{name.replace('_', '-')}", *map(str, value if isinstance(value, list) else [value])]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=args.timeout, check=False)
+    wall = round(time.monotonic() - started, 2)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        return {"process_wall_s": wall, "exit_code": proc.returncode, "log_tail": (proc.stderr + proc.stdout)[-2500:]}
+    return {"process_wall_s": wall, **json.loads(lines[-1])}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--weights", default="sample")
+    p.add_argument("--precision", default="fp16")
+    p.add_argument("--batch", type=int, default=64, help="the throughput batch, and the fixed package's batch")
+    p.add_argument("--max-batch", type=int, default=64, help="the dynamic package's largest batch")
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--variants", default="aoti-dynamic,aoti-fixed,inductor,eager")
+    p.add_argument("--reuse", action="store_true", help="aoti-dynamic: start the package `yolopipe build-engine` "
+                                                        "built (its manifest's build seconds) instead of building one")
+    p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--child", choices=("build", "aoti", "inductor", "eager"), help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    p.add_argument("--min-batch", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--ranges", type=lambda s: tuple(map(int, s.split("-"))), nargs="*", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--measure", type=int, nargs="*", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--no-cudnn-benchmark", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(child(args)))
+        return
+
+    from app.builder.export import export_onnx
+
+    exported = export_onnx(args.weights)
+    scratch = Path(tempfile.mkdtemp(prefix="yolopipe-engines-"))
+    model_dir = scratch / "model"
+    shutil.copytree(exported.model_dir, model_dir, ignore=shutil.ignore_patterns("torch-cuda", "torch-cache", "*.engine"))
+    reused = None
+    if args.reuse:
+        from app.artifacts.torch_engines import manifest_path, package_path
+        from app.builder.torch_build import engine_key
+
+        key = engine_key(exported.meta, precision=args.precision, max_batch=args.max_batch)
+        (model_dir / "torch-cuda").mkdir()
+        for path in (package_path(exported.model_dir, key), manifest_path(exported.model_dir, key)):
+            shutil.copyfile(path, model_dir / "torch-cuda" / path.name)  # a missing one fails here, plainly
+        reused = json.loads(manifest_path(model_dir, key).read_text())
+    base_env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                "YOLO_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    variants = args.variants.split(",")
+    rows: list[dict] = []
+
+    def add(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+
+    measure = sorted({1, args.batch})
+    try:
+        for name, (lo, hi) in (("aoti-dynamic", (1, args.max_batch)), ("aoti-fixed", (args.batch, args.batch))):
+            if name not in variants:
+                continue
+            cache = {**base_env, "TORCHINDUCTOR_CACHE_DIR": str(scratch / f"cache-{name}"),
+                     "TRITON_CACHE_DIR": str(scratch / f"triton-{name}")}
+            if name == "aoti-dynamic" and reused is not None:
+                add({"variant": name, "step": "build: yolopipe build-engine's, from its manifest", "batches": f"{lo}-{hi}",
+                     "build_s": reused["build_seconds"], "package_mb": round(reused["package_bytes"] / 2**20, 1)})
+            else:
+                add({"variant": name, "step": "build (empty compiler caches)", "batches": f"{lo}-{hi}",
+                     **run_child("build", args, model_dir, cache, min_batch=lo, max_batch=hi)})
+            for start in (1, 2):
+                add({"variant": name, "step": f"start {start}", "batches": f"{lo}-{hi}",
+                     **run_child("aoti", args, model_dir, base_env, ranges=[f"{lo}-{hi}"],
+                                 measure=measure if lo == 1 else [args.batch])})
+            if name == "aoti-dynamic":  # cuDNN's heuristics instead of autotuning each shape at every start
+                add({"variant": name, "step": "start, cuDNN without autotuning", "batches": f"{lo}-{hi}",
+                     **run_child("aoti", args, model_dir, base_env, ranges=[f"{lo}-{hi}"], measure=measure,
+                                 no_cudnn_benchmark=[])})
+        if "inductor" in variants:
+            cache = {**base_env, "TORCHINDUCTOR_CACHE_DIR": str(scratch / "cache-inductor"),
+                     "TRITON_CACHE_DIR": str(scratch / "triton-inductor")}
+            for step in ("start, empty compiler caches", "start, the caches of the first start"):
+                add({"variant": "inductor", "step": step, **run_child("inductor", args, model_dir, cache,
+                                                                       measure=[args.batch])})
+        if "eager" in variants:
+            add({"variant": "eager", "step": "start", **run_child("eager", args, model_dir, base_env, measure=measure)})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            check=False).stdout.strip()
+    out = {"what": "bench/torch_engines.py (see its docstring)",
+           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "machine": {**machine_info(gpu=True), "nproc": os.cpu_count()}, "versions": versions(),
+           "code": commit or "unknown (no git here)",
+           "config": {"precision": args.precision, "batch": args.batch, "max_batch": args.max_batch,
+                      "iters": args.iters, "reuse": args.reuse}, "rows": rows}
+    text = json.dumps(out, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

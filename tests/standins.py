@@ -1,0 +1,66 @@
+"""Stand-ins the CPU tests share to see what the GPU path would do: a pipeline that decodes JPEGs
+itself (as ``app.pipeline.gpu.GpuPipeline`` does) around the real CPU pipeline, and a spy on the
+one image header parser."""
+
+from __future__ import annotations
+
+import pytest
+
+import app.imaging.check
+import app.imaging.headers
+from app.contracts import EncodedImage, PipelineRun
+from app.errors import YolopipeError
+from app.imaging.decode import decode_image
+
+
+class DecodesItself:
+    """An ``app.contracts.Pipeline`` that takes JPEGs (``decodes_jpeg``) and decodes each with the
+    header that came with its bytes, reading none, then runs the real CPU pipeline (``cpu``) on
+    the pixels: what reaches a GPU pipeline, seen on a machine without one. ``received`` holds
+    every item it was given."""
+
+    decodes_jpeg = True
+    takes_nv12 = False
+    device = None
+    buckets: tuple[int, ...] = ()
+
+    def __init__(self, cpu) -> None:
+        self.cpu = cpu
+        self.backend, self.precision, self.meta = "decodes-itself", cpu.precision, cpu.meta
+        self.max_batch, self.max_det, self.in_flight = cpu.max_batch, cpu.max_det, 1
+        self.received: list = []
+
+    def run(self, images, params):
+        self.received.extend(images)
+        out: list = []
+        for x in images:  # an image that does not decode fails alone, as on the GPU
+            try:
+                out.append(decode_image(x.data, header=x.header) if isinstance(x, EncodedImage) else x)
+            except YolopipeError as exc:
+                out.append(exc)
+        ok = [i for i, x in enumerate(out) if not isinstance(x, YolopipeError)]
+        run = self.cpu.run([out[i] for i in ok], params)
+        for i, answer in zip(ok, run.images):
+            out[i] = answer
+        return PipelineRun(out, run.timings)
+
+    def warmup(self, batches=None, *, nv12: bool = False) -> None:
+        """Nothing to prepare."""
+
+    def close(self) -> None:
+        """The CPU pipeline is the caller's."""
+
+
+def count_header_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every call of the image header parser (``app.imaging.headers.read_header``, under each name
+    it is imported by) from now to the test's end, one entry (the bytes' length) per call."""
+    calls: list[int] = []
+    real = app.imaging.headers.read_header
+
+    def counted(data):
+        calls.append(len(data))
+        return real(data)
+
+    monkeypatch.setattr(app.imaging.headers, "read_header", counted)
+    monkeypatch.setattr(app.imaging.check, "read_header", counted)
+    return calls

@@ -1,0 +1,249 @@
+"""The torch-cuda engine's life cycle, on the CPU, with stand-ins for the GPU, the compiler and
+the engine: ``build-engine`` writes the package; predict's and serve's start-ups load it and
+build nothing (every compile, trace and export function of torch fails the test if called);
+a stale, foreign or half-written package is rebuilt with a message, never loaded.
+
+The real compile is ``tests/unit/builder/test_torch_build_aoti.py`` (AOTInductor on the CPU) and
+``tests/gpu/test_torch_engine.py`` (on the GPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+
+from app.artifacts.torch_engines import find_torch_engine, leftovers, manifest_path
+from app.builder import torch_build
+
+STAND_IN_GPU = ("NVIDIA Stand-in", "9.0")
+ROOT = Path(__file__).resolve().parents[3]
+
+
+class StandInEngine:
+    """What the runtime hands the torch-cuda engine, recorded; it runs nothing."""
+
+    name = "torch-cuda"
+    input_dtype = "float16"
+
+    def __init__(self, model_dir, meta, *, precision, max_batch, device, compile, packages):
+        self.precision, self.max_batch, self.compile = precision, max_batch, compile
+        self.packages = [path for path, _ in packages]
+        self.compiled = bool(packages)
+        OPENED.append(self)
+
+    def close(self):
+        pass
+
+
+class StandInPipeline:
+    def __init__(self, engine, meta, *, max_batch, in_flight, device, decode, max_pixels, pad_to_captured=False):
+        self.engine, self.meta, self.max_batch, self.in_flight = engine, meta, max_batch, in_flight
+        self.backend, self.precision = engine.name, engine.precision
+        self.buckets = (max_batch,)
+
+    def close(self):
+        pass
+
+
+OPENED: list[StandInEngine] = []
+COMPILED: list = []
+
+
+def stand_in_compile(weights, meta, key, device, out, say, what):
+    """What AOTInductor would write, in miniature: a package file for ``key``."""
+    COMPILED.append(key)
+    out.write_bytes(f"a compiled {key.stem} for {key.gpu_name} by torch {key.torch_version}".encode() * 50)
+    return {"stand_in": True}
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """A machine with one stand-in GPU (whose identity a test may change) and stand-in engine,
+    pipeline and compiler; returns the GPU's ``[name, capability]``."""
+    import app.backends.torch_cuda
+    import app.gpu.probe
+    import app.pipeline.gpu
+
+    identity = list(STAND_IN_GPU)
+    monkeypatch.setattr(app.gpu.probe, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(app.gpu.probe, "gpu_identity", lambda device=0: tuple(identity))
+    monkeypatch.setattr(app.backends.torch_cuda, "TorchCudaEngine", StandInEngine)
+    monkeypatch.setattr(app.pipeline.gpu, "GpuPipeline", StandInPipeline)
+    monkeypatch.setattr(torch_build, "_compile", stand_in_compile)
+    OPENED.clear()
+    COMPILED.clear()
+    return identity
+
+
+def refuse_every_compile(monkeypatch) -> None:
+    """From now on any compile, trace or export (torch's, or the builder's own steps) fails the test."""
+    import torch
+    import torch._inductor
+    import torch.export
+    import torch.jit
+
+    def refuse(name):
+        def called(*args, **kwargs):
+            raise AssertionError(f"{name} was called: a start-up with its engine built must build nothing")
+        return called
+
+    for owner, name in [(torch, "compile"), (torch.export, "export"), (torch._inductor, "aoti_compile_and_package"),
+                        (torch.jit, "trace"), (torch.jit, "script"), (torch_build, "_compile"),
+                        (torch_build, "export_program"), (torch_build, "compile_package")]:
+        monkeypatch.setattr(owner, name, refuse(f"{owner.__name__}.{name}"))
+
+
+@pytest.fixture
+def root(tmp_path, sample_model_dir) -> Path:
+    """An artifacts root holding the sample export (hard links: no copy of the weights)."""
+    out = tmp_path / "artifacts"
+    shutil.copytree(sample_model_dir, out / sample_model_dir.relative_to(sample_model_dir.parents[1]),
+                    copy_function=os.link)
+    return out
+
+
+def model_dir_in(root: Path) -> Path:
+    (folder,) = root.glob("*/imgsz640")
+    return folder
+
+
+def open_for_predict(root: Path, batch: int = 64):
+    from app.runtime import open_detector
+
+    return open_detector("sample", backend="torch-cuda", artifacts_dir=root, max_batch=batch)
+
+
+def open_for_serve(root: Path):
+    from app.config import Settings
+    from app.runtime import open_detector_from
+
+    return open_detector_from(Settings(weights="sample", backend="torch-cuda", artifacts_dir=root))
+
+
+def test_a_second_start_builds_nothing(gpu, root, monkeypatch):
+    open_for_predict(root)
+    assert len(COMPILED) == 1 and COMPILED[0].max_batch == 64 and COMPILED[0].gpu_name == "NVIDIA Stand-in"
+    (package,) = OPENED[0].packages
+    assert package.name == "fp16.b1-64.pt2" and package.parent == model_dir_in(root) / "torch-cuda"
+    refuse_every_compile(monkeypatch)
+    open_for_predict(root)
+    open_for_predict(root, batch=8)
+    open_for_serve(root)  # the service's batch of 32 runs on the same package
+    assert [e.packages for e in OPENED[1:]] == [[package]] * 3 and len(COMPILED) == 1
+    with pytest.raises(AssertionError, match="must build nothing"):  # the guard itself works
+        open_for_predict(root, batch=128)  # batches past 64: another package must be built
+
+
+def test_build_engine_writes_the_engine_and_predict_and_serve_load_it(gpu, root, monkeypatch):
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+
+    result = CliRunner().invoke(cli, ["build-engine", "--artifacts-dir", str(root)])
+    assert result.exit_code == 0, result.output
+    package = model_dir_in(root) / "torch-cuda" / "fp16.b1-64.pt2"
+    assert f"wrote: {package}" in " ".join(result.output.split()) and package.is_file()
+    said = " ".join(result.output.split())
+    assert "the torch-cuda engine (fp16, batch 1-64, NVIDIA Stand-in): built in" in said, said  # progress, on the terminal
+    manifest = json.loads(manifest_path(model_dir_in(root), COMPILED[0]).read_text())
+    assert manifest["key"]["gpu_name"] == "NVIDIA Stand-in" and manifest["package_bytes"] == package.stat().st_size
+    refuse_every_compile(monkeypatch)
+    again = CliRunner().invoke(cli, ["build-engine", "--artifacts-dir", str(root)])
+    assert again.exit_code == 0 and f"up to date: {package}" in " ".join(again.output.split()), again.output
+    open_for_predict(root)
+    open_for_serve(root)
+    assert [e.packages for e in OPENED] == [[package], [package]]
+    assert all(e.compiled for e in OPENED)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ("torch", "torch 0.0.0-other built it, this is torch"),
+    ("gpu", "it was built on NVIDIA Other (compute capability 8.9), this GPU is NVIDIA Stand-in (9.0)"),
+    ("weights", "it was built from other weights"),
+])
+def test_a_stale_or_foreign_engine_is_rebuilt_with_a_message(gpu, root, change, says):
+    open_for_predict(root)
+    folder = model_dir_in(root)
+    manifest_file = manifest_path(folder, COMPILED[0])
+    manifest = json.loads(manifest_file.read_text())
+    manifest["key"].update({"torch": {"torch_version": "0.0.0-other"},
+                            "gpu": {"gpu_name": "NVIDIA Other", "compute_capability": "8.9"},
+                            "weights": {"weights_sha256": "f" * 64}}[change])
+    manifest_file.write_text(json.dumps(manifest))  # as a build on another machine or torch left it
+    with pytest.warns(RuntimeWarning) as caught:
+        open_for_predict(root)
+    said = [str(w.message) for w in caught]
+    assert any("fp16.b1-64.pt2 does not fit" in m and says in m and "building it again" in m for m in said), said
+    assert len(COMPILED) == 2 and OPENED[1].packages == OPENED[0].packages
+    rebuilt = json.loads(manifest_file.read_text())["key"]
+    assert (rebuilt["gpu_name"], rebuilt["compute_capability"]) == STAND_IN_GPU and rebuilt["weights_sha256"] != "f" * 64
+
+
+def test_a_truncated_engine_is_rebuilt_never_loaded(gpu, root):
+    open_for_predict(root)
+    (package,) = OPENED[0].packages
+    package.write_bytes(package.read_bytes()[:100])
+    with pytest.warns(RuntimeWarning, match="differs from its manifest"):
+        open_for_predict(root)
+    assert len(COMPILED) == 2 and len(package.read_bytes()) > 100
+
+
+KILLED_BUILD = textwrap.dedent("""
+    import os, signal, sys
+    from pathlib import Path
+    import app.gpu.probe
+    app.gpu.probe.gpu_identity = lambda device=0: ("NVIDIA Stand-in", "9.0")
+    from app.artifacts.exports import load_export
+    from app.builder import torch_build
+
+    def killed(weights, meta, key, device, out, say, what):
+        out.write_bytes(b"the first half of a package")
+        os.kill(os.getpid(), signal.SIGKILL)  # killed mid-build
+
+    torch_build._compile = killed
+    _, meta = load_export(Path(sys.argv[1]))
+    torch_build.ensure_torch_engine(Path(sys.argv[1]), meta, precision="fp16", max_batch=64)
+""")
+
+
+def test_a_build_killed_mid_way_is_never_loaded_and_the_next_start_builds_it(gpu, root):
+    folder = model_dir_in(root)
+    proc = subprocess.run([sys.executable, "-c", KILLED_BUILD, str(folder)], capture_output=True, text=True,
+                          timeout=300, check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    (left,) = leftovers(folder)
+    assert left.read_bytes() == b"the first half of a package"
+    assert find_torch_engine(folder, torch_build.engine_key(_meta(folder), precision="fp16", max_batch=64)).package is None
+    open_for_predict(root)
+    assert len(COMPILED) == 1 and leftovers(folder) == []  # the next start built it and swept the remains
+    (package,) = OPENED[0].packages
+    assert package.read_bytes().startswith(b"a compiled fp16.b1-64")
+
+
+def _meta(folder: Path):
+    from app.artifacts.exports import load_export
+
+    return load_export(folder)[1]
+
+
+def test_without_aotinductor_the_engine_compiles_at_start_up(gpu, root, monkeypatch):
+    from app.errors import BackendUnavailable
+
+    def no_compiler(*args, **kwargs):
+        raise BackendUnavailable("AOTInductor could not compile the model: no C++ compiler")
+
+    monkeypatch.setattr(torch_build, "_compile", no_compiler)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        open_for_predict(root)
+    assert any("compiling with torch.compile at start-up instead" in str(w.message) for w in caught)
+    assert OPENED[0].packages == [] and OPENED[0].compile is True
+    assert list((model_dir_in(root) / "torch-cuda").glob("*.pt2")) == []  # nothing half-built left to load

@@ -1,0 +1,116 @@
+"""``Detector.run``, the one detector path: a batch of read images → arrays, in source pixels.
+
+On the real CPU pipeline (sample model) and on stand-ins that record what the pipeline is given:
+runs no larger than the run shape's ``max_batch``, device frames apart from host images, each
+image's header read once."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import cv2
+import numpy as np
+import pytest
+
+from app.contracts import DetectedBatch, DeviceNv12, EncodedImage, PipelineRun, RunShape
+from app.errors import InvalidImage, InvalidParameter
+from app.pipeline.detector import Detector
+from app.types import Letterbox
+from tests.standins import DecodesItself, count_header_reads
+
+
+@pytest.fixture(scope="module")
+def detector(cpu_detector):
+    return cpu_detector
+
+
+def test_a_batch_is_taken_to_source_pixels_bit_for_bit_as_each_image_alone(detector, bus, zidane):
+    """One letterbox undo for the whole batch (``app.boxes.scale_boxes_stacked``): the bits
+    ``rows_to_detections`` gives each image alone, whatever its letterbox; a bad image fails alone."""
+    from app.boxes import rows_to_detections
+
+    pixels = cv2.imdecode(np.frombuffer(bus, np.uint8), cv2.IMREAD_COLOR)
+    images = [bus, zidane, b"<html>", cv2.resize(pixels, (300, 900)), cv2.resize(pixels, (1000, 120))]
+    params = detector.params(conf=0.01)
+    batch = detector.run(images, params)
+    assert list(batch.errors) == [2] and batch.errors[2].code == "unsupported_media_type"
+    ok = [0, 1, 3, 4]
+    run = detector.pipeline.run([detector.prepare(images[i]) for i in ok], params)
+    for i, (rows, lb) in zip(ok, run.images):
+        alone = rows_to_detections(rows, lb)
+        mine = batch.detections(i)
+        assert (int(batch.widths[i]), int(batch.heights[i])) == (lb.src_w, lb.src_h)
+        assert np.array_equal(mine.boxes, alone.boxes) and np.array_equal(mine.scores, alone.scores)
+        assert np.array_equal(mine.class_ids, alone.class_ids) and len(mine) > 0
+
+
+class Recorder:
+    """A pipeline that records each run's items and answers each with one row (its position)."""
+
+    decodes_jpeg = False
+    takes_nv12 = True
+    device = None
+    buckets: tuple[int, ...] = ()
+    backend, precision, max_det, in_flight = "recorder", "fp32", 300, 2
+
+    def __init__(self, meta, max_batch: int) -> None:
+        self.meta, self.max_batch = meta, max_batch
+        self.runs: list[list[str]] = []
+
+    def run(self, images, params) -> PipelineRun:
+        self.runs.append(["device" if isinstance(x, DeviceNv12) else "host" for x in images])
+        if len(images) > self.max_batch:
+            raise AssertionError("a run over the pipeline's max_batch")
+        out = []
+        for x in images:
+            h, w = (x.height, x.width) if isinstance(x, DeviceNv12) else x.shape[:2]
+            out.append((np.array([[1, 2, 3, 4, 0.5, 0]], np.float32), Letterbox(h, w, h, w, 0, 0, 640)))
+        return PipelineRun(out, {"engine_ms": 1.0})
+
+    def close(self) -> None:
+        pass
+
+
+def test_runs_are_pipeline_sized_and_device_frames_go_apart(detector):
+    """The detector splits a batch into runs of at most ``RunShape.max_batch`` (no caller
+    re-chunks), device and host frames in runs of their own, and answers in the batch's order."""
+    recorder = Recorder(detector.meta, max_batch=8)
+    det = Detector(recorder, RunShape(max_batch=3, in_flight=2))
+    frames = [DeviceNv12(None, 4, 10 + k) if k % 3 == 0 else np.zeros((4, 10 + k, 3), np.uint8) for k in range(10)]
+    batch = det.run([*frames, InvalidImage("unreadable")], det.params())
+    assert sorted(map(tuple, recorder.runs)) == sorted([("host",) * 3, ("host",) * 3, ("device",) * 3, ("device",)])
+    assert batch.widths.tolist() == [10 + k for k in range(10)] + [0]
+    assert batch.counts.tolist() == [1] * 10 + [0] and list(batch.errors) == [10]
+    assert batch.timings == {"engine_ms": 4.0}  # summed over its four runs
+
+
+def test_the_run_shape_must_fit_the_pipeline(detector):
+    with pytest.raises(InvalidParameter, match="over the"):
+        Detector(detector.pipeline, replace(detector.shape, max_batch=detector.pipeline.max_batch + 1))
+    with pytest.raises(InvalidParameter, match="video decoder"):
+        Detector(detector.pipeline, video_decode="ffmpeg")
+    assert Detector(detector.pipeline, decode="cpu").shape.decode == "opencv"  # the old name, resolved once
+
+
+def test_bytes_are_read_once_and_travel_with_their_header(detector, bus, monkeypatch):
+    """Bytes are read here, once; a JPEG goes to a pipeline that decodes it itself with that
+    header, and an ``EncodedImage`` (read by whoever first had it) is not read again."""
+    pipeline = DecodesItself(detector.pipeline)
+    det = Detector(pipeline)
+    reads = count_header_reads(monkeypatch)
+    first = det.run([bus], det.params())
+    assert reads == [len(bus)]
+    (image,) = pipeline.received
+    assert isinstance(image, EncodedImage) and image.data == bus
+    again = det.run([image], det.params())
+    assert reads == [len(bus)]
+    assert again.rows.tobytes() == first.rows.tobytes() == detector.run([bus], det.params()).rows.tobytes()
+
+
+def test_answers_as_image_results(detector, bus):
+    batch = detector.run([bus, b""], detector.params())
+    ok, bad = batch.results()
+    assert (ok.width, ok.height) == (810, 1080) and len(ok.detections) == int(batch.counts[0]) > 0
+    assert bad.error is not None and bad.error.code == "invalid_image"
+    assert DetectedBatch.concat([batch.take([1]), batch.take([0])]).results()[1].detections.scores.tolist() == \
+        ok.detections.scores.tolist()

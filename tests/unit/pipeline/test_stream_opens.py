@@ -1,0 +1,128 @@
+"""A source that never answers delays no other stream (``app.pipeline.streams`` and
+``stream_source``): opens run at once, a removed stream's open stops at once, removed streams
+still opening count against the limit, and a source is shown without its credentials. Against
+a real listener on loopback that accepts connections and never says a word.
+
+The open timeout is long here (``SILENT_S``), so that "did not wait for the silent server"
+is told apart from "was slow" on a loaded machine: what waited would wait a minute."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from app.errors import InvalidParameter, Overloaded
+from app.pipeline.sources import open_opencv
+from app.pipeline.streams import StreamRunner
+from app.runtime import open_detector
+from tests.listeners import listener
+from tests.videos import write_clip
+
+SILENT_S = 60.0  # the open timeout in these tests
+
+
+@pytest.fixture(scope="module")
+def detector(artifacts_dir):
+    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=4) as det:
+        yield det
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory, assets_dir):
+    return str(write_clip(tmp_path_factory.mktemp("clip") / "a.avi", assets_dir, 4))
+
+
+def test_ffmpeg_opens_run_at_once_while_one_waits_for_a_silent_server(clip):
+    """OpenCV serialises FFmpeg opens behind one lock unless told FFmpeg is thread-safe: a file's
+    open would wait out the silent server's open timeout."""
+    with listener() as silent_server:
+        port = silent_server.port
+        silent = threading.Thread(target=open_opencv, args=(f"rtsp://127.0.0.1:{port}/a",),
+                                  kwargs={"timeout_ms": int(SILENT_S * 1e3)}, daemon=True)
+        silent.start()
+        time.sleep(0.5)  # inside FFmpeg's open now
+        cap = open_opencv(clip, timeout_ms=int(SILENT_S * 1e3))
+        assert cap is not None and cap.grab()
+        assert silent.is_alive()  # the file opened while the silent open still waits
+        cap.release()
+    silent.join(SILENT_S)  # the listener is gone: its open fails now
+
+
+def first_frame(runner: StreamRunner, frames: dict[str, float], source: str, waiting: list) -> None:
+    """Adds ``source`` and waits for its first frame, asserting that every stream of ``waiting``
+    is still inside its open meanwhile (it would be over had the file waited for it)."""
+    stream = runner.add(source)
+    while stream.id not in frames:
+        assert all(s.reading and s.state == "connecting" for s in waiting), [s.snapshot() for s in waiting]
+        time.sleep(0.01)
+
+
+def test_a_silent_source_and_removed_ones_delay_no_other_stream(detector, clip):
+    frames: dict[str, float] = {}
+    runner = StreamRunner(detector, detector.params(),
+                          lambda batch, *_: [frames.setdefault(f.stream.id, time.monotonic()) for f in batch], max_streams=4,
+                          open_timeout_s=SILENT_S)
+    thread = threading.Thread(target=runner.run, kwargs={"until_done": False}, daemon=True)
+    thread.start()
+    try:
+        with listener() as silent_server:
+            port = silent_server.port
+            silent = runner.add(f"rtsp://127.0.0.1:{port}/a")
+            time.sleep(0.5)  # its open is waiting for the server
+            first_frame(runner, frames, clip, [silent])
+            # Added and removed, again and again: each open stops with its removal; none piles up
+            # (four places: without the stop the fourth add would be refused).
+            removed = []
+            for _ in range(100):
+                removed.append(runner.add(f"rtsp://127.0.0.1:{port}/b"))
+                assert runner.remove(removed[-1].id)
+            first_frame(runner, frames, clip, [silent])
+            for stream in removed:
+                stream.join(10.0)
+                assert not stream.reading and stream.state == "removed"
+            assert silent_server.accepted >= 2  # it heard the removed ones too...
+            assert silent_server.open_connections() == 1  # ...and each was closed with its removal
+    finally:
+        runner.stop()
+        thread.join(30)
+
+
+def test_removed_streams_still_opening_count_against_the_limit(detector, monkeypatch):
+    """A reader inside FFmpeg's open cannot be stopped: until it returns, its removed stream
+    still holds a place (503-like ``Overloaded``), and a full list is an ``InvalidParameter``."""
+    release = threading.Event()
+
+    def stuck_open(*args, **kwargs):  # an open that returns only when told (then: nothing opened)
+        release.wait(30)
+
+    monkeypatch.setattr("app.pipeline.stream_source.open_source", stuck_open)
+    runner = StreamRunner(detector, detector.params(), lambda *_: None, max_streams=2)
+    try:
+        first = runner.add("/no/such/file.avi")  # a file: no probe, straight into the (stuck) open
+        runner.add("/no/such/other.avi")
+        with pytest.raises(InvalidParameter, match="at most 2 streams"):
+            runner.add("/no/such/third.avi")
+        assert runner.remove(first.id)
+        with pytest.raises(Overloaded, match="1 removed ones are still closing"):
+            runner.add("/no/such/third.avi")
+        release.set()
+        first.join(5)
+        runner.add("/no/such/third.avi")  # its place is free once its open returned
+    finally:
+        release.set()
+        runner.stop()
+
+
+def test_a_source_is_shown_without_its_credentials(detector):
+    with listener() as silent_server:
+        port = silent_server.port
+        runner = StreamRunner(detector, detector.params(), lambda *_: None)
+        try:
+            stream = runner.add(f"rtsp://admin:hunter2@127.0.0.1:{port}/a")
+            snap = stream.snapshot()
+            assert snap["source"] == f"rtsp://***@127.0.0.1:{port}/a"
+            assert stream.source == f"rtsp://admin:hunter2@127.0.0.1:{port}/a"  # what is opened
+        finally:
+            runner.stop()

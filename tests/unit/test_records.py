@@ -1,0 +1,156 @@
+"""Every JSON record (``app.records``) is byte for byte what ``json.dumps`` gives for the record as
+a dict built the readable way: ``ImageResult.to_json`` of each image (``DetectedBatch.results``),
+with a video frame's and a stream event's fields around it, track ids added to each detection,
+and for ``/v1`` the compact form Starlette's ``JSONResponse`` writes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from starlette.responses import JSONResponse
+
+from app.contracts import DetectedBatch, ImageResult
+from app.errors import ImageTooLarge, InvalidImage
+from app.records import HTTP, LINES, frame_lines, image_lines, records
+from app.types import Detections
+
+NAMES = ["Normal", "Fall"]
+IMAGE_NAMES = ["a.jpg", "sub/ü ñ 雪.jpg", 'q"uote\\back\tslash.jpg', "emoji 🙂.png", "\x01ctl.jpg"]
+
+
+def random_rows(rng, k: int) -> np.ndarray:
+    """Rows in source pixels, a share of them on exact binary fractions (x.125, x.375, ...: exact
+    ties of ``round(v, 2)``, and of ``round(s, 5)`` for scores on 1/32 steps), some outside any
+    image and some huge; class ids the model has no name for (-1, 2, 3) too."""
+    rows = np.empty((k, 6), np.float32)
+    xy = rng.uniform(-30, 2000, (k, 4))
+    tie = rng.random((k, 4)) < 0.4
+    rows[:, :4] = np.where(tie, np.round(xy * 8) / 8, xy)
+    rows[:3, :4] *= np.float32(1e6) if k > 3 and rng.random() < 0.2 else 1
+    scores = rng.uniform(0, 1, k)
+    rows[:, 4] = np.where(rng.random(k) < 0.4, np.round(scores * 32) / 32, scores)
+    rows[:, 5] = rng.integers(-1, 4, k)
+    return rows
+
+
+def random_results(rng, n: int = 48) -> list[ImageResult]:
+    results = []
+    for i in range(n):
+        kind = rng.random()
+        if kind < 0.08:
+            results.append(ImageResult(error=InvalidImage('cannot decode "é" \\ data')))
+        elif kind < 0.12:
+            results.append(ImageResult(error=ImageTooLarge("image is 10 × 10 = 100 pixels")))
+        else:
+            rows = random_rows(rng, int(rng.integers(1, 12))) if kind > 0.25 else np.zeros((0, 6), np.float32)
+            results.append(ImageResult(int(rng.integers(1, 5000)), int(rng.integers(1, 5000)), Detections.from_rows(rows)))
+    return results
+
+
+def with_ids(rec: dict, ids) -> dict:
+    if ids is not None and "detections" in rec:
+        rec["detections"] = [{**d, "track_id": t} for d, t in zip(rec["detections"], ids)]
+    return rec
+
+
+def class_names_for(seed: int) -> list[str]:
+    return NAMES if seed % 2 else ["persön", 'a "b"', ""]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_image_lines_equal_json_dumps_of_to_json(seed):
+    rng = np.random.default_rng(seed)
+    results = random_results(rng)
+    names = [f"{i}-{IMAGE_NAMES[i % 5]}" for i in range(len(results))]
+    class_names = class_names_for(seed)
+    batch = DetectedBatch.of(results)
+    assert image_lines(names, batch, class_names) == [json.dumps(r.to_json(n, class_names))
+                                                     for n, r in zip(names, results)]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_frame_lines_equal_json_dumps_of_the_frame_record(seed):
+    """A video's frame: ``image``, ``frame``, ``time_s``, then the image's fields; track ids per
+    detection (None before a track is confirmed) on the frames that have them."""
+    rng = np.random.default_rng(100 + seed)
+    results = random_results(rng, 24)
+    frames = [(3 * k, round(3 * k / 29.97, 6)) for k in range(len(results))]
+    ids = [None if r.error is not None or k % 4 == 3 else
+           [None if rng.random() < 0.3 else int(rng.integers(0, 10**6)) for _ in range(len(r.detections))]
+           for k, r in enumerate(results)]
+    class_names = class_names_for(seed)
+    expected = []
+    for (index, time_s), r, track in zip(frames, results, ids):
+        rec = with_ids(r.to_json("cam/ü.mp4", class_names), track)
+        expected.append(json.dumps({"image": "cam/ü.mp4", "frame": index, "time_s": time_s,
+                                    **{k: v for k, v in rec.items() if k != "image"}}))
+    assert frame_lines("cam/ü.mp4", frames, DetectedBatch.of(results), class_names, ids) == expected
+
+
+def test_stream_events_equal_json_dumps_of_the_event():
+    """A stream's event (``app.pipeline.streams.event_lines`` gives the heads and tails): its
+    stream, source, frame and time, the image's fields, then ``latency_ms``."""
+    rng = np.random.default_rng(7)
+    results = random_results(rng, 16)
+    heads, tails, expected = [], [], []
+    for k, r in enumerate(results):
+        fields = {"stream": f"0-{k % 3}", "source": 'rtsp://cam/"x"', "frame": k, "time_s": k / 7}
+        latency = {"latency_ms": round(rng.uniform(0, 500), 2)}
+        heads.append(LINES.fields(**fields))
+        tails.append(LINES.fields(**latency))
+        rec = with_ids(r.to_json("", NAMES), [k] * len(r.detections) if r.detections is not None else None)
+        rec.pop("image")
+        expected.append(json.dumps({**fields, **rec, **latency}))
+    track_ids = [[k] * len(r.detections) if r.detections is not None else None for k, r in enumerate(results)]
+    assert records(heads, DetectedBatch.of(results), NAMES, tails=tails, track_ids=track_ids) == expected
+
+
+def test_http_records_equal_what_json_response_renders():
+    """``/v1``'s compact form: non-ASCII kept as UTF-8, no spaces, a tail of timings; an image
+    that failed carries what the route puts there instead of the default error."""
+    rng = np.random.default_rng(3)
+    results = random_results(rng, 20)
+    names = [IMAGE_NAMES[i % 5] for i in range(len(results))]
+    timings = [{"decode_ms": 1.25, "batch_size": 3.0, "total_ms": float(i)} for i in range(len(results))]
+    got = records([HTTP.fields(image=n) for n in names], DetectedBatch.of(results), NAMES,
+                  tails=[HTTP.fields(timings=t) if r.error is None else "" for t, r in zip(timings, results)],
+                  style=HTTP, error_fields=lambda e: {"status": 400, "error": {"code": e.code, "message": str(e)}})
+    for line, name, result, t in zip(got, names, results, timings):
+        if result.error is None:
+            want = {**result.to_json(name, NAMES), "timings": t}
+        else:
+            want = {"image": name, "status": 400, "error": {"code": result.error.code, "message": str(result.error)}}
+        assert line.encode() == JSONResponse(want).body
+
+
+def test_edge_values_keep_their_json_spelling():
+    """-0.0, exponent-form scores (conf 0 keeps 1e-05), whole numbers, the largest coordinates."""
+    rows = np.array([[-0.0, 0.0, 640, 639.995, 1e-05, 0], [0.004, 1.005, 2.675, 100.0, 3.2e-05, 1],
+                     [-1e-3, 5e-3, 0.125, 0.375, 0.999995, 1], [7e3, 7e3, 9e3, 9e3, 1.0, 0]], np.float32)
+    result = ImageResult(640, 640, Detections.from_rows(rows))
+    got = image_lines(["x.jpg"], DetectedBatch.of([result]), NAMES)
+    assert got == [json.dumps(result.to_json("x.jpg", NAMES))]
+    assert json.loads(got[0])["detections"][0]["score"] == 1e-05
+
+
+def test_non_finite_values_are_written_as_json_dumps_writes_them():
+    """Lines write NaN and infinities as ``json.dumps`` does; ``/v1`` refuses them as
+    ``JSONResponse`` does (a ValueError, never invalid JSON)."""
+    rows = np.array([[1, 2, 3, 4, np.nan, 0], [np.inf, 2, 3, 4, 0.5, 1]], np.float32)
+    results = [ImageResult(640, 480, Detections.from_rows(rows)), ImageResult(error=InvalidImage("bad")),
+               ImageResult(640, 480, Detections.empty())]
+    names = ["n.jpg", "e.jpg", "z.jpg"]
+    batch = DetectedBatch.of(results)
+    assert image_lines(names, batch, NAMES) == [json.dumps(r.to_json(n, NAMES)) for n, r in zip(names, results)]
+    with pytest.raises(ValueError):
+        JSONResponse(results[0].to_json("n.jpg", NAMES))
+    with pytest.raises(ValueError):
+        records([HTTP.fields(image="n.jpg")], DetectedBatch.of(results[:1]), NAMES, style=HTTP)
+
+
+def test_nothing_to_write():
+    assert image_lines([], DetectedBatch.of([]), NAMES) == []
+    only_error = DetectedBatch.of([ImageResult(error=InvalidImage("empty image"))])
+    assert image_lines(["e.jpg"], only_error, NAMES) == ['{"image": "e.jpg", "error": "empty image"}']
