@@ -132,7 +132,7 @@ def test_the_cpu_model_runs_in_onnx_runtimes_fused_kernels_as_written(calibrated
     from app.builder.int8.report import OrtModel
     from app.imaging.letterbox import letterbox, to_input
 
-    _, inits, _ = _graph(calibrated.cpu_qdq_path)
+    model, inits, _ = _graph(calibrated.cpu_qdq_path)
     weights = [inits[n.input[0]] for n in model.graph.node if n.op_type == "DequantizeLinear"
                and n.input[0] in inits and inits[n.input[0]].ndim == 4]
     assert len(weights) == 57 and max(int(np.abs(w.astype(int)).max()) for w in weights) == 64
