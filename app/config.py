@@ -55,6 +55,37 @@ MAX_REQUEST_PIXELS = 4 * MAX_PIXELS  # summed over the images of one batch reque
 MAX_SHM_REGIONS = 256  # shared-memory regions registered at once (the whole server)
 
 
+# --- NVDEC streams (app.pipeline.decode_pool): decoder threads of a stream runner --------------
+NVDEC_THREADS_PER_ENGINE = 2  # a decode call in flight on each engine while the other thread hands frames over
+NVDEC_THREADS_UNKNOWN = 8  # when the GPU does not say how many engines it has
+
+
+NVDEC_READERS = ("simple", "threaded")  # app.gpu.nvdec.READERS: SimpleDecoder, ThreadedDecoder
+
+
+def nvdec_reader() -> str:
+    """How NVDEC reads files: ``YOLOPIPE_NVDEC_READER`` (``simple``: PyNvVideoCodec's
+    SimpleDecoder, a decode call's batch at a time; ``threaded``: its ThreadedDecoder, which
+    decodes ahead on a native thread of its own), default ``simple``."""
+    import os
+
+    return check_choice("NVDEC reader", os.environ.get("YOLOPIPE_NVDEC_READER", "simple"), NVDEC_READERS)
+
+
+def nvdec_threads(engines: int) -> int:
+    """The decoder threads of a stream runner's NVDEC pool: ``YOLOPIPE_NVDEC_THREADS``, else
+    ``NVDEC_THREADS_PER_ENGINE`` per NVDEC engine of the GPU (``engines``; 0: unknown)."""
+    import os
+
+    if env := os.environ.get("YOLOPIPE_NVDEC_THREADS"):
+        if not env.isdigit() or int(env) < 1:
+            from app.errors import InvalidParameter
+
+            raise InvalidParameter(f"YOLOPIPE_NVDEC_THREADS must be a whole number >= 1, got {env!r}")
+        return int(env)
+    return engines * NVDEC_THREADS_PER_ENGINE if engines > 0 else NVDEC_THREADS_UNKNOWN
+
+
 def check_imgsz(imgsz: int) -> int:
     """``imgsz`` when a model can take it (a multiple of its largest stride, 32); else ``InvalidParameter``."""
     if imgsz % 32 or not 32 <= imgsz <= 4096:
@@ -102,6 +133,7 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(30.0, gt=0)
     max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024)
     max_stream_body_bytes: int = Field(4096, ge=256)  # a /v1/streams request body (JSON): 413 beyond
+    max_requests_in_flight: int = Field(256, ge=0)  # requests with a body one HTTP worker holds at once (0: any)
     max_pixels: int = Field(MAX_PIXELS, ge=1)
     workers: int = Field(0, ge=0, le=256)  # HTTP worker processes; 0: from the core count
     grpc_port: int = Field(8001, ge=0, le=65535)  # KServe v2 gRPC, Triton's default port; 0: no gRPC
@@ -117,6 +149,7 @@ class Settings(BaseSettings):
     stream_open_timeout_s: float = Field(5.0, gt=0, le=600)  # a stream source silent this long fails (and retries)
     stream_files_root: Path | None = None  # /v1/streams may read video files under this folder (None: URLs only)
     standby: bool = True  # a warm standby per inference worker, which takes over when it dies
+    idle_release_s: float = Field(2.0, ge=0)  # quiet seconds before a serving process frees what a burst took (0: never)
     # HTTP/1.1 limits the protocol enforces (app.api.protocol)
     max_url_bytes: int = Field(8 * 1024, ge=256)  # the request target (path and query): 414 beyond
     max_head_bytes: int = Field(64 * 1024, ge=1024)  # request line and headers, or chunked trailers: 431 beyond

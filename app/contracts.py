@@ -100,6 +100,9 @@ class HostBackend(Protocol):
     def infer(self, batch: np.ndarray) -> np.ndarray:
         """``[B, 3, S, S]`` float32 RGB in [0, 1] → ``[B, 4 + nc, anchors]`` float32."""
 
+    def release_memory(self) -> None:
+        """Free what the backend keeps between batches; the next ``infer`` allocates again."""
+
     def close(self) -> None: ...
 
 
@@ -132,11 +135,16 @@ class DeviceNv12:
     row stride is the pitch): its first ``rows * 2 / 3`` rows are the Y plane, the rest the
     interleaved UV plane; the picture is its top-left ``height × width``. It must be complete on
     the device when passed, and left untouched until ``run`` returns (the pipeline copies it).
+    ``colorspace`` (FFmpeg's AVColorSpace code of the stream's colour matrix; 2: unspecified) and
+    ``full_range`` say how its YUV converts to RGB, as OpenCV's decode of the stream converts it
+    (``app.imaging.yuv``).
     """
 
     planes: Any
     height: int
     width: int
+    colorspace: int = 2
+    full_range: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,5 +314,10 @@ class Pipeline(Protocol):
         """Do now the one-time work of these batch sizes (all by default), not on first use:
         the GPU pipeline captures their CUDA graphs (``nv12``: those of device NV12 batches);
         a CPU pipeline has nothing to do."""
+
+    def release_memory(self) -> None:
+        """Give back what batches left cached (an idle server calls it after a burst): ONNX
+        Runtime's arena, torch's cached GPU blocks, staging grown for large images. Safe to
+        call at any time; the next ``run`` allocates (and on a GPU captures) again."""
 
     def close(self) -> None: ...

@@ -160,8 +160,8 @@ def shape_from(settings: Settings) -> RunShape:
 
 def _torch_cuda_engine(model_dir: Path, meta: ModelMeta, precision: str, max_batch: int, device: int,
                        compile: bool, steps: StartupSteps):
-    """The torch-cuda engine: its package built ahead of time (built now when missing or stale;
-    ``torch.compile`` at start-up if AOTInductor cannot build here), or the eager model."""
+    """The torch-cuda engine: its package built ahead of time (built now when missing or stale),
+    or the eager model in CUDA graphs (``compile`` off, or no package that runs here)."""
     from app.backends.torch_cuda import TorchCudaEngine
 
     packages = ()
@@ -173,8 +173,9 @@ def _torch_cuda_engine(model_dir: Path, meta: ModelMeta, precision: str, max_bat
                                         say=steps.say)
         packages = (found,) if found is not None else ()
     with steps.step("loading the torch-cuda engine"):
+        # No package (not asked for, or none runs here): the eager model, in CUDA graphs.
         return TorchCudaEngine(model_dir, meta, precision=precision, max_batch=max_batch, device=device,
-                               compile=compile, packages=packages)
+                               compile=bool(packages), packages=packages)
 
 
 def open_detector_from(settings: Settings, steps: StartupSteps | None = None) -> Detector:

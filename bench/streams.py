@@ -1,37 +1,47 @@
-"""Many cameras on one machine: N copies of one clip as N streams, yolopipe and Ultralytics.
+"""Many cameras on one machine: N copies of one clip as N streams, yolopipe and a baseline.
 
-For each N in ``--streams``:
+A row is **real time** when every copy is read at >= 95 % of the clip's own rate (first to last
+frame), the p99 read-to-result latency is <= 100 ms and < 0.1 % of the frames are dropped.
+Modes (``--modes``, default ``ceiling,nvdec,opencv,ultralytics,nvdec_max,fidelity``) run in the
+order given; every row is written to ``--out`` as soon as it is measured, and a mode (or count)
+that would start after ``--budget-s`` is skipped and named in the file's ``skipped``:
 
-* yolopipe ``realtime``: every copy played at the clip's own frame rate, as a camera would
-  (``app.pipeline.streams``, newest frames win when the model is behind); ``realtime`` is true
-  when every stream kept its source rate with p99 read-to-result latency ≤ 100 ms and < 1 %
-  of its frames dropped.
-* yolopipe as fast as possible: every copy read at full speed (files never drop).
-* both for each decoder of ``--video-decode`` (``nvdec``: NVDEC frames straight into the GPU
-  pipeline's NV12 graphs; ``opencv``: OpenCV on the CPU, frames uploaded); each row says its
-  ``decoder``.
-* Ultralytics' own multi-stream predict on a ``.streams`` list of the same files, in a
-  subprocess, its model warmed up first. Its stream threads read each file as fast as they
-  decode, keeping only the newest frame, and end with the files: ``fps`` is the frames it
-  processed over its wall time, ``dropped_pct`` the frames of the files it never processed.
-  Its latency is not observable from outside (``null``).
+* ``ceiling``: NVDEC + the NV12 letterbox alone (no model): ``--ceiling-streams`` files read as
+  fast as possible through the runner's decode pool, for each pool size of ``--ceiling-threads``
+  (``YOLOPIPE_NVDEC_THREADS``; 0: the default) and file reader of ``--ceiling-readers``
+  (``YOLOPIPE_NVDEC_READER``).
+* ``gil``: how much of its rate a pure-Python thread keeps while ``--gil-threads`` threads decode
+  with NVDEC (a decode call that holds the GIL stops it while it runs).
+* ``nvdec``: every copy played at the clip's rate through NVDEC at each count of
+  ``--nvdec-streams``; ``opencv``: the same through OpenCV at ``--opencv-streams``.
+* ``ultralytics``: the baseline, Ultralytics' best case in a subprocess: ``model.predict`` on N
+  decoded frames of the clip per tick (decode excluded), N = the largest real-time count so far
+  (else ``--ultralytics-streams``); real time when its ticks keep the clip's rate.
+* ``nvdec_max``: each count of ``--nvdec-more`` while the last NVDEC count tried held real time:
+  ``max_realtime_streams``.
+* ``fidelity``: ``bench/streams_fidelity.py``'s GPU row for the clip (NVDEC's model input and
+  detections against OpenCV's decode).
+* ``track``: the largest real-time count again with ``--track``: what tracking costs.
+* ``fast``: yolopipe as fast as possible (files never drop) at ``--fast-streams`` with each
+  decoder of ``--video-decode``.
 
-Writes one JSON file: machine, versions, config, rows. The lead runs it on the GPU machine::
+Rows: ``system``, ``input: "streams"``, ``streams``, ``width``, ``height``, ``source_fps``,
+``realtime``, ``decoder``, ``fps`` (frames processed per second over all streams),
+``p99_latency_ms``, ``dropped_pct``, and what each mode adds. On the GPU machine:
+``bash bench/device.sh streams`` (bench/README.md). A CPU smoke run:
 
-    python3 bench/streams.py --clip .vid/dance-1080p30.mp4 --streams 8,16,32,64,96 --video-decode nvdec,opencv \
-        --nvdec-ceiling --out $OUT/streams.json
-
-``--nvdec-ceiling`` adds, per N, NVDEC + the NV12 letterbox kernel alone (no model): the
-ceiling of the GPU decode path, which the as-fast-as-possible NVDEC rows are held to.
+    python3 bench/streams.py --clip clip.mp4 --modes opencv,fast --opencv-streams 2 --fast-streams 2 \\
+        --video-decode opencv --max-batch 4 --out /tmp/s.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,10 +52,11 @@ import cv2
 import numpy as np
 
 from app.benchmark.machine import machine_info, versions
-from app.config import MAX_WAIT_MS
 
 LATENCY_LIMIT_MS = 100.0
-DROP_LIMIT_PCT = 1.0
+DROP_LIMIT_PCT = 0.1
+RATE_SHARE = 0.95
+MODES = ("ceiling", "gil", "nvdec", "opencv", "ultralytics", "nvdec_max", "fidelity", "track", "fast")
 
 
 def clip_facts(clip: Path) -> tuple[int, int, float, int]:
@@ -56,7 +67,34 @@ def clip_facts(clip: Path) -> tuple[int, int, float, int]:
     return facts
 
 
-def yolopipe_row(detector, clip: Path, n: int, *, realtime: bool, source_fps: float, max_wait_ms: float) -> dict:
+def is_realtime(read_fps: list[float], p99: float | None, dropped_pct: float, source_fps: float) -> bool:
+    return bool(read_fps and min(read_fps) >= RATE_SHARE * source_fps and p99 is not None
+                and p99 <= LATENCY_LIMIT_MS and dropped_pct < DROP_LIMIT_PCT)
+
+
+@contextlib.contextmanager
+def environment(**values: str | None):
+    """``os.environ`` with ``values`` set (None: unset) for the block."""
+    old = {k: os.environ.get(k) for k in values}
+    try:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def runner_row(detector, clip: Path, n: int, *, realtime: bool, source_fps: float, max_wait_ms: float,
+               track: bool = False, detect=None, system: str = "yolopipe") -> dict:
+    """N copies of ``clip`` through one ``StreamRunner``; ``detect`` (a callable taking a batch of
+    frames) replaces the model after the runner chose its decoder as for the detector."""
     from app.pipeline.streams import StreamRunner
 
     lock = threading.Lock()
@@ -66,8 +104,10 @@ def yolopipe_row(detector, clip: Path, n: int, *, realtime: bool, source_fps: fl
         with lock:
             done[0] += len(frames)
 
-    runner = StreamRunner(detector, detector.params(), on_frames, max_wait_ms=max_wait_ms, max_streams=n)
-    decoder = runner.decoder  # app.pipeline.sources.video_decoder: what reads every stream here
+    runner = StreamRunner(detector, detector.params(), on_frames, max_wait_ms=max_wait_ms, max_streams=n,
+                          track=track)
+    if detect is not None:
+        runner._detect_frames = detect  # the decode path alone: no model after the letterbox
     t0 = time.perf_counter()
     streams = [runner.add(str(clip), realtime=realtime) for _ in range(n)]
     runner.run(until_done=True)
@@ -75,170 +115,236 @@ def yolopipe_row(detector, clip: Path, n: int, *, realtime: bool, source_fps: fl
     latencies = np.concatenate([np.asarray(s.stats.latencies_s) for s in streams]) * 1e3
     dropped = sum(s.stats.dropped for s in streams)
     seen = sum(s.stats.frames_done + s.stats.dropped for s in streams)
-    read_fps = [s.stats.frames_read / wall for s in streams]  # did decoding keep every camera's rate?
+    read_fps = [s.stats.read_fps() for s in streams]
     p99 = float(np.percentile(latencies, 99)) if latencies.size else None
     dropped_pct = 100.0 * dropped / seen if seen else 0.0
-    kept_rate = min(read_fps) >= 0.95 * source_fps
+    failed = [s for s in streams if s.state == "failed"]
     return {
-        "system": "yolopipe", "streams": n, "mode": "realtime" if realtime else "as_fast_as_possible",
-        "decoder": decoder,
-        "realtime": bool(realtime and kept_rate and p99 is not None and p99 <= LATENCY_LIMIT_MS
-                         and dropped_pct < DROP_LIMIT_PCT),
+        "system": system, "streams": n, "mode": "realtime" if realtime else "as_fast_as_possible",
+        "decoder": runner.decoder, "track": track,
+        "realtime": realtime and not failed and is_realtime(read_fps, p99, dropped_pct, source_fps),
         "fps": round(done[0] / wall, 1), "p99_latency_ms": round(p99, 2) if p99 is not None else None,
         "p50_latency_ms": round(float(np.percentile(latencies, 50)), 2) if latencies.size else None,
         "dropped_pct": round(dropped_pct, 3), "frames": done[0], "wall_s": round(wall, 2),
-        "min_stream_read_fps": round(min(read_fps), 2),
-        "failed_streams": sum(s.state == "failed" for s in streams),
+        "min_stream_read_fps": round(min(read_fps), 2) if read_fps else None,
+        "failed_streams": len(failed), "errors": sorted({str(s.error) for s in failed})[:3],
+        "decode_threads": runner.pool.size if runner.pool is not None else runner.decode_threads,
     }
 
 
-def nvdec_row(clip: Path, n: int, imgsz: int, batch: int = 16) -> dict:
-    """NVDEC + the NV12 letterbox kernel alone (no model): N decoders as threads of this process,
-    each file read once as fast as possible; ``fps`` is letterboxed frames per second."""
-    try:
+class LetterboxOnly:
+    """A stream runner's batch step that does what the GPU pipeline does to a batch of NVDEC frames
+    up to the engine (each frame device to device into a staging buffer, the NV12 letterbox kernel
+    into a model input, app.gpu.nv12_input) and nothing after: the ceiling of the decode path."""
+
+    def __init__(self, device: int, size: int, max_batch: int) -> None:
         import torch
         from numba import cuda
 
-        from app.gpu.nvdec import NvdecReader
-    except Exception as exc:  # noqa: BLE001 - a row that says why, not a crash of the whole run
-        return {"system": "yolopipe-nvdec-letterbox", "streams": n, "error": f"{type(exc).__name__}: {exc}"}
-    counts, errors = [0] * n, []
+        self.torch, self.cuda = torch, cuda
+        self.device, self.size, self.max_batch = device, size, max_batch
+        self.local = threading.local()  # the runner overlaps batches on threads: each its own buffers
 
-    def decode(k: int) -> None:
+    def buffers(self) -> threading.local:
+        local = self.local
+        if not hasattr(local, "stream"):
+            local.stream = self.torch.cuda.Stream(device=self.device)
+            local.staging = self.torch.empty(0, dtype=self.torch.uint8, device=f"cuda:{self.device}")
+            local.out = self.cuda.device_array((self.max_batch, 3, self.size, self.size), np.float32)
+        return local
+
+    def __call__(self, frames) -> object:
+        from app.contracts import DetectedBatch
+        from app.gpu.nv12 import launch_nv12_letterbox
+        from app.gpu.nv12_input import copy_frames, frames_offset, params_view, plan_frames, write_params
+
+        results: list = [None] * len(frames)
+        own = self.buffers()
+        plan = plan_frames(frames, self.device, 0, self.max_batch, self.size, results)
+        if own.staging.numel() < plan.end:
+            own.staging = self.torch.empty(plan.end * 2, dtype=self.torch.uint8, device=f"cuda:{self.device}")
+        host = np.zeros(frames_offset(0, self.max_batch), np.uint8)
+        write_params(host, 0, self.max_batch, plan, len(plan))
+        params = np.ascontiguousarray(params_view(host, 0, self.max_batch)[: len(plan)])
+        copy_frames(own.staging, plan, own.stream)
+        launch = self.cuda.external_stream(own.stream.cuda_stream)
+        launch_nv12_letterbox(self.cuda.as_cuda_array(own.staging), self.cuda.to_device(params, stream=launch),
+                              own.out, len(plan), launch)
+        own.stream.synchronize()  # the decoder may reuse the frames' surfaces after this
+        n = len(frames)
+        return DetectedBatch(np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64),
+                             np.zeros((0, 6), np.float32), {i: r for i, r in enumerate(results) if r is not None})
+
+
+def gil_probe(clip: Path, reader: str, threads: int, seconds: float, device: int) -> dict:
+    """How much of its rate a pure-Python counting thread keeps while ``threads`` threads decode
+    the clip with NVDEC (its frames not copied out): ~100 % when the decode calls release the GIL."""
+    from app.gpu.nvdec import NvdecReader
+
+    count, stop = [0], threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            count[0] += 1
+
+    def rate(window: float) -> float:
+        start, t0 = count[0], time.perf_counter()
+        time.sleep(window)
+        return (count[0] - start) / (time.perf_counter() - t0)
+
+    frames, errors, busy = [0], [], threading.Event()
+
+    def decode() -> None:
         try:
-            stream = torch.cuda.Stream()
-            reader = NvdecReader(str(clip), batch=batch)
-            out = cuda.device_array((batch, 3, imgsz, imgsz), np.float32)
-            staging = None
-            pending = []
-            for frame in reader.frames():
-                pending.append(frame)
-                if len(pending) < batch:
-                    continue
-                staging = _letterbox(pending, staging, out, stream, imgsz)
-                counts[k] += len(pending)
-                pending = []
-            if pending:
-                _letterbox(pending, staging, out, stream, imgsz)
-                counts[k] += len(pending)
-        except Exception as exc:  # noqa: BLE001
+            while busy.is_set():
+                r = NvdecReader(str(clip), gpu_id=device, reader=reader)
+                for batch in r.batches():
+                    frames[0] += len(batch)
+                    if not busy.is_set():
+                        break
+                r.close()
+        except Exception as exc:  # noqa: BLE001 - the row says why
             errors.append(f"{type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=decode, args=(k,)) for k in range(n)]
-    t0 = time.perf_counter()
-    for t in threads:
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    alone = rate(1.0)
+    busy.set()
+    decoders = [threading.Thread(target=decode, daemon=True) for _ in range(threads)]
+    for t in decoders:
         t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    row = {"system": "yolopipe-nvdec-letterbox", "streams": n, "mode": "as_fast_as_possible", "realtime": False,
-           "fps": round(sum(counts) / wall, 1), "p99_latency_ms": None, "dropped_pct": 0.0, "frames": sum(counts),
-           "wall_s": round(wall, 2), "note": "decode + NV12 letterbox only, no model"}
-    if errors:
-        row["error"] = errors[0]
-    return row
-
-
-def _letterbox(frames, staging, out, stream, imgsz):
-    """The frames device-to-device into one staging buffer, then one launch of the NV12 kernel."""
-    import torch
-    from numba import cuda
-
-    from app.gpu.nv12 import NV12_PARAMS, fill_nv12_params, launch_nv12_letterbox
-    from app.imaging.letterbox import letterbox_params
-
-    sizes = [f.planes.numel() for f in frames]
-    if staging is None or staging.numel() < sum(sizes):
-        staging = torch.empty(sum(sizes) * 2, dtype=torch.uint8, device="cuda")
-    host = np.zeros((len(frames), NV12_PARAMS), np.int64)
-    offset = 0
-    with torch.cuda.stream(stream):
-        for j, (f, size) in enumerate(zip(frames, sizes)):
-            staging[offset : offset + size].copy_(f.planes.reshape(-1), non_blocking=True)
-            rows, cols = f.planes.shape  # the surface may hold more rows than the picture shows
-            fill_nv12_params(host[j], letterbox_params(f.height, f.width, imgsz), offset, cols, rows * 2 // 3)
-            offset += size
-        params = torch.from_numpy(host).to("cuda")
-        launch = cuda.external_stream(stream.cuda_stream)
-        launch_nv12_letterbox(cuda.as_cuda_array(staging), cuda.as_cuda_array(params), out, len(frames), launch)
-    stream.synchronize()  # the decoder may reuse these surfaces for its next frames
-    return staging
+    time.sleep(1.0)  # decoders opened
+    before = frames[0]
+    t0 = time.perf_counter()
+    during = rate(seconds)
+    decoded = (frames[0] - before) / (time.perf_counter() - t0)
+    busy.clear()
+    for t in decoders:
+        t.join(30)
+    stop.set()
+    return {"mode": "gil_probe", "reader": reader, "decode_threads": threads,
+            "spinner_kept_pct": round(100.0 * during / alone, 1) if alone else None,
+            "decode_fps": round(decoded, 1), "error": errors[0] if errors else None}
 
 
 def ultralytics_worker(args: argparse.Namespace) -> None:
-    """In a subprocess: Ultralytics' own predict over a .streams list for ``--seconds``, one JSON line out."""
-    import os
-
+    """In a subprocess: Ultralytics' predict on ``--ultralytics-n`` decoded frames of the clip per
+    tick for ``--seconds`` (decode excluded: its best case), one JSON line out."""
     os.environ.setdefault("YOLO_OFFLINE", "1")
-    import numpy as np
     from ultralytics import YOLO
 
+    cap, frames = cv2.VideoCapture(str(args.clip), cv2.CAP_FFMPEG), []
+    while len(frames) < args.ultralytics_n and (got := cap.read())[0]:
+        frames.append(got[1])
+    cap.release()
+    frames = [frames[k % len(frames)] for k in range(args.ultralytics_n)]
     model = YOLO(args.ultralytics_weights)
-    # Warm the model up first, as ours is: its load is not part of the streams' time.
-    model.predict(np.zeros((args.imgsz, args.imgsz, 3), np.uint8), imgsz=args.imgsz, half=args.half,
-                  device=args.device, verbose=False)
-    frames = 0
-    t0 = time.perf_counter()  # its stream threads start inside predict: they count, as ours do
-    for _ in model.predict(source=args.streams_file, stream=True, imgsz=args.imgsz, half=args.half,
-                           device=args.device, verbose=False, conf=0.25, iou=0.7):
-        frames += 1  # one Results per frame
-        if time.perf_counter() - t0 >= args.seconds:
-            break
-    wall = time.perf_counter() - t0
-    print(json.dumps({"frames": frames, "wall_s": wall}), flush=True)
-    os._exit(0)  # its stream threads are not daemons everywhere: do not wait for them
+    kw = {"imgsz": args.imgsz, "half": args.half, "device": args.device, "verbose": False, "conf": 0.25, "iou": 0.7}
+    model.predict(frames[: min(len(frames), 8)], **kw)  # warmed up, as ours is
+    ticks, tick_s = 0, []
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < args.seconds:
+        t = time.perf_counter()
+        for k in range(0, len(frames), args.max_batch):
+            model.predict(frames[k : k + args.max_batch], **kw)
+        tick_s.append(time.perf_counter() - t)
+        ticks += 1
+    print(json.dumps({"ticks": ticks, "wall_s": time.perf_counter() - t0,
+                      "p99_tick_ms": float(np.percentile(np.asarray(tick_s) * 1e3, 99))}), flush=True)
+    os._exit(0)
 
 
-def ultralytics_row(args: argparse.Namespace, clip: Path, n: int, source_fps: float, frames_per_clip: int) -> dict:
-    seconds = 3 * frames_per_clip / source_fps + 60  # a cap only: it ends when its files do
-    with tempfile.TemporaryDirectory() as tmp:
-        listing = Path(tmp) / "cams.streams"
-        listing.write_text("".join(f"{clip.resolve()}\n" for _ in range(n)))
-        cmd = [sys.executable, __file__, "--ultralytics-worker", "--streams-file", str(listing),
-               "--ultralytics-weights", args.ultralytics_weights, "--seconds", str(seconds),
-               "--imgsz", str(args.imgsz), "--device", args.device] + (["--half"] if args.half else [])
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 600, check=False)
-        except subprocess.TimeoutExpired:
-            return {"system": "ultralytics", "streams": n, "error": "timed out"}
+def ultralytics_row(args: argparse.Namespace, n: int, *, source_fps: float, gpu: bool, half: bool,
+                    seconds: float) -> dict:
+    from app.runtime import export_model
+
+    weights = export_model(args.weights, imgsz=args.imgsz) / "weights.pt"
+    cmd = [sys.executable, __file__, "--ultralytics-worker", "--clip", str(args.clip), "--ultralytics-n", str(n),
+           "--ultralytics-weights", str(weights), "--seconds", str(seconds), "--imgsz", str(args.imgsz),
+           "--max-batch", str(args.max_batch), "--device", "0" if gpu else "cpu"] + (["--half"] if half else [])
+    row = {"system": "ultralytics", "streams": n, "mode": "ultralytics_best_case", "decoder": None,
+           "method": "model.predict on N decoded frames of the clip per tick, in batches of max_batch; decode "
+                     "excluded; no RTSP loopback here"}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 240, check=False)
+    except subprocess.TimeoutExpired:
+        return {**row, "error": "timed out"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
-        return {"system": "ultralytics", "streams": n, "error": proc.stderr[-500:]}
+        return {**row, "error": proc.stderr[-500:]}
     got = json.loads(lines[-1])
-    fps = got["frames"] / got["wall_s"] if got["wall_s"] else 0.0
-    # Its stream threads read each file once, keeping only their newest frame: what it skipped is dropped.
-    shortfall = max(0.0, 100.0 * (1 - got["frames"] / (n * frames_per_clip)))
-    return {
-        "system": "ultralytics", "streams": n, "mode": "ultralytics_streams",
-        "realtime": bool(shortfall < DROP_LIMIT_PCT and fps / n >= 0.95 * source_fps), "fps": round(fps, 1),
-        "p99_latency_ms": None, "dropped_pct": round(shortfall, 3),
-        "dropped_pct_method": "frames not processed of those the files hold",
-        "frames": got["frames"], "wall_s": round(got["wall_s"], 2),
-    }
+    fps = n * got["ticks"] / got["wall_s"] if got["wall_s"] else 0.0
+    return {**row, "realtime": fps >= RATE_SHARE * n * source_fps, "fps": round(fps, 1),
+            "p99_latency_ms": round(got["p99_tick_ms"], 2), "latency_method": "a tick's N frames, predict only",
+            "dropped_pct": None, "wall_s": round(got["wall_s"], 2)}
+
+
+class Run:
+    """The run's rows, written to ``out`` after each one; what the budget left out named."""
+
+    def __init__(self, args: argparse.Namespace, common: dict) -> None:
+        self.args, self.common, self.rows, self.skipped = args, common, [], []
+        self.t0 = time.monotonic()
+        self.doc: dict = {}
+
+    def fits(self, what: str, seconds: float) -> bool:
+        """Whether ``what`` (about ``seconds`` long) starts within the budget; named if not."""
+        left = self.args.budget_s - (time.monotonic() - self.t0)
+        if left < seconds:
+            self.skipped.append({"what": what, "left_s": round(left, 1)})
+            self.write()
+            return False
+        return True
+
+    def guarded(self, measure, *args, extra: dict | None = None, **kwargs) -> dict:
+        """``measure``'s row, or a row with its error: one failure does not end the run."""
+        try:
+            row = measure(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a row that says why
+            row = {"system": getattr(measure, "__name__", "?"), "error": f"{type(exc).__name__}: {exc}"}
+        return self.add({**row, **(extra or {})})
+
+    def add(self, row: dict) -> dict:
+        row = {**self.common, **row, "at_s": round(time.monotonic() - self.t0, 1)}
+        self.rows.append(row)
+        print(json.dumps(row), flush=True)
+        self.write()
+        return row
+
+    def write(self) -> None:
+        self.doc["rows"], self.doc["skipped"] = self.rows, self.skipped
+        self.args.out.parent.mkdir(parents=True, exist_ok=True)
+        self.args.out.write_text(json.dumps(self.doc, indent=2) + "\n")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clip", type=Path, default=Path("../shared/data/video/dance-1080p30.mp4"))
-    ap.add_argument("--streams", default="8,16,32,64")
+    ap.add_argument("--modes", default="ceiling,nvdec,opencv,ultralytics,nvdec_max,fidelity",
+                    help=f"comma-separated, run in this order: {', '.join(MODES)}")
+    ap.add_argument("--nvdec-streams", default="64,128", help="nvdec: the counts tried")
+    ap.add_argument("--nvdec-more", default="160,192,224,256", help="nvdec_max: each while the last nvdec count held real time")
+    ap.add_argument("--opencv-streams", default="32")
+    ap.add_argument("--ceiling-streams", type=int, default=128)
+    ap.add_argument("--ceiling-threads", default="0", help="ceiling: decode pool sizes (0: the default)")
+    ap.add_argument("--ceiling-readers", default="simple", help="ceiling: simple, threaded")
+    ap.add_argument("--gil-threads", type=int, default=4)
+    ap.add_argument("--ultralytics-streams", type=int, default=128, help="when no count was real time")
+    ap.add_argument("--ultralytics-seconds", type=float, default=15.0)
+    ap.add_argument("--fast-streams", default="64")
+    ap.add_argument("--video-decode", default="nvdec,opencv", help="fast: the decoders of its rows")
     ap.add_argument("--weights", default="sample")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--precision", default="auto")
     ap.add_argument("--imgsz", type=int, default=640)
     ap.add_argument("--max-batch", type=int, default=64)
-    ap.add_argument("--max-wait-ms", type=float, default=MAX_WAIT_MS, help="the stream runner's wait for a batch "
-                                                                           "(default: yolopipe's, app.config)")
-    ap.add_argument("--compile", action="store_true", help="torch-cuda: torch.compile each batch bucket first "
-                                                            "(~20 s each on a first run)")
-    ap.add_argument("--no-ultralytics", action="store_true")
-    ap.add_argument("--video-decode", default="auto", help="comma-separated: auto | nvdec | opencv; the yolopipe "
-                                                            "rows run once per decoder")
-    ap.add_argument("--nvdec-ceiling", action="store_true", help="also NVDEC + the NV12 letterbox kernel alone, "
-                                                                  "per N (needs PyNvVideoCodec and a GPU)")
+    ap.add_argument("--max-wait-ms", type=float, default=None, help="the stream runner's wait for a batch to fill "
+                                                                     "(default: yolopipe's, app.config)")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="no mode or count starts after this many seconds")
     ap.add_argument("--out", type=Path, default=Path("streams.json"))
     # the Ultralytics subprocess
     ap.add_argument("--ultralytics-worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--streams-file", help=argparse.SUPPRESS)
+    ap.add_argument("--ultralytics-n", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--ultralytics-weights", default="", help=argparse.SUPPRESS)
     ap.add_argument("--seconds", type=float, default=10.0, help=argparse.SUPPRESS)
     ap.add_argument("--device", default="0", help=argparse.SUPPRESS)
@@ -247,50 +353,108 @@ def main() -> None:
     if args.ultralytics_worker:
         ultralytics_worker(args)
         return
-
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = set(modes) - set(MODES)
+    if unknown:
+        ap.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
+    from app.config import MAX_WAIT_MS
     from app.pipeline.detector import Detector
     from app.runtime import open_detector
 
+    max_wait = MAX_WAIT_MS if args.max_wait_ms is None else args.max_wait_ms
     width, height, source_fps, frames_per_clip = clip_facts(args.clip)
-    counts = [int(n) for n in args.streams.split(",")]
+    run = Run(args, {"input": "streams", "width": width, "height": height, "source_fps": round(source_fps, 3)})
+    t_open = time.monotonic()
     detector = open_detector(args.weights, backend=args.backend, precision=args.precision, imgsz=args.imgsz,
-                             max_batch=args.max_batch, compile=args.compile)
+                             max_batch=args.max_batch)
     info = detector.info()
     gpu = info["backend"] != "onnxruntime"
-    if not args.ultralytics_weights:
-        from app.runtime import export_model
-
-        args.ultralytics_weights = str(export_model(args.weights, imgsz=args.imgsz) / "weights.pt")
-    args.device, args.half = ("0", info["precision"] == "fp16") if gpu else ("cpu", False)
+    device = detector.pipeline.device or 0
     detector.pipeline.warmup()
-    rows = []
-    common = {"input": "streams", "width": width, "height": height, "source_fps": round(source_fps, 3)}
-    with detector:
-        for n in counts:
+    run.doc = {"machine": machine_info(gpu=gpu), "versions": versions(),
+               "config": {"clip": args.clip.name, "frames_per_clip": frames_per_clip, "weights": args.weights,
+                          "model": info["model"], "backend": info["backend"], "precision": info["precision"],
+                          "imgsz": args.imgsz, "max_batch": args.max_batch, "max_wait_ms": max_wait, "modes": modes,
+                          "latency_limit_ms": LATENCY_LIMIT_MS, "drop_limit_pct": DROP_LIMIT_PCT,
+                          "rate_share": RATE_SHARE, "open_s": round(time.monotonic() - t_open, 1)},
+               "max_realtime_streams": {}}
+    run.write()
+    reading = {d: Detector(detector.pipeline, detector.shape, video_decode=d) for d in ("nvdec", "opencv")}
+    clip_s = frames_per_clip / source_fps
+    found = {"nvdec": 0, "opencv": 0}  # the largest real-time counts
+
+    def paced(decoder: str, n: int) -> bool:
+        row = run.guarded(runner_row, reading[decoder], args.clip, n, realtime=True, source_fps=source_fps,
+                          max_wait_ms=max_wait)
+        if row.get("realtime"):
+            found[decoder] = max(found[decoder], n)
+        run.doc["max_realtime_streams"] = found
+        return bool(row.get("realtime"))
+
+    def ceiling() -> None:
+        for reader in args.ceiling_readers.split(","):
+            for threads in [int(t) for t in args.ceiling_threads.split(",")]:
+                if not run.fits(f"ceiling {reader} {threads}", clip_s):
+                    return
+                with environment(YOLOPIPE_NVDEC_THREADS=str(threads) if threads else None, YOLOPIPE_NVDEC_READER=reader):
+                    run.guarded(runner_row, reading["nvdec"], args.clip, args.ceiling_streams, realtime=False,
+                                source_fps=source_fps, max_wait_ms=max_wait, system="yolopipe-nvdec-letterbox",
+                                detect=LetterboxOnly(device, args.imgsz, args.max_batch),
+                                extra={"reader": reader, "note": "NVDEC + NV12 letterbox only, no model"})
+
+    def counts(decoder: str, listed: str) -> None:
+        for n in [int(c) for c in listed.split(",") if c]:
+            if run.fits(f"{decoder} {n}", clip_s + 10):
+                paced(decoder, n)
+
+    def nvdec_max() -> None:  # larger counts while the last one tried held real time
+        for n in [int(c) for c in args.nvdec_more.split(",") if c]:
+            tried = [r for r in run.rows if r.get("decoder") == "nvdec" and r.get("mode") == "realtime"]
+            if (tried and not tried[-1].get("realtime")) or not run.fits(f"nvdec {n}", clip_s + 10):
+                return
+            paced("nvdec", n)
+
+    def fidelity() -> None:
+        from bench.streams_fidelity import gpu_row
+
+        run.guarded(gpu_row, args.clip, detector, limit=None)
+
+    def track() -> None:
+        count = found["nvdec"] if gpu else found["opencv"]
+        if count:
+            run.guarded(runner_row, reading["nvdec" if gpu else "opencv"], args.clip, count, realtime=True,
+                        source_fps=source_fps, max_wait_ms=max_wait, track=True)
+
+    def ultralytics() -> None:
+        count = (found["nvdec"] if gpu else found["opencv"]) or args.ultralytics_streams
+        run.guarded(ultralytics_row, args, count, source_fps=source_fps, gpu=gpu,
+                    half=info["precision"] in ("fp16", "int8"), seconds=args.ultralytics_seconds)
+
+    def fast() -> None:
+        for n in [int(c) for c in args.fast_streams.split(",") if c]:
             for decoder in args.video_decode.split(","):
-                reading = Detector(detector.pipeline, detector.shape, video_decode=decoder)  # the same pipeline
-                for realtime in (True, False):
-                    row = yolopipe_row(reading, args.clip, n, realtime=realtime, source_fps=source_fps,
-                                       max_wait_ms=args.max_wait_ms)
-                    rows.append({**common, **row, "backend": info["backend"], "precision": info["precision"]})
-                    print(json.dumps(rows[-1]), flush=True)
-            if args.nvdec_ceiling:
-                rows.append({**common, **nvdec_row(args.clip, n, args.imgsz)})
-                print(json.dumps(rows[-1]), flush=True)
-            if not args.no_ultralytics:
-                rows.append({**common, **ultralytics_row(args, args.clip, n, source_fps, frames_per_clip)})
-                print(json.dumps(rows[-1]), flush=True)
-    doc = {
-        "machine": machine_info(gpu=gpu), "versions": versions(),
-        "config": {"clip": args.clip.name, "frames_per_clip": frames_per_clip, "weights": args.weights,
-                   "model": info["model"], "imgsz": args.imgsz, "compile": args.compile, "max_batch": args.max_batch,
-                   "max_wait_ms": args.max_wait_ms, "video_decode": args.video_decode,
-                   "decode": "one reader thread per stream (OpenCV/FFmpeg on the CPU, or NVDEC: see each row)",
-                   "latency_limit_ms": LATENCY_LIMIT_MS, "drop_limit_pct": DROP_LIMIT_PCT},
-        "rows": rows,
+                if (decoder != "nvdec" or gpu) and run.fits(f"fast {decoder} {n}", clip_s):
+                    run.guarded(runner_row, reading[decoder], args.clip, n, realtime=False, source_fps=source_fps,
+                                max_wait_ms=max_wait)
+
+    plan = {  # mode: (what it runs, seconds it needs to start, needs a GPU)
+        "ceiling": (ceiling, clip_s, True),
+        "gil": (lambda: run.guarded(gil_probe, args.clip, args.ceiling_readers.split(",")[0], args.gil_threads,
+                                    3.0, device), 10, True),
+        "nvdec": (lambda: counts("nvdec", args.nvdec_streams), clip_s + 10, True),
+        "opencv": (lambda: counts("opencv", args.opencv_streams), clip_s + 10, False),
+        "ultralytics": (ultralytics, args.ultralytics_seconds + 30, False),
+        "nvdec_max": (nvdec_max, clip_s + 10, True),
+        "fidelity": (fidelity, 30, True),
+        "track": (track, clip_s + 10, False),
+        "fast": (fast, clip_s, False),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    with detector:
+        for mode in modes:
+            measure, seconds, needs_gpu = plan[mode]
+            if (gpu or not needs_gpu) and run.fits(mode, seconds):
+                measure()
+    run.write()
     print(f"wrote {args.out}", file=sys.stderr)
 
 

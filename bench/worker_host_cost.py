@@ -95,6 +95,9 @@ class EmulatedDevice:
     def warmup(self, batches=None) -> None:
         pass
 
+    def release_memory(self) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -131,6 +134,12 @@ def run_worker(args) -> None:
     from app.contracts import RunShape
     from app.service.inference import worker
 
+    try:  # what worker_main does first, in the trees that have it
+        from app.service.memory import limit_malloc_arenas
+    except ImportError:
+        limit_malloc_arenas = None
+    if limit_malloc_arenas is not None:
+        limit_malloc_arenas(2)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     settings = Settings(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, request_timeout_s=30.0)
     device = EmulatedDevice(args.rate, args.rows, args.max_batch)

@@ -47,6 +47,9 @@ class DecodesItself:
     def warmup(self, batches=None, *, nv12: bool = False) -> None:
         """Nothing to prepare."""
 
+    def release_memory(self) -> None:
+        self.cpu.release_memory()
+
     def close(self) -> None:
         """The CPU pipeline is the caller's."""
 
@@ -64,3 +67,43 @@ def count_header_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     monkeypatch.setattr(app.imaging.headers, "read_header", counted)
     monkeypatch.setattr(app.imaging.check, "read_header", counted)
     return calls
+
+
+class Answers:
+    """An ``app.contracts.Pipeline`` stand-in for the stream runner's plumbing: every frame (host
+    array or ``DeviceNv12``) answered with no detections after ``per_batch_s`` (without the GIL,
+    as a GPU batch waits), so what is measured is the reading, pacing and batching around it.
+    ``batches``: the size of each batch it ran."""
+
+    decodes_jpeg = False
+    device = None
+    buckets: tuple[int, ...] = ()
+    backend, precision = "answers", "fp32"
+
+    def __init__(self, *, max_batch: int = 16, per_batch_s: float = 0.002, takes_nv12: bool = False,
+                 in_flight: int = 1) -> None:
+        import types
+
+        self.meta = types.SimpleNamespace(name="answers", imgsz=64, names=["person"], weights_sha256="0" * 64)
+        self.max_batch, self.max_det, self.in_flight = max_batch, 300, in_flight
+        self.per_batch_s, self.takes_nv12 = per_batch_s, takes_nv12
+        self.batches: list[int] = []
+
+    def run(self, images, params):
+        import time
+
+        import numpy as np
+
+        from app.contracts import DeviceNv12
+        from app.imaging.letterbox import letterbox_params
+
+        self.batches.append(len(images))
+        time.sleep(self.per_batch_s)
+        sizes = [(x.height, x.width) if isinstance(x, DeviceNv12) else x.shape[:2] for x in images]
+        return PipelineRun([(np.zeros((0, 6), np.float32), letterbox_params(h, w, self.meta.imgsz)) for h, w in sizes])
+
+    def warmup(self, batches=None, *, nv12: bool = False) -> None:
+        """Nothing to prepare."""
+
+    def close(self) -> None:
+        """Nothing to free."""

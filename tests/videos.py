@@ -66,3 +66,34 @@ def write_h264(path: Path, source: Path) -> Path:
         check=True, timeout=120,
     )
     return path
+
+
+def write_tagged_h264(path: Path, frames: list[np.ndarray], *, colorspace: str | None = None, full_range: bool = False,
+                      profile: str = "high", fps: float = CLIP_FPS) -> Path:
+    """``frames`` (BGR, one size) as H.264 by Debian's ffmpeg, with the colour matrix ``colorspace``
+    (an ffmpeg name: bt709, smpte170m, bt2020nc...; None: untagged) and range in the stream."""
+    h, w = frames[0].shape[:2]
+    tags = f"setparams=colorspace={colorspace or 'unknown'}:range={'pc' if full_range else 'tv'}"
+    scale = f"scale=out_color_matrix={colorspace or 'bt601'}:out_range={'pc' if full_range else 'tv'}"
+    subprocess.run(
+        [ffmpeg() or "ffmpeg", "-v", "error", "-y", "-f", "rawvideo", "-pix_fmt", "bgr24", "-s", f"{w}x{h}",
+         "-r", str(fps), "-i", "-", "-vf", f"{scale},{tags}", "-c:v", "libx264", "-profile:v", profile,
+         "-preset", "ultrafast", "-g", "4", "-pix_fmt", "yuv420p", str(path)],
+        input=b"".join(np.ascontiguousarray(f).tobytes() for f in frames), check=True, timeout=120,
+    )
+    return path
+
+
+def yuv_frames(path: Path) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, int, bool]]:
+    """FFmpeg's own decode of ``path`` (PyAV): per frame its Y, U and V planes, its AVColorSpace
+    code and whether it is full range: the bytes NVDEC decodes to, H.264 decoding being exact."""
+    import av
+
+    out = []
+    with av.open(str(path)) as container:
+        for frame in container.decode(video=0):
+            y, u, v = (np.frombuffer(p, np.uint8).reshape(-1, p.line_size)[: p.height, : p.width].copy()
+                       for p in frame.planes)
+            full = frame.color_range == 2 or frame.format.name.startswith("yuvj")
+            out.append((y, u, v, int(frame.colorspace), full))
+    return out

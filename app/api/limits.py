@@ -1,5 +1,6 @@
-"""The body size limits, enforced while the body streams in (never after buffering it), and a
-client that hangs up mid-body answered quietly (no 500, no traceback)."""
+"""The body size limits, enforced while the body streams in (never after buffering it), a
+limit on the requests with a body one HTTP worker holds at once, and a client that hangs up
+mid-body answered quietly (no 500, no traceback)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from starlette.requests import ClientDisconnect
 
 from app.api.errors import error_response, status_for
 from app.api.protocol import ANSWERED_STATUS
-from app.errors import ClientDisconnected, ImageTooLarge
+from app.errors import ClientDisconnected, ImageTooLarge, Overloaded
 
 log = logging.getLogger("yolopipe.api")
 
@@ -29,13 +30,22 @@ class BodyLimitMiddleware:
     Nobody is left to answer, so nothing is logged above debug level; the response "sent" to
     the gone client carries 499 (or the status ``JsonHttpToolsProtocol`` already answered, e.g.
     408 or 400) so that /metrics counts it as what it was, not as a 500.
+
+    At most ``max_in_flight`` requests with a body (a Content-Length or chunked) are held at
+    once, from their first byte to the end of their answer: one more is answered 503 before its
+    body is read. So the bodies this process holds stay under ``max_in_flight`` × the body
+    limit, whatever the clients do; requests without a body (probes, /metrics) are never refused.
     """
 
-    def __init__(self, app: Any, max_body_bytes: int, limits: dict[str, int] | None = None) -> None:
-        """``limits``: a smaller limit for the paths under each prefix (the streams API's JSON)."""
+    def __init__(self, app: Any, max_body_bytes: int, limits: dict[str, int] | None = None,
+                 max_in_flight: int = 0) -> None:
+        """``limits``: a smaller limit for the paths under each prefix (the streams API's JSON);
+        ``max_in_flight``: 0 for no limit."""
         self.app = app
         self.default = max_body_bytes
         self.limits = sorted((limits or {}).items(), key=lambda item: -len(item[0]))
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
 
     def limit_for(self, path: str) -> int:
         for prefix, limit in self.limits:
@@ -57,6 +67,14 @@ class BodyLimitMiddleware:
             return
         received = 0
         body_unread = bool(declared) or _header(scope, b"transfer-encoding") is not None
+        if body_unread and self.max_in_flight and self.in_flight >= self.max_in_flight:
+            response = error_response(Overloaded(
+                f"this server process holds {self.in_flight} requests already, its limit; retry shortly"))
+            response.headers["connection"] = "close"
+            await response(scope, receive, send)
+            return
+        holds = int(body_unread)
+        self.in_flight += holds
         started = False
         over: ImageTooLarge | None = None
 
@@ -96,6 +114,8 @@ class BodyLimitMiddleware:
             if not started:
                 await send({"type": "http.response.start", "status": status, "headers": []})
                 await send({"type": "http.response.body", "body": b""})
+        finally:
+            self.in_flight -= holds
 
 
 def _header(scope: dict, name: bytes) -> bytes | None:

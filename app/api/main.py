@@ -70,7 +70,8 @@ def create_app(settings: Settings, inference: InferenceClient) -> FastAPI:
     app.include_router(streams_router)
     # Outermost last: metrics see every response, including a 413 from the body limit.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
-                       limits={streams_router.prefix: settings.max_stream_body_bytes})
+                       limits={streams_router.prefix: settings.max_stream_body_bytes},
+                       max_in_flight=settings.max_requests_in_flight)
     app.add_middleware(RequestFramingMiddleware)  # one value per header acted on; no encoded '/' in a path
     app.add_middleware(OipErrorShapeMiddleware)  # /v2 errors as {"error": message}, the body limit's too
     app.add_middleware(HeadAsGetMiddleware)  # outside the reshaping: HEAD's Content-Length is GET's

@@ -148,14 +148,20 @@ async def _detect(request: Request, inference: InferenceClient, metrics: Metrics
     if not detecting.done():
         detecting.cancel()  # the client's cancel: its queued images are answered without running
         raise ClientDisconnected("the client went away before its answer")
-    try:
+    error = detecting.exception()
+    if error is None:
         return detecting.result()
-    except Overloaded as exc:
-        metrics.rejected.labels(exc.code).inc()
-        return error_response(exc)
-    except SERVER_SIDE as exc:
-        metrics.rejected.labels(exc.code).inc()
-        raise
+    # Raised here, the error's traceback would hold this frame, and through ``detecting`` the
+    # frame would hold the error: a cycle that keeps ``images`` until a full collection.
+    del detecting
+    if isinstance(error, SERVER_SIDE):
+        metrics.rejected.labels(error.code).inc()
+    if isinstance(error, Overloaded):
+        return error_response(error)
+    try:
+        raise error
+    finally:
+        del error
 
 
 async def _until_disconnected(request: Request) -> None:

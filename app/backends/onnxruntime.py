@@ -29,9 +29,22 @@ class OnnxRuntimeBackend:
         self._session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
         self._input_name = self._session.get_inputs()[0].name
         self._output_name = self._session.get_outputs()[0].name
+        # A run with this option frees, when it ends, every region of the arena it left unused.
+        self._shrink = ort.RunOptions()
+        self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        _, *rest = self._session.get_inputs()[0].shape
+        self._empty_batch = np.zeros((0, *(d if isinstance(d, int) else 32 for d in rest)), np.float32)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         return self._session.run([self._output_name], {self._input_name: batch})[0]
+
+    def release_memory(self) -> None:
+        """Give the arena back: ONNX Runtime keeps it at the largest batch it ran (it grows by
+        doubling regions and never shrinks by itself), so one burst of large batches would hold
+        it there for good. An empty batch (no compute) run with the shrink option frees every
+        region it does not use. Safe beside a running batch: only free regions are freed."""
+        if self._session is not None:
+            self._session.run([self._output_name], {self._input_name: self._empty_batch}, self._shrink)
 
     def close(self) -> None:
         self._session = None

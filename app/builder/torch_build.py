@@ -8,15 +8,21 @@ tracing, no inductor, no Ultralytics import at start-up.
 
 A build holds the folder's lock (the service's worker and its standby may start together: one
 builds, the other waits and loads), writes the package under a temporary name, checks it
-against the eager model, renames it into place and writes its manifest last. A failure leaves
-nothing that a later run would load; ``ensure_torch_engine`` then says why and returns None,
-and the engine falls back to ``torch.compile`` as before.
+against the eager model, in this process and in a fresh one (what every later run is), renames
+it into place and writes its manifest last. A failure leaves nothing that a later run would load
+and a note of why beside it (``<stem>.refused``: later starts with the same key do not try
+again; ``yolopipe build-engine`` does); ``ensure_torch_engine`` then says why and returns None,
+and the run uses the eager model in CUDA graphs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import signal
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -26,10 +32,11 @@ from typing import Any
 
 from app.artifacts.engines import now_iso
 from app.artifacts.exports import WEIGHTS_COPY_NAME
-from app.artifacts.store import exclusive_lock, publish, temp_name
+from app.artifacts.store import exclusive_lock, publish, temp_name, write_atomically
 from app.artifacts.torch_engines import (
     TorchEngineKey,
     TorchEngineManifest,
+    engine_dir,
     find_torch_engine,
     leftovers,
     lock_path,
@@ -69,21 +76,39 @@ def build_range(max_batch: int) -> int:
 def ensure_torch_engine(model_dir: Path, meta: ModelMeta, *, precision: str, max_batch: int, device: int = 0,
                         say: Say | None = None) -> tuple[Path, TorchEngineKey] | None:
     """The package this run loads: the one built earlier when it fits, else built now. None
-    (with a warning) when AOTInductor cannot build here; the engine then compiles at start-up."""
+    (with a warning) when AOTInductor cannot build one that runs here, now or on an earlier
+    start with the same key; the run then uses the eager model."""
     say = say or (lambda text: None)
     wanted = engine_key(meta, precision=precision, max_batch=max_batch, device=device)
     found = find_torch_engine(model_dir, wanted)
     if found.package is not None:
         return found.package, found.manifest.key
+    key = TorchEngineKey(**{**asdict(wanted), "max_batch": build_range(max_batch)})
+    earlier = refusal(model_dir, key)
+    if earlier is not None:
+        say(f"no torch-cuda engine: {earlier} (an earlier build; `yolopipe build-engine` tries again)")
+        return None
     for reason in found.refused:
         say(f"rebuilding: {reason}")
         warnings.warn(f"{reason}; building it again", RuntimeWarning, stacklevel=2)
-    key = TorchEngineKey(**{**asdict(wanted), "max_batch": build_range(max_batch)})
     try:
         return build_torch_engine(model_dir, meta, key, device=device, say=say), key
     except BackendUnavailable as exc:
-        warnings.warn(f"{exc.message}; compiling with torch.compile at start-up instead", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"{exc.message}; running the eager model instead", RuntimeWarning, stacklevel=2)
         return None
+
+
+def refusal_path(model_dir: Path, key: TorchEngineKey) -> Path:
+    return engine_dir(model_dir) / f"{key.stem}.refused"
+
+
+def refusal(model_dir: Path, key: TorchEngineKey) -> str | None:
+    """Why a build of ``key`` failed on this machine earlier, or None (none did, or for another key)."""
+    try:
+        note = json.loads(refusal_path(model_dir, key).read_text())
+    except (OSError, ValueError):
+        return None
+    return note.get("reason") if note.get("key") == asdict(key) else None
 
 
 def build_for_weights(weights: str = "sample", *, precision: str = "fp16", max_batch: int = ENGINE_MAX_BATCH,
@@ -138,8 +163,14 @@ def build_torch_engine(model_dir: Path, meta: ModelMeta, key: TorchEngineKey, *,
         started = time.perf_counter()
         tmp = temp_name(final)
         try:
-            with _inductor_cache(model_dir):
-                builder = _compile(weights, meta, key, device, tmp, say, what)
+            try:
+                with _inductor_cache(model_dir):
+                    builder = _compile(weights, meta, key, device, tmp, say, what)
+            except BackendUnavailable as exc:  # noted, so that later starts do not build in vain
+                write_atomically(refusal_path(model_dir, key),
+                                 json.dumps({"key": asdict(key), "reason": exc.message, "at": now_iso()}).encode())
+                raise
+            refusal_path(model_dir, key).unlink(missing_ok=True)
             package_sha256, package_bytes = sha256_of(tmp), tmp.stat().st_size
             manifest_path(model_dir, key).unlink(missing_ok=True)  # never an old manifest beside a new package
             publish(tmp, final)
@@ -276,9 +307,49 @@ def check_package(path: Path, example: Any, reference: Any, key: TorchEngineKey,
             diff = (got - reference[:n]).abs()
             worst = [max(worst[0], diff[:, :4].max().item()), max(worst[1], diff[:, 4:].max().item())]
     del runner
+    if dev.type == "cuda":
+        check_in_fresh_process(path, dev.index or 0, key, meta)
     if not all(w <= t for w, t in zip(worst, (box_tol, score_tol))):  # NaN fails too
         raise ArtifactError(f"the compiled torch-cuda engine differs from the eager model by {worst[0]:.3g} px "
                             f"(boxes) and {worst[1]:.3g} (scores), over {box_tol} and {score_tol}")
     return {"checked_max_abs_diff": {"boxes_px": worst[0], "scores": worst[1]}, "example_batch": int(example.shape[0]),
             "inductor": "aoti_compile_and_package, default settings"}
 
+
+
+FRESH_CHECK = """
+import sys
+from pathlib import Path
+import torch
+from app.gpu.torch_model import load_package
+path, index, batch, size, dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+device = torch.device("cuda", index)
+run = load_package(Path(path), device)
+with torch.inference_mode():
+    out = run(torch.zeros((batch, 3, size, size), dtype=getattr(torch, dtype), device=device))
+    torch.cuda.synchronize(device)
+print(tuple(out.shape))
+"""
+
+
+def check_in_fresh_process(path: Path, index: int, key: TorchEngineKey, meta: ModelMeta) -> None:
+    """Load and run the package in a new process, as every later run does: a package that loads in
+    the process that compiled it may still crash one that did not (seen on the H200)."""
+    import app
+
+    root = str(Path(app.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    dtype = "float16" if key.precision == "fp16" else "float32"
+    args = [str(path), str(index), str(key.min_batch), str(meta.imgsz), dtype]
+    try:
+        proc = subprocess.run([sys.executable, "-c", FRESH_CHECK, *args], capture_output=True, text=True,
+                              timeout=300, env=env, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise BackendUnavailable("the AOTInductor package just built did not load in a fresh process within 300 s") from exc
+    if proc.returncode != 0:
+        how = (f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
+               else f"exit code {proc.returncode}")
+        tail = " | ".join(line.strip() for line in proc.stderr.strip().splitlines()[-12:])
+        raise BackendUnavailable(f"the AOTInductor package just built does not run in a fresh process here "
+                                 f"({how}): {tail}"[:1500])

@@ -445,5 +445,8 @@ def bench(ctx: typer.Context) -> None:
 
 
 def main() -> None:
+    import faulthandler
+
+    faulthandler.enable()  # a crash in native code (a GPU library) prints where it happened
     cli()
 

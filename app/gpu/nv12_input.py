@@ -25,6 +25,7 @@ from app.errors import InvalidImage
 from app.gpu.memory import align_up
 from app.gpu.nv12 import NV12_PARAMS, fill_nv12_params, launch_nv12_letterbox
 from app.imaging.letterbox import letterbox_params
+from app.imaging.yuv import YuvConstants, swscale_constants
 from app.types import Letterbox
 
 FRAME_ALIGN = 256  # start of each frame in the staging: copies of aligned ranges are the fast ones
@@ -54,6 +55,7 @@ class Nv12Plan:
 
     placed: list[tuple[int, Letterbox, int, Nv12Layout]] = field(default_factory=list)
     sources: list[Any] = field(default_factory=list)  # each placed frame's planes tensor
+    colours: list[YuvConstants] = field(default_factory=list)  # each placed frame's conversion constants
     host_end: int = 0  # bytes [0, host_end) travel in the H2D copy: both params headers
     end: int = 0  # bytes of the staging buffer in use
 
@@ -109,14 +111,15 @@ def checked_frames(images: Sequence[Any], device: int, results: list[Any]) -> li
     return frames
 
 
-def plan_nv12(header_bytes: int, max_batch: int, size: int, frames: list[tuple[int, Any, Nv12Layout, int, int]]
-              ) -> Nv12Plan:
-    """Offsets of ``frames`` (``(index, planes, layout, height, width)``) in the staging."""
+def plan_nv12(header_bytes: int, max_batch: int, size: int,
+              frames: list[tuple[int, Any, Nv12Layout, int, int, YuvConstants]]) -> Nv12Plan:
+    """Offsets of ``frames`` (``(index, planes, layout, height, width, colour)``) in the staging."""
     plan = Nv12Plan(host_end=params_offset(header_bytes) + max_batch * NV12_PARAMS * 8)
     offset = frames_offset(header_bytes, max_batch)
-    for i, planes, layout, height, width in frames:
+    for i, planes, layout, height, width, colour in frames:
         plan.placed.append((i, letterbox_params(height, width, size), offset, layout))
         plan.sources.append(planes)
+        plan.colours.append(colour)
         offset = align_up(offset + layout.span, FRAME_ALIGN)
     plan.end = offset
     return plan
@@ -126,7 +129,9 @@ def plan_frames(images: Sequence[Any], device: int, header_bytes: int, max_batch
                 results: list[Any]) -> Nv12Plan:
     """The valid device frames of ``images`` placed in a slot's staging; errors into ``results``."""
     frames = checked_frames(images, device, results)
-    return plan_nv12(header_bytes, max_batch, size, [(i, f.planes, layout, f.height, f.width) for i, f, layout in frames])
+    return plan_nv12(header_bytes, max_batch, size, [(i, f.planes, layout, f.height, f.width,
+                                                      swscale_constants(f.colorspace, f.full_range))
+                                                     for i, f, layout in frames])
 
 
 def stage(staging: Any, plan: Nv12Plan, bucket: int, stream: Any) -> None:
@@ -144,8 +149,8 @@ def params_view(host_np: np.ndarray, header_bytes: int, max_batch: int) -> np.nd
 def write_params(host_np: np.ndarray, header_bytes: int, max_batch: int, plan: Nv12Plan, bucket: int) -> None:
     """Each frame's params into the pinned staging; the bucket's padding slots read no pixels."""
     rows = params_view(host_np, header_bytes, max_batch)
-    for j, (_, lb, offset, layout) in enumerate(plan.placed):
-        fill_nv12_params(rows[j], lb, offset, layout.pitch, layout.luma_rows)
+    for j, ((_, lb, offset, layout), colour) in enumerate(zip(plan.placed, plan.colours)):
+        fill_nv12_params(rows[j], lb, offset, layout.pitch, layout.luma_rows, colour)
     for j in range(len(plan.placed), bucket):
         fill_nv12_params(rows[j], None, 0, 0)
 

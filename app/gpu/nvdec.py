@@ -1,26 +1,31 @@
 """NVDEC through PyNvVideoCodec (PyPI ``pynvvideocodec``): a video's frames as NV12 in device
 memory, never on the host, for ``app.gpu.nv12``'s letterbox kernel.
 
-Files go through ``SimpleDecoder`` (batches of frames, its own demuxer); URLs (RTSP, HTTP)
-through ``CreateDemuxer`` + ``CreateDecoder``, packet by packet. Each frame comes out as a
-torch view (``torch.from_dlpack``) of shape ``[H * 3 / 2, W]`` uint8: the Y plane, then the
-interleaved UV plane. The decoder may reuse a frame's surface for a later one, so a frame is
-valid until the next batch is asked for: copy it (device to device) into the batch's staging
-before that.
+Files go through ``SimpleDecoder`` (its own demuxer, ``get_batch_frames``) or, with
+``reader="threaded"``, ``ThreadedDecoder`` (the same, decoding ahead on a native thread of its
+own); URLs (RTSP, HTTP) through ``CreateDecoder``, fed the compressed packets another demuxer
+read (``app.pipeline.sources``: OpenCV's, whose open and reads time out). Every decoder works
+in the device's primary context (the one torch and Numba use) on a CUDA stream of its own, not
+the legacy default stream, which would order it against every other stream of the process.
 
-``app.pipeline.sources`` opens these for videos and streams when the detector's pipeline takes
-device NV12 frames (``Pipeline.takes_nv12``): ``own_copy`` makes a frame the caller's.
+A decoded frame is a torch view (``torch.from_dlpack``) of shape ``[H * 3 / 2, W]`` uint8: the Y
+plane, then the interleaved UV plane. The decoder may reuse a frame's surface for a later one,
+so a batch of frames is valid until the next batch is asked for: ``own_copies`` makes them the
+caller's, one device-to-device copy each on the reader's stream and one synchronize a batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from app.config import NVDEC_READERS as READERS  # file readers: SimpleDecoder, ThreadedDecoder
 from app.errors import BackendUnavailable, InvalidImage
 
 OTHER_SURFACES = ("P016", "P010", "YUV444", "NV16", "P216")  # NVDEC's layouts other than NV12
+CODECS = {"h264": "H264", "avc1": "H264", "hevc": "HEVC", "hev1": "HEVC", "hvc1": "HEVC", "h265": "HEVC",
+          "av01": "AV1"}  # a demuxer's FourCC → PyNvVideoCodec's cudaVideoCodec member
 
 
 def _nvc() -> Any:
@@ -39,65 +44,154 @@ class Nv12Frame:
     planes: Any  # torch uint8 [rows, cols] on the device: rows * 2 / 3 Y rows, then the interleaved UV rows
 
 
-class NvdecReader:
-    """The NV12 frames of one file or URL (``live``: read packet by packet), decoded by NVDEC on
-    GPU ``gpu_id``."""
-
-    def __init__(self, source: str, *, live: bool = False, gpu_id: int = 0, batch: int = 8) -> None:
-        self.source, self.gpu_id, self.batch, self.live = source, gpu_id, batch, live
-        self._demuxer: Any = None
+def decoder_engines(gpu_id: int = 0) -> int:
+    """How many NVDEC engines GPU ``gpu_id`` has for 8-bit 4:2:0 H.264 (0: unknown)."""
+    try:
         nvc = _nvc()
+        chroma = next(v for k, v in nvc.cudaVideoChromaFormat.__members__.items() if "420" in k)
+        caps = nvc.GetDecoderCaps(gpuid=gpu_id, codec=nvc.cudaVideoCodec.H264, chromaformat=chroma, bitdepth=8)
+        return int(caps.get("num_decoder_engines", 0) or 0)
+    except Exception:  # noqa: BLE001 - a binding or driver without the query: the caller's default
+        return 0
+
+
+class _Cuda:
+    """The device's primary context (as an int handle) and a CUDA stream of this reader's own."""
+
+    def __init__(self, gpu_id: int) -> None:
+        import torch
+
+        from app.gpu.driver import cuda_driver
+
+        self.device = torch.device("cuda", gpu_id)
+        self.stream = torch.cuda.Stream(device=self.device)  # non-blocking: never ordered against the others
+        self.context = cuda_driver().primary_context(gpu_id)
+        self.gpu_id = gpu_id
+
+    def release(self) -> None:
+        from app.gpu.driver import cuda_driver
+
+        cuda_driver().release_primary_context(self.gpu_id)
+
+
+class NvdecReader:
+    """The NV12 frames of one file, or of a URL's compressed ``packets`` (bytes in Annex B, of
+    the stream's ``codec``: a FourCC such as ``h264``), decoded by NVDEC on GPU ``gpu_id``.
+    ``batch``: frames one decode call returns at most (files)."""
+
+    def __init__(self, source: str, *, gpu_id: int = 0, batch: int = 8, reader: str = "simple",
+                 packets: Iterable[bytes] | None = None, codec: str = "h264") -> None:
+        if reader not in READERS:
+            raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
+        self.source, self.gpu_id, self.batch, self.reader = source, gpu_id, batch, reader
+        self._packets = packets
+        nvc = _nvc()
+        self._cuda = _Cuda(gpu_id)
+        cuda = {"cuda_context": self._cuda.context, "cuda_stream": self._cuda.stream.cuda_stream}
         try:
-            if self.live:
-                self._demuxer = nvc.CreateDemuxer(filename=source)
-                self._decoder = nvc.CreateDecoder(gpuid=gpu_id, codec=self._demuxer.GetNvCodecId(), cudacontext=0,
-                                                  cudastream=0, usedevicememory=True)
-                self.fps = float(self._demuxer.FrameRate() or 0.0)
+            if packets is not None:
+                name = CODECS.get(codec.lower().strip("\0 "))
+                if name is None:
+                    raise InvalidImage(f"NVDEC does not decode {codec!r} streams here")
+                self._decoder = nvc.CreateDecoder(gpuid=gpu_id, codec=getattr(nvc.cudaVideoCodec, name),
+                                                  cudacontext=cuda["cuda_context"], cudastream=cuda["cuda_stream"],
+                                                  usedevicememory=True)
+            elif reader == "threaded":
+                self._decoder = nvc.ThreadedDecoder(source, buffer_size=2 * batch, gpu_id=gpu_id, use_device_memory=True,
+                                                    output_color_type=nvc.OutputColorType.NATIVE, **cuda)
             else:
                 self._decoder = nvc.SimpleDecoder(source, gpu_id=gpu_id, use_device_memory=True,
-                                                  output_color_type=nvc.OutputColorType.NATIVE)
+                                                  output_color_type=nvc.OutputColorType.NATIVE, **cuda)
+        except InvalidImage:
+            self._cuda.release()
+            raise
         except Exception as exc:  # noqa: BLE001 - the binding raises plain RuntimeErrors for bad input
+            self._cuda.release()
             raise InvalidImage(f"NVDEC cannot open {source!r}: {exc}") from None
-        self.shown = (0, 0)  # the picture's (height, width) when the stream says, else the surface's
-        if not self.live:
+        self.fps, self.shown = 0.0, (0, 0)  # shown: the picture's (height, width) when the stream says
+        if packets is None:
             metadata = self._decoder.get_stream_metadata()
             # Fields not every version names: read what is there.
             self.fps = float(getattr(metadata, "average_fps", 0.0) or 0.0)
             self.shown = (int(getattr(metadata, "height", 0) or 0), int(getattr(metadata, "width", 0) or 0))
+        self._index = 0
+
+    @property
+    def stream(self) -> Any:
+        """The reader's CUDA stream (torch): the decoder's output and ``own_copies`` are ordered on it."""
+        return self._cuda.stream
+
+    def batches(self) -> Iterator[list[Nv12Frame]]:
+        """The frames in presentation order, a decode call's worth at a time; each batch valid
+        until the next one is asked for."""
+        for decoded in self._packet_batches() if self._packets is not None else self._file_batches():
+            if decoded:
+                yield [self._frame(f) for f in decoded]
 
     def frames(self) -> Iterator[Nv12Frame]:
-        """Every frame in presentation order; each one valid until the next is taken."""
+        """Every frame in presentation order; each one valid until the next batch is decoded."""
+        for batch in self.batches():
+            yield from batch
+
+    def _frame(self, frame: Any) -> Nv12Frame:
         import torch
 
-        for index, frame in enumerate(self._packets() if self.live else self._batches()):
-            fmt = str(getattr(frame, "format", "")).upper()  # 10-bit and 4:4:4 streams decode to other layouts
-            if any(other in fmt for other in OTHER_SURFACES):
-                raise InvalidImage(f"NVDEC gives {fmt} frames for {self.source!r}; the GPU reads 8-bit 4:2:0 (NV12)")
-            planes = torch.from_dlpack(frame)
-            if planes.dim() != 2:  # some versions add a batch or channel axis of 1: drop it, keep the strides
-                planes = planes.squeeze()
-            rows, cols = planes.shape[0] * 2 // 3, planes.shape[1]
-            height, width = self.shown
-            yield Nv12Frame(index, min(height, rows) or rows, min(width, cols) or cols, planes)
+        fmt = str(getattr(frame, "format", "")).upper()  # 10-bit and 4:4:4 streams decode to other layouts
+        if any(other in fmt for other in OTHER_SURFACES):
+            raise InvalidImage(f"NVDEC gives {fmt} frames for {self.source!r}; the GPU reads 8-bit 4:2:0 (NV12)")
+        planes = torch.from_dlpack(frame)
+        if planes.dim() != 2:  # some versions add a batch or channel axis of 1: drop it, keep the strides
+            planes = planes.squeeze()
+        rows, cols = planes.shape[0] * 2 // 3, planes.shape[1]
+        height, width = self.shown
+        self._index += 1
+        return Nv12Frame(self._index - 1, min(height, rows) or rows, min(width, cols) or cols, planes)
 
-    def _batches(self) -> Iterator[Any]:
+    def _file_batches(self) -> Iterator[list[Any]]:
         while frames := self._decoder.get_batch_frames(self.batch):
-            yield from frames
+            yield frames
 
-    def _packets(self) -> Iterator[Any]:
-        for packet in self._demuxer:
-            yield from self._decoder.Decode(packet)
+    def _packet_batches(self) -> Iterator[list[Any]]:
+        import numpy as np
+
+        nvc = _nvc()
+        assert self._packets is not None
+        for data in self._packets:
+            buf = np.frombuffer(data, np.uint8)  # kept alive through the call: the packet points into it
+            packet = nvc.PacketData()
+            packet.bsl_data, packet.bsl = int(buf.ctypes.data), int(buf.size)
+            yield self._decoder.Decode(packet)
+        yield self._decoder.Decode(nvc.PacketData())  # an empty packet: the end, the decoder flushes
 
     def close(self) -> None:
-        self._decoder = self._demuxer = None  # the binding frees its decoder with the object
+        if self._decoder is not None:
+            self._decoder = None  # the binding frees its decoder with the object
+            self._cuda.release()
+
+
+def own_copies(frames: list[Nv12Frame], stream: Any) -> list[Any]:
+    """Device copies of a batch's planes that the decoder cannot recycle, made on ``stream`` (the
+    reader's, after its decode) and complete when returned: frames handed to another thread are
+    ready to read. One allocation and one synchronize for the batch."""
+    import torch
+
+    if not frames:
+        return []
+    with torch.cuda.stream(stream):
+        shapes = {tuple(f.planes.shape) for f in frames}
+        if len(shapes) == 1:  # the usual case: one block, a view per frame
+            block = torch.empty((len(frames), *shapes.pop()), dtype=torch.uint8, device=frames[0].planes.device)
+            copies = list(block.unbind(0))
+        else:
+            copies = [torch.empty(f.planes.shape, dtype=torch.uint8, device=f.planes.device) for f in frames]
+        for copy, frame in zip(copies, frames):
+            copy.copy_(frame.planes, non_blocking=True)
+    stream.synchronize()
+    return copies
 
 
 def own_copy(planes: Any) -> Any:
-    """A device copy of a frame's planes that the decoder cannot recycle, complete when returned
-    (the reader's stream is synchronized: a frame handed to another thread is ready to read)."""
+    """A device copy of one frame's planes, complete when returned."""
     import torch
 
-    with torch.cuda.device(planes.device):
-        copy = planes.clone()
-        torch.cuda.current_stream().synchronize()
-    return copy
+    return own_copies([Nv12Frame(0, 0, 0, planes)], torch.cuda.current_stream(planes.device))[0]

@@ -50,11 +50,15 @@ class BatchSlot:
 
     def grow(self, needed: int) -> None:
         """Bigger staging: new addresses, so this slot's graphs and driver calls are dropped."""
+        self.resize_staging(max(needed, 2 * self.staging.capacity))
+
+    def resize_staging(self, capacity: int) -> None:
+        """Staging of ``capacity`` bytes: new addresses, so this slot's graphs and driver calls
+        are dropped (captured again on their next use)."""
         self.graphs.free()
         self.dispatch = None
-        old = self.staging.capacity
         self.staging.free()
-        self.staging = new_staging(self.max_batch, max(needed, 2 * old), self.device)
+        self.staging = new_staging(self.max_batch, capacity, self.device)
 
     def free(self) -> None:
         with contextlib.suppress(Exception):

@@ -61,11 +61,15 @@ def load_package(path: Path, device: Any) -> Any:
 
     Loaded through torch's package loader itself, single-threaded (the container's thread
     synchronisation records and waits on CUDA events, which a graph capture forbids), so that
-    neither ``torch._inductor`` nor ``torch._dynamo`` is imported at start-up (seconds). A torch
-    whose loader takes other arguments goes through ``torch._inductor.aoti_load_package``.
+    neither ``torch._inductor`` nor ``torch._dynamo`` is imported at start-up (seconds). The CUDA
+    context exists before the package's kernels load: a fresh process that had not touched the
+    GPU yet crashed in the loader on the H200. A torch whose loader takes other arguments goes
+    through ``torch._inductor.aoti_load_package``.
     """
     import torch
 
+    if device.type == "cuda":
+        torch.zeros(1, device=device)  # the context (torch creates it lazily)
     index = device.index if device.index is not None else -1
     try:
         loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", True, 1, index)

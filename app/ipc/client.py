@@ -42,7 +42,7 @@ class _Request:
                  headers: list[ImageHeader] | None = None) -> None:
         self.client = client
         self.id = next(client._ids)
-        self.images = images
+        self.images: list[bytes] | None = images  # None once it failed: nothing more is sent
         self.headers = headers
         self.params = params
         self.deadline = deadline
@@ -51,10 +51,14 @@ class _Request:
         client._unsent += len(images)
         self.answered = 0
         self.links: set[_Link] = set()
+        # Set (to None) once every image is answered or the request failed, ``error`` then says
+        # why. The error is kept here, not in the future: a future's exception raised in the
+        # awaiting frame (which holds this request) would be a cycle holding the image bytes.
         self.done = asyncio.get_running_loop().create_future()
+        self.error: YolopipeError | None = None
 
     def send_next(self) -> None:
-        if self.done.done() or self.sent >= len(self.images):
+        if self.done.done() or self.sent >= len(self.outcomes):
             return
         index = self.sent
         self.sent += 1
@@ -63,7 +67,7 @@ class _Request:
             link = self.client.pick()
             link.send(self, index)
         except YolopipeError as exc:
-            self.fail(exc)
+            self.fail(exc.with_traceback(None))  # its traceback holds this frame, which holds self
 
     def answer(self, outcome: wire.Outcome) -> None:
         if self.done.done():
@@ -73,17 +77,18 @@ class _Request:
             return
         self.outcomes[outcome.index] = outcome
         self.answered += 1
-        if self.answered == len(self.images):
+        if self.answered == len(self.outcomes):
             self.done.set_result(None)
         else:
             self.send_next()
 
     def fail(self, error: YolopipeError) -> None:
         if not self.done.done():
-            self.client._unsent -= len(self.images) - self.sent  # never to be sent now
-            self.sent = len(self.images)
-            self.done.set_exception(error)
-            self.done.exception()  # retrieved: whoever still awaits it gets it; nobody else must
+            self.client._unsent -= len(self.outcomes) - self.sent  # never to be sent now
+            self.sent = len(self.outcomes)
+            self.error = error
+            self.done.set_result(None)
+            self.images = self.headers = None  # nothing more is sent (the worker has its copies)
             for link in self.links:
                 link.cancel(self.id)
 
@@ -200,6 +205,8 @@ class InferenceClient:
         self._tasks: list[asyncio.Task] = []
         self._turn = itertools.count()
         self._unsent = 0  # images of admitted requests still waiting for their window here
+        self.calls = 0  # detect calls begun, and those not yet over: what "quiet" means to a worker
+        self.calls_in_flight = 0
 
     async def start(self, wait_s: float = 30.0) -> None:
         """Connect to every worker (in the background, for good); wait up to ``wait_s`` for one."""
@@ -303,6 +310,15 @@ class InferenceClient:
         checked here; they travel with the bytes, so the inference worker does not read them
         again. Raises Overloaded, DeviceError or RequestTimeout when the request as a whole
         cannot be served."""
+        self.calls += 1
+        self.calls_in_flight += 1
+        try:
+            return await self._detect(images, params, headers)
+        finally:
+            self.calls_in_flight -= 1
+
+    async def _detect(self, images: list[bytes], params: DetectParams,
+                      headers: list[ImageHeader] | None) -> list[wire.Outcome]:
         timeout = self.settings.request_timeout_s
         self.admit(len(images))
         request = _Request(self, images, params, time.monotonic() + timeout, headers)
@@ -312,11 +328,19 @@ class InferenceClient:
             await asyncio.wait_for(asyncio.shield(request.done), timeout + _GRACE_S)
         except asyncio.TimeoutError:
             request.fail(RequestTimeout(f"no result within {timeout:g} s"))
-            raise RequestTimeout(f"no result within {timeout:g} s") from None
         except asyncio.CancelledError:  # the client went away: stop the work it left queued
             request.fail(RequestTimeout("the client went away"))
             raise
-        return request.outcomes  # type: ignore[return-value]
+        # Raised below, the error's traceback holds this frame (and ``images``): neither the
+        # request (a worker may still answer its images) nor this frame may hold the error.
+        outcomes, error, request.error = request.outcomes, request.error, None
+        del request
+        if error is None:
+            return outcomes  # type: ignore[return-value]
+        try:
+            raise error
+        finally:
+            del error  # this frame (in its traceback) must not hold it: a cycle that holds ``images``
 
 
 def _no_worker() -> Overloaded:

@@ -47,5 +47,10 @@ class CpuPipeline:
         timings = {"preprocess_ms": (t1 - t0) * 1e3, "engine_ms": (t2 - t1) * 1e3, "nms_ms": (t3 - t2) * 1e3}
         return PipelineRun([(r, p[1]) for r, p in zip(rows, placed)], timings)
 
+    def release_memory(self) -> None:
+        """Free what the backend keeps between batches (ONNX Runtime's arena); the next batch
+        allocates again."""
+        self._engine.release_memory()
+
     def close(self) -> None:
         self._engine.close()

@@ -132,6 +132,7 @@ class GpuPipeline:
                 for i in range(in_flight)
             ]
             self.graphs = GraphBuilder(engine, self.inputs, self.compute, self.slots, context=self._on_device)
+        self._first_staging = self.slots[0].staging.capacity  # release_memory shrinks grown staging back to it
         self._free_slots: queue.SimpleQueue[BatchSlot] = queue.SimpleQueue()
         for slot in self.slots:
             self._free_slots.put(slot)
@@ -415,6 +416,27 @@ class GpuPipeline:
             self._gate.acquire_shared()
 
     # ----------------------------------------------------------------------- lifetime
+    def release_memory(self) -> None:
+        """Give back what a burst grew: staging grown for large images goes back to its first
+        size (those slots' graphs are captured again on their next use), then torch's cached
+        device blocks and pinned host blocks are freed. Waits for the batches in flight."""
+        torch = self._torch
+        with self._exclusive():
+            if self._closed:
+                return
+            grown = [slot for slot in self.slots if slot.staging.capacity > self._first_staging]
+            torch.cuda.synchronize(self.device)
+            for slot in grown:  # freed before the caches are emptied: a new buffer must not split a freed one
+                slot.graphs.free()
+                slot.staging.free()
+            torch.cuda.empty_cache()
+            host_empty_cache = getattr(torch._C, "_host_emptyCache", None)  # pinned blocks
+            if host_empty_cache is not None:
+                host_empty_cache()
+            for slot in grown:
+                slot.resize_staging(self._first_staging)
+                self.dispatcher.attach(slot)
+
     def close(self) -> None:
         """Free every device resource (idempotent), then the engine."""
         if self._closed:

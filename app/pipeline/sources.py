@@ -18,9 +18,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from app.config import decoder_name
+from app.config import decoder_name, nvdec_reader
 from app.contracts import DeviceNv12
 from app.errors import BackendUnavailable, InvalidImage, InvalidParameter
 from app.source_urls import redact
@@ -58,35 +59,42 @@ def video_decoder(detector: Detector) -> str:
     return "nvdec"
 
 
-def open_opencv(source: str, *, timeout_ms: int | None = None) -> Any:
-    """An OpenCV capture through its FFmpeg backend, or None when nothing opens."""
+def open_opencv(source: str, *, timeout_ms: int | None = None, threads: int | None = None) -> Any:
+    """An OpenCV capture through its FFmpeg backend, or None when nothing opens. ``threads``:
+    FFmpeg's decoding threads for it (OpenCV's default: one per core)."""
     import cv2
 
-    if timeout_ms is None:
-        cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG)
-    else:
-        params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
-        cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG, params)
+    params = []
+    if timeout_ms is not None:
+        params += [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
+    if threads:
+        params += [cv2.CAP_PROP_N_THREADS, threads]
+    cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG, params) if params else cv2.VideoCapture(source, cv2.CAP_FFMPEG)
     if not cap.isOpened():
         cap.release()
         return None
     return cap
 
 
-def open_source(source: str, decoder: str, *, max_pixels: int, device: int = 0, timeout_ms: int | None = None) -> Any:
+def open_source(source: str, decoder: str, *, max_pixels: int, device: int = 0, timeout_ms: int | None = None,
+                threads: int | None = None) -> Any:
     """A capture of ``source`` by ``decoder`` (``video_decoder``'s answer), or None when nothing
     opens it (``nvdec``: NVDEC, else OpenCV; see the module docstring for ``auto``); an
-    ``InvalidImage`` when its frames are over ``max_pixels`` (the run's limit)."""
-    # Live URLs stay on OpenCV, whose open and read time out (PyNvVideoCodec's demuxer has no
-    # timeout: a camera that never answers would hold its reader thread for good).
-    if decoder == "nvdec" and not is_live(source):
+    ``InvalidImage`` when its frames are over ``max_pixels`` (the run's limit). ``threads``:
+    OpenCV's decoding threads for it (``open_opencv``)."""
+    # URLs are demuxed by OpenCV for NVDEC (RawPackets), whose open and reads time out:
+    # PyNvVideoCodec's own demuxer has no timeout, and a camera that never answers would hold
+    # its reader thread for good.
+    if decoder == "nvdec":
         try:
-            cap = NvdecCapture(source, device=device)
+            cap = NvdecCapture(source, device=device, timeout_ms=timeout_ms, reader=nvdec_reader())
         except Exception as exc:  # noqa: BLE001 - the binding raises plain errors; OpenCV may still read it
             log.info("NVDEC cannot read %s (%s: %s); OpenCV reads it", redact(source), type(exc).__name__, exc)
         else:
+            if not cap.opened:
+                return None
             return checked_size(cap, source, cap.width, cap.height, max_pixels)
-    cap = open_opencv(source, timeout_ms=timeout_ms)
+    cap = open_opencv(source, timeout_ms=timeout_ms, threads=threads)
     if cap is None:
         return None
     import cv2
@@ -121,55 +129,136 @@ def _refuse_over_limit(source: str, width: int, height: int, max_pixels: int) ->
 
 def capture_fps(cap: Any) -> float:
     """The source's frame rate (0: unknown), as OpenCV reports it for either kind of capture."""
-    if isinstance(cap, NvdecCapture):
-        return cap.fps
+    if (fps := getattr(cap, "fps", None)) is not None:  # NvdecCapture: OpenCV's figure, read on opening
+        return fps
     import cv2
 
     fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
     return fps if 0.0 < fps < 1000.0 else 0.0  # some containers report 0 or nonsense
 
 
-class NvdecCapture:
-    """``cv2.VideoCapture``'s reading interface over ``app.gpu.nvdec.NvdecReader``: ``retrieve``
-    gives a ``DeviceNv12`` of the caller's own (a device copy: the decoder recycles its surfaces).
-    The first frame is decoded on opening, so a source NVDEC cannot decode fails there."""
+class RawPackets:
+    """A source's compressed video packets, demuxed by OpenCV's FFmpeg without decoding (its raw
+    mode, with its open and read timeouts), in Annex B (it filters MP4's length-prefixed H.264 and
+    HEVC to start codes): what NVDEC reads URLs from. ``head``: the stream's own header (the
+    extradata, when it is Annex B, as RTSP's is) and the first packets, read on opening and given
+    first when iterated; ``colour``: the SPS's colour description among them
+    (``app.imaging.h264_sps``; None: none found)."""
 
-    def __init__(self, source: str, *, device: int = 0) -> None:
+    HEAD_PACKETS = 3
+
+    def __init__(self, source: str, *, timeout_ms: int | None = None) -> None:
+        import cv2
+
+        params = [cv2.CAP_PROP_FORMAT, -1]
+        if timeout_ms is not None:
+            params += [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
+        self._cap = cv2.VideoCapture(source, cv2.CAP_FFMPEG, params)
+        self.opened = self._cap.isOpened()
+        self.fps = capture_fps(self._cap) if self.opened else 0.0
+        fourcc = int(self._cap.get(cv2.CAP_PROP_FOURCC) or 0) if self.opened else 0
+        self.codec = fourcc.to_bytes(4, "little").decode("latin-1").strip("\0 ").lower()
+        self.head: list[bytes] = []
+        if self.opened:
+            extra_index = int(self._cap.get(cv2.CAP_PROP_CODEC_EXTRADATA_INDEX) or 0)
+            ok, extra = self._cap.retrieve(flag=extra_index) if extra_index else (False, None)
+            if ok and extra is not None and extra.size and extra.tobytes().startswith((b"\0\0\1", b"\0\0\0\1")):
+                self.head.append(extra.tobytes())  # RTSP's parameter sets, from its SDP
+            while len(self.head) < self.HEAD_PACKETS + 1 and (packet := self._read()) is not None:
+                self.head.append(packet)
+        from app.imaging.h264_sps import stream_colour
+
+        self.colour = stream_colour(self.head) if self.codec in ("h264", "avc1") else None
+
+    def _read(self) -> bytes | None:
+        if not self._cap.grab():
+            return None
+        ok, packet = self._cap.retrieve()
+        return packet.tobytes() if ok and packet is not None else b""
+
+    def __iter__(self) -> Iterator[bytes]:
+        head, self.head = self.head, []
+        yield from head
+        while (packet := self._read()) is not None:
+            if packet:
+                yield packet
+
+    def release(self) -> None:
+        self._cap.release()
+
+
+class NvdecCapture:
+    """``cv2.VideoCapture``'s reading interface over ``app.gpu.nvdec.NvdecReader``, plus ``read``:
+    the next frames as ``DeviceNv12`` of the caller's own (device copies, made a decode call's
+    batch at a time: the decoder recycles its surfaces), with the stream's colour matrix and
+    range as its SPS says (OpenCV's decode converts with the same). A file is decoded by
+    PyNvVideoCodec's own demuxer (``reader``: ``simple`` | ``threaded``); a URL's packets come
+    from OpenCV's demuxer (``RawPackets``: the open and read time out after ``timeout_ms``). The
+    first frames are decoded on opening, so a source NVDEC cannot decode fails there
+    (``InvalidImage``); a URL that does not open leaves ``opened`` false."""
+
+    def __init__(self, source: str, *, device: int = 0, timeout_ms: int | None = None, reader: str = "simple",
+                 batch: int = 8) -> None:
         from app.gpu.nvdec import NvdecReader
 
-        live = is_live(source)
-        self._reader = NvdecReader(source, live=live, gpu_id=device)
-        self.fps = self._reader.fps
-        if not live:  # a file's time_s as OpenCV reads it: the same container frame rate
-            probe = open_opencv(source)
-            if probe is not None:
-                self.fps = capture_fps(probe)
-                probe.release()
-        self._frames = self._reader.frames()
+        self.source, self.batch = source, batch
+        self._reader: Any = None
+        # A file's frame rate and colour as OpenCV reads them (its time_s: the container's rate).
+        self._packets = RawPackets(source, timeout_ms=timeout_ms)
+        self.opened = self._packets.opened
+        if not self.opened:
+            self._packets.release()
+            return
+        self.fps = self._packets.fps
+        self.colorspace, self.full_range = self._packets.colour or (2, False)
         try:
-            self._first = next(self._frames, None)
+            if is_live(source):
+                self._reader = NvdecReader(source, gpu_id=device, packets=self._packets, codec=self._packets.codec)
+            else:
+                self._packets.release()
+                self._reader = NvdecReader(source, gpu_id=device, reader=reader, batch=batch)
+            self.fps = self.fps or self._reader.fps
+            self._batches = self._reader.batches()
+            self._decoded: list[Any] = []  # the decoder's current batch, taken from the front
+            self._queue: list[DeviceNv12] = []  # frames of the caller's own, ahead of grab()
+            self._queue = self.read(batch)
+        except InvalidImage:
+            self.release()
+            raise
         except Exception as exc:  # noqa: BLE001 - the binding raises plain RuntimeErrors for what it cannot decode
+            self.release()
             raise InvalidImage(f"NVDEC cannot decode {redact(source)!r}: {exc}") from None
-        self.width, self.height = (self._first.width, self._first.height) if self._first is not None else (0, 0)
-        self._current: Any = None
+        first = self._queue[0] if self._queue else None
+        self.width, self.height = (first.width, first.height) if first is not None else (0, 0)
+        self._current: DeviceNv12 | None = None
+
+    def read(self, count: int) -> list[DeviceNv12]:
+        """Up to ``count`` next frames, each the caller's own and complete on the device; [] at the end."""
+        from app.gpu.nvdec import own_copies
+
+        if getattr(self, "_queue", None):
+            taken, self._queue = self._queue[:count], self._queue[count:]
+            return taken
+        if not self._decoded:
+            self._decoded = next(self._batches, [])
+        frames, self._decoded = self._decoded[:count], self._decoded[count:]
+        planes = own_copies(frames, self._reader.stream)
+        return [DeviceNv12(p, f.height, f.width, self.colorspace, self.full_range) for p, f in zip(planes, frames)]
 
     def grab(self) -> bool:
-        """The next frame (never decoded ahead: that may recycle the surface of this one)."""
-        if self._first is not None:
-            self._current, self._first = self._first, None
-        else:
-            self._current = next(self._frames, None)
+        """The next frame (copied a decode batch at a time)."""
+        if not self._queue:
+            self._queue = self.read(self.batch)
+        self._current = self._queue.pop(0) if self._queue else None
         return self._current is not None
 
     def retrieve(self) -> tuple[bool, DeviceNv12 | None]:
-        from app.gpu.nvdec import own_copy
-
-        frame = self._current
-        if frame is None:
-            return False, None
-        return True, DeviceNv12(own_copy(frame.planes), frame.height, frame.width)
+        return (self._current is not None), self._current
 
     def release(self) -> None:
-        self._frames = iter(())
-        self._current = self._first = None
-        self._reader.close()
+        self._queue, self._decoded, self._current = [], [], None
+        self._batches = iter(())
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        self._packets.release()

@@ -10,7 +10,12 @@
 * A source is shown (snapshots, events, errors, logs) without the credentials of its URL.
 * One source's failure stays in its own thread and its own ``state``/``error``.
 
-Frames are decoded by OpenCV, or by NVDEC into device memory (``app.pipeline.sources``).
+Frames are decoded by OpenCV, or by NVDEC into device memory (``app.pipeline.sources``). An
+NVDEC capture is read by the runner's decode pool (``app.pipeline.decode_pool``: a few threads
+serve every stream) while the stream's own thread waits; an OpenCV capture by the stream's
+thread, whose OpenCV/FFmpeg decoding threads are ``decode_threads`` (the runner shares the
+machine's cores among its streams: many captures each starting a thread per core starve the
+threads that run the model).
 """
 
 from __future__ import annotations
@@ -54,9 +59,16 @@ class StreamStats:
     frames_read: int = 0
     frames_done: int = 0
     dropped: int = 0
+    first_read: float = 0.0  # time.monotonic() of the first frame read, and of the last
+    last_read: float = 0.0
     reconnects: int = 0
     latencies_s: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
     done_at: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+
+    def read_fps(self) -> float:
+        """Frames read per second from the first to the last (0 before two)."""
+        span = self.last_read - self.first_read
+        return (self.frames_read - 1) / span if self.frames_read > 1 and span > 0 else 0.0
 
     def fps(self, now: float) -> float:
         recent = [t for t in self.done_at if now - t <= FPS_WINDOW_S]
@@ -72,11 +84,15 @@ class Stream:
     """One source read on its own thread into a bounded buffer (see the module docstring)."""
 
     def __init__(self, stream_id: str, source: str, *, max_pixels: int, vid_stride: int = 1, realtime: bool = False,
-                 track: bool = False, notify: Callable[[], None] = lambda: None, decoder: str = "opencv",
-                 device: int = 0, open_timeout_s: float = OPEN_TIMEOUT_S) -> None:
+                 track: bool = False, notify: Callable[[Stream, int], None] = lambda stream, added: None,
+                 decoder: str = "opencv", device: int = 0, open_timeout_s: float = OPEN_TIMEOUT_S, pool: Any = None,
+                 decode_threads: int | None = None) -> None:
+        """``notify(stream, added)``: after each frame buffered (``added``: how many more frames it
+        holds now, 0 when one was dropped for it) and each change of state (0)."""
         self.id, self.source = stream_id, source  # what is opened
         self.shown = redact(source)  # what is shown: no credentials
         self.decoder, self.device = decoder, device  # app.pipeline.sources.open_source
+        self.pool, self.decode_threads = pool, decode_threads
         self.max_pixels = max_pixels  # the run's (RunShape.max_pixels): larger frames fail the stream
         self.open_timeout_s = open_timeout_s
         self.live = is_live(source)
@@ -147,20 +163,32 @@ class Stream:
     def take(self, n: int) -> list[StreamFrame]:
         with self._room:
             frames = [self._buffer.popleft() for _ in range(min(n, len(self._buffer)))]
-            self._room.notify_all()
+            if frames and not self.drops:
+                self._room.notify_all()
         return frames
+
+    def room(self) -> int:
+        """Frames the buffer takes now without dropping one (a decode pool reads this many)."""
+        with self._lock:
+            return self._limit - len(self._buffer)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
 
     def _push(self, frame: StreamFrame) -> None:
         with self._room:
+            added = 1
             if self.drops:
                 if len(self._buffer) >= self._limit:
                     self._buffer.popleft()
                     self.stats.dropped += 1
+                    added = 0
             else:
                 while len(self._buffer) >= self._limit and not self._stop.is_set():
                     self._room.wait(0.1)
             self._buffer.append(frame)
-        self._notify()
+        self._notify(self, added)
 
     def _read_loop(self) -> None:
         index = 0
@@ -175,7 +203,7 @@ class Stream:
                 self._in_ffmpeg = not unanswered
                 cap = None if unanswered else open_source(self.source, self.decoder, device=self.device,
                                                           timeout_ms=round(self.open_timeout_s * 1e3),
-                                                          max_pixels=self.max_pixels)
+                                                          max_pixels=self.max_pixels, threads=self.decode_threads)
                 self._in_ffmpeg = cap is not None  # reading it, until released
                 if cap is None:
                     if not self.live:
@@ -211,11 +239,18 @@ class Stream:
         finally:
             if self._stop.is_set() and self.state not in ("failed", "ended"):
                 self.state = "removed"
-            self._notify()
+            self._notify(self, 0)
+
+    @property
+    def period(self) -> float:
+        """Seconds between frames when read at the source's own rate (a file as a camera), else 0."""
+        return 1.0 / self.fps if self.realtime and self.fps else 0.0
 
     def _read_frames(self, cap: Any, index: int) -> int:
         """Frames of one open capture into the buffer; the next index when it stops giving any."""
-        period = 1.0 / self.fps if self.realtime and self.fps else 0.0
+        if self.pool is not None and hasattr(cap, "read"):  # NVDEC: the decode pool reads it
+            return self.pool.read(self, cap, index)
+        period = self.period
         started = time.monotonic()
         first = index
         while not self._stop.is_set():
@@ -229,13 +264,19 @@ class Stream:
                 ok, image = cap.retrieve()
                 if not ok or image is None:
                     return index
-                check_frame(image, self.shown, self.max_pixels)
-                now = time.monotonic()
-                time_s = index / self.fps if (self.fps and not self.live) else now - self.added
-                self.stats.frames_read += 1
-                self._push(StreamFrame(self, index, round(time_s, 6), image, now))
+                self.keep(index, image)
             index += 1
         return index
+
+    def keep(self, index: int, image: Any) -> None:
+        """Frame ``index`` of the source (one ``vid_stride`` keeps) into the buffer, read now."""
+        check_frame(image, self.shown, self.max_pixels)
+        now = time.monotonic()
+        time_s = index / self.fps if (self.fps and not self.live) else now - self.added
+        self.stats.frames_read += 1
+        self.stats.first_read = self.stats.first_read or now
+        self.stats.last_read = now
+        self._push(StreamFrame(self, index, round(time_s, 6), image, now))
 
     def snapshot(self) -> dict[str, Any]:
         now = time.monotonic()

@@ -4,22 +4,27 @@ Each source is read by a thread of its own into a small buffer (``app.pipeline.s
 drops, reconnects, failures); one runner thread forms batches from every stream's buffer (round
 robin, up to the detector's ``RunShape.max_batch``, waiting at most its ``max_wait_ms`` for a
 batch to fill) and hands each batch's answers to ``on_frames`` (``event_lines`` writes their
-events). Frames are decoded as ``app.pipeline.sources.video_decoder`` says: by NVDEC into
-device memory when the detector's GPU pipeline has it, else by OpenCV; a server's streams
-(``detect`` given: their frames join its batcher's batches of host images) by OpenCV.
+events). The runner keeps a count of the frames buffered, so that forming a batch costs the
+same with 4 streams as with 400, and is woken by the first frame and by a full batch, not by
+every frame. Frames are decoded as ``app.pipeline.sources.video_decoder`` says: by NVDEC into
+device memory when the detector's GPU pipeline has it (the runner's ``DecodePool`` reads every
+stream's NVDEC capture, ``app.pipeline.decode_pool``), else by OpenCV, each capture with its
+share of the machine's cores as decoding threads; a server's streams (``detect`` given: their
+frames join its batcher's batches of host images) by OpenCV.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.config import MAX_STREAMS
+from app.config import MAX_STREAMS, nvdec_threads
 from app.contracts import DetectedBatch, DetectParams, PipelineInput
 from app.errors import InvalidParameter, Overloaded
 from app.pipeline.detector import Detector
@@ -72,13 +77,18 @@ class StreamRunner:
         self.detector, self.params, self.on_frames = detector, params, on_frames
         self._detect_frames = detect or (lambda images: detector.run(images, params))
         self.decoder = "opencv" if detect is not None else video_decoder(detector)
+        self.pool = None
         if self.decoder == "nvdec":  # capture the NV12 graphs now: no capture while readers use the GPU
             detector.pipeline.warmup(nv12=True)
+            self.pool = self._decode_pool()
         self.max_batch = detector.shape.max_batch
         self.max_wait_s = (detector.shape.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1e3
         self.track = track
         self.max_streams = max_streams
         self.open_timeout_s = open_timeout_s
+        # OpenCV captures share the cores: FFmpeg's default of a thread per core for each of
+        # 32 captures is 512 threads on 16 cores, and the model's threads get what is left.
+        self.decode_threads = max(1, (os.cpu_count() or 1) // max(1, max_streams))
         self._streams: dict[str, Stream] = {}
         self._closing: list[Stream] = []  # removed, their reader still in an FFmpeg open or read
         self._lock = threading.Lock()
@@ -86,6 +96,24 @@ class StreamRunner:
         self._stop = threading.Event()
         self._ids = itertools.count()
         self._cursor = 0
+        self._pending = 0  # frames buffered over every stream (kept by the streams' notify)
+
+    def _decode_pool(self):
+        from app.gpu.nvdec import decoder_engines
+        from app.pipeline.decode_pool import DecodePool
+
+        device = self.detector.pipeline.device or 0
+
+        def on_device():  # the decode threads' current device: the pipeline's
+            import contextlib
+
+            if device == 0:
+                return contextlib.nullcontext()
+            import torch
+
+            return torch.cuda.device(device)
+
+        return DecodePool(nvdec_threads(decoder_engines(device)), on_device=on_device)
 
     # --- control (any thread) ---------------------------------------------------------
     def add(self, source: str, *, stream_id: str | None = None, vid_stride: int = 1, realtime: bool = False,
@@ -107,8 +135,8 @@ class StreamRunner:
                 raise InvalidParameter(f"stream {stream_id!r} exists")
             stream = Stream(stream_id, source, vid_stride=vid_stride, realtime=realtime, track=track or self.track,
                             decoder=self.decoder, device=self.detector.pipeline.device or 0,
-                            max_pixels=self.detector.shape.max_pixels, notify=self._notify,
-                            open_timeout_s=self.open_timeout_s)
+                            max_pixels=self.detector.shape.max_pixels, notify=self._on_stream,
+                            open_timeout_s=self.open_timeout_s, pool=self.pool, decode_threads=self.decode_threads)
             self._streams[stream_id] = stream
         return stream.start()
 
@@ -118,6 +146,7 @@ class StreamRunner:
         with self._lock:
             stream = self._streams.pop(stream_id, None)
             if stream is not None:
+                self._pending -= stream.pending()
                 self._closing.append(stream)
         if stream is None:
             return False
@@ -138,19 +167,36 @@ class StreamRunner:
         self._notify()
         for stream in self.streams():
             stream.stop()
+        if self.pool is not None:
+            self.pool.close()
 
     def _notify(self) -> None:
         with self._wake:
             self._wake.notify_all()
 
+    def _on_stream(self, stream: Stream, added: int) -> None:
+        """A stream buffered a frame (``added``: 1, or 0 when it dropped one for it) or changed
+        state (0): wake the runner for the first frame, a full batch, or the change. A removed
+        stream's frames are not counted: nobody takes them."""
+        with self._wake:
+            if self._streams.get(stream.id) is not stream:
+                return
+            self._pending += added
+            if added == 0 or self._pending in (1, self.max_batch):
+                self._wake.notify_all()
+
     # --- the runner thread -------------------------------------------------------------
     def run(self, *, until_done: bool = True) -> None:
         """Process frames until ``stop``, or (``until_done``) until every stream has finished."""
         batches = run_overlapped(self._detect, self._batches(until_done), self.detector.shape.in_flight)
-        for frames, answers in batches:
-            self._deliver(frames, answers)
-        for stream in self.streams():
-            stream.stop()
+        try:
+            for frames, answers in batches:
+                self._deliver(frames, answers)
+        finally:
+            for stream in self.streams():
+                stream.stop()
+            if self.pool is not None:
+                self.pool.close()
 
     def _batches(self, until_done: bool) -> Iterator[list[StreamFrame]]:
         while not self._stop.is_set():
@@ -168,12 +214,12 @@ class StreamRunner:
         """Up to ``max_batch`` frames, round robin over the streams; once one frame is there, wait
         at most ``max_wait_s`` for more."""
         with self._wake:
-            if not self._available():
+            if self._pending <= 0:
                 self._wake.wait(0.1)
-                if not self._available():
+                if self._pending <= 0 and not self._stragglers():
                     return []
             deadline = time.monotonic() + self.max_wait_s
-            while self._available() < self.max_batch and (left := deadline - time.monotonic()) > 0:
+            while self._pending < self.max_batch and (left := deadline - time.monotonic()) > 0:
                 if self._stop.is_set() or all(not s.reading for s in self._streams.values()):
                     break
                 self._wake.wait(left)
@@ -190,10 +236,16 @@ class StreamRunner:
                     batch.extend(stream.take(1))
             if len(batch) == taken:
                 break
+        with self._wake:
+            self._pending -= len(batch)
         return batch
 
-    def _available(self) -> int:
-        return sum(s.pending() for s in self._streams.values())
+    def _stragglers(self) -> bool:
+        """Frames the count has not seen yet (a stream buffers, then tells): looked for only
+        when the count says none, after a wait."""
+        count = sum(s.pending() for s in self._streams.values())
+        self._pending = max(self._pending, count)
+        return count > 0
 
     def _detect(self, frames: list[StreamFrame]) -> tuple[list[StreamFrame], DetectedBatch | None]:
         """One batch (the detector runs device frames and host frames apart); none for an idle

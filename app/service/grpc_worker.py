@@ -15,6 +15,7 @@ from typing import Any
 
 from app.config import Settings
 from app.ipc.layout import RunLayout
+from app.service.memory import IdleRelease, release_memory
 from app.service.processes import die_with_parent, setup_logging, write_metrics_to
 
 log = logging.getLogger("yolopipe.grpc")
@@ -49,7 +50,12 @@ async def _serve(settings: Settings, layout: RunLayout, report: Any) -> None:
     report.close()
     # Not long: the port already listens; until a worker is connected calls are UNAVAILABLE.
     await inference.start(wait_s=2.0)
+    # After a burst of calls, what they held goes back once none has begun for a while.
+    idle = IdleRelease(settings.idle_release_s, release_memory, busy=lambda: inference.calls_in_flight > 0,
+                       activity=lambda: inference.calls)
+    idle.start()
     await stop.wait()
+    await idle.stop()
     service.draining = True  # ServerReady says false while the calls in flight finish
     await server.stop(grace=settings.request_timeout_s + 5)
     await inference.close()

@@ -19,6 +19,7 @@ from app.api.main import create_app
 from app.config import Settings
 from app.ipc.client import InferenceClient
 from app.ipc.layout import RunLayout
+from app.service.memory import ActivityMiddleware, IdleRelease, release_memory
 from app.service.processes import die_with_parent, setup_logging, write_metrics_to
 
 
@@ -91,7 +92,10 @@ def http_worker_main(settings: Settings, layout: RunLayout, parent_pid: int, rep
         timeout_graceful_shutdown=int(settings.request_timeout_s) + 5,  # in-flight requests end by then
         **uvicorn_options(settings),  # header and URL limits, read timeouts, JSON protocol errors
     )
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, InferenceClient(settings, layout)), **options))
+    app = create_app(settings, InferenceClient(settings, layout))
+    idle = IdleRelease(settings.idle_release_s, release_memory, busy=lambda: activity.in_flight > 0)
+    activity = ActivityMiddleware(app, idle)  # after a burst, its bodies and answers' memory goes back
+    server = uvicorn.Server(uvicorn.Config(activity, **options))
     # Uvicorn re-raises the signal it shut down for once it is done, which would end the process
     # with -15; a graceful shutdown is a clean exit, so let that signal land on a no-op.
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -134,7 +134,8 @@ def test_broken_jpegs_among_many_clients_are_the_cpu_error_and_every_photo_gets_
         with lock:
             answered["broken" if name in broken else "valid"] += 1
             if not ok:
-                failures.append(f"{name}: {status} {str(body)[:300]}")
+                want = expected.get(name, CPU_ERROR)
+                failures.append(f"{name}: {status} {str(body)[:300]} (expected {str(want)[:300]})")
 
     def post(http: httpx.Client, url: str, **kw) -> httpx.Response:
         while True:  # a 503 is about load, not the image: retry as a client should

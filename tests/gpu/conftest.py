@@ -73,21 +73,33 @@ def ultralytics_predict(model, frame, half):
 
 
 def jpeg(data: bytes, header_of: bytes | None = None):
-    """``data`` as a pipeline takes encoded bytes: with the header whoever read them first checked
-    (``header_of``: another image's, for bytes whose own header cannot be read)."""
+    """``data`` as a pipeline takes encoded bytes: with the header whoever read them first parsed
+    (``header_of``: another image's, for bytes whose own header cannot be read). A cut or corrupt
+    JPEG's header says so (``JpegHeader.defect``): the pipeline must refuse it on that."""
     from app.contracts import EncodedImage
-    from app.imaging.check import check_image
+    from app.imaging.headers import read_header
 
-    return EncodedImage(data, check_image(data if header_of is None else header_of))
+    return EncodedImage(data, read_header(data if header_of is None else header_of))
 
 
 def detect(pipe, items, params=None):
-    """Detections (original pixels) per item (bytes: with their header read), or the item's error."""
+    """Detections (original pixels) per item (bytes: with their header read), or the item's error
+    (bytes whose header cannot be read at all get that error, as the detector gives it)."""
     from app.boxes import rows_to_detections
 
-    items = [jpeg(x) if isinstance(x, bytes) else x for x in items]
-    out = pipe.run(items, params or DetectParams(conf=CONF, iou=IOU)).images
-    return [o if isinstance(o, YolopipeError) else rows_to_detections(*o) for o in out]
+    results: list = [None] * len(items)
+    run_items, at = [], []
+    for k, x in enumerate(items):
+        try:
+            run_items.append(jpeg(x) if isinstance(x, bytes) else x)
+            at.append(k)
+        except YolopipeError as exc:
+            results[k] = exc
+    if run_items:
+        out = pipe.run(run_items, params or DetectParams(conf=CONF, iou=IOU)).images
+        for k, o in zip(at, out):
+            results[k] = o if isinstance(o, YolopipeError) else rows_to_detections(*o)
+    return results
 
 
 def rows_of(run):

@@ -165,6 +165,31 @@ def test_staging_grows_and_graphs_are_recaptured(gpu, sample_model_dir, meta, fr
         pipe.close()
 
 
+def test_release_memory_shrinks_grown_staging_and_frees_torch_caches(gpu, sample_model_dir, meta, frames):
+    """After a burst of large images, ``release_memory`` (the idle server's call) puts the grown
+    staging back to its first size and frees torch's cached blocks: device memory reserved by
+    torch and pinned host memory go back to what they were before the burst; the next batch
+    captures its graph again and answers the same rows."""
+    pipe = gpu.make_pipeline(sample_model_dir, meta, "fp32", max_batch=2, slots=2)
+    try:
+        small = gpu.detect(pipe, [frames["bus"]])
+        first = [slot.staging.capacity for slot in pipe.slots]
+        pipe.release_memory()
+        reserved = torch.cuda.memory_reserved()
+        for _ in range(2):  # both slots take a batch of two large images and grow
+            gpu.detect(pipe, [frames["zidane_huge"], frames["zidane_huge"]])
+        assert max(slot.staging.capacity for slot in pipe.slots) > max(first)
+        assert torch.cuda.memory_reserved() > reserved
+        pipe.release_memory()
+        assert [slot.staging.capacity for slot in pipe.slots] == first
+        assert torch.cuda.memory_reserved() <= reserved
+        again = gpu.detect(pipe, [frames["bus"]])
+        np.testing.assert_array_equal(small[0].boxes, again[0].boxes)
+        assert pipe.last_launch_path == "driver"  # the driver calls were rebuilt for the new buffers
+    finally:
+        pipe.close()
+
+
 def test_cpu_decode_equals_opencv_frames(gpu, pipe32, assets_dir):
     """decode="opencv" (``cpu``: its old name): bytes decoded by OpenCV in the host pool give
     exactly the rows of the frames decoded by the CPU path's own decoder (Ultralytics' reader)."""

@@ -11,6 +11,7 @@ import pytest
 
 from app.errors import InvalidImage
 from app.imaging.letterbox import PAD_VALUE
+from app.imaging.yuv import swscale_constants
 from tests.nv12 import surface
 from tests.videos import clip_frames
 
@@ -33,11 +34,12 @@ HEADER_BYTES = 256  # an image params header before the NV12 params, as in a slo
 
 def test_a_batch_laid_out_in_the_staging_equals_opencv(assets_dir):
     clip = clip_frames(assets_dir, 12)
-    surfaces = [surface(clip[0], 36, 64, pitch=96, size=SIZE), surface(clip[11], 21, 33, pitch=40, size=SIZE),
-                surface(clip[5], 48, 40, size=SIZE)]
+    surfaces = [surface(clip[0], 36, 64, pitch=96, size=SIZE), surface(clip[11], 21, 33, pitch=40, size=SIZE,
+                                                                      colour=swscale_constants(1)),
+                surface(clip[5], 48, 40, size=SIZE, colour=swscale_constants(6, True))]
     layouts = [Nv12Layout(s.coded.shape[0], s.coded.shape[1], s.pitch) for s in surfaces]
-    plan = plan_nv12(HEADER_BYTES, MAX_BATCH, SIZE,
-                     [(k, None, layout, s.height, s.width) for k, (s, layout) in enumerate(zip(surfaces, layouts))])
+    plan = plan_nv12(HEADER_BYTES, MAX_BATCH, SIZE, [(k, None, layout, s.height, s.width, s.colour)
+                                                     for k, (s, layout) in enumerate(zip(surfaces, layouts))])
     assert plan.host_end <= plan.placed[0][2], "the H2D copy stops before the first frame"
     staging = np.full(plan.end, 123, np.uint8)  # junk wherever nothing is written
     for (_, _, offset, layout), s in zip(plan.placed, surfaces):

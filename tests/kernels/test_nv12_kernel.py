@@ -1,7 +1,9 @@
-"""The NV12 letterbox kernel against OpenCV: ``cvtColor(COLOR_YUV2BGR_NV12)`` then the CPU
-letterbox and ``to_input``, on frames of the test clip turned into NV12 the way a decoder lays
-them out (rows padded to a pitch, the UV plane after the Y plane's rows). Tiny sizes: in the
-simulator every CUDA thread is a Python thread."""
+"""The NV12 letterbox kernel against OpenCV's decode: swscale's YUV → BGR conversion (the host
+reference ``app.imaging.yuv``, itself held to ``VideoCapture`` in tests/unit/imaging/test_yuv.py)
+then the CPU letterbox and ``to_input``, on frames of the test clip turned into NV12 the way a
+decoder lays them out (rows padded to a pitch, the UV plane after the Y plane's rows), on every
+Y/U/V value, and on H.264 clips decoded by FFmpeg against ``VideoCapture``'s own frames. Tiny
+sizes: in the simulator every CUDA thread is a Python thread."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from app.imaging.letterbox import PAD_VALUE, letterbox_params
+from app.imaging.letterbox import PAD_VALUE, letterbox, letterbox_params, to_input
+from app.imaging.yuv import swscale_constants, yuv420_to_bgr
 from tests.nv12 import Surface, surface
-from tests.videos import clip_frames
+from tests.videos import clip_frames, decoded_frames, ffmpeg, write_tagged_h264, yuv_frames
 
 cuda = pytest.importorskip("numba.cuda")
 from app.gpu.nv12 import NV12_PARAMS, fill_nv12_params, launch_nv12_letterbox
@@ -39,7 +42,7 @@ def run(surfaces: list[Surface | None], gap: int = 7) -> np.ndarray:
         if s is None:
             fill_nv12_params(row, None, 0, 0)
         else:
-            fill_nv12_params(row, letterbox_params(s.height, s.width, SIZE), offset, s.pitch, s.luma_rows)
+            fill_nv12_params(row, letterbox_params(s.height, s.width, SIZE), offset, s.pitch, s.luma_rows, s.colour)
             chunks += [s.bytes, np.full(gap, 77, np.uint8)]
             offset += s.bytes.size + gap
         params.append(row)
@@ -50,7 +53,7 @@ def run(surfaces: list[Surface | None], gap: int = 7) -> np.ndarray:
 
 
 def assert_same(got: np.ndarray, ref: np.ndarray, what: str) -> None:
-    """Bit-equal: OpenCV's integer colour conversion and its fixed-point resize arithmetic."""
+    """Bit-equal: swscale's integer colour conversion and OpenCV's fixed-point resize arithmetic."""
     diff = np.abs(got - ref)
     assert diff.max() == 0, (what, f"{int((diff > 0).sum())} values differ, by up to {diff.max() * 255:.2f} levels")
 
@@ -85,11 +88,56 @@ def test_a_frame_at_the_model_size_is_only_converted(frames):
     np.testing.assert_array_equal(got, s.reference())
 
 
+class Planes(Surface):
+    """A surface made from Y, U and V planes as they are (no BGR on the way)."""
+
+    def __init__(self, y: np.ndarray, u: np.ndarray, v: np.ndarray, colour, pitch: int) -> None:
+        h, w = y.shape
+        uv = np.empty((h // 2, w), np.uint8)
+        uv[:, 0::2], uv[:, 1::2] = u, v
+        self.coded = np.concatenate([y, uv])
+        self.height, self.width, self.pitch, self.size, self.colour = h, w, pitch, SIZE, colour
+        self.bytes = np.full((self.coded.shape[0], pitch), 201, np.uint8)
+        self.bytes[:, :w] = self.coded
+        self.bytes = self.bytes.reshape(-1)
+        self.luma_rows = h
+
+
+def test_every_value_converts_as_swscale():
+    """Frames at the model size (converted only, no resize) holding every Y value and every U
+    and V value, in three colour matrices and ranges: each pixel as swscale converts it."""
+    y = ((np.arange(SIZE * SIZE) * 37) % 256).astype(np.uint8).reshape(SIZE, SIZE)
+    u = np.arange(256, dtype=np.uint8).reshape(16, 16)
+    v = ((np.arange(256) * 91 + 7) % 256).astype(np.uint8).reshape(16, 16)
+    colours = [swscale_constants(), swscale_constants(1), swscale_constants(1, True)]
+    surfaces = [Planes(y, u, v, k, SIZE + 16) for k in colours]
+    got = run(surfaces)
+    for k, s in zip(got, surfaces):
+        expected = to_input([yuv420_to_bgr(y, u, v, s.colour)])[0]
+        assert_same(k, expected, str(s.colour))
+    assert not np.array_equal(got[0], got[1]), "the matrix reaches the kernel"
+
+
+@pytest.mark.skipif(ffmpeg() is None, reason="needs ffmpeg to encode the clips")
+@pytest.mark.parametrize(("colorspace", "full_range"), [("bt709", False), (None, True)])
+def test_decoded_frames_equal_videocaptures(tmp_path, frames, colorspace, full_range):
+    """A H.264 frame decoded by FFmpeg (the bytes NVDEC decodes to), laid out as NV12 with its
+    stream's colour matrix and range, letterboxes to what OpenCV's ``VideoCapture`` frame of the
+    same clip does: an odd-sized picture (42x26, a 42x26 coded one shown whole)."""
+    pytest.importorskip("av")
+    small = [np.ascontiguousarray(f[40:300, 100:520][::10, ::10]) for f in frames]
+    clip = write_tagged_h264(tmp_path / "clip.mp4", small, colorspace=colorspace, full_range=full_range)
+    y, u, v, cs, full = yuv_frames(clip)[1]
+    s = Planes(y, u, v, swscale_constants(cs, full), 48)
+    expected = to_input([letterbox(decoded_frames(clip)[1], SIZE)[0]])[0]
+    assert_same(run([s])[0], expected, f"{colorspace} full={full_range}")
+
+
 def test_chroma_reaches_the_right_channels():
     """A saturated red frame comes out red in RGB order (channel 0), not blue."""
     red = np.zeros((16, 16, 3), np.uint8)
     red[..., 2] = 255
-    s = Surface(red, 16, 16, 16)
+    s = Surface(red, 16, 16, 16, colour=swscale_constants(1))
     got = run([s])[0]
     assert got[0, SIZE // 2, SIZE // 2] > 0.9 and got[2, SIZE // 2, SIZE // 2] < 0.1
     assert_same(got, s.reference(), "red")

@@ -18,6 +18,7 @@ sets the environment they read (the GPU this worker may see, the metrics folder)
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -33,6 +34,7 @@ from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
 from app.service.inference.answers import answer_frames
 from app.service.inference.batcher import Batcher, Job
+from app.service.memory import IdleRelease, limit_malloc_arenas, release_memory
 from app.types import StartupSteps, process_age_s
 
 log = logging.getLogger("yolopipe.serving")
@@ -58,6 +60,7 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = Non
     from app.service.processes import die_with_parent, setup_logging, write_metrics_to
 
     die_with_parent(spec.parent_pid)
+    limit_malloc_arenas(2)  # before the decode and backend threads start: see app.service.memory
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     write_metrics_to(spec.layout.metrics_dir)
     if spec.device is not None:
@@ -142,11 +145,13 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
 
     await asyncio.to_thread(batcher.start, sizes, progress, buckets)
     steps.finish()
+    release = functools.partial(release_memory, detector.pipeline.release_memory)
     if starting is not None:
         starting.write_phase("")
         starting.close()
     generation = spec.generation
     if promote is not None:
+        await asyncio.to_thread(release)  # it waits at this size: what opening and warming up left goes now
         generation = await _stand_by(spec, report, promote, stopping)
         if generation is None:  # stopped (or the pool went away) before taking over
             loop.remove_signal_handler(signal.SIGTERM)
@@ -157,7 +162,15 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
         metrics.restarts.labels(str(spec.index)).inc()
     # Only now: the status block and the socket belong to the worker that serves.
     status = wire.StatusBlock(spec.layout.status(spec.index), writable=True)
-    batcher.on_load_change = status.write
+    idle = IdleRelease(settings.idle_release_s, release, busy=lambda: batcher.load().pending > 0)
+
+    def on_load_change(load: wire.Load) -> None:
+        status.write(load)
+        idle.touch()
+
+    batcher.on_load_change = on_load_change
+    idle.start()
+    idle.touch()  # a first start's warm-up garbage goes once it has been quiet (not before it is ready)
     info = {
         "worker": spec.index, "generation": generation, "pid": os.getpid(),
         "device": "cpu" if spec.device is None else f"cuda:{spec.device}",
@@ -193,6 +206,7 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
     await stopping.wait()
 
     log.info("inference worker %d draining%s", spec.index, " (device lost)" if batcher.fatal else "")
+    await idle.stop()
     server.close()
     await streams.close()
     # After a device loss the running batches can only fail: do not wait for them long.

@@ -234,16 +234,23 @@ def _meta(folder: Path):
     return load_export(folder)[1]
 
 
-def test_without_aotinductor_the_engine_compiles_at_start_up(gpu, root, monkeypatch):
+def test_without_aotinductor_the_eager_model_runs_and_later_starts_do_not_build_again(gpu, root, monkeypatch):
     from app.errors import BackendUnavailable
 
+    tries = []
+
     def no_compiler(*args, **kwargs):
+        tries.append(1)
         raise BackendUnavailable("AOTInductor could not compile the model: no C++ compiler")
 
     monkeypatch.setattr(torch_build, "_compile", no_compiler)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         open_for_predict(root)
-    assert any("compiling with torch.compile at start-up instead" in str(w.message) for w in caught)
-    assert OPENED[0].packages == [] and OPENED[0].compile is True
+    assert any("running the eager model instead" in str(w.message) for w in caught)
+    assert OPENED[0].packages == [] and OPENED[0].compile is False  # eager, in CUDA graphs
     assert list((model_dir_in(root) / "torch-cuda").glob("*.pt2")) == []  # nothing half-built left to load
+    (note,) = (model_dir_in(root) / "torch-cuda").glob("*.refused")
+    assert "no C++ compiler" in note.read_text()
+    open_for_predict(root)  # the next start reads the note: no second build in vain
+    assert len(tries) == 1 and OPENED[-1].compile is False

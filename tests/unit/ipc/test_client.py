@@ -4,48 +4,18 @@ protocol over a real Unix socket and shared-memory ring, and drops its link on c
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
+import gc
+import weakref
 
 import pytest
 
 from app.config import Settings
 from app.contracts import DetectParams
-from app.errors import DeviceError, Overloaded
+from app.errors import DeviceError, Overloaded, RequestTimeout
 from app.ipc import wire
-from app.ipc.answers import results
 from app.ipc.client import InferenceClient
 from app.ipc.layout import RunLayout
-from app.ipc.ring import map_ring
-
-
-class Peer(asyncio.Protocol):
-    """One connection of the scripted inference worker. ``script``: what each connection does
-    in turn — "hello-then-close" (the link drops right after the handshake), "close-on-image"
-    (mid-request), "answer" (reads the image from the ring and answers with its length)."""
-
-    def __init__(self, script: list[str], seen: list[bytes]) -> None:
-        self.action = script.pop(0) if len(script) > 1 else script[0]
-        self.seen = seen
-        self.reader = wire.FrameReader()
-        self.ring = None
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        for kind, body in self.reader.feed(data):
-            if kind == wire.HELLO:
-                self.ring = map_ring(Path(wire.read_hello(body)["ring"]))
-                self.transport.write(wire.hello({"class_names": ["a"], "generation": 0}))
-                if self.action == "hello-then-close":
-                    self.transport.close()
-            elif kind == wire.IMAGE:
-                ref = wire.read_image(body)
-                if self.action == "close-on-image":
-                    self.transport.close()
-                    return
-                self.seen.append(bytes(self.ring[ref.offset : ref.offset + ref.length]))
-                self.transport.write(results([wire.Outcome(ref.req_id, ref.index, width=ref.length, height=1)]))
+from tests.worker_peer import Peer
 
 
 @pytest.fixture()
@@ -79,6 +49,48 @@ def test_a_link_dropping_at_its_handshake_or_mid_request_fails_fast_and_reconnec
             (outcome,) = await asyncio.wait_for(client.detect([b"second!"], DetectParams()), 5.0)
             assert outcome.error is None and outcome.width == len(b"second!") and seen == [b"second!"]
             assert not any(p.name.startswith("ring-") for p in layout.root.iterdir())  # no ring left behind
+        finally:
+            await client.close()
+            server.close()
+
+    asyncio.run(main())
+
+
+class Bodies(list):
+    """A request's image list that can be watched (a plain list takes no weak reference)."""
+
+
+@pytest.mark.parametrize("case", ["refused-here", "refused-by-the-worker", "timed-out", "link-lost"])
+def test_a_failed_request_frees_its_bodies_at_once(layout, case):
+    """Whatever fails a request (refused before sending, refused by the worker, its deadline, a
+    lost link), its image bytes are freed by reference counting as soon as the caller is done
+    with the error, even while the worker still holds some of its images: nothing is left in a
+    reference cycle for a later full collection. A burst of refused requests would otherwise
+    hold every refused body."""
+    action = {"refused-by-the-worker": "overloaded", "link-lost": "close-on-image"}.get(case, "silent")
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_unix_server(lambda: Peer([action], []),
+                                                                     str(layout.socket(0)))
+        client = InferenceClient(Settings(request_timeout_s=0.3, queue_budget_s=1.0), layout)
+        try:
+            await client.start(wait_s=0.0)
+            await _until(lambda: client.ready)
+            if case == "refused-here":  # the status block says the worker is over its budget
+                wire.StatusBlock(layout.status(0), writable=True).write(wire.Load(0, wire.READY, 50, 1.0, 1))
+            bodies = Bodies([b"x" * 1000, b"y" * 1000])
+            watch = weakref.ref(bodies)
+            expected = {"refused-here": Overloaded, "refused-by-the-worker": Overloaded,
+                        "timed-out": RequestTimeout, "link-lost": DeviceError}[case]
+            gc.disable()
+            try:
+                with pytest.raises(expected):
+                    await client.detect(bodies, DetectParams())
+                del bodies
+                assert watch() is None, [type(r).__name__ for r in gc.get_referrers(watch())]
+            finally:
+                gc.enable()
+            await _until(lambda: client.ready)  # (after a lost link: re-made, not closed mid-handshake)
         finally:
             await client.close()
             server.close()

@@ -5,18 +5,22 @@ their newest frames, a bad source stays alone, and streams come and go while oth
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
 
+import cv2
 import pytest
 
+from app.pipeline import stream_source
 from app.pipeline.detector import Detector
 from app.pipeline.folder import predict_folder
 from app.pipeline.streams import LIVE_BUFFER, StreamRunner, predict_streams, read_source_list
 from app.runtime import open_detector
-from tests.videos import write_clip
+from tests.standins import Answers
+from tests.videos import clip_frames, write_clip
 
 CLI = [sys.executable, "-m", "app.cli"]
 
@@ -172,3 +176,59 @@ def test_a_source_of_frames_over_the_pixel_limit_fails_alone(detector, clips, pe
     (bad,) = [r for r in lines if r["stream"] == "0"]
     assert "has frames of 800x600 pixels, over the limit of 479,999 per image" in bad["error"]
     assert len(summary.failed) == 1 and summary.frames == 8
+
+
+@pytest.fixture(scope="module")
+def clip30(tmp_path_factory, assets_dir):
+    """1.5 s of 320x240 at 30 fps in MPEG-4 Part 2 (OpenCV writes it everywhere, FFmpeg decodes
+    it with threads, and cheaply, so the pacing is what is seen)."""
+    path = tmp_path_factory.mktemp("clip30") / "clip30.mp4"
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 30.0, (320, 240))
+    for frame in clip_frames(assets_dir, 45):
+        writer.write(cv2.resize(frame, (320, 240)))
+    writer.release()
+    return path
+
+
+def test_paced_streams_keep_their_source_rate(clip30):
+    """Four files read as cameras at 30 fps, the model a fast stand-in: every stream is read at
+    its own rate, and every frame is processed (none dropped)."""
+    answers = Answers(max_batch=8, per_batch_s=0.002)
+    detector = Detector(answers)
+    runner = StreamRunner(detector, detector.params(), lambda *a: None, max_streams=4)
+    t0 = time.monotonic()
+    streams = [runner.add(str(clip30), realtime=True) for _ in range(4)]
+    runner.run(until_done=True)
+    wall = time.monotonic() - t0
+    assert [s.state for s in streams] == ["ended"] * 4
+    for s in streams:
+        assert s.fps == 30.0 and s.stats.frames_read == 45
+        assert s.stats.frames_done == 45 and s.stats.dropped == 0, s.snapshot()
+    assert 45 / 30.0 <= wall < 45 / 30.0 / 0.85 + 1.0, wall  # paced: not faster than the source, not far behind
+
+
+def test_opencv_captures_share_the_cores(clip30, monkeypatch):
+    """Each OpenCV capture of a runner decodes with its share of the machine's cores, not
+    FFmpeg's default of one thread per core each (32 captures on 16 cores: 512 threads, and the
+    threads that run the model get what is left)."""
+    threads: list[int] = []
+    real = stream_source.open_source
+
+    def spy(*args, **kwargs):
+        cap = real(*args, **kwargs)
+        threads.append(int(cap.get(cv2.CAP_PROP_N_THREADS)))
+        return cap
+
+    monkeypatch.setattr(stream_source, "open_source", spy)
+    cores = os.cpu_count() or 1
+    n = 2 * cores
+    detector = Detector(Answers())
+    runner = StreamRunner(detector, detector.params(), lambda *a: None, max_streams=n)
+    for _ in range(n):
+        runner.add(str(clip30))
+    runner.run(until_done=True)
+    assert threads == [1] * n
+    wide = StreamRunner(detector, detector.params(), lambda *a: None, max_streams=1)
+    wide.add(str(clip30))
+    wide.run(until_done=True)
+    assert threads[-1] == cores  # one stream alone has every core

@@ -1,0 +1,192 @@
+"""The NVDEC captures of many streams read by a few threads: a ``DecodePool``.
+
+A thread per stream (128 cameras: 128 threads, each waking 30 times a second to decode one
+frame) spends the GIL on its own bookkeeping and asks NVDEC for one frame at a time; more
+decoding threads than NVDEC engines only queue on them. A pool of ``workers`` threads (about two
+per engine, ``app.config.NVDEC_THREADS``) serves every stream instead: each worker owns the
+captures given to it (a new one goes to the worker with the fewest) and loops over them:
+
+* a stream read at its source rate (a file as a camera, ``Stream.period``): its frames are
+  decoded up to ``AHEAD`` frames before they are due, a decode call's batch at a time, and each
+  is handed to the stream when it is due (it is *read* then: latency counts from there, as a
+  camera's frame counts from when it arrives);
+* a stream read as fast as possible: as many frames as its buffer has room for, a batch at a time;
+
+then sleeps until the next frame is due or, with a stream waiting for room, ``POLL_S``.
+
+The stream's own thread opens the capture, hands it over (``read``) and waits until it ends, the
+stream is stopped or the capture fails; it then closes, reconnects or ends as it does for
+captures it reads itself (``app.pipeline.stream_source``). A capture here is anything with
+``read(count) -> [frames]`` ([] at its end): ``app.pipeline.sources.NvdecCapture``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any
+
+AHEAD = 8  # frames decoded before they are due, per stream read at its rate
+POLL_S = 0.002  # an idle worker's look for room in the buffers of streams read as fast as possible
+IDLE_S = 0.1
+
+
+class _Reading:
+    """One capture being read into one stream."""
+
+    def __init__(self, stream: Any, cap: Any, index: int, batch: int) -> None:
+        self.stream, self.cap, self.index, self.batch = stream, cap, index, batch
+        self.first, self.period = index, stream.period
+        self.started = 0.0  # when the first frame was decoded: the schedule starts there, as a camera's
+        self.ahead: deque[tuple[int, Any]] = deque()  # (source index, frame) decoded, not yet due
+        self.ended = False
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def due(self, index: int) -> float:
+        return self.started + (index - self.first) * self.period
+
+    def serve(self, now: float) -> bool:
+        """Hand over the frames due; decode more if it is time. Whether it decoded."""
+        stream = self.stream
+        while self.ahead and self.due(self.ahead[0][0]) <= now:
+            stream.keep(*self.ahead.popleft())
+        if self.ended:
+            return False
+        if self.period:
+            count = AHEAD - len(self.ahead) if len(self.ahead) <= AHEAD // 2 else 0
+        else:
+            count = min(stream.room(), self.batch)
+        if count <= 0:
+            return False
+        frames = self.cap.read(count)
+        if not frames:
+            self.ended = True
+        if frames and not self.started:
+            self.started = time.monotonic()
+        for frame in frames:
+            index, self.index = self.index, self.index + 1
+            if index % stream.vid_stride:
+                continue
+            if self.period:
+                self.ahead.append((index, frame))
+            else:
+                stream.keep(index, frame)
+        if self.period:  # any already due (a stream behind its schedule) go now
+            now = time.monotonic()
+            while self.ahead and self.due(self.ahead[0][0]) <= now:
+                stream.keep(*self.ahead.popleft())
+        return True
+
+    @property
+    def finished(self) -> bool:
+        return self.stream.stopped or (self.ended and not self.ahead)
+
+    def wake_at(self, now: float) -> float:
+        """When this reading next needs its worker."""
+        if self.ahead:
+            return self.due(self.ahead[0][0])
+        if self.ended:
+            return now + IDLE_S
+        return now + POLL_S  # a stream read as fast as possible: look for room again soon
+
+
+class _Worker:
+    def __init__(self, name: str, on_device: Any) -> None:
+        self.readings: list[_Reading] = []
+        self._wake = threading.Condition()
+        self._closed = False
+        self._on_device = on_device
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def add(self, reading: _Reading) -> None:
+        with self._wake:
+            self.readings.append(reading)
+            self._wake.notify()
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        with self._on_device():
+            while True:
+                with self._wake:
+                    if self._closed:
+                        readings, self.readings = self.readings, []
+                        break
+                    readings = list(self.readings)
+                now = time.monotonic()
+                decoded, wake = False, now + IDLE_S
+                for reading in readings:
+                    try:
+                        decoded |= reading.serve(now)
+                    except Exception as exc:  # noqa: BLE001 - the stream's thread raises it as its failure
+                        reading.error = exc
+                    if reading.error is not None or reading.finished:
+                        self._finish(reading)
+                    else:
+                        wake = min(wake, reading.wake_at(now))
+                if not decoded:
+                    with self._wake:
+                        if not self._closed:
+                            self._wake.wait(max(0.0, wake - time.monotonic()))
+        for reading in readings:
+            reading.done.set()
+
+    def _finish(self, reading: _Reading) -> None:
+        with self._wake:
+            if reading in self.readings:
+                self.readings.remove(reading)
+        reading.done.set()
+
+
+class DecodePool:
+    """``workers`` threads reading the captures of many streams (see the module docstring);
+    ``on_device``: a context manager each worker runs in (the GPU's device made current)."""
+
+    def __init__(self, workers: int, *, batch: int = 8, on_device: Any = None) -> None:
+        import contextlib
+
+        if workers < 1:
+            raise ValueError(f"a decode pool needs at least one worker, got {workers}")
+        self.size, self.batch = workers, batch
+        self._on_device = on_device or contextlib.nullcontext
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def read(self, stream: Any, cap: Any, index: int) -> int:
+        """Read ``cap``'s frames into ``stream`` from frame ``index`` on, until it ends or the
+        stream stops (called on the stream's own thread, which waits); the next frame's index.
+        A failure of the reading (a frame over the pixel limit, a decode error) is raised here."""
+        reading = _Reading(stream, cap, index, self.batch)
+        with self._lock:
+            if self._closed:
+                return index
+            if len(self._workers) < self.size:
+                self._workers.append(_Worker(f"yolopipe-decode-{len(self._workers)}", self._on_device))
+                worker = self._workers[-1]
+            else:
+                worker = min(self._workers, key=lambda w: len(w.readings))
+            worker.add(reading)
+        reading.done.wait()
+        if reading.error is not None:
+            raise reading.error
+        return reading.index
+
+    def close(self) -> None:
+        """Stop the workers; every stream waiting on one gets its capture back."""
+        with self._lock:
+            self._closed = True
+            workers = list(self._workers)
+        for worker in workers:
+            worker.close()
+        for worker in workers:
+            worker.join(5.0)

@@ -1,0 +1,149 @@
+"""The NVDEC decode pool (``app.pipeline.decode_pool``) through the stream runner, on a CPU:
+NVDEC captures stood in for by ``FakeNvdec`` (device frames out of a decode call that takes the
+time NVDEC would, without the GIL) and the model by ``tests.standins.Answers``. Many streams
+read at their source rate by a few decoder threads keep that rate, each frame handed over when
+it is due and not before; files read as fast as possible never drop; a failing capture fails its
+stream alone; a stopped stream gets its capture back."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from app.contracts import DeviceNv12
+from app.pipeline import stream_source
+from app.pipeline import streams as streams_module
+from app.pipeline.detector import Detector
+from app.pipeline.streams import StreamRunner
+from tests.standins import Answers
+
+
+class FakeNvdec:
+    """``frames`` frames of 64x48 at ``fps``; a decode call of n frames sleeps ``call_s + n * frame_s``."""
+
+    def __init__(self, frames: int, fps: float = 30.0, *, call_s: float = 0.002, frame_s: float = 0.0005,
+                 fail_after: int | None = None) -> None:
+        self.fps, self.width, self.height = fps, 64, 48
+        self.left, self.given, self.fail_after = frames, 0, fail_after
+        self.call_s, self.frame_s = call_s, frame_s
+        self.calls: list[int] = []
+        self.released = False
+        self.readers: set[str] = set()
+
+    def read(self, count: int) -> list[DeviceNv12]:
+        self.readers.add(threading.current_thread().name)
+        if self.fail_after is not None and self.given >= self.fail_after:
+            raise RuntimeError("NVDEC lost the stream")
+        n = min(count, self.left)
+        self.calls.append(n)
+        time.sleep(self.call_s + n * self.frame_s)
+        self.left -= n
+        self.given += n
+        return [DeviceNv12(None, self.height, self.width) for _ in range(n)]
+
+    def release(self) -> None:
+        self.released = True
+
+
+@pytest.fixture
+def nvdec_runner(monkeypatch):
+    """A runner whose streams read ``FakeNvdec`` captures (``caps[source]``) through a pool of 3."""
+    caps: dict[str, FakeNvdec] = {}
+    monkeypatch.setenv("YOLOPIPE_NVDEC_THREADS", "3")
+    monkeypatch.setattr(streams_module, "video_decoder", lambda detector: "nvdec")
+    monkeypatch.setattr(stream_source, "open_source", lambda source, decoder, **kw: caps[source])
+
+    def make(answers: Answers, on_frames, **kwargs) -> StreamRunner:
+        return StreamRunner(Detector(answers), answers and Detector(answers).params(), on_frames, **kwargs)
+
+    return caps, make
+
+
+def test_many_paced_streams_from_three_decoder_threads(nvdec_runner):
+    caps, make = nvdec_runner
+    n, frames, fps = 24, 45, 30.0
+    for k in range(n):
+        caps[f"cam{k}"] = FakeNvdec(frames, fps)
+    times: dict[str, list[tuple[int, float]]] = {}
+    lock = threading.Lock()
+
+    def on_frames(batch, answers, ids):
+        with lock:
+            for f in batch:
+                times.setdefault(f.stream.id, []).append((f.index, f.captured))
+
+    answers = Answers(max_batch=32, per_batch_s=0.003, takes_nv12=True)
+    runner = make(answers, on_frames, max_streams=n, max_wait_ms=5)
+    assert runner.pool is not None and runner.pool.size == 3
+    t0 = time.monotonic()
+    streams = [runner.add(f"cam{k}", stream_id=f"cam{k}", realtime=True) for k in range(n)]
+    runner.run(until_done=True)
+    wall = time.monotonic() - t0
+    assert [s.state for s in streams] == ["ended"] * n
+    assert all(caps[f"cam{k}"].released for k in range(n))
+    readers = set().union(*(c.readers for c in caps.values()))
+    assert len(readers) <= 3 and all(r.startswith("yolopipe-decode-") for r in readers), readers
+    assert max(max(c.calls) for c in caps.values()) > 1, "frames are decoded a batch at a time"
+    for s in streams:
+        got = times[s.id]
+        assert [i for i, _ in got] == list(range(frames)), s.id  # every frame, in order
+        assert s.stats.dropped == 0
+        late = np.array([t - i / fps for i, t in got])  # each frame's time less its place in the schedule
+        late -= late.min()
+        assert got[-1][1] - got[0][1] > (frames - 1) / fps - 0.03, (s.id, "handed over faster than the source rate")
+        assert np.median(late) < 0.03, (s.id, np.median(late))  # at the source's rate, not behind it
+    assert wall < (frames / fps) * 1.6 + 2.0, wall
+
+
+def test_files_as_fast_as_possible_never_drop(nvdec_runner):
+    caps, make = nvdec_runner
+    for k in range(6):
+        caps[f"file{k}"] = FakeNvdec(40, call_s=0.0, frame_s=0.0)
+    seen: dict[str, list[int]] = {}
+
+    def on_frames(batch, answers, ids):
+        for f in batch:
+            seen.setdefault(f.stream.id, []).append(f.index)
+
+    answers = Answers(max_batch=8, per_batch_s=0.004, takes_nv12=True)  # slower than decoding: buffers fill
+    runner = make(answers, on_frames, max_streams=6)
+    streams = [runner.add(f"file{k}", stream_id=f"file{k}") for k in range(6)]
+    runner.run(until_done=True)
+    assert all(seen[s.id] == list(range(40)) for s in streams)
+    assert sum(s.stats.dropped for s in streams) == 0
+    assert max(answers.batches) == 8
+
+
+def test_a_failing_capture_fails_its_stream_alone(nvdec_runner):
+    caps, make = nvdec_runner
+    caps["bad"] = FakeNvdec(30, fail_after=8)
+    caps["good"] = FakeNvdec(30)
+    answers = Answers(takes_nv12=True)
+    runner = make(answers, lambda *a: None, max_streams=2)
+    bad, good = runner.add("bad", realtime=True), runner.add("good", realtime=True)
+    runner.run(until_done=True)
+    assert bad.state == "failed" and "NVDEC lost the stream" in bad.error
+    assert good.state == "ended" and good.stats.frames_done == 30
+    assert caps["bad"].released and caps["good"].released
+
+
+def test_a_removed_stream_gets_its_capture_back(nvdec_runner):
+    caps, make = nvdec_runner
+    caps["long"] = FakeNvdec(10_000)
+    runner = make(Answers(takes_nv12=True), lambda *a: None, max_streams=1)
+    thread = threading.Thread(target=runner.run, kwargs={"until_done": False}, daemon=True)
+    thread.start()
+    stream = runner.add("long", realtime=True)
+    deadline = time.monotonic() + 20
+    while stream.stats.frames_done < 5:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert runner.remove(stream.id)
+    stream.join(timeout=10)
+    assert not stream.reading and caps["long"].released and stream.state == "removed"
+    runner.stop()
+    thread.join(timeout=10)
+    assert not thread.is_alive()

@@ -1,0 +1,50 @@
+"""A scripted inference worker for the HTTP side's tests: it speaks the real wire protocol
+over a real Unix socket and reads the real shared-memory ring, and does on cue what a worker
+can do to its HTTP workers."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from app.errors import Overloaded
+from app.ipc import wire
+from app.ipc.answers import results
+from app.ipc.ring import map_ring
+
+
+class Peer(asyncio.Protocol):
+    """One connection of the scripted inference worker. ``script``: what each connection does
+    in turn — "hello-then-close" (the link drops right after the handshake), "close-on-image"
+    (mid-request), "answer" (reads the image from the ring and answers with its length),
+    "overloaded" (answers each image with that error), "silent" (never answers)."""
+
+    def __init__(self, script: list[str], seen: list[bytes]) -> None:
+        self.action = script.pop(0) if len(script) > 1 else script[0]
+        self.seen = seen
+        self.reader = wire.FrameReader()
+        self.ring = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        for kind, body in self.reader.feed(data):
+            if kind == wire.HELLO:
+                self.ring = map_ring(Path(wire.read_hello(body)["ring"]))
+                self.transport.write(wire.hello({"class_names": ["a", "b"], "generation": 0}))
+                if self.action == "hello-then-close":
+                    self.transport.close()
+            elif kind == wire.IMAGE:
+                ref = wire.read_image(body)
+                if self.action == "close-on-image":
+                    self.transport.close()
+                    return
+                if self.action == "overloaded":
+                    error = Overloaded("the queue holds 99 s of work")
+                    self.transport.write(results([wire.Outcome(ref.req_id, ref.index, error=error)]))
+                    return
+                if self.action == "silent":
+                    return
+                self.seen.append(bytes(self.ring[ref.offset : ref.offset + ref.length]))
+                self.transport.write(results([wire.Outcome(ref.req_id, ref.index, width=ref.length, height=1)]))
