@@ -34,6 +34,7 @@ packages=(
   "fastapi==0.128.0" "annotated-doc==0.0.7" "starlette==0.50.0" "pydantic==2.12.5" "pydantic-core==2.41.5"
   "annotated-types==0.7.0" "typing-inspection==0.4.2" "python-multipart==0.0.20"
   "uvicorn==0.38.0" "httptools==0.9.0" "pydantic-settings==2.16.3" "python-dotenv==1.2.4" "onnxslim==0.1.98"
+  "pycocotools==2.0.10"                # the INT8 report's mAP50 (calibrate, bench/int8_qat.py)
   "nvidia-nvimgcodec-cu13==0.9.0.20"   # GPU JPEG decode
   "pynvvideocodec==2.2.4"              # NVDEC (--video-decode nvdec, tests/gpu/test_nvdec.py)
   # KServe v2 clients (tritonclient.grpc and the part .http shares) and gRPC

@@ -46,11 +46,14 @@ def _package_file(module: str, rel: str) -> Path | None:
 
 
 def skimage_photos(cache: Path) -> list[Path]:
-    """scikit-image's sample photos: from the installed package, else from its wheel."""
+    """scikit-image's sample photos: from ``cache/skimage`` (filled from the wheel once, or carried
+    to a machine without an index), else from the installed package, else from the wheel."""
+    out = cache / "skimage"
+    if all((out / name).is_file() for name in SKIMAGE_PHOTOS):
+        return [out / name for name in SKIMAGE_PHOTOS]
     found = [_package_file("skimage", f"data/{name}") for name in SKIMAGE_PHOTOS]
     if all(found):
         return found
-    out = cache / "skimage"
     if not all((out / name).is_file() for name in SKIMAGE_PHOTOS):
         cache.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache),

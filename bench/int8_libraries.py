@@ -26,13 +26,23 @@ ranges, + the shift, + the shift's own-range mse, + bias correction; the install
 mixed precision), the same placement in u8 (unfused: the accuracy bound without zero points), and
 the CPU model with bias correction or with the TensorRT model's ranges.
 
+Distillation (issue #29): ``--runs default,qat`` adds ``yolopipe calibrate --qat`` (its PTQ step from
+the default run's caches, then both models distilled against FP32 on the same 84 images; on a GPU
+when torch sees one); ``--qat-args`` passes it more options (``--qat-minutes 4``). The
+libraries' rows run where their packages are importable (``--nncf auto``): the GPU machine has
+neither NNCF nor ModelOpt, so there they are left out and run on the CPU in a separate run.
+``--import name=path`` scores more models in the same run (a model distilled on the GPU, brought
+back). ``--keep DIR`` copies the yolopipe models out.
+
     python bench/int8_libraries.py --data ../shared/data --modelopt-python /path/to/venv/bin/python --tag=-v2
+    python bench/int8_libraries.py --data .data --runs default,qat --no-candidates --out $OUT --tag=-qat-h200
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import json
 import os
 import shutil
@@ -168,12 +178,38 @@ def candidates(model_dir: Path, work: Path, calib_dir: Path) -> dict[str, Path]:
     write("CPU model + bias correction", paths["cpu"], "cpu",
           lambda m: correct_biases(m, bias_errors(m, fp32, batches)))
     write("CPU model with the TensorRT model's own-range mse ranges", paths["tensorrt"], "cpu")
+    from app.builder.int8 import qdq
+
+    qdq.CPU_REDUCE_RANGE = False  # the CPU model as it was before issue 29
+    try:
+        write("CPU model, s8 weights over ±127 (before issue 29: ORT's u8×s8 kernel saturates on a CPU without VNNI)",
+              paths["cpu"], "cpu")
+    finally:
+        qdq.CPU_REDUCE_RANGE = True
     # Pre-activations clipped where SiLU's output moves by under 1/8 of its step, not 1/2 (-c lower).
     raw = compute_ranges(load_histograms(Path(own["cache"])), own["method"], full_range=["images"])
     finer = silu_preactivation_ranges(raw, graph.silu_pairs(fp32), levels=4 * 255)
     save_tensors_data(to_tensors_data(finer, own["method"]), work / "candidate-floor.json")
     write("CPU model, pre-activations clipped at a 4x smaller SiLU error (-c lower)", work / "candidate-floor.json", "cpu")
     return out
+
+
+def cpu_flags() -> list[str]:
+    """The x86 features ONNX Runtime's int8 kernels depend on (VNNI: no u8×s8 saturation)."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return []
+    return sorted(flags & {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8"})
+
+
+def _gpu_name() -> str | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        return None
 
 
 def _ranges(path: Path) -> dict[str, tuple[float, float]]:
@@ -184,22 +220,46 @@ def _ranges(path: Path) -> dict[str, tuple[float, float]]:
 def figures(report) -> dict:
     return {"f1": round(report.f1, 4), "f1_ci95": [round(v, 4) for v in report.f1_ci95],
             "precision": round(report.precision, 4), "recall": round(report.recall, 4),
-            "f1_conf01": round(report.f1_conf01, 4), "fp32_boxes": report.fp32_boxes, "int8_boxes": report.int8_boxes,
+            "f1_conf01": round(report.f1_conf01, 4), "map50": None if report.map50 is None else round(report.map50, 4),
+            "fp32_boxes": report.fp32_boxes, "int8_boxes": report.int8_boxes,
             "mean_score_drift": round(report.mean_score_drift, 4), "lost_all": len(report.lost_all)}
+
+
+# yolopipe command runs: label and extra options (all on the same images; later runs read the first's caches).
+RUNS = {
+    "default": ("default options", []),
+    "float12": ("--max-float-layers 12", ["--max-float-layers", "12"]),
+    "percentile": ("--method percentile", ["--method", "percentile"]),
+    "qat": ("--qat", ["--qat"]),
+    "qat-nofloat": ("--qat --max-float-layers 0", ["--qat", "--max-float-layers", "0"]),
+}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
     ap.add_argument("--modelopt-python", default=None, help="a Python with nvidia-modelopt[onnx] (skipped if none)")
+    ap.add_argument("--runs", default="default,float12,percentile", help=f"yolopipe runs, of {', '.join(RUNS)}")
+    ap.add_argument("--qat-args", default="", help="more options for the --qat runs, e.g. '--qat-minutes 4'")
+    ap.add_argument("--candidates", action=argparse.BooleanOptionalAction, default=True,
+                    help="the TensorRT model's steps and CPU variants from the default run's ranges")
+    ap.add_argument("--nncf", choices=("auto", "yes", "no"), default="auto", help="auto: when nncf imports")
+    ap.add_argument("--import", dest="imports", action="append", default=[], metavar="NAME=PATH",
+                    help="another model to score in the same run")
+    ap.add_argument("--photo-cache", type=Path, default=None,
+                    help="holds skimage/*.png for the held-out set (bench/int8_heldout.py), where pip cannot fetch")
+    ap.add_argument("--keep", type=Path, default=None, help="copy the yolopipe models here")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
-    ap.add_argument("--tag", default="", help="appended to the result's file name (keeps an earlier run's file)")
+    ap.add_argument("--tag", default="-cpu", help="the result file's name ends with it (keeps an earlier run's file)")
     args = ap.parse_args()
+    runs = [r for r in args.runs.split(",") if r]
+    if runs[:1] != ["default"] or any(r not in RUNS for r in runs):
+        ap.error(f"--runs starts with default and names runs of {', '.join(RUNS)}")
     work = args.work or Path(tempfile.mkdtemp(prefix="yolopipe-int8-libs-"))
     calib_dir = make_calibration(args.data, work / "calibration")
-    held_dir = make_heldout(args.data, work / "heldout", work / "cache")
+    held_dir = make_heldout(args.data, work / "heldout", args.photo_cache or work / "cache")
     load_before = os.getloadavg()
 
     # yolopipe: the command a user runs, defaults, on an export of its own (the export is not timed).
@@ -210,34 +270,44 @@ def main() -> None:
     for f in ("model.onnx", "meta.json", "weights.pt"):
         shutil.copyfile(sample / f, private / f)
     cli = [sys.executable, "-m", "app.cli", "calibrate", "--images", str(calib_dir), "--artifacts-dir", str(engines)]
-    rows, runs, extra_models = {}, {}, {}
-    for label, extra in (("default options", []), ("--max-float-layers 12", ["--max-float-layers", "12"]),
-                         ("--method percentile", ["--method", "percentile"])):
+    rows, run_info, extra_models = {}, {}, {}
+    for key in runs:
+        label, extra = RUNS[key]
+        if "--qat" in extra:
+            extra = [*extra, *args.qat_args.split()]
         t0 = time.perf_counter()
         proc = subprocess.run([*cli, *extra], capture_output=True, text=True, check=False)
         seconds = time.perf_counter() - t0
         sys.stderr.write(proc.stderr[-6000:])
         own = json.loads((private / "int8_report.json").read_text())
-        runs[label] = {"exit_status": proc.returncode, "wall_s": round(seconds, 1),
-                       "histograms_from_cache": own["cache_hit"], "own_heldout_images": len(own["heldout_images"]),
-                       "own_report_f1": {"tensorrt": round(own["f1"], 4), "cpu": round(own["cpu_variant"]["f1"], 4)},
-                       "mixed_precision": {t: v["layers"] for t, v in own["mixed_precision"].items()},
-                       "timings_s": own["timings_s"]}
+        run_info[label] = {"command_options": extra, "exit_status": proc.returncode, "wall_s": round(seconds, 1),
+                           "histograms_from_cache": own["cache_hit"], "own_heldout_images": len(own["heldout_images"]),
+                           "own_report_f1": {"tensorrt": round(own["f1"], 4), "cpu": round(own["cpu_variant"]["f1"], 4)},
+                           "mixed_precision": {t: v["layers"] for t, v in own["mixed_precision"].items()},
+                           "distillation": own.get("qat", {}), "timings_s": own["timings_s"]}
         suffix = "" if not extra else f" ({label})"
         for name in ("model.int8-cpu.onnx", "model.int8.onnx"):
             kept = work / f"{label.replace(' ', '_').strip('-')}-{name}"
             shutil.copyfile(private / name, kept)
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(private / name, args.keep / kept.name)
             title = f"yolopipe {name}" + (" (TensorRT-bound, run in ORT)" if name == "model.int8.onnx" else "")
             rows[title + suffix] = {"path": kept, "calibration_s": seconds}
-        if not extra:  # before the next run replaces the report and its ranges
+        if not extra and args.candidates:  # before the next run replaces the report and its ranges
             extra_models = candidates(private, work, calib_dir)
+    for spec in args.imports:
+        name, _, path = spec.partition("=")
+        rows[name] = {"path": Path(path), "calibration_s": None}
 
     fp32 = private / "model.onnx"
     fp32_b1 = batch1(fp32, work / "model-b1.onnx")
     inputs = calibration_inputs(calib_dir, 640)
-    nncf_path = work / "nncf.onnx"
-    rows["NNCF PTQ performance preset, Ultralytics' ignored scope"] = {
-        "path": nncf_path, "calibration_s": run_nncf(fp32_b1, nncf_path, inputs)}
+    has_nncf = importlib.util.find_spec("nncf") is not None
+    if args.nncf == "yes" or (args.nncf == "auto" and has_nncf):
+        nncf_path = work / "nncf.onnx"
+        rows["NNCF PTQ performance preset, Ultralytics' ignored scope"] = {
+            "path": nncf_path, "calibration_s": run_nncf(fp32_b1, nncf_path, inputs)}
     if args.modelopt_python:
         mo_path = work / "modelopt.onnx"
         rows["ModelOpt ONNX PTQ int8 entropy"] = {
@@ -257,25 +327,30 @@ def main() -> None:
                                   rounds=args.rounds)
     fp32_ms = latency["fp32"]["median_ms"]
     result = {
-        "bench": "int8-libraries-cpu",
-        "issue": 20,
+        "bench": "int8-libraries",
+        "issues": [20, 29],
         "date": dt.date.today().isoformat(),
         "machine": {**machine_info(), "load_average_at_start": [round(v, 2) for v in load_before],
-                    "note": "2 CPU cores shared with other sessions' work: timings are this run's; latency rows "
+                    "cpu_flags": cpu_flags(),
+                    "note": "every model scored and timed with ONNX Runtime on this machine's CPU; latency rows "
                             "interleaved in one loop so the load hit them alike"},
-        "versions": versions(("onnxruntime", "onnx", "numpy", "nncf", "opencv-python-headless")),
+        "versions": versions(("onnxruntime", "onnx", "numpy", "nncf", "opencv-python-headless", "torch")),
+        "gpu": _gpu_name(),
         "modelopt": subprocess.run([args.modelopt_python, "-c", "import modelopt; print(modelopt.__version__)"],
                                    capture_output=True, text=True, check=False).stdout.strip() if args.modelopt_python else None,
         "model": "sample (YOLOv8s-size, 2 classes), imgsz 640",
         "calibration_set": "84 images: the 20 photos of images/ + every 3rd frame of dance.avi (64 frames)",
         "heldout_set": f"{len(heldout)} images of another distribution (bench/int8_heldout.py), "
                        f"{rows[next(iter(rows))]['heldout']['fp32_boxes']} FP32 boxes at conf 0.25",
-        "yolopipe_command": "yolopipe calibrate --images <84 images> (default method mse; then again with "
-                            "--max-float-layers 12 and with --method percentile, which read the first run's "
-                            "histogram cache)",
-        "yolopipe_runs": runs,
-        "goal": "F1 >= 0.97 vs FP32 on the other distribution for both yolopipe models; CPU model <= 0.7x FP32",
-        "rows": [{"model": name, "calibration_s": round(row["calibration_s"], 1), **row["heldout"],
+        "yolopipe_command": "yolopipe calibrate --images <84 images> with default options, then the other runs "
+                            "(yolopipe_runs: their options), which read the first run's caches",
+        "yolopipe_runs": run_info,
+        "libraries_left_out": [name for name, present in (("nncf", has_nncf), ("modelopt", bool(args.modelopt_python)))
+                               if not present],
+        "goal": "issue 29: F1 >= 0.98 (mAP50 within 0.5 points) vs FP32 on the other distribution for both yolopipe "
+                "models; CPU model <= 0.7x FP32",
+        "rows": [{"model": name, "calibration_s": None if row["calibration_s"] is None else round(row["calibration_s"], 1),
+                  **row["heldout"],
                   "latency_ms": latency[name]["median_ms"], "latency_over_fp32": round(latency[name]["median_ms"] /
                                                                                         fp32_ms, 3)}
                  for name, row in rows.items()],
@@ -284,7 +359,7 @@ def main() -> None:
         "latency": latency,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{result['date']}-int8-libraries-cpu{args.tag}.json"
+    path = args.out / f"{result['date']}-int8-libraries{args.tag}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {path}")
     if args.work is None:

@@ -183,14 +183,23 @@ def calibrate(
     min_f1: Annotated[float, typer.Option(help="Accuracy gate: the lower bound of INT8-vs-FP32 F1's 95 % interval "
                                                "(IoU 0.5) on the held-out images.")] = 0.90,
     allow_low_accuracy: Annotated[bool, typer.Option(help="Install the models even below --min-f1.")] = False,
+    qat: Annotated[bool, typer.Option(help="Quantization-aware distillation after calibrating: both models' weights "
+                                           "fine-tuned against the FP32 model's outputs on the calibration images "
+                                           "(no labels), on a CUDA GPU when torch sees one, else on the CPU. 16+ "
+                                           "calibration images.")] = False,
+    qat_steps: Annotated[int, typer.Option(help="Distillation steps per model (--qat).", min=1)] = 3000,
+    qat_minutes: Annotated[float, typer.Option(help="Time limit of the distillation, both models together (--qat); "
+                                                    "the learning-rate schedule ends within it.", min=0.05)] = 4.0,
 ) -> None:
     """Calibrate INT8, with an accuracy report.
 
     Writes the Q/DQ models (TensorRT and CPU) and the report; below the gate the report is
-    written and the models are not installed (exit status 1).
+    written and the models are not installed (exit status 1). The models and the report are
+    installed together: a calibration stopped midway installs nothing.
     """
     from app.builder.int8 import DEFAULT_METHOD, METHODS
     from app.builder.int8 import calibrate as run_calibration
+    from app.builder.int8.distill import DistillSettings
     from app.config import check_choice
 
     check_choice("calibration method", method or DEFAULT_METHOD, METHODS)  # a usage error, before any work
@@ -198,7 +207,8 @@ def calibrate(
         weights, images, num_images=num_images, method=method or DEFAULT_METHOD, imgsz=imgsz,
         artifacts_dir=artifacts_dir, min_f1=min_f1, allow_low_accuracy=allow_low_accuracy, console=console,
         heldout_images=heldout_images, holdout=holdout, frames_per_video=frames_per_video,
-        max_float_layers=max_float_layers, target_f1=target_f1,
+        max_float_layers=max_float_layers, target_f1=target_f1, qat=qat,
+        distill_settings=DistillSettings(steps=qat_steps, time_limit_s=qat_minutes * 60) if qat else None,
     )
     for path in (result.tensorrt_qdq_path, result.cpu_qdq_path, result.report_path):
         console.print(f"wrote {path}", highlight=False)

@@ -17,6 +17,11 @@
    and the most sensitive reverted, one by one, up to ``max_float_layers``. The gate: the lower
    bound of the F1's 95 % interval ≥ ``min_f1`` for both models; below it the new models are not
    installed (the report is written) unless ``allow_low_accuracy``.
+6. With ``qat`` (``--qat``), before the report: quantization-aware distillation of each model as
+   written (``distill.py``): its weights fine-tuned against the FP32 model's outputs on the
+   calibration images, then scored like the PTQ model (whose figures the report keeps beside).
+7. Install: the models and the report are staged beside their final names and moved into place
+   together (``app.artifacts.int8.install_int8``): a killed calibration installs nothing.
 """
 
 from __future__ import annotations
@@ -28,11 +33,14 @@ from pathlib import Path
 from app.artifacts.int8 import (
     calibration_cache_dir,
     calibration_cache_path,
+    discard_staged,
     histogram_cache_path,
+    install_int8,
     int8_cpu_model_path,
     int8_qdq_model_path,
     int8_report_path,
     sensitivity_cache_path,
+    staged_path,
 )
 from app.builder.int8 import graph, mixed
 from app.builder.int8.bias import IMAGES as BIAS_IMAGES
@@ -106,6 +114,8 @@ class CalibrationResult:
     cpu_float_layers: list[str] = field(default_factory=list)  # CPU model: Convs whose output stays float
     cpu_sensitivity: list[LayerSensitivity] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
+    distilled: dict = field(default_factory=dict)  # target → DistillResult, with --qat
+    ptq_reports: dict[str, Int8Report] = field(default_factory=dict)  # target → the report before distillation
 
 
 def passes(report: Int8Report, min_f1: float) -> bool:
@@ -172,6 +182,8 @@ def calibrate(
     min_images: int = MIN_CALIBRATION,
     calibration_root: Path | None = None,
     exclude_head_tail: bool = True,
+    qat: bool = False,
+    distill_settings=None,
 ) -> CalibrationResult:
     """Calibrate ``weights`` on ``images`` (a folder of photos and/or videos, or one video) and
     write the INT8 models and the report; see the module docstring for the steps.
@@ -210,6 +222,13 @@ def calibrate(
             f"{len(items)} images and video frames in {images} leave {len(calib_items)} for calibration besides "
             f"{len(held_items)} held out; at least {min_images} are needed, {ADVISED_CALIBRATION}+ advised",
             hint=needed_images_hint(holdout))
+    if qat:
+        from app.builder.int8.distill import MIN_IMAGES as MIN_QAT_IMAGES
+
+        if len(calib_items) < MIN_QAT_IMAGES:
+            raise CalibrationError(
+                f"distillation (--qat) needs at least {MIN_QAT_IMAGES} calibration images; {images} gives "
+                f"{len(calib_items)} besides {len(held_items)} held out", hint=needed_images_hint(holdout))
     if len(calib_items) < ADVISED_CALIBRATION:
         warn(console, f"calibrating on {len(calib_items)} images; {ADVISED_CALIBRATION}+ give steadier ranges "
                       f"({needed_images_hint(holdout)})")
@@ -218,6 +237,7 @@ def calibrate(
     onnx_path, meta, model_dir = exported.onnx_path, exported.meta, exported.model_dir
     cache_root = calibration_root or calibration_cache_dir(model_dir)
     timings["export_s"] = time.perf_counter() - t0
+    discard_staged(model_dir)  # what a killed calibration left, never installed
 
     frames = sum(item.frame is not None for item in calib_items)
     console.print(f"calibrating on {len(calib_items)} images ({frames} of them video frames), "
@@ -265,7 +285,7 @@ def calibrate(
     timings["ranges_s"] = time.perf_counter() - t2
 
     finals = {"tensorrt": int8_qdq_model_path(model_dir), "cpu": int8_cpu_model_path(model_dir, must_exist=False)}
-    temps = {t: path.with_name(path.stem + ".new.onnx") for t, path in finals.items()}
+    temps = {t: staged_path(path) for t, path in finals.items()}
 
     t3 = time.perf_counter()
     fp32_dets = detect(onnx_path, heldout)
@@ -317,6 +337,17 @@ def calibrate(
         reports[target] = outcomes[target].report
     if outcomes:
         timings["mixed_precision_s"] = time.perf_counter() - t4
+    distilled, ptq_reports = {}, {}
+    if qat:
+        from app.builder.int8.distill import DistillSettings, distill_files
+
+        t5 = time.perf_counter()
+        train = [image for _, image, _ in letterboxed(calib_used, imgsz, console)]
+        distilled = distill_files(temps, model, train, distill_settings or DistillSettings(), console)
+        del train
+        for target, path in temps.items():
+            ptq_reports[target], reports[target] = reports[target], evaluate(target, path)
+        timings["distillation_s"] = time.perf_counter() - t5
     report, cpu_report = reports["tensorrt"], reports["cpu"]
     tmp_trt, tmp_cpu, final_trt, final_cpu = temps["tensorrt"], temps["cpu"], finals["tensorrt"], finals["cpu"]
     float_layers = outcomes["tensorrt"].layers if "tensorrt" in outcomes else []
@@ -358,22 +389,25 @@ def calibrate(
         "ranges": {target: str(path) for target, path in ranges_paths.items()},
         "tensorrt_shifted_activations": len(shifted),
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
+        "qat": {target: {**r.to_json(), "ptq_f1": round(ptq_reports[target].f1, 4),
+                         "ptq_f1_ci95": [round(v, 4) for v in ptq_reports[target].f1_ci95],
+                         "ptq_map50": ptq_reports[target].map50} for target, r in distilled.items()},
         **report.to_json(),
         "cpu_variant": cpu_report.to_json(),
     }
     report_path = int8_report_path(model_dir)
-    save_report(report_path, payload)
-    if not installed:
+    if not installed:  # the report alone: why the models were not installed
+        save_report(report_path, payload)
         tmp_trt.unlink(missing_ok=True)
         tmp_cpu.unlink(missing_ok=True)
         raise gate_error(report if not passes(report, min_f1) else cpu_report, min_f1)
-    tmp_trt.replace(final_trt)
-    tmp_cpu.replace(final_cpu)
+    save_report(staged_path(report_path), payload)
+    install_int8(model_dir, [final_trt, final_cpu, report_path])
     return CalibrationResult(
         model_dir=model_dir, onnx_path=onnx_path, tensorrt_qdq_path=final_trt, cpu_qdq_path=final_cpu,
         report_path=report_path, report=report, cpu_report=cpu_report, method=method, passed=passed,
         installed=installed, float_layers=float_layers, cpu_float_layers=cpu_float,
         cpu_sensitivity=outcomes["cpu"].sensitivity if "cpu" in outcomes else [], calibration_images=[i.name for i in calib_used],
         heldout_images=heldout.names, cache_path=cache_path, cache_hit=cache_hit, sensitivity=sensitivity,
-        timings_s=timings,
+        timings_s=timings, distilled=distilled, ptq_reports=ptq_reports,
     )

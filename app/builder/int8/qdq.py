@@ -11,7 +11,8 @@ Two models come from the same ranges:
   (onnx-tensorrt#850, onnxruntime#14229). ``calibration.py`` then quantizes its one-sided
   activations shifted (``shift.py``) and corrects its biases (``bias.py``).
 * ``target="cpu"``: u8 asymmetric activations (ORT's fast kernels; s8 symmetric Q/DQ runs
-  ~1.3x slower than FP32 on a CPU), s8 per-channel weights, Q/DQ on the inputs and outputs of
+  ~1.3x slower than FP32 on a CPU), s8 per-channel weights in 7 bits (``CPU_WEIGHT_RANGE``, below),
+  Q/DQ on the inputs and outputs of
   the same ops, so that ORT fuses QLinearConv, QLinearAdd and QLinearConcat. Not on SiLU's
   Sigmoid and Mul nor on Split: quantizing them adds roundings, and the Convs kept float read
   float inputs. The Conv outputs (SiLU's pre-activations) get ranges fitted to SiLU
@@ -28,6 +29,12 @@ from pathlib import Path
 from app.builder.int8.graph import CPU_OP_TYPES, TENSORRT_OP_TYPES
 
 TARGETS = ("tensorrt", "cpu")
+# The CPU model's s8 weights span ±64, not ±127 (ORT's ``reduce_range``): on an x86 CPU without
+# VNNI, ORT's u8×s8 kernel sums pairs of products in int16 (VPMADDUBSW) and saturates where
+# 255·127·2 overflows it; with ±64 no pair can (255·64·2 < 32767). Measured on an AVX2-only CPU:
+# F1 vs FP32 0.858 with ±127, 0.964 with ±64 (bench/results/2026-12-02-int8-cpu-saturation.json);
+# with VNNI both run exact.
+CPU_REDUCE_RANGE = True
 
 
 class _DropPreprocessAdvice(logging.Filter):
@@ -54,6 +61,8 @@ def quantize_options(target: str) -> dict:
 
     if target == "tensorrt":
         return {
+            "reduce_range": False,
+            "weight_type": QuantType.QInt8,
             "activation_type": QuantType.QInt8,
             "op_types_to_quantize": list(TENSORRT_OP_TYPES),
             "extra_options": {
@@ -68,6 +77,8 @@ def quantize_options(target: str) -> dict:
         }
     if target == "cpu":
         return {
+            "reduce_range": CPU_REDUCE_RANGE,
+            "weight_type": QuantType.QInt8,
             "activation_type": QuantType.QUInt8,
             "op_types_to_quantize": list(CPU_OP_TYPES),
             "extra_options": {"ActivationSymmetric": False, "WeightSymmetric": True},
@@ -82,7 +93,7 @@ def write_qdq_model(onnx_path: Path, out_path: Path, ranges_path: Path, method: 
     ``float_nodes`` stay float (the head tail, the head's last Convs, mixed-precision layers);
     ``nodes_to_quantize`` limits quantization to those nodes (the per-layer sensitivity study).
     """
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
 
     ort_method = {"entropy": CalibrationMethod.Entropy, "max": CalibrationMethod.MinMax, "mse": CalibrationMethod.MinMax,
                   "percentile": CalibrationMethod.Percentile}[method]  # a label: the ranges come from the cache
@@ -93,8 +104,6 @@ def write_qdq_model(onnx_path: Path, out_path: Path, ranges_path: Path, method: 
             calibration_data_reader=None,
             quant_format=QuantFormat.QDQ,
             per_channel=True,
-            reduce_range=False,
-            weight_type=QuantType.QInt8,
             nodes_to_exclude=list(float_nodes),
             nodes_to_quantize=list(nodes_to_quantize) if nodes_to_quantize else None,
             calibrate_method=ort_method,

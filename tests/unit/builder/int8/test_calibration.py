@@ -125,6 +125,25 @@ def test_cpu_model_has_u8_activations(calibrated):
     assert producer[first_conv.input[0]].op_type == "DequantizeLinear"
 
 
+def test_the_cpu_model_runs_in_onnx_runtimes_fused_kernels_as_written(calibrated, assets_dir):
+    """ORT fuses the CPU model into QLinearConv. On an x86 CPU without VNNI its u8×s8 kernel sums
+    pairs of products in int16, which saturates for weights beyond ±64 (255·127·2 > 32767): the
+    model's weights stay within ±64, and the fused run gives the scores of the Q/DQ arithmetic."""
+    from app.builder.int8.report import OrtModel
+    from app.imaging.letterbox import letterbox, to_input
+
+    model, inits, _ = _graph(calibrated.cpu_qdq_path)
+    weights = [inits[n.input[0]] for n in model.graph.node if n.op_type == "DequantizeLinear"
+               and n.input[0] in inits and inits[n.input[0]].ndim == 4]
+    assert len(weights) == 57 and max(int(np.abs(w.astype(int)).max()) for w in weights) == 64
+    x = to_input([letterbox(cv2.imread(str(assets_dir / name)), 640)[0] for name in ("bus.jpg", "zidane.jpg")])
+    fused = OrtModel(calibrated.cpu_qdq_path).run(x)[0][:, 4:]  # class scores of every anchor
+    plain = OrtModel(calibrated.cpu_qdq_path, optimize=False).run(x)[0][:, 4:]
+    confident = np.maximum(fused, plain) > 0.1
+    assert confident.sum() > 30  # enough scores to compare (48 on the sample model)
+    assert np.abs(fused - plain)[confident].mean() < 0.01
+
+
 def test_cpu_placement_on_the_exported_graph(calibrated):
     """No Q/DQ of their own for SiLU and Split (only the fused Conv's output, dequantized), float
     inputs for the layers kept float, and every other Conv one that ORT fuses."""

@@ -1,0 +1,105 @@
+"""Quantization-aware distillation on small real YOLOv8 exports: the loss, the head it reads, a training
+run of the sample model (at 128 pixels, on real photos) that lowers it, and the images it refuses."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from app.builder.int8.distill import MIN_IMAGES, DistillSettings, distill, distill_loss, head_pairs
+from app.builder.int8.report import OrtModel
+from app.builder.int8.torchgraph import QdqGraph
+from app.errors import CalibrationError
+from app.imaging.letterbox import to_input
+from tests.int8_models import IMGSZ, SAMPLE_IMGSZ, photos, qdq_models, tiny_export
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    fp32_path = tiny_export(root / "artifacts")
+    return onnx.load(str(fp32_path)), qdq_models(fp32_path, root)
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory, assets_dir):
+    """The sample model at 128 pixels, calibrated on 8 views of the two photos; 20 others to train on."""
+    root = tmp_path_factory.mktemp("sample128")
+    fp32_path = tiny_export(root / "artifacts", "sample", SAMPLE_IMGSZ)
+    views = photos(assets_dir, SAMPLE_IMGSZ, 28)
+    return onnx.load(str(fp32_path)), qdq_models(fp32_path, root, [to_input([v]) for v in views[:8]]), views[8:]
+
+
+def images(count: int, seed: int = 0) -> list[np.ndarray]:
+    """Letterboxed-size BGR images with shapes in them (blobs on a grey pad, like a letterbox)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        img = np.full((IMGSZ, IMGSZ, 3), 114, np.uint8)
+        for _ in range(3):
+            y, x = rng.integers(0, IMGSZ - 16, 2)
+            h, w = rng.integers(8, 24, 2)
+            img[y : y + h, x : x + w] = rng.integers(0, 256, 3)
+        out.append(img + rng.integers(0, 20, img.shape, dtype=np.uint8))
+    return out
+
+
+def test_the_head_pairs_are_the_box_and_class_convs_of_each_level(tiny):
+    fp32, _ = tiny
+    pairs = head_pairs(fp32)
+    assert len(pairs) == 3
+    for box, cls in pairs:
+        assert "/cv2." in box and "/cv3." in cls  # Ultralytics' names: cv2 boxes, cv3 classes
+        assert box.split("/")[2][-1] == cls.split("/")[2][-1]  # the same level
+
+
+def test_the_loss_is_zero_for_the_teacher_and_grows_with_the_difference(tiny):
+    fp32, _ = tiny
+    outputs = [name for pair in head_pairs(fp32) for name in pair]
+    x = torch.rand(2, 3, IMGSZ, IMGSZ, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        teacher = QdqGraph(fp32, outputs)(x)
+    assert float(distill_loss(teacher, teacher, 3)) == pytest.approx(0.0, abs=1e-5)
+    losses = [float(distill_loss([t + e * torch.randn_like(t) for t in teacher], teacher, 3)) for e in (0.1, 0.5)]
+    assert 0 < losses[0] < losses[1]
+
+
+@pytest.mark.parametrize("target", ["cpu", "tensorrt"])
+def test_distillation_lowers_the_loss_and_the_file_runs_what_was_trained(sample, target):
+    fp32, models, train = sample
+    trained, result = distill(models[target], fp32, train, DistillSettings(
+        steps=30, batch=4, crop=SAMPLE_IMGSZ, lr=1e-4, device="cpu", augment=False, time_limit_s=None))
+    assert result.steps == 30 and result.stopped_by == "steps" and result.device == "cpu"
+    assert result.eval_loss_before > 1e-3  # real scores to learn from
+    assert result.eval_loss_after < 0.8 * result.eval_loss_before, result
+    assert result.kept_step > 0 and result.eval_loss_after == min(loss for _, loss in result.checks)
+    # ONNX Runtime on the written file: the distillation loss of its head lower than the PTQ model's.
+    heads = [name for pair in head_pairs(fp32) for name in pair]
+    x = to_input(train[:8])
+
+    def error(model) -> float:
+        from app.builder.int8 import graph
+
+        run = lambda m: [torch.from_numpy(v) for v in
+                         OrtModel(graph.augmented_model(m, heads).SerializeToString(), optimize=False).run(x)]
+        return float(distill_loss(run(model), run(fp32), len(heads) // 2))
+
+    assert error(trained) < 0.9 * error(models[target])
+
+
+def test_a_time_limit_ends_the_run_and_says_so(tiny):
+    fp32, models = tiny
+    _, result = distill(models["tensorrt"], fp32, images(16),
+                        DistillSettings(steps=10**6, batch=2, crop=IMGSZ, time_limit_s=3.0, device="cpu"))
+    # No wall-clock bound here: on a loaded CPU one step and the loss checks alone outlast 3 s.
+    assert result.stopped_by == "time limit" and 0 < result.steps < 10**6 and result.seconds >= 3.0
+
+
+def test_too_few_images_or_a_bad_crop_are_refused_with_the_number(tiny):
+    fp32, models = tiny
+    with pytest.raises(CalibrationError, match=f"at least {MIN_IMAGES} calibration images, 5 were given"):
+        distill(models["cpu"], fp32, images(5))
+    with pytest.raises(CalibrationError, match="multiple of 32"):
+        distill(models["cpu"], fp32, images(16), DistillSettings(crop=48, device="cpu"))
