@@ -7,6 +7,8 @@
 #
 # Parts run in the order given. Each writes under $OUT as it goes (a call cut off keeps what it
 # did), runs under its own timeout, and adds "<log> rc=<status> <seconds> s" to $OUT/parts.txt.
+# After each part all of $OUT is packed into $OUT/0-results.tgz: the device tool returns only the
+# first eight files of $OUT by name, and that one sorts first.
 #   setup    unpack .whlx/site.tar.xz into /tmp/site (SITE; once per machine); $OUT/machine.json
 #   tests    pytest tests/kernels tests/gpu tests/tensorrt -v    → $OUT/gpu-tests.log
 #   bench    yolopipe bench                                      → $OUT/bench.json, bench.log
@@ -40,6 +42,8 @@ usage="usage: bash bench/device.sh PART...   (parts: setup tests bench folder ht
 status=0
 ready=0
 
+source bench/device_pack.sh  # pack: all of $OUT as $OUT/0-results.tgz
+
 part() {  # part NAME TIMEOUT COMMAND...: the command under its timeout, its output in $OUT/NAME.log as it goes
   local name=$1 limit=$2 t0=$SECONDS rc
   shift 2
@@ -48,6 +52,7 @@ part() {  # part NAME TIMEOUT COMMAND...: the command under its timeout, its out
   rc=${PIPESTATUS[0]}
   echo "$name rc=$rc $((SECONDS - t0)) s" | tee -a "$OUT/parts.txt"
   [ "$rc" = 0 ] || status=1
+  pack
 }
 
 unpack() {  # the carried packages into $SITE, unless a warm machine has this very tarball there

@@ -1,0 +1,7 @@
+# Sourced by bench/device.sh and bench/device_startup.sh. The device tool brings back only the
+# first eight files of $OUT (by name): pack puts all of $OUT into $OUT/0-results.tgz, which sorts
+# first, replacing it whole so that a call cut off mid-pack still returns the previous one.
+pack() {
+  tar -C "$OUT" --exclude=0-results.tgz --exclude=0-results.tgz.part -czf "$OUT/0-results.tgz.part" . \
+    && mv "$OUT/0-results.tgz.part" "$OUT/0-results.tgz"
+}
