@@ -316,7 +316,6 @@ def check_package(path: Path, example: Any, reference: Any, key: TorchEngineKey,
             "inductor": "aoti_compile_and_package, default settings"}
 
 
-
 FRESH_CHECK = """
 import sys
 from pathlib import Path

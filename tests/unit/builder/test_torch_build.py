@@ -254,3 +254,19 @@ def test_without_aotinductor_the_eager_model_runs_and_later_starts_do_not_build_
     assert "no C++ compiler" in note.read_text()
     open_for_predict(root)  # the next start reads the note: no second build in vain
     assert len(tries) == 1 and OPENED[-1].compile is False
+
+
+def test_a_package_that_fails_in_a_fresh_process_is_refused_with_what_the_process_said(tmp_path):
+    """The check every package passes before it is published: a new process loads and runs it.
+    Here the file is no package (and there may be no GPU): the child fails, and the build is
+    refused with its exit and its last lines, never published."""
+    import types
+
+    from app.artifacts.torch_engines import TorchEngineKey
+    from app.errors import BackendUnavailable
+
+    bogus = tmp_path / "fp16.b1-64.pt2"
+    bogus.write_bytes(b"the first half of a package")
+    key = TorchEngineKey("0" * 64, 64, "fp16", "2.x", "NVIDIA Stand-in", "9.0", 1, 64)
+    with pytest.raises(BackendUnavailable, match=r"does not run in a fresh process here \(exit code 1\): .*Error"):
+        torch_build.check_in_fresh_process(bogus, 0, key, types.SimpleNamespace(imgsz=64))
