@@ -1,4 +1,5 @@
-"""Loopback helpers for tests that start a server: a free port, and waiting until it is ready."""
+"""Loopback helpers for tests that start a server: a free port, waiting until it is ready, the
+photos the protocol tests send, a `/v1/detect` reference answer, and reading `/metrics`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import cv2
 import httpx
+import numpy as np
 import pytest
 
 
@@ -39,3 +42,36 @@ def wait_ready(base: str, proc: subprocess.Popen, log: Path, *, timeout: float =
             pass
         time.sleep(0.25)
     pytest.fail(f"server not ready in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def four_photos(bus: bytes, zidane: bytes) -> list[bytes]:
+    """Four real photos: two JPEGs, a PNG and a small crop (other sizes, other counts)."""
+    zid = cv2.imdecode(np.frombuffer(zidane, np.uint8), cv2.IMREAD_COLOR)
+    png = cv2.imencode(".png", cv2.resize(zid, (640, 360)))[1].tobytes()
+    crop = cv2.imencode(".jpg", cv2.imdecode(np.frombuffer(bus, np.uint8), cv2.IMREAD_COLOR)[600:, :400])[1].tobytes()
+    return [bus, zidane, png, crop]
+
+
+def v1_detect(base: str, data: bytes, **params) -> list[dict]:
+    """``/v1/detect``'s detections of ``data`` (list parameters joined by commas): the reference
+    the other protocols are held to."""
+    query = {k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in params.items()}
+    r = httpx.post(f"{base}/v1/detect", content=data, params=query, headers={"content-type": "image/jpeg"},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["detections"]
+
+
+def metric_sum(page: str, prefix: str) -> float:
+    """The sum of every sample of a Prometheus page whose line starts with ``prefix``."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in page.splitlines() if line.startswith(prefix))
+
+
+def wait_until_idle(queue_depth: Callable[[], float], *, quiet_s: float = 2.0, timeout: float = 120.0) -> None:
+    """Return once ``queue_depth()`` has read 0 for ``quiet_s`` seconds in a row."""
+    deadline, idle_since = time.monotonic() + timeout, None
+    while idle_since is None or time.monotonic() - idle_since < quiet_s:
+        assert time.monotonic() < deadline, "the inference worker never went idle"
+        idle = queue_depth() == 0
+        idle_since = (idle_since or time.monotonic()) if idle else None
+        time.sleep(0.05)

@@ -29,6 +29,9 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
+from tests.net import four_photos, metric_sum, wait_until_idle
+from tests.net import v1_detect as net_v1_detect
+
 BODY_LIMIT = 2 * 1024 * 1024
 MAX_IMAGES = 48
 OUTPUTS = ("num_dets", "det_boxes", "det_scores", "det_classes")
@@ -101,19 +104,11 @@ def client(server) -> tgrpc.InferenceServerClient:
 
 @pytest.fixture(scope="module")
 def images(bus, zidane) -> list[bytes]:
-    """Four real photos: two JPEGs, a PNG and a small crop (other sizes, other counts)."""
-    zid = cv2.imdecode(np.frombuffer(zidane, np.uint8), cv2.IMREAD_COLOR)
-    png = cv2.imencode(".png", cv2.resize(zid, (640, 360)))[1].tobytes()
-    crop = cv2.imencode(".jpg", cv2.imdecode(np.frombuffer(bus, np.uint8), cv2.IMREAD_COLOR)[600:, :400])[1].tobytes()
-    return [bus, zidane, png, crop]
+    return four_photos(bus, zidane)
 
 
 def v1_detect(server: Server, data: bytes, **params) -> list[dict]:
-    query = {k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in params.items()}
-    r = httpx.post(f"{server.url}/v1/detect", content=data, params=query, headers={"content-type": "image/jpeg"},
-                   timeout=120)
-    assert r.status_code == 200, r.text
-    return r.json()["detections"]
+    return net_v1_detect(server.url, data, **params)
 
 
 def image_input(module, images: list[bytes], shape: list[int] | None = None, name: str = "image"):
@@ -377,8 +372,7 @@ def test_errors_map_to_status_codes(client, images, forge, case, status, words):
 
 
 def _metric(server: Server, name: str) -> float:
-    text = httpx.get(f"{server.url}/metrics", timeout=30).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+    return metric_sum(httpx.get(f"{server.url}/metrics", timeout=30).text, name)
 
 
 def test_a_client_deadline_stops_the_work_its_request_left_queued(client, server, images):
@@ -388,12 +382,7 @@ def test_a_client_deadline_stops_the_work_its_request_left_queued(client, server
     status, _ = failure(lambda: client.infer("yolopipe", [image_input(tgrpc, [small.tobytes()] * count)],
                                              client_timeout=1.0))
     assert status == "StatusCode.DEADLINE_EXCEEDED"
-    deadline, idle_since = time.monotonic() + 120, None
-    while idle_since is None or time.monotonic() - idle_since < 2.0:  # the worker idle for 2 s
-        assert time.monotonic() < deadline
-        idle = _metric(server, "yolopipe_queue_depth") == 0
-        idle_since = (idle_since or time.monotonic()) if idle else None
-        time.sleep(0.05)
+    wait_until_idle(lambda: _metric(server, "yolopipe_queue_depth"))  # the worker idle for 2 s
     computed = _metric(server, 'yolopipe_images_total{outcome="ok"') - before
     assert computed < count / 2, computed  # only what was already running when the deadline passed
     assert _metric(server, 'yolopipe_grpc_requests_total{code="DEADLINE_EXCEEDED",method="ModelInfer"') >= 1 or \

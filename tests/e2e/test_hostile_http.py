@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.net import free_port, wait_ready
+from tests.net import free_port, metric_sum, wait_ready, wait_until_idle
 
 BODY_LIMIT = 2 * 1024 * 1024
 SERVER = f"""
@@ -466,8 +466,7 @@ def test_a_part_named_only_by_filename_star_is_read_as_a_file(server, ctx):
 
 
 def _metric(port: int, name: str) -> float:
-    text = exchange(port, [request("GET", "/metrics")]).body.decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+    return metric_sum(exchange(port, [request("GET", "/metrics")]).body.decode(), name)
 
 
 def test_a_client_that_hangs_up_stops_costing_work(server, ctx):
@@ -478,12 +477,7 @@ def test_a_client_that_hangs_up_stops_costing_work(server, ctx):
     body = multipart([(f'name="images"; filename="{i}.jpg"', small.tobytes()) for i in range(images)],
                       "/v1/detect/batch")
     exchange(port, [body, 1.0, "hangup"])
-    deadline, idle_since = time.monotonic() + 120, None
-    while idle_since is None or time.monotonic() - idle_since < 2.0:  # the worker idle for 2 s
-        assert time.monotonic() < deadline
-        idle = _metric(port, "yolopipe_queue_depth") == 0
-        idle_since = (idle_since or time.monotonic()) if idle else None
-        time.sleep(0.05)
+    wait_until_idle(lambda: _metric(port, "yolopipe_queue_depth"))  # the worker idle for 2 s
     computed = _metric(port, 'yolopipe_images_total{outcome="ok"') - before
     assert computed < images / 2, computed  # only what was already running when it left
 

@@ -13,14 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import cv2
 import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.net import free_port, wait_ready
+from tests.net import four_photos, free_port, wait_ready
+from tests.net import v1_detect as net_v1_detect
 
 BODY_LIMIT = 2 * 1024 * 1024
 MAX_IMAGES = 8
@@ -61,19 +61,11 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def images(bus, zidane) -> list[bytes]:
-    """Four real photos: two JPEGs, a PNG and a small crop (other sizes, other counts)."""
-    zid = cv2.imdecode(np.frombuffer(zidane, np.uint8), cv2.IMREAD_COLOR)
-    png = cv2.imencode(".png", cv2.resize(zid, (640, 360)))[1].tobytes()
-    crop = cv2.imencode(".jpg", cv2.imdecode(np.frombuffer(bus, np.uint8), cv2.IMREAD_COLOR)[600:, :400])[1].tobytes()
-    return [bus, zidane, png, crop]
+    return four_photos(bus, zidane)
 
 
 def v1_detect(port: int, data: bytes, **params) -> list[dict]:
-    query = {k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in params.items()}
-    r = httpx.post(f"http://127.0.0.1:{port}/v1/detect", content=data, params=query,
-                   headers={"content-type": "image/jpeg"}, timeout=120)
-    assert r.status_code == 200, r.text
-    return r.json()["detections"]
+    return net_v1_detect(f"http://127.0.0.1:{port}", data, **params)
 
 
 def image_input(images: list[bytes], *, binary: bool = True, shape: list[int] | None = None,
