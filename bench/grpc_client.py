@@ -13,32 +13,22 @@ the calls by gRPC status over the same run (``yolopipe_grpc_requests_total`` in 
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import struct
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-LOCAL_H2LOAD = ROOT / ".h2load" / "usr" / "bin" / "h2load"  # unpacked by bench/h2load.sh
+from bench.wrk_client import find_unpacked
+
 PATH = "/inference.GRPCInferenceService/ModelInfer"
 
 
 def find_h2load(given: str | None = None) -> tuple[str, dict]:
-    env = dict(os.environ)
-    if given:
-        return given, env
-    if LOCAL_H2LOAD.exists():
-        lib = str(ROOT / ".h2load" / "usr" / "lib" / "x86_64-linux-gnu")
-        env["LD_LIBRARY_PATH"] = lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
-        return str(LOCAL_H2LOAD), env
-    on_path = shutil.which("h2load")
-    if on_path:
-        return on_path, env
-    raise SystemExit("h2load not found: run bench/h2load.sh (unpacks Debian's nghttp2-client into .h2load/)")
+    """The h2load binary (Debian's, unpacked under .h2load/ by bench/h2load.sh, or on PATH)."""
+    return find_unpacked("h2load", ".h2load", given,
+                         "h2load not found: run bench/h2load.sh (unpacks Debian's nghttp2-client into .h2load/)")
 
 
 def infer_body(image: bytes, model: str = "yolopipe") -> bytes:

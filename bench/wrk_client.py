@@ -18,22 +18,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "wrk" / "multipart.lua"
 OIP_SCRIPT = ROOT / "bench" / "wrk" / "oip.lua"  # the same images as binary tensors to /v2/.../infer
-LOCAL_WRK = ROOT / ".wrk" / "usr" / "bin" / "wrk"  # unpacked by ../shared/device/wrk.sh
 
 
-def find_wrk(given: str | None = None) -> tuple[str, dict]:
-    """The wrk binary and the environment it needs (Debian's, unpacked under .wrk/, or on PATH)."""
+def find_unpacked(name: str, folder: str, given: str | None, missing: str) -> tuple[str, dict]:
+    """A load generator's binary and the environment it needs: ``given``, else Debian's unpacked
+    under ``ROOT/folder`` (its libraries beside it), else ``name`` on PATH; else exit with ``missing``."""
     env = dict(os.environ)
     if given:
         return given, env
-    if LOCAL_WRK.exists():
-        lib = str(ROOT / ".wrk" / "usr" / "lib" / "x86_64-linux-gnu")
+    local = ROOT / folder / "usr" / "bin" / name
+    if local.exists():
+        lib = str(ROOT / folder / "usr" / "lib" / "x86_64-linux-gnu")
         env["LD_LIBRARY_PATH"] = lib + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
-        return str(LOCAL_WRK), env
-    on_path = shutil.which("wrk")
+        return str(local), env
+    on_path = shutil.which(name)
     if on_path:
         return on_path, env
-    raise SystemExit("wrk not found: run ../shared/device/wrk.sh (unpacks Debian's wrk into .wrk/) or install wrk")
+    raise SystemExit(missing)
+
+
+def find_wrk(given: str | None = None) -> tuple[str, dict]:
+    """The wrk binary (Debian's, unpacked under .wrk/ by ../shared/device/wrk.sh, or on PATH)."""
+    return find_unpacked("wrk", ".wrk", given,
+                         "wrk not found: run ../shared/device/wrk.sh (unpacks Debian's wrk into .wrk/) or install wrk")
 
 
 def percentile(sorted_values: list[float], q: float) -> float | None:
