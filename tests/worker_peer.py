@@ -5,11 +5,14 @@ can do to its HTTP workers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from app.errors import Overloaded
 from app.ipc import wire
 from app.ipc.answers import results
+from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
 
 
@@ -48,3 +51,16 @@ class Peer(asyncio.Protocol):
                     return
                 self.seen.append(bytes(self.ring[ref.offset : ref.offset + ref.length]))
                 self.transport.write(results([wire.Outcome(ref.req_id, ref.index, width=ref.length, height=1)]))
+
+
+@contextlib.contextmanager
+def ready_worker_layout() -> Iterator[RunLayout]:
+    """A run layout for one inference worker whose status block says it is ready."""
+    layout = RunLayout.create(1)
+    status = wire.StatusBlock(layout.status(0), writable=True)
+    status.write(wire.Load(0, wire.READY, 0, 0.001, 1))
+    try:
+        yield layout
+    finally:
+        status.close()
+        layout.remove()

@@ -18,7 +18,7 @@ from app.config import Settings
 from app.ipc import wire
 from app.ipc.client import InferenceClient
 from app.ipc.layout import RunLayout
-from tests.worker_peer import Peer
+from tests.worker_peer import Peer, ready_worker_layout
 
 PADDING = 7_777  # trailing bytes after the JPEG's end: a body length nothing else in the process has
 
@@ -31,12 +31,8 @@ def holders_of_length(n: int) -> list[str]:
 
 @pytest.fixture()
 def layout():
-    layout = RunLayout.create(1)
-    load = wire.StatusBlock(layout.status(0), writable=True)
-    load.write(wire.Load(0, wire.READY, 0, 0.001, 1))
-    yield layout
-    load.close()
-    layout.remove()
+    with ready_worker_layout() as layout:
+        yield layout
 
 
 def run_app(settings: Settings, layout: RunLayout, action: str, body) -> object:

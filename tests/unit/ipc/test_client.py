@@ -14,18 +14,13 @@ from app.contracts import DetectParams
 from app.errors import DeviceError, Overloaded, RequestTimeout
 from app.ipc import wire
 from app.ipc.client import InferenceClient
-from app.ipc.layout import RunLayout
-from tests.worker_peer import Peer
+from tests.worker_peer import Peer, ready_worker_layout
 
 
 @pytest.fixture()
 def layout():
-    layout = RunLayout.create(1)
-    status = wire.StatusBlock(layout.status(0), writable=True)
-    status.write(wire.Load(0, wire.READY, 0, 0.001, 1))
-    yield layout
-    status.close()
-    layout.remove()
+    with ready_worker_layout() as layout:
+        yield layout
 
 
 async def _until(predicate, timeout: float = 10.0) -> None:
