@@ -11,6 +11,15 @@ from pathlib import Path
 
 import pytest
 
+# Parallel test processes (pytest-xdist's -n): each gets its share of the cores for the thread
+# pools of torch, ONNX Runtime (in the servers and CLIs the tests start) and BLAS, set before any
+# of them loads. Pools sized to the whole machine in every process spin against each other: a
+# torch test ran ~6x longer beside another process than alone.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _share = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "YOLOPIPE_ORT_THREADS"):
+        os.environ.setdefault(_name, _share)
 os.environ.setdefault("YOLO_OFFLINE", "1")  # Ultralytics must never reach for the network in tests
 # Servers the tests start serve no gRPC unless a test asks for it (on a free port): many run at
 # once, and the default port (8001) would be taken by the first.
@@ -37,6 +46,13 @@ def pytest_collection_modifyitems(config, items):
     # The simulator's kernel tests first: run after the GPU-path tests had loaded torch and its
     # thread pools, one CI run took ~10x longer in them (19 min instead of 6).
     items.sort(key=lambda item: _folder(item) != "kernels")
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; the GPU machine may run without it
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core, at most 4. Each worker loads torch, ONNX Runtime and the
+    servers its files start (~1-2 GB); more than 4 buys little, the e2e files being the tail."""
+    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
 @pytest.fixture(scope="session")

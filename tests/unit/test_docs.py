@@ -51,10 +51,17 @@ def known_options() -> dict[str, set[str]]:
     return known
 
 
+def pytest_options(config: pytest.Config) -> set[str]:
+    """The ``--options`` of the pytest running this test, its plugins' included (xdist, timeout)."""
+    parser = config._parser  # no public list of them; --help prints the same
+    return {name for option in [*parser._anonymous.options, *(o for g in parser._groups for o in g.options)]
+            for name in option.names() if name.startswith("--")}
+
+
 KNOWN = known_options()
 EVERY_OPTION = set().union(*KNOWN.values())
 COMMAND = re.compile(r"\b(yolopipe (?:" + "|".join(n.split()[1] for n in KNOWN if n.startswith("yolopipe "))
-                     + r")\b|bench/[\w-]+\.py|app\.benchmark)")
+                     + r")\b|bench/[\w-]+\.py|app\.benchmark|pytest(?![\w-]))")
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
@@ -149,12 +156,13 @@ def test_no_path_outside_the_repository(doc):
 
 
 @pytest.mark.parametrize("doc", DOCS)
-def test_every_option_the_doc_names_exists_for_its_command(doc):
+def test_every_option_the_doc_names_exists_for_its_command(doc, pytestconfig):
+    known = {**KNOWN, "pytest": pytest_options(pytestconfig)}
     wrong = []
     for command, option, where in option_mentions(doc_text(doc)):
         if option in FOREIGN_OPTIONS and command is None:
             continue
-        allowed = KNOWN.get(command, EVERY_OPTION) if command else EVERY_OPTION
+        allowed = known.get(command, EVERY_OPTION) if command else EVERY_OPTION
         if option not in allowed:
             wrong.append(f"{option} ({command or 'any command'}): {where.strip()}")
     assert wrong == [], f"{doc}:\n" + "\n".join(wrong)
@@ -166,9 +174,10 @@ def test_every_yolopipe_variable_the_doc_names_exists(doc):
     assert sorted(named - known_variables()) == [], doc
 
 
-def test_the_checks_catch_what_went_stale():
+def test_the_checks_catch_what_went_stale(pytestconfig):
     """Each check, on the stale lines this repository's docs once had."""
     stale = ("```bash\n# options\n--lanes N --threads T   throughput rows\n```\n"
+             "`python -m pytest -n auto --dist-mode loadfile`\n"
              "`python bench/http_load.py --engines-dir DIR`\n"
              "```bash\nyolopipe predict samples \\\n  --lanes 2\n```\n"
              "`YOLOPIPE_MAX_QUEUE` and `../shared/device/wrk.sh` and `bench/results/nothing.json` and `serving/ring.py`")
@@ -177,6 +186,8 @@ def test_the_checks_catch_what_went_stale():
             ("yolopipe predict", "--lanes")} <= options
     assert not any(o in KNOWN["bench/http_load.py"] for o in ("--engines-dir",))
     assert "--lanes" not in EVERY_OPTION and "--ray" in KNOWN["yolopipe predict"]
+    assert ("pytest", "--dist-mode") in options and "--dist" in pytest_options(pytestconfig)
+    assert "--dist-mode" not in pytest_options(pytestconfig)
     paths = repo_paths(stale)
     assert "bench/results/nothing.json" in paths and "app/serving/ring.py" in paths
     assert re.findall(r"(?<![\w.])\.\./[\w./-]+", stale) == ["../shared/device/wrk.sh"]

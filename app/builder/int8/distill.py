@@ -227,7 +227,7 @@ def distill(qdq_model, fp32_model, images: Sequence[np.ndarray], settings: Disti
     settings = settings.for_device(device, imgsz)
     _check_crop(settings.crop, imgsz)
     if device == "cpu":
-        torch.set_num_threads(os.cpu_count() or 1)
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)  # every core, unless told
     else:
         torch.backends.cudnn.benchmark = True  # fixed shapes: the fastest kernels, found once
     torch.manual_seed(settings.seed)
