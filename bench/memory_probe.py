@@ -22,7 +22,9 @@ it stops each process for a moment).
     python bench/memory_probe.py --bursts batch32 --settle-s 10       # one burst
 
 Exit status 0 when the tree was back within the tolerance of rest ``--settle-s`` seconds
-after every burst, 1 otherwise. tests/e2e/test_memory_bursts.py runs the same probe in CI.
+after every burst, 1 otherwise. tests/e2e/test_memory_bursts.py runs the same probe in CI,
+with ``--until-back`` and a long deadline: the test asserts that memory comes back; how soon
+is this probe's figure, not a timed test's.
 """
 
 from __future__ import annotations
@@ -384,12 +386,13 @@ def run_burst(tree: Tree, name: str, photo: bytes, rest_mb: float, args: argpars
         at_last = tree.snapshot()  # quick: the settle clock runs
         series = []
         back_at = None
-        while time.monotonic() - last < args.settle_s:
+        while time.monotonic() - last < args.settle_s and not (back_at is not None and args.until_back):
             time.sleep(0.5)
             mb = tree.rss() / MB
             series.append((round(time.monotonic() - last, 2), round(mb, 1)))
             if back_at is None and mb <= rest_mb * (1 + args.tolerance):
                 back_at = series[-1][0]
+        watched = time.monotonic() - last
         settled = tree.snapshot(with_malloc=args.malloc_info)
     row = {
         "burst": name, **outcome,
@@ -398,7 +401,7 @@ def run_burst(tree: Tree, name: str, photo: bytes, rest_mb: float, args: argpars
         "peak_mb": round(max(sampler.peak, 0) / MB, 1),
         "at_last_response_mb": at_last["tree_rss_mb"],
         "settled_mb": settled["tree_rss_mb"],
-        "settle_s": args.settle_s,
+        "settle_s": round(watched, 2),  # args.settle_s, or less with --until-back
         "back_within_tolerance_after_s": back_at,
         "returned": settled["tree_rss_mb"] <= rest_mb * (1 + args.tolerance),
         "series_mb": series,
@@ -410,9 +413,9 @@ def run_burst(tree: Tree, name: str, photo: bytes, rest_mb: float, args: argpars
         row["returned"] = row["returned"] and settled["gpu_mb"] <= rest_gpu_mb * (1 + args.tolerance)
     if "gpu_settled_mb" in row:
         print(f"{'':>14}  GPU: {rest_gpu_mb:.0f} MB at rest, {row['gpu_at_last_response_mb']:.0f} at the last "
-              f"response, {row['gpu_settled_mb']:.0f} after {args.settle_s:g} s", flush=True)
+              f"response, {row['gpu_settled_mb']:.0f} after {watched:.1f} s", flush=True)
     print(f"{name:>14}: {row['before_mb']:.0f} MB before, peak {row['peak_mb']:.0f}, "
-          f"{row['at_last_response_mb']:.0f} at the last response, {row['settled_mb']:.0f} after {args.settle_s:g} s "
+          f"{row['at_last_response_mb']:.0f} at the last response, {row['settled_mb']:.0f} after {watched:.1f} s "
           f"(rest {rest_mb:.0f}; back within {100 * args.tolerance:g} % after {back_at} s)  {outcome}", flush=True)
     return row
 
@@ -534,6 +537,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rest-s", type=float, default=3.0, help="pause before rest is measured")
     p.add_argument("--settle-s", type=float, default=10.0, help="seconds watched after each burst's last response")
     p.add_argument("--tolerance", type=float, default=0.10, help="back within this fraction of rest")
+    p.add_argument("--until-back", action="store_true",
+                   help="stop watching a burst once the tree is back (--settle-s is then only the deadline)")
     p.add_argument("--malloc-info", action="store_true", help="glibc's account per process, through gdb")
     p.add_argument("--ready-timeout-s", type=float, default=600.0)
     p.add_argument("--out", type=Path)
