@@ -40,6 +40,17 @@ def _folder(item) -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
+    # Schemathesis gives every API operation's item the test's bare node id; pytest-xdist
+    # schedules by node id and would run one of them. Each gets its own (the item's name).
+    seen: dict[str, int] = {}
+    for item in items:
+        seen[item.nodeid] = seen.get(item.nodeid, 0) + 1
+    for item in items:
+        if seen[item.nodeid] > 1:
+            if hasattr(item.parent, "id"):  # pytest 9: node ids are NodeId objects
+                item._id = item.parent.id.child(item.name)
+            else:
+                item._nodeid = f"{item.parent.nodeid}::{item.name}"
     for item in items:
         if (folder := _folder(item)) in _FOLDER_MARKERS:
             item.add_marker(getattr(pytest.mark, folder))
