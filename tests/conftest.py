@@ -15,9 +15,10 @@ import pytest
 # pools of torch, ONNX Runtime (in the servers and CLIs the tests start) and BLAS, set before any
 # of them loads. Pools sized to the whole machine in every process spin against each other: a
 # torch test ran ~6x longer beside another process than alone.
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
-    _share = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
+    _share = str(max(1, _CORES // _WORKERS))
     for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "YOLOPIPE_ORT_THREADS"):
         os.environ.setdefault(_name, _share)
 os.environ.setdefault("YOLO_OFFLINE", "1")  # Ultralytics must never reach for the network in tests
@@ -63,7 +64,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per core, at most 4. Each worker loads torch, ONNX Runtime and the
     servers its files start (~1-2 GB); more than 4 buys little, the e2e files being the tail."""
-    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    return max(1, min(4, _CORES))
 
 
 @pytest.fixture(scope="session")
