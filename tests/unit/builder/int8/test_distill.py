@@ -66,7 +66,9 @@ def test_the_loss_is_zero_for_the_teacher_and_grows_with_the_difference(tiny):
     assert 0 < losses[0] < losses[1]
 
 
-STEPS = 15
+# 30: at 15 the tensorrt-placed model's first steps overshoot (loss 0.012 -> 0.39 at step 4), two backoffs
+# follow and it ends 6 % under where it began, short of the 20 % asserted; at 30 it ends 44 % under, the CPU one 55 %.
+STEPS = 30
 
 
 @pytest.mark.parametrize("target", ["cpu", "tensorrt"])
