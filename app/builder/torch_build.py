@@ -262,11 +262,17 @@ def export_program(model: Any, example: Any, key: TorchEngineKey) -> Any:
 
 
 def compile_package(program: Any, out: Path) -> Path:
-    """AOTInductor: ``program`` → the ``.pt2`` package ``out``."""
+    """AOTInductor: ``program`` → the ``.pt2`` package ``out``, its library linked so that a fresh
+    process loads it (``app.builder.aoti_link``)."""
     import torch._inductor
 
+    from app.builder.aoti_link import linking
+
     try:
-        return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(out)))
+        with linking():
+            return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(out)))
+    except BackendUnavailable:
+        raise
     except Exception as exc:  # no C++ compiler, an inductor failure: one clear line
         raise BackendUnavailable(f"AOTInductor could not compile the model: {type(exc).__name__}: {exc}"[:500],
                                  hint="AOTInductor needs a C++ compiler (g++) beside torch") from exc
