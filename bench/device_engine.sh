@@ -5,7 +5,7 @@
 # Parts (in this order, each under its own timeout, each log under $OUT as it goes):
 #   diag     bench/aoti_loading.py: a toy package linked two ways, loaded six ways → aoti-loading.json
 #   build    yolopipe build-engine (timed; prints what it built and its load time) → build-engine.log
-#   engines  bench/engine_candidates.py: the candidates side by side               → engine-candidates.json
+#   engines  bench/torch_engines.py: the candidates (a)-(d) side by side            → engine-candidates.json
 #   startup  bench/startup.py: predict 10,000 JPEGs and serve, Ultralytics beside   → startup.json
 #   http     bench/http_load.py: /v1, OIP and gRPC at c=64 and c=256                → http.json
 #   tests    the GPU suite                                                         → gpu-tests.log
@@ -47,12 +47,12 @@ part() {  # part NAME TIMEOUT COMMAND...
 want diag && part aoti-loading "${DIAG_TIMEOUT:-420}" python3 bench/aoti_loading.py --out "$OUT/aoti-loading.json"
 want build && part build-engine "${BUILD_TIMEOUT:-300}" /usr/bin/time -f "build-engine: %e s wall" \
   python3 -m app.cli build-engine --weights sample
-want engines && part engine-candidates "${ENGINES_TIMEOUT:-420}" python3 bench/engine_candidates.py \
+want engines && part engine-candidates "${ENGINES_TIMEOUT:-420}" python3 bench/torch_engines.py --reuse --images .data/images \
   --out "$OUT/engine-candidates.json" ${ENGINES_ARGS:-}
 want startup && part startup "${STARTUP_TIMEOUT:-360}" python3 bench/startup.py --images .data/images \
-  --copies 10000 --rounds 2 --parts predict,ultralytics,serve --out "$OUT/startup.json"
+  --copies 10000 --rounds "${STARTUP_ROUNDS:-1}" --parts predict,ultralytics,serve --out "$OUT/startup.json"
 want http && part http "${HTTP_TIMEOUT:-300}" python3 bench/http_load.py --images .data/images --parts load \
-  --clients 64,256 --gpus 0 --duration "${DURATION:-15}" --warmup 3 --out "$OUT/http.json" ${HTTP_ARGS:-}
+  --clients 64,256 --gpus 0 --duration "${DURATION:-15}" --warmup 3 --no-naive --out "$OUT/http.json" ${HTTP_ARGS:-}
 want tests && part gpu-tests "${TESTS_TIMEOUT:-300}" python3 -m pytest ${TEST_PATHS:-tests/kernels tests/gpu tests/tensorrt} \
   -v -rs -p no:cacheprovider --durations=15
 exit 0

@@ -31,7 +31,7 @@ from typing import Any
 from app.artifacts.store import is_temp_name, write_atomically
 
 TORCH_ENGINE_DIR = "torch-cuda"
-TORCH_ENGINE_FORMAT = 1  # bump when what a package holds changes: older ones are then rebuilt
+TORCH_ENGINE_FORMAT = 2  # bump when what a package holds changes: older ones are then rebuilt (2: aoti_link)
 PACKAGE_SUFFIX = ".pt2"
 MANIFEST_SUFFIX = ".json"
 LOCK_NAME = ".build.lock"
@@ -117,6 +117,11 @@ def sha256_of(path: Path) -> str:
 def save_manifest(model_dir: Path, manifest: TorchEngineManifest) -> Path:
     """Written atomically, and only after the package it describes is in place."""
     return write_atomically(manifest_path(model_dir, manifest.key), manifest.to_json().encode())
+
+
+def manifest_of(package: Path) -> TorchEngineManifest | None:
+    """The manifest beside ``package`` (None: none, or unreadable)."""
+    return _read_manifest(Path(package).with_suffix(MANIFEST_SUFFIX))
 
 
 def _read_manifest(path: Path) -> TorchEngineManifest | None:

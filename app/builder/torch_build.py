@@ -313,33 +313,38 @@ def check_package(path: Path, example: Any, reference: Any, key: TorchEngineKey,
             diff = (got - reference[:n]).abs()
             worst = [max(worst[0], diff[:, :4].max().item()), max(worst[1], diff[:, 4:].max().item())]
     del runner
-    if dev.type == "cuda":
-        check_in_fresh_process(path, dev.index or 0, key, meta)
+    fresh = check_in_fresh_process(path, dev.index or 0, key, meta) if dev.type == "cuda" else {}
     if not all(w <= t for w, t in zip(worst, (box_tol, score_tol))):  # NaN fails too
         raise ArtifactError(f"the compiled torch-cuda engine differs from the eager model by {worst[0]:.3g} px "
                             f"(boxes) and {worst[1]:.3g} (scores), over {box_tol} and {score_tol}")
     return {"checked_max_abs_diff": {"boxes_px": worst[0], "scores": worst[1]}, "example_batch": int(example.shape[0]),
-            "inductor": "aoti_compile_and_package, default settings"}
+            "inductor": "aoti_compile_and_package, default settings; linked by app.builder.aoti_link",
+            "fresh_process": fresh}
 
 
 FRESH_CHECK = """
-import sys
+import json, sys, time
 from pathlib import Path
 import torch
 from app.gpu.torch_model import load_package
 path, index, batch, size, dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 device = torch.device("cuda", index)
+started = time.perf_counter()
 run = load_package(Path(path), device)
+loaded = time.perf_counter()
 with torch.inference_mode():
     out = run(torch.zeros((batch, 3, size, size), dtype=getattr(torch, dtype), device=device))
     torch.cuda.synchronize(device)
-print(tuple(out.shape))
+print(json.dumps({"shape": tuple(out.shape), "load_s": round(loaded - started, 3),
+                  "first_run_s": round(time.perf_counter() - loaded, 3)}))
 """
 
 
-def check_in_fresh_process(path: Path, index: int, key: TorchEngineKey, meta: ModelMeta) -> None:
+def check_in_fresh_process(path: Path, index: int, key: TorchEngineKey, meta: ModelMeta) -> dict[str, float]:
     """Load and run the package in a new process, as every later run does: a package that loads in
-    the process that compiled it may still crash one that did not (seen on the H200)."""
+    the process that compiled it may still crash one that did not (seen on the H200). Returns the
+    seconds that process took to load it (``load_s``, the CUDA context created before) and to run
+    its first batch (``first_run_s``)."""
     import app
 
     root = str(Path(app.__file__).resolve().parent.parent)
@@ -358,3 +363,6 @@ def check_in_fresh_process(path: Path, index: int, key: TorchEngineKey, meta: Mo
         tail = " | ".join(line.strip() for line in proc.stderr.strip().splitlines()[-12:])
         raise BackendUnavailable(f"the AOTInductor package just built does not run in a fresh process here "
                                  f"({how}): {tail}"[:1500])
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    timings = json.loads(lines[-1]) if lines else {}
+    return {k: float(timings[k]) for k in ("load_s", "first_run_s") if k in timings}

@@ -56,3 +56,23 @@ def build_engine_command(weights: str, *, backend: str, precision: str, calib_im
         path, built = build_for_weights(weights, precision="fp16" if precision == "auto" else precision,
                                         max_batch=max_batch, imgsz=imgsz, artifacts_dir=artifacts_dir, say=say)
     console.print(f"{'wrote' if built else 'up to date'}: {path}", highlight=False)
+    console.print(torch_engine_summary(path), highlight=False)
+
+
+def torch_engine_summary(path: Path) -> str:
+    """One line on a torch-cuda package: what it runs, its build, and how long a fresh process
+    takes to load it (measured by the build's fresh-process check)."""
+    from app.artifacts.torch_engines import manifest_of
+
+    manifest = manifest_of(path)
+    if manifest is None:
+        return "  (no manifest beside it)"
+    key, fresh = manifest.key, manifest.builder.get("fresh_process", {})
+    batches = str(key.min_batch) if key.min_batch == key.max_batch else f"{key.min_batch}-{key.max_batch}"
+    line = (f"  {key.precision}, batches {batches}, {key.gpu_name}, torch {key.torch_version}; "
+            f"built in {manifest.build_seconds:.0f} s")
+    if "load_s" in fresh:
+        line += f"; a fresh process loads it in {fresh['load_s']:.2f} s"
+        if "first_run_s" in fresh:
+            line += f" and runs its first batch in {fresh['first_run_s']:.2f} s"
+    return line
