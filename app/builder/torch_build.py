@@ -269,7 +269,7 @@ def compile_package(program: Any, out: Path) -> Path:
     from app.builder.aoti_link import linking
 
     try:
-        with linking():
+        with linking(where=out.parent):
             return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(out)))
     except BackendUnavailable:
         raise

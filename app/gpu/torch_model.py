@@ -62,9 +62,9 @@ def load_package(path: Path, device: Any) -> Any:
     Loaded through torch's package loader itself, single-threaded (the container's thread
     synchronisation records and waits on CUDA events, which a graph capture forbids), so that
     neither ``torch._inductor`` nor ``torch._dynamo`` is imported at start-up (seconds). The CUDA
-    context exists before the package's kernels load: a fresh process that had not touched the
-    GPU yet crashed in the loader on the H200. A torch whose loader takes other arguments goes
-    through ``torch._inductor.aoti_load_package``.
+    context is created before the package's kernels load. (Fresh processes on the H200 crashed
+    here until the package library was linked by ``app.builder.aoti_link``.) A torch whose loader
+    takes other arguments goes through ``torch._inductor.aoti_load_package``.
     """
     import torch
 

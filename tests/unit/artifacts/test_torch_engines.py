@@ -174,3 +174,18 @@ def test_one_builder_at_a_time_and_a_killed_one_blocks_nobody(tmp_path):
     started = time.monotonic()
     with exclusive_lock(lock):
         assert time.monotonic() - started < 5  # the kernel dropped the dead holder's lock
+
+
+def test_build_engine_says_what_it_built_and_how_long_a_fresh_process_takes_to_load_it(tmp_path):
+    from app.artifacts.torch_engines import manifest_of
+    from app.cli.engine import torch_engine_summary
+
+    path = package_path(tmp_path, KEY)
+    path.parent.mkdir(parents=True)
+    write_atomically(path, b"package")
+    assert manifest_of(path) is None and "no manifest" in torch_engine_summary(path)
+    builder = {"fresh_process": {"load_s": 0.801, "first_run_s": 0.351}}
+    save_manifest(tmp_path, TorchEngineManifest(KEY, sha256_of(path), 7, build_seconds=99.0, builder=builder))
+    assert manifest_of(path).builder == builder
+    assert torch_engine_summary(path) == ("  fp16, batches 1-64, NVIDIA H200, torch 2.11.0+cu130; built in 99 s; "
+                                          "a fresh process loads it in 0.80 s and runs its first batch in 0.35 s")
