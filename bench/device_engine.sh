@@ -9,6 +9,9 @@
 #   startup  bench/startup.py: predict 10,000 JPEGs and serve, Ultralytics beside   → startup.json
 #   http     bench/http_load.py: /v1, OIP and gRPC at c=64 and c=256                → http.json
 #   tests    the GPU suite                                                         → gpu-tests.log
+#   profile  predict of 10,000 JPEGs under py-spy (raw stacks, per thread), with the output
+#            file's line count every 0.25 s: where the time after the first result goes
+#                                                                → predict-profile.txt, predict-lines.txt
 # yolopipe's cache (weights, artifacts) is /tmp/yolopipe-cache, seeded from .cache, so a later part
 # finds the engine `build` built. All of $OUT is packed into $OUT/0-results.tgz after each part.
 set -uo pipefail
@@ -55,4 +58,16 @@ want http && part http "${HTTP_TIMEOUT:-300}" python3 bench/http_load.py --image
   --clients 64,256 --gpus 0 --duration "${DURATION:-15}" --warmup 3 --no-naive --out "$OUT/http.json" ${HTTP_ARGS:-}
 want tests && part gpu-tests "${TESTS_TIMEOUT:-300}" python3 -m pytest ${TEST_PATHS:-tests/kernels tests/gpu tests/tensorrt} \
   -v -rs -p no:cacheprovider --durations=15
+if want profile; then
+  mkdir -p /tmp/copies && i=0
+  while [ "$i" -lt 500 ]; do for f in .data/images/*.jpg; do cp "$f" "/tmp/copies/$i-$(basename "$f")"; done; i=$((i + 1)); done
+  rm -f /tmp/p.jsonl && t0=$(date +%s.%N)
+  ( while sleep 0.25; do echo "$(awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN {printf "%.2f", a - b}') $(wc -l < /tmp/p.jsonl 2>/dev/null || echo 0)"; done ) \
+    > "$OUT/predict-lines.txt" 2>/dev/null &
+  watcher=$!
+  part predict-profile "${PROFILE_TIMEOUT:-150}" py-spy record -r 200 --threads --idle -f raw -o "$OUT/predict-profile.txt" \
+    -- python3 -m app.cli predict /tmp/copies --weights sample --out /tmp/p.jsonl --verbose
+  kill "$watcher"
+  pack
+fi
 exit 0
