@@ -47,8 +47,13 @@ exec {real} "$@"
 
 
 def real_compiler() -> str:
-    """The compiler inductor would use: ``$CXX``, else ``g++`` on PATH."""
-    name = os.environ.get("CXX", "g++")
+    """The compiler inductor would use (its ``cpp.cxx`` setting: ``$CXX``, else ``g++``)."""
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        name = get_cpp_compiler()
+    except Exception:  # noqa: BLE001 - a torch without it, or no compiler found: say so below
+        name = os.environ.get("CXX", "g++")
     found = shutil.which(name)
     if found is None:
         raise BackendUnavailable(f"no C++ compiler {name!r} on PATH: AOTInductor needs one to build the engine",
