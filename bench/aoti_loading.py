@@ -99,7 +99,7 @@ def facts() -> dict:
         "gxx": sh("g++ --version | head -1"), "cxx_env": os.environ.get("CXX"),
         "python_needs": sh(f"ldd {py} | grep -E 'stdc|python'"),
         "libstdcxx_in_ld_cache": sh("ldconfig -p | grep stdc++"),
-        "libstdcxx_files": sh(f"find / -xdev -name 'libstdc++.so*' 2>/dev/null | head -20"),
+        "libstdcxx_files": sh("find / -xdev -name 'libstdc++.so*' 2>/dev/null | head -20"),
         "as_needed_default": sh("g++ -dumpspecs | grep -c as-needed"),
         "torch_built_with": sh("python3 -c 'import torch, pathlib; print(pathlib.Path(torch.__file__).parent)'"
                                " | xargs -I{} sh -c 'strings -a {}/lib/libtorch_cpu.so | grep -m2 \"GCC: (\"'"),
