@@ -141,13 +141,17 @@ def backend(sample_model_dir):
 
 
 def test_onnxruntime_gives_its_arena_back_and_answers_the_same_after(backend):
+    # The service's release: the arena's shrink, then glibc's trim. Whether freed arena regions
+    # leave the resident set without the trim depends on what this test process ran before (glibc
+    # raises its mmap threshold as large blocks are freed): in CI, 133 MB of 377 stayed. Without
+    # the shrink the arena keeps its regions and no trim can give them back.
     x = np.random.default_rng(0).random((8, 3, 640, 640), dtype=np.float32)
     first = backend.infer(x[:1])
-    backend.release_memory()
+    release_memory(backend.release_memory)
     rest = resident_bytes()
     backend.infer(x)  # a batch of 8 grows the arena by hundreds of MB
     grown = resident_bytes()
-    backend.release_memory()
+    release_memory(backend.release_memory)
     released = resident_bytes()
     assert grown - rest > 100 * MB
     assert released - rest < 0.1 * (grown - rest), (rest / MB, grown / MB, released / MB)
