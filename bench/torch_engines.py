@@ -85,7 +85,7 @@ def child(args: argparse.Namespace) -> dict:
     out: dict = {"engine": engine.compiler, "cudnn_benchmark": engine.cudnn_benchmark,
                  "load_s": round(t_loaded - t0, 3)}
     out.update(compare_with_eager(engine.forward, args, engine.device, dtype, save=args.child == "eager"))
-    out.update(throughput(engine.forward, args, engine.device, dtype, meta.imgsz, out))
+    out.update(throughput(engine.forward, args, engine.device, dtype, meta.imgsz))
     engine.close()
     return out
 
@@ -109,32 +109,36 @@ def reference_input(args: argparse.Namespace, imgsz: int):
 
 
 def compare_with_eager(forward, args: argparse.Namespace, device, dtype, *, save: bool) -> dict:
-    """Run the reference batch; the eager child saves its head, the others compare with it."""
+    """Run the reference batch, the process's first forward (timed: compile, autotune, kernel
+    loading); the eager child saves its head, the others compare with it."""
     import torch
+
+    from app.types import process_age_s
 
     ref_path = Path(args.model_dir).parent / "eager-reference.pt"
     x = torch.from_numpy(reference_input(args, args.imgsz)).to(device, dtype)
     smallest = min((lo for lo, _ in args.ranges), default=1)  # a fixed-batch package takes only its batch
     if smallest > x.shape[0]:
         x = x.repeat((smallest + x.shape[0] - 1) // x.shape[0], 1, 1, 1)[:smallest]
+    first = time.perf_counter()
     with torch.inference_mode():
         head = forward(x.contiguous()).float()[:REF_BATCH].cpu()
         torch.cuda.synchronize(device)
+    timed = {"first_forward_s": round(time.perf_counter() - first, 3),
+             "process_to_first_forward_s": round(process_age_s() or 0.0, 3)}
     if save:
         torch.save(head, ref_path)
-        return {}
+        return timed
     if not ref_path.is_file():
-        return {"max_diff_vs_eager": "no eager reference (run the eager variant first)"}
+        return {**timed, "max_diff_vs_eager": "no eager reference (run the eager variant first)"}
     diff = (head - torch.load(ref_path)).abs()
-    return {"max_diff_vs_eager": {"boxes_px": round(diff[:, :4].max().item(), 4),
-                                  "scores": round(diff[:, 4:].max().item(), 5)}}
+    return {**timed, "max_diff_vs_eager": {"boxes_px": round(diff[:, :4].max().item(), 4),
+                                           "scores": round(diff[:, 4:].max().item(), 5)}}
 
 
-def throughput(forward, args: argparse.Namespace, device, dtype, imgsz: int, out: dict) -> dict:
+def throughput(forward, args: argparse.Namespace, device, dtype, imgsz: int) -> dict:
     """The forward captured alone in a CUDA graph and replayed, per batch of ``args.measure``."""
     import torch
-
-    from app.types import process_age_s
 
     rows: dict = {}
     for batch in args.measure:
@@ -142,14 +146,8 @@ def throughput(forward, args: argparse.Namespace, device, dtype, imgsz: int, out
         x = x.to(device, dtype).contiguous()
         stream = torch.cuda.Stream(device=device)
         stream.wait_stream(torch.cuda.current_stream(device))
-        first = time.perf_counter()
         with torch.cuda.stream(stream):
-            forward(x)
-            stream.synchronize()
-            if "first_forward_s" not in out and "first_forward_s" not in rows:
-                rows["first_forward_s"] = round(time.perf_counter() - first, 3)  # compile, autotune, kernel loading
-                rows["process_to_first_forward_s"] = round(process_age_s() or 0.0, 3)
-            for _ in range(3):
+            for _ in range(4):
                 forward(x)
             stream.synchronize()
             graph = torch.cuda.CUDAGraph()
@@ -202,7 +200,7 @@ def precompiled_child(args: argparse.Namespace, model_dir: Path, meta) -> dict:
                  "model_load_s": round(t_model - t0, 3)}
     with torch.no_grad():
         out.update(compare_with_eager(run, args, device, dtype, save=False))
-        out.update(throughput(run, args, device, dtype, meta.imgsz, out))
+        out.update(throughput(run, args, device, dtype, meta.imgsz))
     return out
 
 

@@ -72,14 +72,10 @@ def write_script(folder: Path, real: str) -> Path:
 
 
 @contextlib.contextmanager
-def linking(enabled: bool = True, *, where: Path | None = None) -> Iterator[Path | None]:
+def linking(where: Path | None = None) -> Iterator[Path]:
     """Inductor's C++ compiler is the wrapper script for the length of the block (its settings
     restored after). The script lives in a temporary folder under ``where`` (the engine's own
-    folder: a /tmp mounted noexec could not run it), removed after. Yields the script's path, or
-    None when ``enabled`` is false."""
-    if not enabled:
-        yield None
-        return
+    folder: a /tmp mounted noexec could not run it), removed after. Yields the script's path."""
     import torch._inductor.config as inductor_config
 
     with tempfile.TemporaryDirectory(prefix=".yolopipe-link-", dir=where) as folder:

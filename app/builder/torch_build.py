@@ -268,14 +268,12 @@ def compile_package(program: Any, out: Path) -> Path:
 
     from app.builder.aoti_link import linking
 
-    try:
-        with linking(where=out.parent):
+    with linking(where=out.parent):  # no C++ compiler: its own BackendUnavailable
+        try:
             return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(out)))
-    except BackendUnavailable:
-        raise
-    except Exception as exc:  # no C++ compiler, an inductor failure: one clear line
-        raise BackendUnavailable(f"AOTInductor could not compile the model: {type(exc).__name__}: {exc}"[:500],
-                                 hint="AOTInductor needs a C++ compiler (g++) beside torch") from exc
+        except Exception as exc:  # an inductor or compiler failure: one clear line
+            raise BackendUnavailable(f"AOTInductor could not compile the model: {type(exc).__name__}: {exc}"[:500],
+                                     hint="AOTInductor needs a C++ compiler (g++) beside torch") from exc
 
 
 @contextlib.contextmanager
