@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, get_args
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 BackendName = Literal["auto", "onnxruntime", "torch-cuda", "tensorrt"]
@@ -136,7 +136,9 @@ class Settings(BaseSettings):
     max_requests_in_flight: int = Field(256, ge=0)  # requests with a body one HTTP worker holds at once (0: any)
     max_pixels: int = Field(MAX_PIXELS, ge=1)
     workers: int = Field(0, ge=0, le=256)  # HTTP worker processes; 0: from the core count
-    grpc_port: int = Field(8001, ge=0, le=65535)  # KServe v2 gRPC, Triton's default port; 0: no gRPC
+    # KServe v2 gRPC; not given: port + 1 (8000 → 8001, Triton's pair of defaults), so a server moved
+    # with --port alone never collides with another's gRPC port; 0: no gRPC
+    grpc_port: int = Field(None, ge=0, le=65535, validate_default=True)  # type: ignore[assignment]
     grpc_workers: int = Field(0, ge=0, le=256)  # gRPC worker processes; 0: as many as HTTP workers
     # Triton's system shared-memory extension (REST and gRPC): off, as Triton's --allow-client-shm
     allow_client_shm: bool = False
@@ -156,6 +158,20 @@ class Settings(BaseSettings):
     head_timeout_s: float = Field(10.0, gt=0)  # first byte of a request to its last header: 408 beyond
     body_idle_timeout_s: float = Field(15.0, gt=0)  # longest silence while a body is awaited: 408 beyond
     keep_alive_s: int = Field(30, ge=1)  # idle time between requests on one connection
+
+    @field_validator("grpc_port", mode="before")
+    @classmethod
+    def _grpc_port_default(cls, value: object, info: ValidationInfo) -> object:
+        """Not given (None): the HTTP port + 1; --port 65535 leaves none, which is an error."""
+        if value is not None:
+            return value
+        port = info.data.get("port")
+        if not isinstance(port, int):
+            return 0  # port itself is invalid: its own error says so
+        if port >= 65535:
+            raise ValueError(f"not given, it would be --port + 1 = {port + 1}, past the last port; "
+                             "give --grpc-port N, or --grpc-port 0 for no gRPC")
+        return port + 1
 
     @field_validator("decode", mode="before")
     @classmethod

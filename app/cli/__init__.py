@@ -266,8 +266,8 @@ def serve(
     precision: Annotated[Optional[str], typer.Option(help="auto | fp32 | fp16 | int8.")] = None,
     host: Annotated[Optional[str], typer.Option(help="Bind address (default 127.0.0.1).")] = None,
     port: Annotated[Optional[int], typer.Option(help="Port (default 8000).")] = None,
-    grpc_port: Annotated[Optional[int], typer.Option(help="KServe v2 gRPC port, as Triton's (default 8001; "
-                                                          "0: no gRPC).")] = None,
+    grpc_port: Annotated[Optional[int], typer.Option(help="KServe v2 gRPC port [default: --port + 1, so 8001 "
+                                                          "beside 8000 as Triton's; 0: no gRPC].")] = None,
     grpc_workers: Annotated[Optional[int], typer.Option(help="gRPC worker processes [default: as many as HTTP "
                                                              "workers].")] = None,
     allow_client_shm: Annotated[Optional[bool], typer.Option(

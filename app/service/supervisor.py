@@ -4,7 +4,8 @@
              ├─── HTTP workers: uvicorn, each with its own SO_REUSEPORT listener on host:port
              └─── gRPC workers: grpc.aio, each with its own SO_REUSEPORT listener on host:grpc_port
 
-It owns the run folder (sockets, status blocks, metrics files) and removes it at exit. A dead
+It owns the run folder (sockets, status blocks, metrics files) and removes it at exit; one left by
+a killed supervisor is removed when the next one starts (``app.ipc.layout``: its lock). A dead
 worker of any kind is started again; SIGTERM or SIGINT drains everything in order — the HTTP
 and gRPC workers finish their requests (the inference workers still serving them), then the
 inference workers stop — and the supervisor exits 0.
@@ -46,7 +47,7 @@ def serve(settings: Settings) -> None:
         raise InvalidParameter(f"--grpc-port {serving.grpc_port} is --port too; give gRPC a port of its own (or 0)")
     _check_port_free(serving.host, serving.port, "--port")
     if n_grpc:
-        _check_port_free(serving.host, serving.grpc_port, "--grpc-port")
+        _check_grpc_port_free(serving)
     layout = RunLayout.create(len(devices))
     with metrics_folder(layout.metrics_dir):  # every child writes there
         _supervise(serving, layout, devices, n_http, n_grpc)
@@ -131,6 +132,16 @@ def _check_port_free(host: str, port: int, option: str) -> None:
         except OSError as exc:
             raise InvalidParameter(f"cannot listen on {host}:{port}: {exc.strerror}",
                                    hint=f"choose another {option} or stop what uses it") from None
+
+
+def _check_grpc_port_free(serving: Settings) -> None:
+    """The gRPC port free, else one line: which port (and where its number came from) and the way out."""
+    try:
+        _check_port_free(serving.host, serving.grpc_port, "--grpc-port")
+    except InvalidParameter as exc:
+        given = "grpc_port" in serving.model_fields_set  # --grpc-port or YOLOPIPE_GRPC_PORT
+        raise InvalidParameter(f"{exc.message} (the gRPC port{'' if given else ', --port + 1 by default'}); "
+                               f"choose another with --grpc-port N, or --grpc-port 0 for no gRPC") from None
 
 
 def start_all(fronts: list[FrontWorkers]) -> None:

@@ -284,3 +284,25 @@ def test_two_inference_workers_both_get_work(artifacts_dir, assets_dir, tmp_path
         assert proc.wait(90) == 0, log.read_text()[-3000:]
     finally:
         stop(proc)
+
+
+def test_the_run_folder_of_a_killed_server_is_removed_when_the_next_one_starts(artifacts_dir, tmp_path):
+    """SIGKILL (of the supervisor and every child) leaves no chance to clean up: the next ``serve``
+    removes the folder, whose lock no process holds any more."""
+    log = tmp_path / "server.log"
+    _, proc = start_server(artifacts_dir, log, YOLOPIPE_WORKERS="1", YOLOPIPE_STANDBY="false")
+    try:
+        run_folder = Path(re.search(r"run folder (\S+)", log.read_text()).group(1))
+        assert (run_folder / "alive.lock").is_file()
+        everyone = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        for p in everyone:
+            p.kill()
+        psutil.wait_procs(everyone, timeout=30)
+    finally:
+        stop(proc)
+    # The next server: one whose model cannot open is enough (it creates its run folder, then exits).
+    # It says so, unless a server another test started meanwhile removed the folder first.
+    nxt = subprocess.run([*CLI, "serve", "--backend", "onnxruntime", "--weights", str(tmp_path / "missing.pt"),
+                          "--host", "127.0.0.1", "--port", str(free_port())],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False)
+    assert not run_folder.exists(), nxt.stderr[-3000:]

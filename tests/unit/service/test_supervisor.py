@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 
 import pytest
@@ -65,3 +66,39 @@ def test_serve_whose_model_cannot_open_says_why_and_exits_while_its_http_workers
     assert f"error: weights file not found: {missing}" in proc.stderr
     folder = next(line for line in proc.stderr.splitlines() if "run folder" in line).rsplit(" ", 1)[1]
     assert not os.path.exists(folder)
+
+
+def taken_port() -> tuple[socket.socket, int]:
+    """A port something listens on, with the port below it free."""
+    for _ in range(50):
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        try:
+            with socket.socket() as below:
+                below.bind(("127.0.0.1", port - 1))
+        except OSError:
+            listener.close()
+            continue
+        listener.listen()
+        return listener, port
+    raise AssertionError("no free port below a free port")
+
+
+def test_a_taken_grpc_port_is_one_line_naming_it_and_the_way_out(monkeypatch):
+    from app.errors import InvalidParameter
+    from app.service.supervisor import _check_grpc_port_free
+
+    monkeypatch.delenv("YOLOPIPE_GRPC_PORT", raising=False)
+    listener, port = taken_port()
+    with listener:
+        with pytest.raises(InvalidParameter) as defaulted:
+            _check_grpc_port_free(Settings(host="127.0.0.1", port=port - 1))
+        with pytest.raises(InvalidParameter) as given:
+            _check_grpc_port_free(Settings(host="127.0.0.1", port=free_port(), grpc_port=port))
+    assert defaulted.value.message == (f"cannot listen on 127.0.0.1:{port}: Address already in use (the gRPC port, "
+                                       "--port + 1 by default); choose another with --grpc-port N, or --grpc-port 0 "
+                                       "for no gRPC")
+    assert given.value.message.startswith(f"cannot listen on 127.0.0.1:{port}: Address already in use (the gRPC "
+                                          "port); choose another with --grpc-port N")
+    assert defaulted.value.hint is None and "\n" not in defaulted.value.message
