@@ -25,7 +25,7 @@ def install_docs(app: FastAPI, path: str = "/docs") -> None:
     """Serve Swagger UI at ``path`` and its assets under ``/docs-assets``, both offline."""
     if app.docs_url is not None:
         raise ValueError("create the app with docs_url=None: install_docs serves the docs page itself")
-    app.mount(ASSETS_PATH, JsonErrors(StaticFiles(directory=SWAGGER_UI_DIR)), name="docs-assets")
+    app.mount(ASSETS_PATH, StaticAssets(JsonErrors(StaticFiles(directory=SWAGGER_UI_DIR))), name="docs-assets")
 
     async def swagger_ui(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "").rstrip("/")
@@ -38,6 +38,29 @@ def install_docs(app: FastAPI, path: str = "/docs") -> None:
         )
 
     app.add_api_route(path, swagger_ui, methods=["GET"], include_in_schema=False)
+
+
+class StaticAssets:
+    """Only the package's own asset files, whole: any other path is a 404 before the file
+    system is asked (a NUL or an undecodable name made older Starlettes answer 500), and
+    ``Range`` is ignored (Starlette answers any number of ranges; these files are small)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.names = frozenset(p.name for p in SWAGGER_UI_DIR.iterdir() if p.is_file())
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            path, root = scope["path"], scope.get("root_path", "")
+            name = path[len(root):] if root and path.startswith(root) else path
+            if name.lstrip("/") not in self.names:
+                body = json.dumps(error_body(http_error_code(404), "no such asset")).encode()
+                await send({"type": "http.response.start", "status": 404, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+            scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() not in (b"range", b"if-range")]}
+        await self.app(scope, receive, send)
 
 
 class JsonErrors:

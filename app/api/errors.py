@@ -120,6 +120,9 @@ async def _yolopipe_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, YolopipeError)
     if status_for(exc) >= 500:
         log.warning("%s %s -> %s: %s", request.method, request.url.path, exc.code, exc)
+    # Its traceback holds the route's frames, and they the request's body: Starlette before 0.51
+    # keeps the exception in a frame of its own, a cycle that only a full collection would free.
+    exc.__traceback__ = None
     return error_response(exc)
 
 

@@ -10,6 +10,9 @@ so it holds under any server, not only ``app.api.protocol``'s):
   slash would act as a separator that a proxy filtering by path never saw. A path holding an
   encoded slash or backslash (``%2F``, ``%5C``), or a ``.``/``..`` segment (plain or encoded),
   names nothing here: ``404``.
+- **A connection that will close says so** (RFC 9112 §9.6): after an HTTP/1.0 request, or one
+  that asked ``Connection: close``, the answer carries ``Connection: close`` (uvicorn 0.38
+  closed without saying it).
 - **HEAD is GET without the body.** Every GET endpoint answers HEAD with GET's status and
   headers (its ``Content-Length`` included) and no body; an endpoint that streams (SSE) is
   ended after its headers.
@@ -104,3 +107,31 @@ class HeadAsGetMiddleware:
 
         # The server keeps its own scope (HEAD): it sends no body, whatever reaches it.
         await self.app({**scope, "method": "GET"}, receive_until_answered, send_headers_only)
+
+
+class ConnectionCloseMiddleware:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not _closes_after(scope):
+            await self.app(scope, receive, send)
+            return
+
+        async def send_saying_close(message: dict) -> None:
+            if message["type"] == "http.response.start" and not _says_close(message.get("headers", ())):
+                message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, send_saying_close)
+
+
+def _closes_after(scope: dict) -> bool:
+    """Whether the server closes the connection after answering this request: HTTP/1.0 (uvicorn
+    keeps no 1.0 connection alive, ``Connection: keep-alive`` or not) or ``Connection: close``."""
+    return scope.get("http_version") == "1.0" or _says_close(scope.get("headers", ()))
+
+
+def _says_close(headers: Any) -> bool:
+    return any(name.lower() == b"connection" and b"close" in (t.strip().lower() for t in value.split(b","))
+               for name, value in headers)

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from app.api.docs import install_docs
 from app.api.errors import install_error_handlers
-from app.api.framing import HeadAsGetMiddleware, RequestFramingMiddleware
+from app.api.framing import ConnectionCloseMiddleware, HeadAsGetMiddleware, RequestFramingMiddleware
 from app.api.limits import BodyLimitMiddleware
 from app.api.metrics import Metrics, MetricsMiddleware
 from app.api.oip.errors import OipErrorShapeMiddleware
@@ -76,4 +76,5 @@ def create_app(settings: Settings, inference: InferenceClient) -> FastAPI:
     app.add_middleware(OipErrorShapeMiddleware)  # /v2 errors as {"error": message}, the body limit's too
     app.add_middleware(HeadAsGetMiddleware)  # outside the reshaping: HEAD's Content-Length is GET's
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(ConnectionCloseMiddleware)  # every answer on a closing connection says so
     return app

@@ -110,6 +110,7 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         self._received_any = False
         self._deferred: YolopipeError | None = None  # refused behind requests still being answered
         self._running: Any = None  # the cycle whose application task was started last
+        self._completed = 0  # requests whose last byte was parsed
         self._head_timer: Any = None
         self._body_timer: Any = None
         self._last_body_at = 0.0
@@ -138,6 +139,9 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
             if data[:1] == b"\x16":  # a TLS ClientHello: answered in HTTP (what a client's log shows), closed
                 self._refuse(BadRequest("a TLS handshake on the plain HTTP port: use http://, not https://"))
                 return
+        # Where a refused request's bytes begin in ``data``, when known: at its start, if no request
+        # was begun before it and none ended inside it.
+        began_here, completed = not self._request_begun, self._completed
         if self._in_head or self._in_trailer:
             self._head_bytes += len(data)
             if self._head_timer is None and self._in_head:
@@ -156,7 +160,7 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
                 offset = exc.args[0] if exc.args and isinstance(exc.args[0], int) else len(data)
                 data = data[offset:]
             except httptools.HttpParserError as exc:
-                self._refuse(_error_for(exc, data))
+                self._refuse(_error_for(exc, data if began_here and self._completed == completed else None))
                 return
         if (self._in_head or self._in_trailer) and self._head_bytes > self.limits.max_head_bytes:
             self._refuse(HeadersTooLarge(f"request headers are over {self.limits.max_head_bytes:,} bytes"))
@@ -196,6 +200,8 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer.cancel()
             self._head_timer = None
         super().on_headers_complete()
+        if not any(queued is self.cycle for queued, _ in self.pipeline):
+            self._running = self.cycle  # started now, not queued behind another
         self._last_body_at = self.loop.time()
         self._body_timer = self.loop.call_later(self.limits.body_idle_timeout_s, self._on_body_timeout)
 
@@ -215,23 +221,28 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
             self._body_timer.cancel()
             self._body_timer = None
         self._in_head, self._in_trailer, self._request_begun, self._head_bytes = True, False, False, 0
+        self._completed += 1
         super().on_message_complete()
-
-    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
-        self._running = cycle
-        super()._start_asgi_task(cycle, app)
 
     def on_response_complete(self) -> None:
         if self._deferred is None:
-            super().on_response_complete()
+            self._next_in_pipeline()
             return
         if self.pipeline:  # requests before the refused one are still to be answered, in order
-            super().on_response_complete()  # starts the next of them
+            self._next_in_pipeline()
             self.flow.pause_reading()
             return
         deferred, self._deferred = self._deferred, None
         self.server_state.total_requests += 1
         self._answer_and_close(deferred)
+
+    def _next_in_pipeline(self) -> None:
+        """Uvicorn's end of a response, which starts the next pipelined request, if any: noted
+        here as the one running (uvicorn names no hook for this in every version it allows)."""
+        queued = self.pipeline[-1][0] if self.pipeline else None
+        super().on_response_complete()
+        if queued is not None and not any(cycle is queued for cycle, _ in self.pipeline):
+            self._running = queued
 
     # --- timeouts ---------------------------------------------------------------------------
     def _on_head_timeout(self) -> None:
@@ -301,8 +312,9 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def _error_for(exc: httptools.HttpParserError, data: bytes) -> YolopipeError:
-    """The answer to a parser error: ours when a callback refused, else from llhttp's reason."""
+def _error_for(exc: httptools.HttpParserError, data: bytes | None) -> YolopipeError:
+    """The answer to a parser error: ours when a callback refused, else from llhttp's reason.
+    ``data``: the refused request's first bytes, or None where they are not known."""
     if isinstance(exc.__context__, _Refuse):
         return exc.__context__.error
     if isinstance(exc.__context__, httptools.HttpParserInvalidURLError):  # raised by uvicorn parsing the URL
@@ -310,7 +322,7 @@ def _error_for(exc: httptools.HttpParserError, data: bytes) -> YolopipeError:
     if exc.__context__ is not None:
         log.warning("HTTP parser callback failed: %r", exc.__context__)
     reason = str(exc) or "malformed request"
-    if isinstance(exc, httptools.HttpParserInvalidMethodError) and _TOKEN_METHOD.match(data):
+    if isinstance(exc, httptools.HttpParserInvalidMethodError) and data is not None and _TOKEN_METHOD.match(data):
         return MethodNotImplemented(f"request method {data.split(b' ', 1)[0][:32].decode('latin-1')!r} is not implemented")
     if reason in ("Invalid HTTP version", "Pause on PRI/Upgrade"):
         return HttpVersionNotSupported(f"only HTTP/1.0 and HTTP/1.1 are served here ({reason})")

@@ -11,6 +11,7 @@ bytes, names it from ``filename*`` when that is all it has, and keeps the parts 
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import unquote
 
@@ -20,11 +21,12 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
 from app.config import MAX_DECODE_BYTES, MAX_PIXELS, MAX_REQUEST_PIXELS
-from app.errors import BadRequest, ImageTooLarge, InvalidParameter, YolopipeError
+from app.errors import BadRequest, ImageTooLarge, InvalidParameter, UnsupportedMediaType, YolopipeError
 from app.imaging.check import check_image
 from app.imaging.headers import ImageHeader
 
 # Decoded pixels one request may hold: ~600 MB of BGR if all are alive at once, ~2 s of decoding.
+MAX_PART_HEADER_BYTES = 4096  # all of one part's header lines together
 _EXTENDED_FILENAME = re.compile(r"""(?:^|;)\s*filename\*\s*=\s*("?)([^";]*)\1""", re.IGNORECASE)
 
 
@@ -40,13 +42,22 @@ async def read_form_images(
     (400); no part named ``field`` → ``InvalidParameter`` (422). The body limit
     (``ImageTooLarge``) and a client hanging up (``ClientDisconnect``) propagate.
     """
-    parser = _BytesPartsParser(request.headers, request.stream(), max_files=max_parts, max_fields=max_parts,
-                               spool_max_size=max_body_bytes)
+    coding = request.headers.get("content-encoding", "identity").strip().lower()
+    if coding != "identity":
+        raise UnsupportedMediaType(f"a {coding[:40]!r}-encoded multipart body is not read here: send it as is")
+    boundary = parse_options_header(request.headers.get("content-type", ""))[1].get(b"boundary")
+    if not boundary:
+        raise BadRequest("malformed multipart body: its Content-Type names no boundary")
+    if len(boundary) > 70:  # RFC 2046 §5.1.1
+        raise BadRequest("malformed multipart body: its boundary is over 70 characters")
+    parser = _BytesPartsParser(request.headers, _without_preamble(request.stream(), boundary), max_files=max_parts,
+                               max_fields=max_parts, spool_max_size=max_body_bytes)
     try:
         form = await parser.parse()
-    except (MultiPartException, KeyError) as exc:  # KeyError: no Content-Type with a boundary
-        detail = getattr(exc, "message", None) or "missing boundary"
-        raise BadRequest(f"malformed multipart body: {detail}") from None
+    except (MultiPartException, ValueError) as exc:
+        # python-multipart's errors are ValueErrors; Starlette before 0.51 let them escape (a 500).
+        detail = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        raise BadRequest(f"malformed multipart body: {detail[:200]}") from None
     if not parser.closed:
         await form.close()
         raise BadRequest("malformed multipart body: it ends before its closing boundary")
@@ -60,6 +71,26 @@ async def read_form_images(
     if not images:
         raise InvalidParameter(f"the multipart body has no field {field!r}")
     return images
+
+
+async def _without_preamble(stream: AsyncIterator[bytes], boundary: bytes) -> AsyncIterator[bytes]:
+    """``stream`` from its first delimiter on: RFC 2046 allows a preamble before it, which
+    python-multipart refuses. What is held meanwhile is bounded by the body limit."""
+    pattern = b"\r\n--" + boundary
+    held, found = b"\r\n", False  # as if a line ended before the body: it may open with the delimiter
+    async for chunk in stream:
+        if found:
+            yield chunk
+            continue
+        held += chunk
+        at = held.find(pattern)
+        if at < 0:
+            held = held[-(len(pattern) - 1):]  # a delimiter may straddle the next chunk
+            continue
+        found = True
+        yield held[at + 2:]
+    if not found:
+        raise BadRequest("malformed multipart body: no line in it is the boundary its Content-Type names")
 
 
 def check_request_images(
@@ -99,9 +130,28 @@ class _BytesPartsParser(MultiPartParser):
         super().__init__(*args, **kwargs)
         self.spool_max_size = spool_max_size
         self.closed = False
+        self._part_header_bytes = 0
 
     def on_end(self) -> None:  # the closing boundary was read
         self.closed = True
+
+    # A part's headers are bounded as newer python-multiparts bound them (older ones do not).
+    def on_part_begin(self) -> None:
+        self._part_header_bytes = 0
+        super().on_part_begin()
+
+    def on_header_field(self, data: bytes, start: int, end: int) -> None:
+        self._count_header_bytes(end - start)
+        super().on_header_field(data, start, end)
+
+    def on_header_value(self, data: bytes, start: int, end: int) -> None:
+        self._count_header_bytes(end - start)
+        super().on_header_value(data, start, end)
+
+    def _count_header_bytes(self, n: int) -> None:
+        self._part_header_bytes += n
+        if self._part_header_bytes > MAX_PART_HEADER_BYTES:
+            raise MultiPartException(f"a part's headers are over {MAX_PART_HEADER_BYTES:,} bytes")
 
     def on_headers_finished(self) -> None:
         disposition = self._current_part.content_disposition

@@ -9,6 +9,7 @@ The server runs the CPU model with ``uvicorn_options`` and short read timeouts (
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import os
@@ -48,6 +49,7 @@ class Reply:
     seconds: float
     responses: int  # complete responses read
     statuses: list[int]  # of each complete response, in order
+    bodies: list[bytes]  # of each complete response, in order
 
 
 def exchange(port: int, steps: list, *, responses: int = 1, timeout: float = 8.0) -> Reply:
@@ -91,17 +93,18 @@ def exchange(port: int, steps: list, *, responses: int = 1, timeout: float = 8.0
     sender.join(timeout)
     sock.close()
     status = int(data[9:12]) if data.startswith(b"HTTP/1.1 ") else None
-    statuses = _statuses(data)
-    return Reply(status, data.partition(b"\r\n\r\n")[2], seconds, len(statuses), statuses)
+    answers = _responses(data)
+    return Reply(status, data.partition(b"\r\n\r\n")[2], seconds, len(answers), [s for s, _ in answers],
+                 [b for _, b in answers])
 
 
 def _complete(data: bytes) -> int:
     """How many whole responses (with Content-Length bodies) ``data`` holds."""
-    return len(_statuses(data))
+    return len(_responses(data))
 
 
-def _statuses(data: bytes) -> list[int]:
-    """The status of each whole response (with a Content-Length body) in ``data``."""
+def _responses(data: bytes) -> list[tuple[int, bytes]]:
+    """The status and body of each whole response (with a Content-Length body) in ``data``."""
     out = []
     while b"\r\n\r\n" in data:
         head, _, rest = data.partition(b"\r\n\r\n")
@@ -109,7 +112,7 @@ def _statuses(data: bytes) -> list[int]:
                        if line.lower().startswith(b"content-length:")), 0)
         if len(rest) < length:
             break
-        out.append(int(head[9:12]))
+        out.append((int(head[9:12]), rest[:length]))
         data = rest[length:]
     return out
 
@@ -132,6 +135,21 @@ def multipart(parts: list[tuple[str, bytes]], path: str = "/v1/detect", boundary
                     for disposition, data in parts) + f"--{boundary}--\r\n".encode()
     return request(path=path, headers={"Content-Type": f"multipart/form-data; boundary={boundary}",
                                        "Content-Length": len(body)}, body=body)
+
+
+def _part(data: bytes, disposition: str = 'name="image"; filename="a.jpg"') -> bytes:
+    return (f"Content-Disposition: form-data; {disposition}\r\nContent-Type: application/octet-stream\r\n\r\n"
+            .encode() + data)
+
+
+def _framed(*parts: bytes, boundary: bytes = b"b0und") -> bytes:
+    return b"".join(b"--" + boundary + b"\r\n" + part + b"\r\n" for part in parts) + b"--" + boundary + b"--\r\n"
+
+
+def multipart_body(body: bytes, headers: dict | None = None, boundary: str = "b0und", path: str = "/v1/detect") -> bytes:
+    """A request whose multipart body is ``body`` as given (framed, or not, by the caller)."""
+    return request(path=path, headers={"Content-Type": f"multipart/form-data; boundary={boundary}",
+                                       "Content-Length": len(body), **(headers or {})}, body=body)
 
 
 def chunked(head_path: str = "/v1/detect", ctype: str = "image/jpeg") -> bytes:
@@ -263,7 +281,9 @@ CASES: dict[str, Case] = {
     "hundred_pipelined": Case(lambda c: [GET_HEALTHZ * 100], 200, None, responses=100),
     # --- pipelining: a refused request is answered after those before it, which all run
     "two_pipelined_then_garbage": Case(lambda c: [GET_HEALTHZ * 2 + b"FOO / HTTP/1.1\r\n\r\n"], 200, responses=3,
-                                       statuses=[200, 200, 501]),
+                                       statuses=[200, 200, 400]),
+    "pipelined_then_unknown_method_in_its_own_read": Case(lambda c: [GET_HEALTHZ, 0.3, b"FOO / HTTP/1.1\r\n\r\n"], 200,
+                                                          responses=2, statuses=[200, 501]),
     "pipelined_then_bad_chunk": Case(lambda c: [GET_HEALTHZ * 2 + chunked() + b"zz\r\n"], 200, responses=3,
                                      statuses=[200, 200, 400]),
     "pipelined_detect_then_garbage": Case(lambda c: [image(c["jpeg"]) + GET_HEALTHZ + bytes(range(1, 64))], 200,
@@ -329,6 +349,43 @@ CASES: dict[str, Case] = {
                                   "invalid_parameter"),
     "multipart_1000_parts": Case(lambda c: [multipart([(f'name="images"; filename="{i}"', b"x") for i in range(1000)],
                                                       "/v1/detect/batch")], 400, "bad_request"),
+    # --- multipart bodies that no version of python-multipart may turn into a 500 → 400, or served
+    "multipart_boundary_differs": Case(lambda c: [multipart_body(b"--other\r\n" + _part(c["jpeg"]) + b"\r\n--other--\r\n")],
+                                       400, "bad_request"),
+    "multipart_gzip_encoded": Case(lambda c: [multipart_body(gzip.compress(_framed(_part(c["jpeg"]))),
+                                                             {"Content-Encoding": "gzip"})], 415, "unsupported_media_type"),
+    "multipart_preamble_and_epilogue": Case(lambda c: [multipart_body(b"p" * 500_000 + b"\r\n" + _framed(_part(c["jpeg"]))
+                                                                      + b"e" * 500_000)], 200),
+    "multipart_preamble_holding_the_boundary": Case(lambda c: [multipart_body(b"x--b0und\r\n" + b"\r\n"
+                                                                              + _framed(_part(c["jpeg"])))], 200),
+    "multipart_lf_line_endings": Case(lambda c: [multipart_body(_framed(_part(c["jpeg"])).replace(b"\r\n", b"\n"))],
+                                      400, "bad_request"),
+    "multipart_lf_headers_only": Case(lambda c: [multipart_body(b"--b0und\nContent-Disposition: form-data; "
+                                                                b'name="image"; filename="a.jpg"\n\n' + c["jpeg"]
+                                                                + b"\r\n--b0und--\r\n")], 400, "bad_request"),
+    "multipart_header_without_colon": Case(lambda c: [multipart_body(b"--b0und\r\nNoColon\r\n\r\n" + c["jpeg"]
+                                                                     + b"\r\n--b0und--\r\n")], 400, "bad_request"),
+    "multipart_nul_in_disposition_type": Case(lambda c: [multipart_body(_framed(_part(c["jpeg"]).replace(
+        b"form-data", b"form\x00data")))], 200),  # only the name and file name are read
+    "multipart_no_delimiter_at_all": Case(lambda c: [multipart_body(c["jpeg"])], 400, "bad_request"),
+    "multipart_only_closing_boundary": Case(lambda c: [multipart_body(b"--b0und--\r\n")], 422, "invalid_parameter"),
+    "multipart_boundary_200_bytes": Case(lambda c: [multipart_body(b"x", boundary="b" * 200)], 400, "bad_request"),
+    "multipart_bad_part_content_type": Case(lambda c: [multipart_body(_framed(_part(c["jpeg"]).replace(
+        b"application/octet-stream", b"text/plain; charset=nonsense")))], 200),
+    # --- static assets: a path names a file or nothing; Range bounded
+    "static_asset_nul": Case(lambda c: [request("GET", "/docs-assets/swagger-ui.css%00.png")], 404, "not_found"),
+    "static_asset_encoded_nul_only": Case(lambda c: [request("GET", "/docs-assets/%00")], 404, "not_found"),
+    "static_asset_overlong_name": Case(lambda c: [request("GET", "/docs-assets/" + "a" * 4_000)], 404, "not_found"),
+    "static_asset_bad_utf8": Case(lambda c: [request("GET", "/docs-assets/%C0%AF")], 404, "not_found"),
+    "static_asset_101_ranges": Case(lambda c: [request("GET", "/docs-assets/swagger-ui.css", {"Range": "bytes=" + ",".join(
+        f"{i * 10}-{i * 10 + 5}" for i in range(101))})], 200),
+    "static_asset_one_range": Case(lambda c: [request("GET", "/docs-assets/swagger-ui.css", {"Range": "bytes=0-9"})], 200),
+    # --- pipelining: each request its own answer, in order
+    "pipelined_then_header_without_colon": Case(lambda c: [GET_HEALTHZ + b"GET /healthz HTTP/1.1\r\nNoColon\r\n\r\n"],
+                                                200, responses=2, statuses=[200, 400]),
+    "content_length_short_then_a_whole_jpeg": Case(lambda c: [request(headers={"Content-Type": "image/jpeg",
+                                                                                "Content-Length": 100}) + c["jpeg"]],
+                                                   400, "invalid_image", responses=2, statuses=[400, 400]),
     "unknown_query_parameter": Case(lambda c: [image(c["jpeg"], path="/v1/detect?cnf=0.9")], 422, "invalid_parameter"),
     "conf_nan": Case(lambda c: [image(c["jpeg"], path="/v1/detect?conf=nan")], 422, "invalid_parameter"),
     "classes_junk": Case(lambda c: [image(c["jpeg"], path="/v1/detect?classes=" + "x," * 2000)], 422,
@@ -400,14 +457,16 @@ def test_hostile_input_gets_its_documented_answer(server, ctx, name):
     reply = exchange(port, case.steps(ctx), responses=case.responses)
     assert reply.status == case.status, reply.body[:300]
     assert reply.seconds < 5.0
+    body = reply.bodies[0] if reply.bodies else reply.body
     if case.code is not None:
-        assert json.loads(reply.body) == {"error": {"code": case.code, "message": json.loads(reply.body)["error"]["message"]}}
-    elif case.status is not None and case.status >= 400:  # a /v2 path: the protocol's own error shape
-        assert isinstance(json.loads(reply.body)["error"], str)
+        assert json.loads(body) == {"error": {"code": case.code, "message": json.loads(body)["error"]["message"]}}
+    elif case.status is not None and case.status >= 400 and case.statuses is None:  # a /v2 path: its own shape
+        assert isinstance(json.loads(body)["error"], str)
     elif case.status == 200:
         assert reply.responses == case.responses
     if case.statuses is not None:
         assert reply.statuses == case.statuses
+        assert all("error" in json.loads(b) for s, b in zip(reply.statuses, reply.bodies) if s >= 400)
     assert healthz_ms(port) < 1_000 and proc.poll() is None
 
 
@@ -520,3 +579,35 @@ def test_head_answers_as_get_without_a_body_on_the_wire(server, path):
         assert length == len(get.body)
     else:
         assert length > 1000
+
+
+@pytest.mark.parametrize("version, headers", [("HTTP/1.0", {}), ("HTTP/1.0", {"Connection": "keep-alive"}),
+                                              ("HTTP/1.1", {"Connection": "close"}),
+                                              ("HTTP/1.1", {"Connection": "Keep-Alive, close"})])
+def test_a_connection_the_server_closes_says_connection_close(server, version, headers):
+    """RFC 9112 §9.6: whichever way the server goes, an answer followed by a close says so."""
+    port, _, _, _ = server
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request("GET", "/healthz", headers, version=version))
+        data = b""
+        while chunk := sock.recv(1 << 16):  # until the server closes
+            data += chunk
+    head = data.partition(b"\r\n\r\n")[0].lower().split(b"\r\n")
+    assert head[0].startswith(b"http/1.1 200") and b"connection: close" in head, data[:300]
+
+
+def test_clients_that_pipeline_downloads_and_never_read_leave_no_traceback(server):
+    """20 clients each pipeline 30 downloads of the Swagger bundle (1.4 MB) and never read."""
+    port, proc, log, _ = server
+    before = len(log.read_text())
+    bundle = request("GET", "/docs-assets/swagger-ui-bundle.js")
+    clients = [threading.Thread(target=exchange, args=(port, [bundle * 30, 1.0]), kwargs={"responses": 0})
+               for _ in range(20)]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join(30)
+    assert healthz_ms(port) < 1_000 and proc.poll() is None
+    time.sleep(0.5)
+    logged = log.read_text()[before:]
+    assert "Traceback" not in logged and "ERROR" not in logged, logged[-3000:]
