@@ -17,7 +17,13 @@ malformed requests with a ``text/plain`` 400. ``JsonHttpToolsProtocol`` subclass
   HTTP/2 preface or ``HTTP/2.0`` request line included);
 - pipelining kept in order: a request refused behind pipelined ones is answered after them
   (they run first, it never does); a request pipelined after an ``Upgrade`` one is served
-  (no protocol is ever switched to here).
+  (no protocol is ever switched to here);
+- a lingering close (RFC 9112 §9.6): a connection closed while its request's body is still
+  coming (a 413 or 503 before the body is read) first ends its output after the answer, then
+  reads and drops what the client still sends, for at most ``LINGER_S`` and ``LINGER_BYTES``.
+  Closed at once, the unread bytes made the kernel answer with a reset, which destroys the
+  answer the client has not read yet: every client that sent a body over the limit got a
+  reset instead of its 413.
 
 Each answer is ``{"error": {"code", "message"}}`` with ``connection: close``; the limits are
 ``Settings`` fields (``max_url_bytes``, ``max_head_bytes``, ``head_timeout_s``, ...). When the
@@ -55,6 +61,8 @@ log = logging.getLogger("yolopipe.api.protocol")
 
 # Where the status answered by the protocol is left for the middleware (ASGI scope extensions).
 ANSWERED_STATUS = "yolopipe.answered_status"
+LINGER_S = 5.0  # nginx's lingering_timeout
+LINGER_BYTES = 16 << 20
 _TOKEN_METHOD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ ")
 
 
@@ -114,10 +122,14 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: Any = None
         self._body_timer: Any = None
         self._last_body_at = 0.0
+        self._lingering = False
+        self._lingered = 0  # bytes dropped while lingering
+        self._linger_timer: Any = None
 
     # --- connection -------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        # Uvicorn's request cycles close the transport they are given: this one lingers.
+        super().connection_made(_LingeringTransport(transport, self))
         self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._on_head_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -133,6 +145,11 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:  # the rest of a body nobody reads: dropped
+            self._lingered += len(data)
+            if self._lingered > LINGER_BYTES:
+                self.transport.close_now()
+            return
         self._unset_keepalive_if_required()
         if not self._received_any:
             self._received_any = True
@@ -268,10 +285,25 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         self._refuse(ReadTimeout(f"no request body bytes for {self.limits.body_idle_timeout_s:g} s"))
 
     def _cancel_timers(self) -> None:
-        for timer in (self._head_timer, self._body_timer):
+        for timer in (self._head_timer, self._body_timer, self._linger_timer):
             if timer is not None:
                 timer.cancel()
-        self._head_timer = self._body_timer = None
+        self._head_timer = self._body_timer = self._linger_timer = None
+
+    # --- closing ----------------------------------------------------------------------------
+    def _close(self, transport: Any) -> None:
+        """``transport.close()`` as the protocol and uvicorn's cycles call it: lingering while the
+        request's body is still coming (its headers read, its last byte not), else at once."""
+        if self._lingering or transport.is_closing():
+            return
+        if self._in_head or not transport.can_write_eof():
+            transport.close()
+            return
+        self._cancel_timers()
+        self._lingering = True
+        transport.write_eof()  # the answer is whole: the client reads it, then its end
+        self.flow.resume_reading()
+        self._linger_timer = self.loop.call_later(LINGER_S, transport.close)
 
     # --- answering --------------------------------------------------------------------------
     def _refuse(self, error: YolopipeError) -> None:
@@ -310,6 +342,27 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
                  b"connection: close\r\n\r\n"]
         self.transport.write(b"".join(head) + body)
         self.transport.close()
+
+
+class _LingeringTransport:
+    """The connection's transport, whose ``close()`` is the protocol's lingering one; it reads
+    as closing from then on. Everything else is the transport's own."""
+
+    def __init__(self, transport: Any, protocol: JsonHttpToolsProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def close(self) -> None:
+        self._protocol._close(self._transport)
+
+    def close_now(self) -> None:
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._protocol._lingering or self._transport.is_closing()
 
 
 def _error_for(exc: httptools.HttpParserError, data: bytes | None) -> YolopipeError:
