@@ -22,6 +22,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def taken_port() -> tuple[socket.socket, int]:
+    """A port something listens on, with the port below it free."""
+    for _ in range(50):
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        try:
+            with socket.socket() as below:
+                below.bind(("127.0.0.1", port - 1))
+        except OSError:
+            listener.close()
+            continue
+        listener.listen()
+        return listener, port
+    raise AssertionError("no free port below a free port")
+
+
 def readyz_ok(base: str) -> bool:
     return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
 

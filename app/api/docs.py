@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from app.api.errors import error_body, http_error_code
@@ -54,10 +54,8 @@ class StaticAssets:
             path, root = scope["path"], scope.get("root_path", "")
             name = path[len(root):] if root and path.startswith(root) else path
             if name.lstrip("/") not in self.names:
-                body = json.dumps(error_body(http_error_code(404), "no such asset")).encode()
-                await send({"type": "http.response.start", "status": 404, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-                await send({"type": "http.response.body", "body": body})
+                await JSONResponse(error_body(http_error_code(404), "no such asset"), status_code=404)(
+                    scope, receive, send)
                 return
             scope = {**scope, "headers": [(k, v) for k, v in scope["headers"] if k.lower() not in (b"range", b"if-range")]}
         await self.app(scope, receive, send)

@@ -226,25 +226,17 @@ def test_serve_moved_with_port_alone_names_a_taken_grpc_port_in_one_line(tmp_pat
     """gRPC's port is --port + 1 unless given: a server moved with --port alone does not take
     another's 8001; when that port is taken, one line says which and how to choose another."""
     import os
-    import socket
+
+    from tests.net import taken_port
 
     env = {k: v for k, v in os.environ.items() if k != "YOLOPIPE_GRPC_PORT"}  # tests/conftest.py sets it
     proc = run_cli("serve", "--backend", "onnxruntime", "--port", "65535", cwd=tmp_path, env=env)
     assert proc.returncode == ExitCode.USAGE, proc.stderr
     assert "--grpc-port" in proc.stderr and "--port + 1 = 65536" in " ".join(proc.stderr.split()), proc.stderr
-    for _ in range(50):
-        with socket.socket() as listener:
-            listener.bind(("127.0.0.1", 0))
-            grpc_port = listener.getsockname()[1]
-            try:
-                with socket.socket() as http:
-                    http.bind(("127.0.0.1", grpc_port - 1))
-            except OSError:
-                continue
-            listener.listen()
-            proc = run_cli("serve", "--backend", "onnxruntime", "--host", "127.0.0.1", "--port", str(grpc_port - 1),
-                           cwd=tmp_path, env=env)
-            break
+    listener, grpc_port = taken_port()
+    with listener:
+        proc = run_cli("serve", "--backend", "onnxruntime", "--host", "127.0.0.1", "--port", str(grpc_port - 1),
+                       cwd=tmp_path, env=env)
     assert proc.returncode == ExitCode.USAGE, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert " ".join(" ".join(lines).split()) == (

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import threading
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from app.config import Settings
 from app.ipc.layout import RunLayout
 from app.service.supervisor import FrontWorkers
-from tests.net import free_port
+from tests.net import free_port, taken_port
 
 
 def test_stop_ends_a_restart_pause_at_once():
@@ -66,23 +65,6 @@ def test_serve_whose_model_cannot_open_says_why_and_exits_while_its_http_workers
     assert f"error: weights file not found: {missing}" in proc.stderr
     folder = next(line for line in proc.stderr.splitlines() if "run folder" in line).rsplit(" ", 1)[1]
     assert not os.path.exists(folder)
-
-
-def taken_port() -> tuple[socket.socket, int]:
-    """A port something listens on, with the port below it free."""
-    for _ in range(50):
-        listener = socket.socket()
-        listener.bind(("127.0.0.1", 0))
-        port = listener.getsockname()[1]
-        try:
-            with socket.socket() as below:
-                below.bind(("127.0.0.1", port - 1))
-        except OSError:
-            listener.close()
-            continue
-        listener.listen()
-        return listener, port
-    raise AssertionError("no free port below a free port")
 
 
 def test_a_taken_grpc_port_is_one_line_naming_it_and_the_way_out(monkeypatch):
