@@ -122,6 +122,7 @@ class Settings(BaseSettings):
     decode: DecodeName = "gpu"  # GPU backends only; the CPU backend decodes with OpenCV (cpu: alias of opencv)
     device: int = Field(0, ge=0)
     compile: bool = True  # torch-cuda: the engine compiled ahead of time (app.builder.torch_build); False: eager
+    batch_invariant: bool = True  # torch-cuda: that engine's kernels give an image one answer in any batch
     ort_threads: int = Field(0, ge=0)  # onnxruntime intra-op threads; 0: its default
 
     # serving

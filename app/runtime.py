@@ -101,6 +101,7 @@ def open_model_dir(
     precision: str = "auto",
     device: int = 0,
     compile: bool = True,
+    batch_invariant: bool = True,
     ort_threads: int = 0,
     pad_to_captured: bool = False,
     steps: StartupSteps | None = None,
@@ -112,7 +113,9 @@ def open_model_dir(
     ``in_flight``, ``decode``, ``video_decode``, ``max_pixels``, ``max_wait_ms``): what is asked for.
 
     ``compile`` (torch-cuda): run the engine built ahead of time (``yolopipe build-engine``),
-    building it now when it is missing or stale; without it, the eager model. ``pad_to_captured``
+    building it now when it is missing or stale; without it, the eager model. ``batch_invariant``
+    (torch-cuda): that engine's kernels give an image the same answer in any batch (a slower
+    build, ``app.builder.torch_build``); off: cuDNN's, per batch size. ``pad_to_captured``
     (GPU): a batch runs in a larger bucket already captured rather than capturing its own (a
     run that needs a bucket once, a service capturing the rest in the background). ``steps``
     records each start-up step with its time."""
@@ -142,7 +145,8 @@ def open_model_dir(
             warnings.warn(f"TensorRT engine unusable here ({exc}); falling back to torch-cuda", stacklevel=2)
             choice = BackendChoice("torch-cuda", "fp16" if choice.precision == "int8" else choice.precision)
     if engine is None:
-        engine = _torch_cuda_engine(model_dir, meta, choice.precision, shape.max_batch, device, compile, steps)
+        engine = _torch_cuda_engine(model_dir, meta, choice.precision, shape.max_batch, device, compile,
+                                    batch_invariant, steps)
     from app.pipeline.gpu import GpuPipeline
 
     shape = replace(shape, max_batch=min(shape.max_batch, engine.max_batch))  # a TensorRT profile's ceiling
@@ -159,7 +163,7 @@ def shape_from(settings: Settings) -> RunShape:
 
 
 def _torch_cuda_engine(model_dir: Path, meta: ModelMeta, precision: str, max_batch: int, device: int,
-                       compile: bool, steps: StartupSteps):
+                       compile: bool, batch_invariant: bool, steps: StartupSteps):
     """The torch-cuda engine: its package built ahead of time (built now when missing or stale),
     or the eager model in CUDA graphs (``compile`` off, or no package that runs here)."""
     from app.backends.torch_cuda import TorchCudaEngine
@@ -170,7 +174,7 @@ def _torch_cuda_engine(model_dir: Path, meta: ModelMeta, precision: str, max_bat
 
         with steps.step("finding the torch-cuda engine (a first run builds it)"):
             found = ensure_torch_engine(model_dir, meta, precision=precision, max_batch=max_batch, device=device,
-                                        say=steps.say)
+                                        batch_invariant=batch_invariant, say=steps.say)
         packages = (found,) if found is not None else ()
     with steps.step("loading the torch-cuda engine"):
         # No package (not asked for, or none runs here): the eager model, in CUDA graphs.
@@ -183,6 +187,7 @@ def open_detector_from(settings: Settings, steps: StartupSteps | None = None) ->
     return open_detector(
         settings.weights, backend=settings.backend, precision=settings.precision, imgsz=settings.imgsz,
         artifacts_dir=settings.artifacts_dir, device=settings.device, compile=settings.compile,
+        batch_invariant=settings.batch_invariant,
         ort_threads=settings.ort_threads, shape=shape_from(settings), steps=steps,
         pad_to_captured=True,  # the worker captures the largest bucket, then the others while it serves
     )

@@ -7,8 +7,10 @@ compiled ahead of time, so a run that finds one traces and compiles nothing.
 
 In a model's artifacts folder (``app.artifacts.store``)::
 
-    torch-cuda/fp16.b1-64.pt2    the package: batches 1 to 64 (one dynamic batch dimension)
-    torch-cuda/fp16.b1-64.json   its manifest, written last: the key below, the package's size and sha256
+    torch-cuda/fp16.b1-64.invariant.pt2    the package: batches 1 to 64 (one dynamic batch dimension),
+                                           batch-invariant kernels (``.cudnn``: cuDNN's, per batch size)
+    torch-cuda/fp16.b1-64.invariant.json   its manifest, written last: the key below, the package's size
+                                           and sha256
 
 A package may run only when its manifest exists, every fact of its key equals this run's, its
 batch range covers the run's largest batch, and the package's size and sha256 equal the
@@ -31,7 +33,8 @@ from typing import Any
 from app.artifacts.store import is_temp_name, write_atomically
 
 TORCH_ENGINE_DIR = "torch-cuda"
-TORCH_ENGINE_FORMAT = 2  # bump when what a package holds changes: older ones are then rebuilt (2: aoti_link)
+# Bump when what a package holds changes: older ones are then rebuilt (2: aoti_link; 3: the kernels' kind).
+TORCH_ENGINE_FORMAT = 3
 PACKAGE_SUFFIX = ".pt2"
 MANIFEST_SUFFIX = ".json"
 LOCK_NAME = ".build.lock"
@@ -49,13 +52,21 @@ class TorchEngineKey:
     compute_capability: str  # "major.minor", e.g. "9.0"
     min_batch: int
     max_batch: int  # min == max: a fixed batch; else one dynamic batch dimension over the range
+    # True: every convolution and matrix product is one Triton kernel chosen at build time for all
+    # batch sizes, so an image's answer does not depend on its batch (app.builder.torch_build).
+    # False: cuDNN's and cuBLAS's kernels, which pick their split of the work per batch size.
+    batch_invariant: bool = True
     format: int = TORCH_ENGINE_FORMAT
 
     @property
+    def kernels(self) -> str:
+        return "invariant" if self.batch_invariant else "cudnn"
+
+    @property
     def stem(self) -> str:
-        """The file name without suffix: precision and batch range. The machine facts are not in
-        the name, so a package built elsewhere is found, refused with its reason and replaced."""
-        return f"{self.precision}.b{self.min_batch}-{self.max_batch}"
+        """The file name without suffix: precision, batch range, kernels. The machine facts are not
+        in the name, so a package built elsewhere is found, refused with its reason and replaced."""
+        return f"{self.precision}.b{self.min_batch}-{self.max_batch}.{self.kernels}"
 
     def covers(self, batch: int) -> bool:
         return self.min_batch <= batch <= self.max_batch
@@ -168,15 +179,17 @@ def find_torch_engine(model_dir: Path, wanted: TorchEngineKey, *, verify: bool =
         label = f"torch-cuda engine {package.name}"
         manifest_file = manifests.get(package.stem)
         manifest = _read_manifest(manifest_file) if manifest_file is not None else None
-        if manifest is None or manifest.key.stem != package.stem:
+        # (a package of an older format is named by its own rules: mismatch says so below)
+        if manifest is None or (manifest.key.format == wanted.format and manifest.key.stem != package.stem):
             refused.append(f"{label} has no readable manifest (a build that did not finish)")
             continue
         problems = mismatch(manifest.key, wanted)
         if problems:
             refused.append(f"{label} does not fit: " + "; ".join(problems))
             continue
-        if not (manifest.key.min_batch <= 1 and manifest.key.max_batch >= wanted.max_batch):
-            continue  # another batch range: kept for the runs it fits, not a refusal
+        if not (manifest.key.min_batch <= 1 and manifest.key.max_batch >= wanted.max_batch) \
+                or manifest.key.batch_invariant != wanted.batch_invariant:
+            continue  # another batch range or kind of kernels: kept for the runs it fits, not a refusal
         size = package.stat().st_size
         if size != manifest.package_bytes or (verify and sha256_of(package) != manifest.package_sha256):
             refused.append(f"{label} differs from its manifest ({size} bytes, the manifest says "

@@ -102,6 +102,7 @@ class TorchCudaEngine:
         self.cudnn_benchmark = cudnn_benchmark  # autotune convolutions on each new shape (see _scope)
         self.compiled = False
         self.compiler = "eager"  # "aoti" (a package) | "inductor" (torch.compile) | "eager"
+        self.batch_invariant = False  # cuDNN's kernels split their work per batch size; a package may not
         self._compile_limits: dict[str, int] = {}  # torch._dynamo settings for this engine's calls
         self._inductor_cache: str | None = None
         self._packages: list[tuple[TorchEngineKey, Any]] = []
@@ -149,6 +150,7 @@ class TorchCudaEngine:
             self.cudnn_benchmark = autotune
         self._forward = None
         self.compiled, self.compiler = True, "aoti"
+        self.batch_invariant = all(key.batch_invariant for key, _ in self._packages)
 
     # ------------------------------------------------------------------------------ build
     def _compile(self, model, cache_dir: Path):

@@ -3,7 +3,16 @@
 ``torch.export`` traces the fused model once (``app.gpu.torch_model``) with one dynamic batch
 dimension, and ``torch._inductor.aoti_compile_and_package`` compiles it (Triton kernels, a C++
 wrapper, the weights) into one ``.pt2`` file in the model's artifacts folder, keyed and checked by
-``app.artifacts.torch_engines``. A run loads that file (``app.backends.torch_cuda``): no Dynamo
+``app.artifacts.torch_engines``.
+
+Batch-invariant kernels (the default, ``TorchEngineKey.batch_invariant``): cuDNN's convolutions
+split their work by the batch's size, so an image's scores moved with the batch it ran in and its
+place there (bench/results/2026-12-03-nvidia-h200-invariance.json: one photo, 9 different heads
+in batches of 1 to 64, up to 1.5 px apart; 2 or 3 different heads among companions at one size).
+So every convolution and matrix product is built as one of inductor's Triton templates
+(``max_autotune`` with the Triton backends alone), tuned once at build time and then run with
+the same tiles and the same order of summation at every batch size. The build checks that: the
+package must give an image the same bits alone and anywhere in larger batches, or it is refused. A run loads that file (``app.backends.torch_cuda``): no Dynamo
 tracing, no inductor, no Ultralytics import at start-up.
 
 A build holds the folder's lock (the service's worker and its standby may start together: one
@@ -56,7 +65,8 @@ TORCH_CACHE_DIR = "torch-cache"  # inductor's and Triton's caches, under the mod
 CHECK_TOLERANCE = {"fp16": (2.0, 0.02), "fp32": (0.05, 1e-3)}
 
 
-def engine_key(meta: ModelMeta, *, precision: str, max_batch: int, device: int = 0, min_batch: int = 1) -> TorchEngineKey:
+def engine_key(meta: ModelMeta, *, precision: str, max_batch: int, device: int = 0, min_batch: int = 1,
+               batch_invariant: bool = True) -> TorchEngineKey:
     """The key of a package for this GPU and torch: what a run looks for, what a build writes."""
     import torch
 
@@ -64,7 +74,7 @@ def engine_key(meta: ModelMeta, *, precision: str, max_batch: int, device: int =
 
     gpu_name, capability = gpu_identity(device)
     return TorchEngineKey(meta.weights_sha256, meta.imgsz, precision, torch.__version__, gpu_name, capability,
-                          min_batch, max_batch)
+                          min_batch, max_batch, batch_invariant)
 
 
 def build_range(max_batch: int) -> int:
@@ -74,12 +84,12 @@ def build_range(max_batch: int) -> int:
 
 
 def ensure_torch_engine(model_dir: Path, meta: ModelMeta, *, precision: str, max_batch: int, device: int = 0,
-                        say: Say | None = None) -> tuple[Path, TorchEngineKey] | None:
+                        batch_invariant: bool = True, say: Say | None = None) -> tuple[Path, TorchEngineKey] | None:
     """The package this run loads: the one built earlier when it fits, else built now. None
     (with a warning) when AOTInductor cannot build one that runs here, now or on an earlier
     start with the same key; the run then uses the eager model."""
     say = say or (lambda text: None)
-    wanted = engine_key(meta, precision=precision, max_batch=max_batch, device=device)
+    wanted = engine_key(meta, precision=precision, max_batch=max_batch, device=device, batch_invariant=batch_invariant)
     found = find_torch_engine(model_dir, wanted)
     if found.package is not None:
         return found.package, found.manifest.key
@@ -113,7 +123,7 @@ def refusal(model_dir: Path, key: TorchEngineKey) -> str | None:
 
 def build_for_weights(weights: str = "sample", *, precision: str = "fp16", max_batch: int = ENGINE_MAX_BATCH,
                       imgsz: int = 640, artifacts_dir: Path | None = None, device: int = 0,
-                      say: Say | None = None) -> tuple[Path, bool]:
+                      batch_invariant: bool = True, say: Say | None = None) -> tuple[Path, bool]:
     """``yolopipe build-engine`` on a GPU without TensorRT: export (if needed), then the package
     for batches 1 to ``max_batch``. Returns its path and whether it was built now (False: an
     earlier build fits this GPU and torch)."""
@@ -129,7 +139,8 @@ def build_for_weights(weights: str = "sample", *, precision: str = "fp16", max_b
     if cuda_device_count() == 0:
         raise BackendUnavailable("building the torch-cuda engine needs an NVIDIA GPU and none was found")
     exported = export_onnx(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
-    key = engine_key(exported.meta, precision=precision, max_batch=max_batch, device=device)
+    key = engine_key(exported.meta, precision=precision, max_batch=max_batch, device=device,
+                     batch_invariant=batch_invariant)
     found = find_torch_engine(exported.model_dir, key)
     if found.package is not None and found.manifest.key.max_batch == max_batch:
         return found.package, False
@@ -151,7 +162,7 @@ def build_torch_engine(model_dir: Path, meta: ModelMeta, key: TorchEngineKey, *,
     if not weights.is_file():
         raise ArtifactError(f"weights not found: {weights}", hint="run `yolopipe export` first")
     final = package_path(model_dir, key)
-    what = f"the torch-cuda engine ({key.precision}, batch {_batches(key)}, {key.gpu_name})"
+    what = f"the torch-cuda engine ({key.precision}, batch {_batches(key)}, {key.kernels} kernels, {key.gpu_name})"
     if _locked_elsewhere(model_dir):
         say(f"waiting for another process building {what}")
     with exclusive_lock(lock_path(model_dir)):
@@ -234,8 +245,9 @@ def _compile(weights: Path, meta: ModelMeta, key: TorchEngineKey, device: int, o
         reference = check_head(model(example), meta, example.shape[0]).float()
     program = export_program(model, example, key)
     del model
-    say(f"{what}: compiling with AOTInductor (2 of 3; a minute or two on a first build)")
-    compile_package(program, out)
+    say(f"{what}: compiling with AOTInductor (2 of 3; {'several minutes' if key.batch_invariant else 'a minute or two'}"
+        " on a first build)")
+    compile_package(program, out, batch_invariant=key.batch_invariant and dev.type == "cuda")
     del program
     say(f"{what}: checking it against the eager model (3 of 3)")
     return check_package(out, example, reference, key, meta, dev)
@@ -261,16 +273,27 @@ def export_program(model: Any, example: Any, key: TorchEngineKey) -> Any:
         raise BackendUnavailable(f"torch.export could not trace the model: {type(exc).__name__}: {exc}"[:500]) from exc
 
 
-def compile_package(program: Any, out: Path) -> Path:
+# Every convolution and matrix product a Triton template, tuned at build time (module docstring).
+INVARIANT_INDUCTOR_CONFIGS = {"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
+                              "max_autotune_conv_backends": "TRITON"}
+
+
+def inductor_configs(batch_invariant: bool) -> dict[str, Any]:
+    return dict(INVARIANT_INDUCTOR_CONFIGS) if batch_invariant else {}
+
+
+def compile_package(program: Any, out: Path, *, batch_invariant: bool = False) -> Path:
     """AOTInductor: ``program`` → the ``.pt2`` package ``out``, its library linked so that a fresh
-    process loads it (``app.builder.aoti_link``)."""
+    process loads it (``app.builder.aoti_link``); ``batch_invariant`` (CUDA only): every
+    convolution and matrix product a Triton template (``INVARIANT_INDUCTOR_CONFIGS``)."""
     import torch._inductor
 
     from app.builder.aoti_link import linking
 
     with linking(where=out.parent):  # no C++ compiler: its own BackendUnavailable
         try:
-            return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(out)))
+            return Path(torch._inductor.aoti_compile_and_package(
+                program, package_path=str(out), inductor_configs=inductor_configs(batch_invariant)))
         except Exception as exc:  # an inductor or compiler failure: one clear line
             raise BackendUnavailable(f"AOTInductor could not compile the model: {type(exc).__name__}: {exc}"[:500],
                                      hint="AOTInductor needs a C++ compiler (g++) beside torch") from exc
@@ -310,14 +333,43 @@ def check_package(path: Path, example: Any, reference: Any, key: TorchEngineKey,
             got = check_head(runner(example[:n].contiguous()), meta, n).float()
             diff = (got - reference[:n]).abs()
             worst = [max(worst[0], diff[:, :4].max().item()), max(worst[1], diff[:, 4:].max().item())]
+        varies = batch_variance(runner, example, key) if key.batch_invariant and dev.type == "cuda" else []
     del runner
+    if varies:
+        raise BackendUnavailable("the AOTInductor package built with batch-invariant kernels is not batch-invariant "
+                                 "on this GPU: an image's head differs " + "; ".join(varies),
+                                 hint="--no-batch-invariant runs cuDNN's kernels (answers then vary with the batch)")
     fresh = check_in_fresh_process(path, dev.index or 0, key, meta) if dev.type == "cuda" else {}
     if not all(w <= t for w, t in zip(worst, (box_tol, score_tol))):  # NaN fails too
         raise ArtifactError(f"the compiled torch-cuda engine differs from the eager model by {worst[0]:.3g} px "
                             f"(boxes) and {worst[1]:.3g} (scores), over {box_tol} and {score_tol}")
     return {"checked_max_abs_diff": {"boxes_px": worst[0], "scores": worst[1]}, "example_batch": int(example.shape[0]),
-            "inductor": "aoti_compile_and_package, default settings; linked by app.builder.aoti_link",
-            "fresh_process": fresh}
+            "inductor": f"aoti_compile_and_package, {inductor_configs(key.batch_invariant) or 'default settings'}; "
+                        "linked by app.builder.aoti_link",
+            "batch_invariance_checked": key.batch_invariant, "fresh_process": fresh}
+
+
+def batch_variance(runner: Any, example: Any, key: TorchEngineKey) -> list[str]:
+    """Where ``runner`` gives one image other bits than it gives it alone: at the first and last
+    place of batches of other sizes in the key's range, among random companions (empty: nowhere)."""
+    import torch
+
+    sizes = sorted({n for n in (2, 3, 8, 17, key.max_batch) if key.min_batch <= n <= key.max_batch})
+    if key.min_batch > 1 or not sizes:
+        return []
+    probe = example[:1].contiguous()
+    alone = runner(probe).clone()
+    gen = torch.Generator().manual_seed(1)
+    found = []
+    for n in sizes:
+        batch = torch.rand((n, *probe.shape[1:]), generator=gen).to(probe.device, probe.dtype)
+        for place in sorted({0, n - 1}):
+            batch[place] = probe[0]
+            got = runner(batch.contiguous())[place]
+            if not torch.equal(got, alone[0]):
+                found.append(f"at place {place} of a batch of {n} (by up to {(got.float() - alone[0].float()).abs().max().item():.3g})")
+            batch[place] = torch.rand(probe.shape[1:], generator=gen).to(probe.device, probe.dtype)
+    return found
 
 
 FRESH_CHECK = """

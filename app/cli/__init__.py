@@ -74,6 +74,10 @@ Backend = Annotated[str, typer.Option(help="auto | onnxruntime | torch-cuda | te
 DECODE_HELP = ("JPEG decoder of the GPU backends: gpu (nvImageCodec, else nvJPEG) | nvimgcodec | nvjpeg | opencv "
                "(OpenCV threads: pixels exactly as Ultralytics reads them; cpu: its old name). The CPU backend "
                "always uses OpenCV.")
+BATCH_INVARIANT_HELP = ("torch-cuda: an image gets the same answer whatever it is batched with (the engine's "
+                        "convolutions are Triton kernels tuned once for every batch size; the first build takes "
+                        "minutes). --no-batch-invariant: cuDNN's kernels, chosen per batch size (see the README "
+                        "for what each costs).")
 Precision = Annotated[str, typer.Option(help="auto | fp32 | fp16 | int8. auto: fp32 on onnxruntime, fp16 on "
                                              "torch-cuda, the best built engine on tensorrt.")]
 
@@ -230,6 +234,8 @@ def build_engine(
     imgsz: Imgsz = 640,
     artifacts_dir: ArtifactsDir = None,
     workspace_gib: Annotated[float, typer.Option(help="TensorRT builder workspace limit in GiB.")] = 4.0,
+    batch_invariant: Annotated[bool, typer.Option("--batch-invariant/--no-batch-invariant",
+                                                  help=BATCH_INVARIANT_HELP)] = True,
 ) -> None:
     """Build the engine for this machine's GPU, ahead of time.
 
@@ -242,7 +248,7 @@ def build_engine(
 
     build_engine_command(weights, backend=backend, precision=precision, calib_images=calib_images, min_batch=min_batch,
                          opt_batch=opt_batch, max_batch=max_batch, imgsz=imgsz, artifacts_dir=artifacts_dir,
-                         workspace_gib=workspace_gib)
+                         workspace_gib=workspace_gib, batch_invariant=batch_invariant)
 
 
 def settings_from(**given) -> Settings:
@@ -283,6 +289,8 @@ def serve(
                                                     help="torch-cuda: run the engine compiled ahead of time "
                                                          "(built on first use, or by build-engine); "
                                                          "--no-compile: the eager model.")] = None,
+    batch_invariant: Annotated[Optional[bool], typer.Option("--batch-invariant/--no-batch-invariant",
+                                                            help=BATCH_INVARIANT_HELP)] = None,
     decode: Annotated[Optional[str], typer.Option(help=DECODE_HELP)] = None,
     artifacts_dir: ArtifactsDir = None,
 ) -> None:
@@ -297,7 +305,7 @@ def serve(
     run_server(settings_from(weights=weights, backend=backend, precision=precision, host=host, port=port,
                              grpc_port=grpc_port, grpc_workers=grpc_workers, allow_client_shm=allow_client_shm,
                              max_batch=max_batch, max_wait_ms=max_wait_ms, workers=workers, gpus=gpus,
-                             cpu_workers=cpu_workers, compile=compile,
+                             cpu_workers=cpu_workers, compile=compile, batch_invariant=batch_invariant,
                              decode=decode, artifacts_dir=artifacts_dir))
 
 
@@ -332,6 +340,8 @@ def predict(
     backend: Backend = "auto",
     precision: Precision = "auto",
     decode: Annotated[str, typer.Option(help=DECODE_HELP)] = "gpu",
+    batch_invariant: Annotated[bool, typer.Option("--batch-invariant/--no-batch-invariant",
+                                                  help=BATCH_INVARIANT_HELP)] = True,
     classes: Annotated[Optional[list[int]], typer.Option("--classes", metavar="ID", help="Keep only these class ids (repeatable).")] = None,
     agnostic: Annotated[bool, typer.Option(help="Class-agnostic NMS.")] = False,
     save_images: Annotated[Optional[Path], typer.Option(help="Also write annotated images here.")] = None,
@@ -384,6 +394,7 @@ def predict(
         if ray or save_images or coco or resume:
             raise InvalidParameter("--ray, --save-images, --coco and --resume are for files, not streams")
         return predict_streams_command(source, out, weights=weights, backend=backend, precision=precision, decode=decode,
+                                batch_invariant=batch_invariant,
                                 imgsz=imgsz, artifacts_dir=artifacts_dir, batch=batch, device=device,
                                 vid_stride=vid_stride, track=track, video_decode=video_decode,
                                 detect=dict(conf=conf, iou=iou, max_det=max_det, classes=classes, agnostic=agnostic))
@@ -409,7 +420,7 @@ def predict(
         with startup.loading():
             detector = open_detector(weights, backend=backend, precision=precision, decode=decode, imgsz=imgsz,
                                      artifacts_dir=artifacts_dir, max_batch=batch, device=device,
-                                     video_decode=video_decode, steps=startup.steps,
+                                     video_decode=video_decode, steps=startup.steps, batch_invariant=batch_invariant,
                                      pad_to_captured=True)  # the last, smaller batch: no capture of its own
         check_video_decode(detector)
         keep_freed_heap()  # this process is ours: glibc may keep what it frees between batches

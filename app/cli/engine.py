@@ -35,7 +35,7 @@ def build_backend(backend: str) -> str:
 
 def build_engine_command(weights: str, *, backend: str, precision: str, calib_images: Path | None, min_batch: int,
                          opt_batch: int, max_batch: int, imgsz: int, artifacts_dir: Path | None,
-                         workspace_gib: float) -> None:
+                         workspace_gib: float, batch_invariant: bool = True) -> None:
     check_choice("precision", precision, ("auto", *ENGINE_PRECISIONS))
     backend = build_backend(backend)
     if backend == "tensorrt":
@@ -54,7 +54,8 @@ def build_engine_command(weights: str, *, backend: str, precision: str, calib_im
             console.print(escape(text), highlight=False)
 
         path, built = build_for_weights(weights, precision="fp16" if precision == "auto" else precision,
-                                        max_batch=max_batch, imgsz=imgsz, artifacts_dir=artifacts_dir, say=say)
+                                        max_batch=max_batch, imgsz=imgsz, artifacts_dir=artifacts_dir,
+                                        batch_invariant=batch_invariant, say=say)
     console.print(f"{'wrote' if built else 'up to date'}: {path}", highlight=False)
     console.print(torch_engine_summary(path), highlight=False)
 
@@ -69,7 +70,7 @@ def torch_engine_summary(path: Path) -> str:
         return "  (no manifest beside it)"
     key, fresh = manifest.key, manifest.builder.get("fresh_process", {})
     batches = str(key.min_batch) if key.min_batch == key.max_batch else f"{key.min_batch}-{key.max_batch}"
-    line = (f"  {key.precision}, batches {batches}, {key.gpu_name}, torch {key.torch_version}; "
+    line = (f"  {key.precision}, batches {batches}, {key.kernels} kernels, {key.gpu_name}, torch {key.torch_version}; "
             f"built in {manifest.build_seconds:.0f} s")
     if "load_s" in fresh:
         line += f"; a fresh process loads it in {fresh['load_s']:.2f} s"

@@ -33,6 +33,20 @@ def make_pipeline(model_dir, meta, precision, *, compile=False, max_batch=MAX_BA
 
 
 @pytest.fixture(scope="session")
+def chosen16(sample_model_dir):
+    """The engine predict and serve choose on a GPU without TensorRT: the AOTInductor package
+    with batch-invariant kernels (built here on the session's first use: minutes), fp16, in a
+    pipeline of buckets up to 8 with three batches in flight. A ``Detector``."""
+    from app.runtime import open_model_dir
+
+    det = open_model_dir(sample_model_dir, backend="torch-cuda", precision="fp16", max_batch=MAX_BATCH, in_flight=3)
+    engine = det.pipeline.engine
+    assert (engine.compiler, engine.batch_invariant) == ("aoti", True), (engine.compiler, engine.batch_invariant)
+    yield det
+    det.close()
+
+
+@pytest.fixture(scope="session")
 def pipe32(sample_model_dir, meta):
     p = make_pipeline(sample_model_dir, meta, "fp32")
     yield p

@@ -172,9 +172,10 @@ def test_release_memory_shrinks_grown_staging_and_frees_torch_caches(gpu, sample
     captures its graph again and answers the same rows."""
     pipe = gpu.make_pipeline(sample_model_dir, meta, "fp32", max_batch=2, in_flight=2)
     try:
-        small = gpu.detect(pipe, [frames["bus"]])
-        first = [slot.staging.capacity for slot in pipe.slots]
+        small = gpu.detect(pipe, [frames["bus"]])  # bus (810 x 1080) grows its slot too
         pipe.release_memory()
+        first = [slot.staging.capacity for slot in pipe.slots]
+        assert first == [pipe.slots[0].staging.capacity] * len(first)  # every slot at its first size
         reserved = torch.cuda.memory_reserved()
         for _ in range(2):  # both slots take a batch of two large images and grow
             gpu.detect(pipe, [frames["zidane_huge"], frames["zidane_huge"]])

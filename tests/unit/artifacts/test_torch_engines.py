@@ -43,7 +43,7 @@ def test_a_finished_build_is_found_with_its_key(tmp_path):
     path = built(tmp_path)
     found = find_torch_engine(tmp_path, dataclasses.replace(KEY, max_batch=32))  # a run of batch 32: 1-64 takes it
     assert found.package == path and found.manifest.key == KEY and found.refused == []
-    assert path.name == "fp16.b1-64.pt2" and manifest_path(tmp_path, KEY).name == "fp16.b1-64.json"
+    assert path.name == "fp16.b1-64.invariant.pt2" and manifest_path(tmp_path, KEY).name == "fp16.b1-64.invariant.json"
 
 
 def test_nothing_built_is_nothing_found(tmp_path):
@@ -65,7 +65,7 @@ def test_a_stale_or_foreign_package_is_refused_with_its_reason(tmp_path, change,
     found = find_torch_engine(tmp_path, KEY)
     assert found.package is None
     (reason,) = found.refused
-    assert "fp16.b1-64.pt2 does not fit" in reason and says in reason, reason
+    assert "fp16.b1-64.invariant.pt2 does not fit" in reason and says in reason, reason
 
 
 def test_a_package_without_its_manifest_is_never_loaded(tmp_path):
@@ -96,7 +96,7 @@ def test_temporary_files_are_never_packages(tmp_path):
     built(tmp_path)
     final = package_path(tmp_path, KEY)
     final.rename(temp_name(final))  # only the temporary name of the package is left
-    assert temp_name(final).name.startswith(".fp16.b1-64.tmp-") and temp_name(final).suffix == ".pt2"
+    assert temp_name(final).name.startswith(".fp16.b1-64.invariant.tmp-") and temp_name(final).suffix == ".pt2"
     assert find_torch_engine(tmp_path, KEY).package is None
     assert leftovers(tmp_path) == [temp_name(final)]
 
@@ -187,5 +187,34 @@ def test_build_engine_says_what_it_built_and_how_long_a_fresh_process_takes_to_l
     builder = {"fresh_process": {"load_s": 0.801, "first_run_s": 0.351}}
     save_manifest(tmp_path, TorchEngineManifest(KEY, sha256_of(path), 7, build_seconds=99.0, builder=builder))
     assert manifest_of(path).builder == builder
-    assert torch_engine_summary(path) == ("  fp16, batches 1-64, NVIDIA H200, torch 2.11.0+cu130; built in 99 s; "
+    assert torch_engine_summary(path) == ("  fp16, batches 1-64, invariant kernels, NVIDIA H200, torch 2.11.0+cu130; built in 99 s; "
                                           "a fresh process loads it in 0.80 s and runs its first batch in 0.35 s")
+
+
+def test_batch_invariant_and_cudnn_packages_live_side_by_side_and_each_run_finds_its_own(tmp_path):
+    """The kind of kernels is part of the key and the name: a run that asks for batch-invariant
+    kernels never loads a cuDNN package (nor the other way round), and neither is a refusal."""
+    cudnn = dataclasses.replace(KEY, batch_invariant=False)
+    invariant_path, cudnn_path = built(tmp_path), built(tmp_path, cudnn)
+    assert invariant_path != cudnn_path and cudnn_path.name == "fp16.b1-64.cudnn.pt2"
+    assert find_torch_engine(tmp_path, KEY).package == invariant_path
+    assert find_torch_engine(tmp_path, cudnn).package == cudnn_path
+    invariant_path.unlink()
+    missing = find_torch_engine(tmp_path, KEY)
+    assert missing.package is None and missing.refused == []
+
+
+def test_a_package_of_the_previous_format_is_refused_as_such_and_rebuilt(tmp_path):
+    """A format-2 package (named without its kernels, built with cuDNN's) says why it is not loaded."""
+    old = dataclasses.replace(KEY, format=2)
+    folder = engine_dir(tmp_path)
+    folder.mkdir(parents=True)
+    path = folder / "fp16.b1-64.pt2"
+    write_atomically(path, b"old package")
+    fields = {k: v for k, v in dataclasses.asdict(old).items() if k != "batch_invariant"}  # format 2 had no such field
+    manifest = {"key": fields, "package_sha256": sha256_of(path), "package_bytes": path.stat().st_size}
+    write_atomically(folder / "fp16.b1-64.json", __import__("json").dumps(manifest).encode())
+    found = find_torch_engine(tmp_path, KEY)
+    assert found.package is None
+    assert found.refused == ["torch-cuda engine fp16.b1-64.pt2 does not fit: it is of package format 2, "
+                             "this yolopipe reads format 3"]

@@ -132,7 +132,7 @@ def test_a_second_start_builds_nothing(gpu, root, monkeypatch):
     open_for_predict(root)
     assert len(COMPILED) == 1 and COMPILED[0].max_batch == 64 and COMPILED[0].gpu_name == "NVIDIA Stand-in"
     (package,) = OPENED[0].packages
-    assert package.name == "fp16.b1-64.pt2" and package.parent == model_dir_in(root) / "torch-cuda"
+    assert package.name == "fp16.b1-64.invariant.pt2" and package.parent == model_dir_in(root) / "torch-cuda"
     refuse_every_compile(monkeypatch)
     open_for_predict(root)
     open_for_predict(root, batch=8)
@@ -149,10 +149,10 @@ def test_build_engine_writes_the_engine_and_predict_and_serve_load_it(gpu, root,
 
     result = CliRunner().invoke(cli, ["build-engine", "--artifacts-dir", str(root)])
     assert result.exit_code == 0, result.output
-    package = model_dir_in(root) / "torch-cuda" / "fp16.b1-64.pt2"
+    package = model_dir_in(root) / "torch-cuda" / "fp16.b1-64.invariant.pt2"
     assert f"wrote: {package}" in " ".join(result.output.split()) and package.is_file()
     said = " ".join(result.output.split())
-    assert "the torch-cuda engine (fp16, batch 1-64, NVIDIA Stand-in): built in" in said, said  # progress, on the terminal
+    assert "the torch-cuda engine (fp16, batch 1-64, invariant kernels, NVIDIA Stand-in): built in" in said, said  # progress, on the terminal
     manifest = json.loads(manifest_path(model_dir_in(root), COMPILED[0]).read_text())
     assert manifest["key"]["gpu_name"] == "NVIDIA Stand-in" and manifest["package_bytes"] == package.stat().st_size
     refuse_every_compile(monkeypatch)
@@ -181,7 +181,7 @@ def test_a_stale_or_foreign_engine_is_rebuilt_with_a_message(gpu, root, change, 
     with pytest.warns(RuntimeWarning) as caught:
         open_for_predict(root)
     said = [str(w.message) for w in caught]
-    assert any("fp16.b1-64.pt2 does not fit" in m and says in m and "building it again" in m for m in said), said
+    assert any("fp16.b1-64.invariant.pt2 does not fit" in m and says in m and "building it again" in m for m in said), said
     assert len(COMPILED) == 2 and OPENED[1].packages == OPENED[0].packages
     rebuilt = json.loads(manifest_file.read_text())["key"]
     assert (rebuilt["gpu_name"], rebuilt["compute_capability"]) == STAND_IN_GPU and rebuilt["weights_sha256"] != "f" * 64
@@ -225,7 +225,7 @@ def test_a_build_killed_mid_way_is_never_loaded_and_the_next_start_builds_it(gpu
     open_for_predict(root)
     assert len(COMPILED) == 1 and leftovers(folder) == []  # the next start built it and swept the remains
     (package,) = OPENED[0].packages
-    assert package.read_bytes().startswith(b"a compiled fp16.b1-64")
+    assert package.read_bytes().startswith(b"a compiled fp16.b1-64.invariant")
 
 
 def _meta(folder: Path):
@@ -270,3 +270,60 @@ def test_a_package_that_fails_in_a_fresh_process_is_refused_with_what_the_proces
     key = TorchEngineKey("0" * 64, 64, "fp16", "2.x", "NVIDIA Stand-in", "9.0", 1, 64)
     with pytest.raises(BackendUnavailable, match=r"does not run in a fresh process here \(exit code 1\): .*Error"):
         torch_build.check_in_fresh_process(bogus, 0, key, types.SimpleNamespace(imgsz=64))
+
+
+def test_no_batch_invariant_builds_and_loads_the_cudnn_package_beside_the_invariant_one(gpu, root, monkeypatch):
+    """``--no-batch-invariant`` reaches the build (cuDNN's kernels: no Triton-only settings) and
+    the run that asks for it; the default run keeps its batch-invariant package."""
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+    from app.config import Settings
+    from app.runtime import open_detector_from
+
+    result = CliRunner().invoke(cli, ["build-engine", "--artifacts-dir", str(root), "--no-batch-invariant"])
+    assert result.exit_code == 0, result.output
+    assert [k.batch_invariant for k in COMPILED] == [False]
+    cudnn = model_dir_in(root) / "torch-cuda" / "fp16.b1-64.cudnn.pt2"
+    assert cudnn.is_file() and "cudnn kernels" in " ".join(result.output.split())
+    assert torch_build.inductor_configs(False) == {}
+    assert torch_build.inductor_configs(True) == {"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
+                                                  "max_autotune_conv_backends": "TRITON"}
+    open_for_predict(root)  # the default: batch-invariant, built now
+    assert [k.batch_invariant for k in COMPILED] == [False, True]
+    refuse_every_compile(monkeypatch)
+    open_detector_from(Settings(weights="sample", backend="torch-cuda", artifacts_dir=root, batch_invariant=False))
+    assert OPENED[-1].packages == [cudnn]
+
+
+def test_the_build_finds_a_package_whose_answer_for_an_image_depends_on_its_batch():
+    """``batch_variance`` (the check a batch-invariant build must pass): a model that computes each
+    image alone passes; one whose sums depend on the batch's size (as a split of the work by
+    batch size does), or that reads a neighbour, is caught, at the places where it differs."""
+    import dataclasses
+
+    import torch
+
+    from tests.unit.artifacts.test_torch_engines import KEY
+
+    key = dataclasses.replace(KEY, max_batch=8)
+    conv = torch.nn.Conv2d(3, 4, 3, padding=1).eval()
+    example = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+
+    def per_image(x):
+        with torch.inference_mode():
+            return torch.cat([conv(x[i : i + 1]) for i in range(x.shape[0])])
+
+    def split_by_size(x):  # the sum's order (so its rounding) changes with the batch's size
+        with torch.inference_mode():
+            y = per_image(x)
+            return y + y * 1e-6 * (x.shape[0] > 4)
+
+    def reads_a_neighbour(x):
+        with torch.inference_mode():
+            return per_image(x) + 1e-3 * per_image(x).roll(1, dims=0)
+
+    assert torch_build.batch_variance(per_image, example, key) == []
+    found = torch_build.batch_variance(split_by_size, example, key)
+    assert [f.split(" (")[0] for f in found] == ["at place 0 of a batch of 8", "at place 7 of a batch of 8"]
+    assert len(torch_build.batch_variance(reads_a_neighbour, example, key)) == 6  # sizes 2, 3, 8: both places
