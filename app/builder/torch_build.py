@@ -104,7 +104,8 @@ def ensure_torch_engine(model_dir: Path, meta: ModelMeta, *, precision: str, max
     try:
         return build_torch_engine(model_dir, meta, key, device=device, say=say), key
     except BackendUnavailable as exc:
-        warnings.warn(f"{exc.message}; running the eager model instead", RuntimeWarning, stacklevel=2)
+        varies = " (cuDNN's kernels: an image's answer may vary with its batch)" if batch_invariant else ""
+        warnings.warn(f"{exc.message}; running the eager model instead{varies}", RuntimeWarning, stacklevel=2)
         return None
 
 

@@ -188,22 +188,21 @@ def test_default_gpu_decode_agrees_with_ultralytics_fp32(gpu, pipe32, ultralytic
     assert got["f1"] >= 0.995 and got["max_abs_dscore"] <= 0.02, got
 
 
-def test_default_gpu_decode_agrees_with_ultralytics_fp16(gpu, pipe16, ultralytics_model, varied):
-    """fp16 against Ultralytics' fp16: the two models' fp16 roundings differ (cuDNN picks other
-    kernels per batch size), which moves scores by ~1e-3 and flips boxes that sit at the
-    confidence threshold whichever decoder is used: with OpenCV's own pixels (decode="cpu")
-    the first H200 run measured F1 0.9948. So the goal is checked on the boxes a 0.01 score
-    change cannot flip, and the raw F1 is held to what OpenCV's pixels reach."""
-    assert pipe16.decode == "gpu"
-    got = _agreement_with_ultralytics(gpu, pipe16, ultralytics_model, varied, half=True)
-    pipe16.decode = "cpu"
+def test_default_gpu_decode_agrees_with_ultralytics_fp16(gpu, chosen16, ultralytics_model, varied):
+    """fp16 on the engine predict and serve choose (batch-invariant kernels), over the GPU decode,
+    against Ultralytics' fp16: the goal of issue #35, F1 ≥ 0.995 and every matched score within
+    0.02. The same with OpenCV's pixels (decode="cpu") is printed beside it: what the arithmetic
+    alone costs. (The eager model's cuDNN kernels measured F1 0.99476 here on the H200.)"""
+    pipe = chosen16.pipeline
+    assert pipe.decode == "gpu"
+    got = _agreement_with_ultralytics(gpu, pipe, ultralytics_model, varied, half=True)
+    pipe.decode = "cpu"
     try:
-        cpu = _agreement_with_ultralytics(gpu, pipe16, ultralytics_model, varied, half=True)
+        cpu = _agreement_with_ultralytics(gpu, pipe, ultralytics_model, varied, half=True)
     finally:
-        pipe16.decode = "gpu"
-    print(f"{pipe16.decoder_name} fp16: {got}\ncpu fp16: {cpu}")
-    assert got["f1_outside_margin"] >= 0.995 and got["max_abs_dscore"] <= 0.02, got
-    assert got["f1"] >= min(0.99, cpu["f1"] - 0.005), (got, cpu)
+        pipe.decode = "gpu"
+    print(f"{pipe.decoder_name} fp16: {got}\ncpu fp16: {cpu}")
+    assert got["f1"] >= 0.995 and got["max_abs_dscore"] <= 0.02, (got, cpu)
 
 
 def test_cpu_decode_agrees_with_ultralytics_exactly(gpu, pipe32, ultralytics_model, varied):
