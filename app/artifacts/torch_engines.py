@@ -203,6 +203,14 @@ def find_torch_engine(model_dir: Path, wanted: TorchEngineKey, *, verify: bool =
 
 
 def leftovers(model_dir: Path) -> list[Path]:
-    """Temporary files of builds that did not finish (call with the build lock held: no build runs)."""
+    """Temporary files of builds that did not finish, and packages of an older format with their
+    manifests (no yolopipe of this format loads them); call with the build lock held."""
     folder = engine_dir(model_dir)
-    return [p for p in folder.iterdir() if is_temp_name(p)] if folder.is_dir() else []
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if is_temp_name(p)]
+    for manifest_file in folder.glob(f"*{MANIFEST_SUFFIX}"):
+        manifest = None if is_temp_name(manifest_file) else _read_manifest(manifest_file)
+        if manifest is not None and manifest.key.format != TORCH_ENGINE_FORMAT:
+            found += [manifest_file, manifest_file.with_suffix(PACKAGE_SUFFIX)]
+    return [p for p in found if p.exists()]

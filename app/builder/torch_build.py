@@ -279,7 +279,8 @@ INVARIANT_INDUCTOR_CONFIGS = {"max_autotune": True, "max_autotune_gemm_backends"
                               "max_autotune_conv_backends": "TRITON"}
 # Shorter timing of each candidate kernel (inductor's defaults: 25 ms warm-up, 100 ms of runs): at
 # those, tuning the model's ~60 convolutions took over 5 minutes on the H200. Any pick is
-# batch-invariant; only its speed rests on the timing. Set where this torch has them.
+# batch-invariant; only its speed rests on the timing. Set where this torch has them: the H200's
+# torch 2.11 did not (its tunings took as long with them asked for, ~7 s each).
 AUTOTUNE_TIMING = {"inductor_default_autotune_warmup": 5, "inductor_default_autotune_rep": 20}
 
 

@@ -216,5 +216,8 @@ def test_a_package_of_the_previous_format_is_refused_as_such_and_rebuilt(tmp_pat
     write_atomically(folder / "fp16.b1-64.json", __import__("json").dumps(manifest).encode())
     found = find_torch_engine(tmp_path, KEY)
     assert found.package is None
-    assert found.refused == ["torch-cuda engine fp16.b1-64.pt2 does not fit: it is of package format 2, "
-                             "this yolopipe reads format 3"]
+    assert found.refused == [("torch-cuda engine fp16.b1-64.pt2 does not fit: it is of package format 2, "
+                              "this yolopipe reads format 3")]
+    current = built(tmp_path)  # the rebuild deletes the leftovers (under the build lock), not itself
+    assert sorted(p.name for p in leftovers(tmp_path)) == ["fp16.b1-64.json", "fp16.b1-64.pt2"]
+    assert current.exists() and find_torch_engine(tmp_path, KEY).package == current
