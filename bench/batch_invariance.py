@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -195,6 +196,7 @@ def main(argv=None) -> int:
     import ultralytics
 
     from app.backends.torch_cuda import TorchCudaEngine
+    from app.benchmark.machine import result_header
     from app.runtime import export_model, open_model_dir
     from app.types import ModelMeta
 
@@ -202,8 +204,8 @@ def main(argv=None) -> int:
     data = photos(assets, args.images)
     model_dir = export_model("sample")
     meta = ModelMeta.load(model_dir / "meta.json")
-    result: dict = {"machine": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                    "cudnn": torch.backends.cudnn.version(), "python": sys.version.split()[0]}
+    result: dict = {**result_header("bench/batch_invariance.py", gpu=True), "code": os.environ.get("YOLOPIPE_CODE"),
+                    "cudnn": torch.backends.cudnn.version()}
     parts = args.parts.split(",")
     if "decode" in parts:
         print("decode", flush=True)

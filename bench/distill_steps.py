@@ -8,7 +8,6 @@ the ratio of the held-out loss after to before, for the tensorrt- and cpu-placed
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import tempfile
@@ -18,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-from app.benchmark.machine import machine_info, versions  # noqa: E402
+from app.benchmark.machine import result_header
 
 
 def main() -> None:
@@ -49,8 +48,7 @@ def main() -> None:
                          "ratio": round(r.eval_loss_after / r.eval_loss_before, 3), "backoffs": r.backoffs,
                          "checks": [[s, round(loss, 4)] for s, loss in r.checks], "seconds": round(r.seconds, 1)})
             print(json.dumps(rows[-1]), flush=True)
-    out = {"what": "bench/distill_steps.py (see its docstring)", "date": dt.datetime.now(dt.timezone.utc).isoformat(
-        timespec="seconds"), "machine": machine_info(), "versions": versions(), "rows": rows}
+    out = {**result_header("bench/distill_steps.py"), "rows": rows}
     if args.out:
         args.out.write_text(json.dumps(out, indent=1) + "\n")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
 import re
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-from app.benchmark.machine import machine_info, versions  # noqa: E402
+from app.benchmark.machine import result_header
 
 BODY_LIMIT = 2 << 20
 SERVER = f"""
@@ -114,8 +113,7 @@ def main() -> None:
             finally:
                 proc.kill()
                 proc.wait()
-    out = {"what": "bench/early_answers.py (see its docstring)", "date": dt.datetime.now(dt.timezone.utc).isoformat(
-        timespec="seconds"), "machine": machine_info(), "versions": versions(), "rows": rows}
+    out = {**result_header("bench/early_answers.py"), "rows": rows}
     if args.out:
         args.out.write_text(json.dumps(out, indent=1) + "\n")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import platform
 import shutil
@@ -59,3 +60,10 @@ def machine_info(gpu: bool = False) -> dict:
 
 def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
     return package_versions(packages)
+
+
+def result_header(script: str, *, gpu: bool = False) -> dict:
+    """What a result file says first: the script that wrote it, when, on what, with which versions."""
+    return {"what": f"{script} (see its docstring)",
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine_info(gpu), "versions": versions()}

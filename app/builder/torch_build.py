@@ -277,13 +277,6 @@ def export_program(model: Any, example: Any, key: TorchEngineKey) -> Any:
 # Every convolution and matrix product a Triton template, tuned at build time (module docstring).
 INVARIANT_INDUCTOR_CONFIGS = {"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
                               "max_autotune_conv_backends": "TRITON"}
-# Shorter timing of each candidate kernel (inductor's defaults: 25 ms warm-up, 100 ms of runs): at
-# those, tuning the model's ~60 convolutions took over 5 minutes on the H200. Any pick is
-# batch-invariant; only its speed rests on the timing. Set where this torch has them: the H200's
-# torch 2.11 did not (its tunings took as long with them asked for, ~7 s each).
-AUTOTUNE_TIMING = {"inductor_default_autotune_warmup": 5, "inductor_default_autotune_rep": 20}
-
-
 def inductor_configs(batch_invariant: bool) -> dict[str, Any]:
     return dict(INVARIANT_INDUCTOR_CONFIGS) if batch_invariant else {}
 
@@ -298,11 +291,8 @@ def compile_package(program: Any, out: Path, *, batch_invariant: bool = False) -
 
     with linking(where=out.parent):  # no C++ compiler: its own BackendUnavailable
         try:
-            configs = inductor_configs(batch_invariant)
-            if configs:
-                configs.update({k: v for k, v in AUTOTUNE_TIMING.items() if hasattr(torch._inductor.config, k)})
-            return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(out),
-                                                                 inductor_configs=configs))
+            return Path(torch._inductor.aoti_compile_and_package(
+                program, package_path=str(out), inductor_configs=inductor_configs(batch_invariant)))
         except Exception as exc:  # an inductor or compiler failure: one clear line
             raise BackendUnavailable(f"AOTInductor could not compile the model: {type(exc).__name__}: {exc}"[:500],
                                      hint="AOTInductor needs a C++ compiler (g++) beside torch") from exc
