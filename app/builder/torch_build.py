@@ -7,13 +7,15 @@ wrapper, the weights) into one ``.pt2`` file in the model's artifacts folder, ke
 
 Batch-invariant kernels (the default, ``TorchEngineKey.batch_invariant``): cuDNN's convolutions
 split their work by the batch's size, so an image's scores moved with the batch it ran in and its
-place there (bench/results/2026-12-03-nvidia-h200-invariance.json: one photo, 9 different heads
-in batches of 1 to 64, up to 1.5 px apart; 2 or 3 different heads among companions at one size).
+place there (bench/results/2026-12-03-nvidia-h200-issue35-call1-invariance-cudnn.json: one
+photo, 9 heads in batches of 1 to 64, up to 1.5 px apart; 2 or 3 among companions at one size).
 So every convolution and matrix product is built as one of inductor's Triton templates
 (``max_autotune`` with the Triton backends alone), tuned once at build time and then run with
 the same tiles and the same order of summation at every batch size. The build checks that: the
-package must give an image the same bits alone and anywhere in larger batches, or it is refused. A run loads that file (``app.backends.torch_cuda``): no Dynamo
-tracing, no inductor, no Ultralytics import at start-up.
+package must give an image the same bits alone and anywhere in larger batches, or it is refused.
+
+A run loads that file (``app.backends.torch_cuda``): no Dynamo tracing, no inductor, no
+Ultralytics import at start-up.
 
 A build holds the folder's lock (the service's worker and its standby may start together: one
 builds, the other waits and loads), writes the package under a temporary name, checks it
