@@ -30,6 +30,46 @@ os.environ.setdefault("YOLOPIPE_GRPC_PORT", "0")
 if os.environ.get("YOLOPIPE_REAL_GPU") != "1":
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 import app.gpu  # noqa: E402, F401 - sets CUDA's work-queue count before any CUDA context exists
+from app.gpu.rounding import SIMULATOR
+
+
+def _one_shared_array_per_line() -> None:
+    """Make the simulator's shared-array allocation atomic.
+
+    numba-cuda's simulator (0.30.4) finds a block's ``cuda.shared.array`` by the file and line
+    that declare it, with an unlocked look-up followed by a store. Threads that one
+    ``syncthreads`` releases together can each miss, and each keep a private ``np.empty``.
+    In one CI run, a thread of ``_mask_suppress`` read a garbage kept-count from its own copy
+    and indexed past its 64-slot array. On a GPU, shared arrays are static, so the kernels
+    stay as they are. The harness takes the same key under a lock.
+    """
+    import sys
+    import threading
+
+    import numpy as np
+    from numba.cuda.simulator import kernelapi
+
+    unlocked = kernelapi.FakeCUDAShared.array
+    lock = threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if alignment is not None or shape == 0:  # refused, or the one dynamic buffer: no look-up
+            return unlocked(self, shape, dtype, alignment)
+        if isinstance(dtype, kernelapi.types.Type):
+            dtype = kernelapi.numpy_support.as_dtype(dtype)
+        caller = sys._getframe(1)
+        key = (caller.f_code.co_filename, caller.f_lineno)  # the simulator's own key
+        with lock:
+            found = self._allocations.get(key)
+            if found is None:
+                found = self._allocations[key] = np.empty(shape, dtype)
+        return found
+
+    kernelapi.FakeCUDAShared.array = array
+
+
+if SIMULATOR:
+    _one_shared_array_per_line()
 
 TESTS = Path(__file__).parent
 _FOLDER_MARKERS = {"unit", "kernels", "gpu", "tensorrt", "e2e"}

@@ -1,6 +1,6 @@
 """The fused letterbox kernel against the CPU reference (``letterbox`` + ``to_input``).
 
-Runs in Numba's CUDA simulator (tests/kernels/conftest.py) unless YOLOPIPE_REAL_GPU=1, so the
+Runs in Numba's CUDA simulator (tests/conftest.py) unless YOLOPIPE_REAL_GPU=1, so the
 sizes are tiny: every CUDA thread is a Python thread there.
 """
 

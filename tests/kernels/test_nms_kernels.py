@@ -1,7 +1,7 @@
 """app.gpu.nms kernels against the NumPy reference and torchvision, in the CUDA simulator.
 
 Sizes are tiny on purpose: the simulator runs every CUDA thread as a Python thread.
-``tests/kernels/conftest.py`` turns the simulator on unless YOLOPIPE_REAL_GPU=1.
+``tests/conftest.py`` turns the simulator on unless YOLOPIPE_REAL_GPU=1.
 """
 
 from __future__ import annotations
