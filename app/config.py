@@ -20,7 +20,7 @@ DecodeName = Literal["gpu", "nvimgcodec", "nvjpeg", "opencv"]  # GPU backends' J
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DECODERS: tuple[str, ...] = get_args(DecodeName)
-VideoDecodeName = Literal["auto", "nvdec", "opencv"]  # videos and streams; auto: OpenCV (app.pipeline.sources)
+VideoDecodeName = Literal["auto", "nvdec", "opencv"]  # videos and streams; auto: OpenCV (app.predict.sources)
 VIDEO_DECODERS: tuple[str, ...] = get_args(VideoDecodeName)
 # Old spellings still accepted, each resolved here only (``decoder_name``): ``cpu`` was the JPEG
 # decoders' name for OpenCV, the decoder the video decoders call ``opencv``.
@@ -55,7 +55,7 @@ MAX_REQUEST_PIXELS = 4 * MAX_PIXELS  # summed over the images of one batch reque
 MAX_SHM_REGIONS = 256  # shared-memory regions registered at once (the whole server)
 
 
-# --- NVDEC streams (app.pipeline.decode_pool): decoder threads of a stream runner --------------
+# --- NVDEC streams (app.predict.decode_pool): decoder threads of a stream runner --------------
 NVDEC_THREADS_PER_ENGINE = 2  # a decode call in flight on each engine while the other thread hands frames over
 NVDEC_THREADS_UNKNOWN = 8  # when the GPU does not say how many engines it has
 

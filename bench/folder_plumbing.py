@@ -165,7 +165,7 @@ MEDIAN_KEYS = ("img_per_s", "cpu_us_per_image", "wall_s", "device_idle_pct", "de
 
 
 def run_round(variant: str, detector, folder: Path, out: Path, params, batch: int) -> dict:
-    from app.pipeline.folder import predict_folder
+    from app.predict.folder import predict_folder
 
     run = lambda: vars(predict_folder(detector, str(folder), out, params, batch=batch))
     device = getattr(detector.pipeline, "device", None)
@@ -208,7 +208,7 @@ def _rows_of_child(a, variant: str, replies: Path, folder: Path, out: Path) -> l
 
 def child(a) -> None:
     """``--child VARIANT``: a warm run, then one timed run per rate, a JSON line each."""
-    import app.pipeline.folder as folder_module
+    import app.predict.folder as folder_module
     from app.pipeline.detector import Detector
 
     if a.child == "kept-heap":  # as yolopipe predict does, once per process
@@ -315,7 +315,7 @@ def _real_rounds(a, folder: Path, outs: dict[str, Path]) -> tuple[list[dict], bo
     """``--real``: one detector in this process (torch-cuda; the graphs of the folder's two batch
     sizes captured first): rounds with glibc's heap as it is, then with ``keep_freed_heap`` in
     effect, which no process can undo."""
-    import app.pipeline.folder as folder_module
+    import app.predict.folder as folder_module
     from app.runtime import open_detector
 
     rows = []

@@ -108,7 +108,7 @@ def stage_rows(src, batch: int, boxes: int, workdir: Path, rounds: int) -> list[
 
     from app.distributed.job import write_records
     from app.distributed.output import open_sink
-    from app.pipeline.folder import FolderSummary
+    from app.predict.folder import FolderSummary
 
     items = src.items[: batch * 16]
     listing = [pa.table({"image": [n for n, _ in items[i : i + batch]], "path": [p for _, p in items[i : i + batch]]})
@@ -140,7 +140,7 @@ def ray_row(src, actors: int, batch: int, boxes: int, workdir: Path) -> dict:
     from app.distributed import job
     from app.distributed.job import ActorPlan, block_size, detect_tables, write_records
     from app.distributed.output import open_sink
-    from app.pipeline.folder import FolderSummary
+    from app.predict.folder import FolderSummary
 
     todo = list(src.items)
     mark: dict = {}

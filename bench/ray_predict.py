@@ -98,14 +98,14 @@ class Clock:
 
 
 def run_row(spec: dict) -> dict:
-    from app.pipeline.folder import already_done
+    from app.predict.folder import already_done
 
     out = Path(spec["workdir"]) / f"out-{spec['system']}-{spec['gpus']}-{spec['rep']}.jsonl"
     common = {"backend": spec["backend"], "precision": spec["precision"], "imgsz": spec["imgsz"],
               "artifacts_dir": Path(spec["artifacts_dir"])}
     clock = Clock()
     if spec["system"] == "yolopipe":
-        from app.pipeline.folder import predict_folder
+        from app.predict.folder import predict_folder
         from app.runtime import open_detector
 
         with open_detector(spec["weights"], max_batch=spec["batch"], ort_threads=spec["ort_threads"] or 0,

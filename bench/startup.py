@@ -210,7 +210,8 @@ def _jpeg() -> bytes:
 
 # --- the warm loop, in one process ------------------------------------------------------------
 def warm_child(args: argparse.Namespace) -> None:
-    from app.pipeline.folder import keep_freed_heap, predict_folder
+    from app.heap import keep_freed_heap
+    from app.predict.folder import predict_folder
     from app.runtime import open_detector
 
     keep_freed_heap()

@@ -95,7 +95,7 @@ def runner_row(detector, clip: Path, n: int, *, realtime: bool, source_fps: floa
                track: bool = False, detect=None, system: str = "yolopipe") -> dict:
     """N copies of ``clip`` through one ``StreamRunner``; ``detect`` (a callable taking a batch of
     frames) replaces the model after the runner chose its decoder as for the detector."""
-    from app.pipeline.streams import StreamRunner
+    from app.predict.streams import StreamRunner
 
     lock = threading.Lock()
     done = [0]

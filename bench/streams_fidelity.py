@@ -2,7 +2,7 @@
 ``{"mode": "nvdec_fidelity", "clip", "frames", "pixels_equal_pct", "f1_vs_opencv", ...}``.
 
 On a GPU with PyNvVideoCodec (``--device gpu``): NVDEC's frames, read as videos and streams read
-them (``app.pipeline.sources.NvdecCapture``), through the NV12 letterbox kernel at the model's
+them (``app.predict.sources.NvdecCapture``), through the NV12 letterbox kernel at the model's
 size, against OpenCV's frames through the CPU letterbox: ``pixels_equal_pct`` is the share of
 the model input's values that are equal; and both frame sets through the GPU pipeline:
 ``f1_vs_opencv`` (IoU 0.5, same class).
@@ -138,7 +138,7 @@ def gpu_row(clip: Path, detector, *, limit: int | None) -> dict:
     from app.gpu.nv12_input import Nv12Layout
     from app.imaging.letterbox import letterbox, letterbox_params, to_input
     from app.imaging.yuv import swscale_constants
-    from app.pipeline.sources import NvdecCapture
+    from app.predict.sources import NvdecCapture
 
     reference = opencv_frames(clip, limit)
     cap, frames = NvdecCapture(str(clip), device=detector.pipeline.device or 0), []

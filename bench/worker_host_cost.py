@@ -135,7 +135,7 @@ def run_worker(args) -> None:
     from app.service.inference import worker
 
     try:  # what worker_main does first, in the trees that have it
-        from app.service.memory import limit_malloc_arenas
+        from app.heap import limit_malloc_arenas
     except ImportError:
         limit_malloc_arenas = None
     if limit_malloc_arenas is not None:

@@ -20,7 +20,7 @@ from app.benchmark.workloads import make_folder
 
 def folder_rows(detector, weights: Path, images, n_images: int, batch: int, gpu: bool, ultralytics: bool,
                 max_ultralytics_s: float, log) -> list[dict]:
-    from app.pipeline.folder import predict_folder
+    from app.predict.folder import predict_folder
 
     tmp = Path(tempfile.mkdtemp(prefix="yolopipe-bench-folder-"))
     rows = []
@@ -60,7 +60,7 @@ def _read_only_s(folder: Path, workers: int = 8) -> float:
     on this machine's file system (a VM's disk can be it, page cache or not)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from app.pipeline.folder import list_images
+    from app.files import list_images
 
     def read(part):
         return sum(len(img.path.read_bytes()) for img in part)

@@ -385,10 +385,10 @@ def predict(
     video_decode = decoder_name(video_decode, video=True)
     decode = decoder_name(decode)
     if track:
-        from app.pipeline.tracking import check_tracking_available
+        from app.predict.tracking import check_tracking_available
 
         check_tracking_available()
-    from app.pipeline.streams import is_stream_source
+    from app.predict.streams import is_stream_source
 
     if is_stream_source(source):
         if ray or save_images or coco or resume:
@@ -412,7 +412,9 @@ def predict(
     else:
         if any(v is not None for v in (ray_address, gpu_actors, cpu_actors, output_format)):
             raise InvalidParameter("--ray-address, --gpu-actors, --cpu-actors and --format need --ray")
-        from app.pipeline.folder import MEDIA_SUFFIXES, keep_freed_heap, list_images, predict_folder
+        from app.files import list_images
+        from app.heap import keep_freed_heap
+        from app.predict.folder import MEDIA_SUFFIXES, predict_folder
         from app.runtime import open_detector
 
         if not list_images(source, MEDIA_SUFFIXES):  # fail fast, before loading a model

@@ -65,7 +65,7 @@ class StartupReport:
 
 def check_video_decode(detector: Any) -> None:
     """The detector's ``--video-decode``: one this backend cannot use fails now, before any work."""
-    from app.pipeline.sources import video_decoder
+    from app.predict.sources import video_decoder
 
     try:
         video_decoder(detector)
@@ -79,7 +79,7 @@ def predict_streams_command(source: str, out: Path, *, detect: dict, vid_stride:
     processed frame on ``--out`` (``-``: stdout), flushed per frame, until every source has ended."""
     import sys
 
-    from app.pipeline.streams import predict_streams, read_source_list
+    from app.predict.streams import predict_streams, read_source_list
     from app.runtime import open_detector
 
     sources = read_source_list(source)

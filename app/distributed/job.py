@@ -35,7 +35,7 @@ from app.distributed.actor import DetectorActor, read_batch
 from app.distributed.output import done_images, open_sink, resolve_format
 from app.distributed.sources import ImageSource, open_source
 from app.errors import BackendUnavailable, InvalidParameter, YolopipeError
-from app.pipeline.folder import FolderSummary
+from app.predict.folder import FolderSummary
 from app.runtime import choose_backend, export_model
 
 ERRORS_KEPT = 1000  # error_files listed in the summary; the output file has them all

@@ -1,6 +1,6 @@
 """Where the images come from: a local folder, file or glob, or a URI of a pyarrow filesystem.
 
-Local sources are listed with ``app.pipeline.folder.list_images`` (so names are the same as
+Local sources are listed with ``app.files.list_images`` (so names are the same as
 ``yolopipe predict`` writes). A URI (``s3://bucket/prefix``, ``gs://...``, ``file:///data``)
 goes through ``pyarrow.fs.FileSystem.from_uri``; a wildcard in its path is matched like a local
 glob (``*`` within one folder, ``**`` across folders) against the files below the
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import InvalidImage, InvalidParameter
+from app.files import list_images
 from app.imaging.headers import IMAGE_SUFFIXES
-from app.pipeline.folder import list_images
 
 
 @dataclass(frozen=True)

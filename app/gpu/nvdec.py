@@ -4,7 +4,7 @@ memory, never on the host, for ``app.gpu.nv12``'s letterbox kernel.
 Files go through ``SimpleDecoder`` (its own demuxer, ``get_batch_frames``) or, with
 ``reader="threaded"``, ``ThreadedDecoder`` (the same, decoding ahead on a native thread of its
 own); URLs (RTSP, HTTP) through ``CreateDecoder``, fed the compressed packets another demuxer
-read (``app.pipeline.sources``: OpenCV's, whose open and reads time out). Every decoder works
+read (``app.predict.sources``: OpenCV's, whose open and reads time out). Every decoder works
 in the device's primary context (the one torch and Numba use) on a CUDA stream of its own, not
 the legacy default stream, which would order it against every other stream of the process.
 

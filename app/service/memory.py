@@ -13,15 +13,14 @@ measurements that chose it.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import functools
 import gc
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+from app.heap import trim_heap
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -38,43 +37,13 @@ def resident_bytes() -> int:
         return 0
 
 
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc; musl has none
-    except (OSError, AttributeError):
-        return None
-
-
-_M_ARENA_MAX = -8  # <malloc.h>
-
-
-def limit_malloc_arenas(arenas: int) -> bool:
-    """At most ``arenas`` glibc arenas in this process. Each thread that allocates otherwise
-    gets an arena of its own (up to 8 per core), and ``malloc_trim`` cannot hand back the free
-    top of a thread's arena: after a burst, an inference worker's decode and ONNX Runtime
-    threads kept tens of MB that way. Call it before threads allocate (glibc fixes the limit
-    when the first thread arena is made). False where there is no glibc ``mallopt``."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_ARENA_MAX, arenas))
-
-
 def release_memory(pipeline_release: Callable[[], None] | None = None) -> None:
     """A full collection (cyclic garbage frees its memory), the pipeline's own release, then
     glibc's ``malloc_trim(0)``: the free pages of every arena go back to the kernel."""
     gc.collect()
     if pipeline_release is not None:
         pipeline_release()
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
+    trim_heap()
 
 
 class IdleRelease:

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from app.pipeline.streams import StreamRunner
+from app.predict.streams import StreamRunner
 from app.runtime import open_detector
 from tests.net import free_port
 from tests.videos import CLIP_SIZE, ffmpeg, write_clip, write_h264

@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
 
 from app.benchmark.workloads import varied_jpegs
 from app.pipeline.detector import Detector
-from app.pipeline.folder import list_images, predict_folder
+from app.predict.folder import list_images, predict_folder
 
 
 def test_folder_lines_equal_the_detectors_per_image_results(gpu, sample_model_dir, meta, assets_dir, tmp_path):

@@ -44,9 +44,9 @@ from app.gpu.nvdec import NvdecReader
 from app.imaging.letterbox import letterbox, letterbox_params, to_input
 from app.imaging.yuv import nv12_to_bgr, swscale_constants
 from app.pipeline.detector import Detector
-from app.pipeline.sources import NvdecCapture, video_decoder
-from app.pipeline.streams import predict_streams
-from app.pipeline.video import predict_video
+from app.predict.sources import NvdecCapture, video_decoder
+from app.predict.streams import predict_streams
+from app.predict.video import predict_video
 from tests.videos import decoded_frames, ffmpeg, write_clip, write_h264
 
 SIZE = 640
@@ -77,7 +77,7 @@ def opencv_frames(clip) -> list[np.ndarray]:
 
 
 def nvdec_frames(path: Path, count: int | None = None) -> list[DeviceNv12]:
-    """The frames as the streams and videos read them (``app.pipeline.sources.NvdecCapture``)."""
+    """The frames as the streams and videos read them (``app.predict.sources.NvdecCapture``)."""
     cap, frames = NvdecCapture(str(path)), []
     while (count is None or len(frames) < count) and cap.grab():
         ok, frame = cap.retrieve()
@@ -118,7 +118,7 @@ def test_nvdec_frames_through_the_kernel_are_opencvs(clip, opencv_frames):
 def test_packets_read_by_opencv_decode_as_the_file(clip):
     """The URL path (OpenCV's demuxer in raw mode feeding NVDEC's packet decoder) on a file gives
     the bytes the file path gives, and the colour description the file's SPS holds."""
-    from app.pipeline.sources import RawPackets
+    from app.predict.sources import RawPackets
 
     packets = RawPackets(str(clip))
     assert packets.opened and packets.codec in ("h264", "avc1")
@@ -175,7 +175,7 @@ def test_predict_video_and_streams_by_nvdec_equal_opencv(gpu, pipe, clip, caplog
     """The whole file (not only ``CLIP_FRAMES``): every 4th frame as a video, every 8th of two
     copies as streams; the same frames, times and sizes, and the same detections (F1 1.000).
     """
-    caplog.set_level(logging.INFO, logger="app.pipeline.sources")
+    caplog.set_level(logging.INFO, logger="app.predict.sources")
     nvdec, opencv = Detector(pipe, video_decode="nvdec"), Detector(pipe, video_decode="opencv")
     assert video_decoder(nvdec) == "nvdec" and video_decoder(opencv) == "opencv"
     params = DetectParams(conf=gpu.CONF, iou=gpu.IOU)

@@ -112,7 +112,7 @@ def agreement(detector, ultralytics_model, paths):
 
 
 def photo_paths(assets_dir, varied_images):
-    from app.pipeline.folder import list_images
+    from app.predict.folder import list_images
 
     return [assets_dir / "bus.jpg", assets_dir / "zidane.jpg"] + [img.path for img in list_images(str(varied_images))]
 

@@ -26,9 +26,9 @@ import app
 BANNED = ("torch", "numba.cuda", "cupy", "tensorrt", "ultralytics", "modelopt", "nvidia.nvimgcodec")
 APP = Path(app.__file__).parent
 BUILD_TIME = ("app.builder",)
-RUN_TIME = ("app.pipeline", "app.backends", "app.gpu", "app.api", "app.ipc", "app.service", "app.distributed")
+RUN_TIME = ("app.pipeline", "app.predict", "app.backends", "app.gpu", "app.api", "app.ipc", "app.service", "app.distributed")
 SHARED_GPU_FACTS = ("app.gpu.probe", "app.gpu.tensorrt_lib", "app.gpu.torch_model")
-NEUTRAL = ("app.artifacts", "app.boxes", "app.config", "app.contracts", "app.errors", "app.imaging", "app.records",
+NEUTRAL = ("app.artifacts", "app.boxes", "app.config", "app.contracts", "app.errors", "app.files", "app.heap", "app.imaging", "app.records",
            "app.source_urls", "app.types", "app.versions", "app.weights")
 # May import build time and run time alike, each for a stated reason:
 COMPOSERS = {
@@ -54,7 +54,7 @@ def banned_modules_after(body: str, *args: str) -> list[str]:
 @pytest.mark.parametrize("module", ["app.api.main", "app.service.supervisor", "app.service.http_worker", "app.ipc.client",
                                     "app.service.inference.worker", "app.cli", "app.runtime",
                                     "app.api.grpc.server", "app.service.grpc_worker",
-                                    "app.artifacts.engines", "app.pipeline.folder", "app.distributed"])
+                                    "app.artifacts.engines", "app.predict.folder", "app.distributed"])
 def test_importing_loads_no_gpu_library(module):
     assert banned_modules_after(f"import {module}") == []
 

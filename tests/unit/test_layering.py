@@ -1,6 +1,6 @@
 """The parts of ``app/`` (each top-level package or module) import one another in one
 direction only: no cycle between parts, and each part only imports parts below it in
-``LAYERS`` (the order ``DESIGN.md``'s layout lists). Read from the source; lazy imports count."""
+``LAYERS`` (the README's "Layout" lists them bottom up). Read from the source; lazy imports count."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cli",),
     ("service",),
     ("api", "distributed", "benchmark"),
-    ("runtime",),
+    ("runtime", "predict"),  # predict: the front ends over the core (folder, video, streams)
     ("pipeline",),
     ("builder",),
     ("backends",),
@@ -24,9 +24,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("ipc",),  # transport only: below every part that holds a model, a pipeline or a device
     ("weights",),
     ("artifacts", "boxes", "records"),
-    ("contracts",),
+    ("contracts", "files"),
     ("imaging",),
-    ("types", "versions", "source_urls"),
+    ("types", "versions", "source_urls", "heap"),
     ("config",),
     ("errors",),
 ]

@@ -90,7 +90,7 @@ def test_frame_lines_equal_json_dumps_of_the_frame_record(seed):
 
 
 def test_stream_events_equal_json_dumps_of_the_event():
-    """A stream's event (``app.pipeline.streams.event_lines`` gives the heads and tails): its
+    """A stream's event (``app.predict.streams.event_lines`` gives the heads and tails): its
     stream, source, frame and time, the image's fields, then ``latency_ms``."""
     rng = np.random.default_rng(7)
     results = random_results(rng, 16)

@@ -20,7 +20,7 @@ from app.imaging.headers import IMAGE_SUFFIXES
 from app.imaging.letterbox import letterbox
 from app.types import Letterbox
 
-# The same list as the CPU folder reader (app/pipeline/folder.py); both decode with OpenCV.
+# The same list as the CPU folder reader (app/predict/folder.py); both decode with OpenCV.
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg")
 FRAMES_PER_VIDEO = 32
 ADVISED_CALIBRATION = 64  # below this the ranges depend too much on the particular images

@@ -3,7 +3,7 @@ frames go through the worker's batcher (``BatcherFrames``), so they share batche
 HTTP workers' images and with each other; their answers come back as arrays, never encoded (the
 batcher's ``deliver`` hands this process's share over as it is). A frame the batcher refuses
 (over its time budget) comes back as an error and is counted with the stream's drops. Each
-processed frame's event is written once, as JSON text (``app.pipeline.streams.event_lines``).
+processed frame's event is written once, as JSON text (``app.predict.streams.event_lines``).
 
 Control and events come on the worker's streams socket (``app.ipc.streams`` has the protocol).
 Events go to each subscriber through the event loop; a subscriber that reads slower than the
@@ -28,7 +28,7 @@ from app.errors import InvalidParameter, YolopipeError
 from app.ipc import wire
 from app.ipc.answers import Answers
 from app.ipc.streams import check_stream_source, stream_socket
-from app.pipeline.streams import StreamFrame, StreamRunner, TrackIds, event_lines
+from app.predict.streams import StreamFrame, StreamRunner, TrackIds, event_lines
 from app.service.inference.batcher import Job
 
 log = logging.getLogger("yolopipe.serving")

@@ -28,13 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import YolopipeError
+from app.heap import limit_malloc_arenas
 from app.ipc import wire
 from app.ipc.answers import Answers, results
 from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
 from app.service.inference.answers import answer_frames
 from app.service.inference.batcher import Batcher, Job
-from app.service.memory import IdleRelease, limit_malloc_arenas, release_memory
+from app.service.memory import IdleRelease, release_memory
 from app.types import StartupSteps, process_age_s
 
 log = logging.getLogger("yolopipe.serving")

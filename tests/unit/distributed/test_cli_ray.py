@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import ExitCode, cli
-from app.pipeline.folder import FolderSummary
+from app.predict.folder import FolderSummary
 
 
 def predict(tmp_path, *args):

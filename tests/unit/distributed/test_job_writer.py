@@ -15,7 +15,7 @@ from app.distributed.actor import RECORD_COLUMNS, record_table
 from app.distributed.job import BATCHES_PER_BLOCK, BLOCKS_PER_ACTOR, block_size, write_records
 from app.distributed.output import open_sink
 from app.errors import InvalidImage
-from app.pipeline.folder import FolderSummary
+from app.predict.folder import FolderSummary
 from app.types import Detections
 
 NAMES = ["Normal", "Fall"]

@@ -17,7 +17,7 @@ from ray.cluster_utils import Cluster
 
 from app.distributed import predict_with_ray
 from app.errors import ArtifactError, BackendUnavailable, InvalidParameter
-from app.pipeline.folder import predict_folder
+from app.predict.folder import predict_folder
 from app.runtime import open_detector
 
 STORE = 150 * 2**20  # object store per node: small, the test images are a few MB

@@ -6,7 +6,7 @@ import pytest
 
 from app.distributed.sources import open_source, read_bytes
 from app.errors import InvalidParameter
-from app.pipeline.folder import SourceImage, _read, list_images
+from app.predict.folder import SourceImage, _read, list_images
 
 
 @pytest.fixture()

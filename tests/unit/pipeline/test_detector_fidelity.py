@@ -7,7 +7,7 @@ import pytest
 
 from app.boxes import box_iou, f1, match_pairs
 from app.errors import InvalidParameter
-from app.pipeline.folder import list_images
+from app.predict.folder import list_images
 from app.runtime import open_detector
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -99,38 +97,6 @@ def test_release_frees_cyclic_garbage_and_trims_the_heap():
         assert held - resident_bytes() > 150 * MB
     finally:
         gc.enable()
-
-
-ARENAS = """
-import ctypes, os, re, sys, tempfile, threading
-from app.service.memory import limit_malloc_arenas
-if sys.argv[1] == "limited":
-    assert limit_malloc_arenas(2)
-barrier = threading.Barrier(8)
-def work():  # eight threads allocating at the same time
-    barrier.wait()
-    keep = [bytearray(300_000) for _ in range(20)]
-    barrier.wait()
-threads = [threading.Thread(target=work) for _ in range(8)]
-[t.start() for t in threads]
-[t.join() for t in threads]
-libc = ctypes.CDLL(None)
-libc.fdopen.restype = ctypes.c_void_p
-with tempfile.NamedTemporaryFile() as f:
-    stream = ctypes.c_void_p(libc.fdopen(os.dup(f.fileno()), b"w"))
-    libc.malloc_info(0, stream)
-    libc.fclose(stream)
-    print(len(re.findall("<heap nr=", open(f.name).read())))
-"""
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
-def test_limit_malloc_arenas_holds_many_threads_to_two_arenas():
-    def arenas(mode: str) -> int:
-        out = subprocess.run([sys.executable, "-c", ARENAS, mode], capture_output=True, text=True, check=True)
-        return int(out.stdout)
-
-    assert arenas("limited") <= 2 < arenas("free")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Many sources at once (``app.pipeline.streams``) on files: frames of every stream share
+"""Many sources at once (``app.predict.streams``) on files: frames of every stream share
 batches, results equal ``predict`` on the same video, files never drop, live-paced ones keep
 their newest frames, a bad source stays alone, and streams come and go while others run."""
 
@@ -14,10 +14,10 @@ import time
 import cv2
 import pytest
 
-from app.pipeline import stream_source
 from app.pipeline.detector import Detector
-from app.pipeline.folder import predict_folder
-from app.pipeline.streams import LIVE_BUFFER, StreamRunner, predict_streams, read_source_list
+from app.predict import stream_source
+from app.predict.folder import predict_folder
+from app.predict.streams import LIVE_BUFFER, StreamRunner, predict_streams, read_source_list
 from app.runtime import open_detector
 from tests.standins import Answers
 from tests.videos import clip_frames, write_clip

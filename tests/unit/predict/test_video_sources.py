@@ -1,4 +1,4 @@
-"""Which decoder reads videos and streams (``app.pipeline.sources.video_decoder``, from the run
+"""Which decoder reads videos and streams (``app.predict.sources.video_decoder``, from the run
 shape's ``video_decode``). How a batch holding both device and host frames is split (a GPU batch
 holds one kind) is ``Detector.run``'s: tests/unit/pipeline/test_detector.py. The NVDEC path
 itself runs on a GPU only: tests/gpu/test_nvdec.py."""
@@ -13,7 +13,7 @@ import pytest
 from app.contracts import DeviceNv12, RunShape
 from app.errors import InvalidParameter
 from app.pipeline.detector import Detector
-from app.pipeline.sources import video_decoder
+from app.predict.sources import video_decoder
 from app.runtime import open_detector
 from tests.videos import write_clip
 
@@ -36,7 +36,7 @@ def test_the_cpu_pipeline_reads_with_opencv(detector):
 
 
 def test_auto_reads_with_opencv_even_on_a_pipeline_that_takes_device_frames(monkeypatch):
-    """NVDEC is asked for by name until its end-to-end GPU comparisons pass (see app.pipeline.sources)."""
+    """NVDEC is asked for by name until its end-to-end GPU comparisons pass (see app.predict.sources)."""
     import importlib.util
     import types
 

@@ -16,8 +16,8 @@ then sleeps until the next frame is due or, with a stream waiting for room, ``PO
 
 The stream's own thread opens the capture, hands it over (``read``) and waits until it ends, the
 stream is stopped or the capture fails; it then closes, reconnects or ends as it does for
-captures it reads itself (``app.pipeline.stream_source``). A capture here is anything with
-``read(count) -> [frames]`` ([] at its end): ``app.pipeline.sources.NvdecCapture``.
+captures it reads itself (``app.predict.stream_source``). A capture here is anything with
+``read(count) -> [frames]`` ([] at its end): ``app.predict.sources.NvdecCapture``.
 """
 
 from __future__ import annotations

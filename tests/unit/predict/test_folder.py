@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from app.errors import InvalidParameter
-from app.pipeline.folder import already_done, list_images
+from app.predict.folder import already_done, list_images
 
 CLI = [sys.executable, "-m", "app.cli"]
 
@@ -87,7 +87,7 @@ def test_folder_lines_equal_the_detectors_per_image_results(folder, tmp_path, ar
     is byte for byte ``json.dumps(to_json)`` of what ``Detector.detect`` gives each file, in
     listing order, with batches larger than the run's ``max_batch`` (the detector splits them) and
     errors in their place; ``--coco`` and ``--save-images`` get the same results."""
-    from app.pipeline.folder import coco_document, predict_folder
+    from app.predict.folder import coco_document, predict_folder
     from app.runtime import open_detector
 
     shutil.copy(folder / "bus.jpg", folder / "sub" / "bus copy ü.jpg")
@@ -114,7 +114,7 @@ def test_each_images_header_is_read_once_and_reaches_a_pipeline_that_decodes_it(
     decodes with the header it is given): one read per file, none again downstream."""
     from app.contracts import EncodedImage
     from app.pipeline.detector import Detector
-    from app.pipeline.folder import predict_folder
+    from app.predict.folder import predict_folder
     from tests.standins import DecodesItself, count_header_reads
 
     pipeline = DecodesItself(cpu_detector.pipeline)
@@ -134,7 +134,7 @@ def test_each_images_header_is_read_once_and_reaches_a_pipeline_that_decodes_it(
 
 def test_read_gives_the_bytes_or_the_reason(tmp_path):
     from app.errors import InvalidImage
-    from app.pipeline.folder import SourceImage, _read
+    from app.predict.folder import SourceImage, _read
 
     data = np.random.default_rng(0).integers(0, 256, 300_001, dtype=np.uint8).tobytes()
     (tmp_path / "a.jpg").write_bytes(data)
@@ -183,9 +183,9 @@ def test_suffix_rules_are_splitext_and_path_suffix():
     import os
     from pathlib import Path
 
-    from app.pipeline.files import _suffix
-    from app.pipeline.folder import SourceImage, _is_video
-    from app.pipeline.video import is_video
+    from app.files import _suffix
+    from app.predict.folder import SourceImage, _is_video
+    from app.predict.video import is_video
 
     names = ["a.jpg", ".jpg", "..jpg", "a..jpg", "...", "a.", ".a.JPG", "a", ".", "..", "a.b.c", "x.tar.gz",
              ".hid.jpg", "..a.b", "a b.JpEg", "é.JPG", "...a", ".a.", "v.MP4", "..mp4", ".mp4", "c.gif", "x.avi"]

@@ -16,11 +16,8 @@ names as strings (no ``Path`` per file), reads with ``os.read``, one header chec
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import json
 import os
-import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,11 +31,11 @@ import numpy as np
 from app.config import PREDICT_BATCH
 from app.contracts import DetectedBatch, DetectParams, ImageResult
 from app.errors import InvalidImage, InvalidParameter, YolopipeError
+from app.files import SourceImage, list_images
 from app.imaging.headers import IMAGE_SUFFIXES
 from app.pipeline.detector import Detector
-from app.pipeline.files import SourceImage, list_images
 from app.pipeline.overlap import run_overlapped
-from app.pipeline.video import VIDEO_SUFFIXES, frames_done, predict_video
+from app.predict.video import VIDEO_SUFFIXES, frames_done, predict_video
 from app.records import image_lines
 
 MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES  # what ``predict`` reads: images and videos
@@ -46,7 +43,7 @@ MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES  # what ``predict`` reads: imag
 
 def already_done(out: Path) -> set[str]:
     """Images already written to ``out`` (for ``--resume``); a torn last line is ignored. Video
-    frames (lines with ``"frame"``) are not images: ``app.pipeline.video.frames_done`` has them."""
+    frames (lines with ``"frame"``) are not images: ``app.predict.video.frames_done`` has them."""
     done: set[str] = set()
     if not out.is_file():
         return done
@@ -85,24 +82,6 @@ def _read(img: SourceImage) -> bytes | YolopipeError:
     except OSError as exc:
         return InvalidImage(f"cannot read file: {exc.strerror or exc}")
     return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-@functools.cache
-def keep_freed_heap() -> bool:
-    """Have glibc keep freed heap memory for the next allocations instead of handing it back to the
-    kernel after every batch, where each file's bytes land on fresh pages that fault in 4 KiB at a
-    time (the reads' system time, bench/results/2026-12-01-cpu-2core-folder-plumbing.json). The
-    thresholds are where glibc's own adjustment tops out (32 MiB mmap, 64 MiB trim). It changes the
-    whole process, so the library never calls it: ``yolopipe predict`` does, once, for its own
-    process. False where the C library has no ``mallopt``."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-    return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 64 << 20))
 
 
 def _prepared(detector: Detector, img: SourceImage) -> Any:
@@ -222,7 +201,7 @@ def predict_folder(
     track: bool = False,
 ) -> FolderSummary:
     """Run the detector over every image and video of ``source``; JSON lines go to ``out`` as
-    they finish (images first, then each video's frames, ``app.pipeline.video``)."""
+    they finish (images first, then each video's frames, ``app.predict.video``)."""
     if batch < 1:
         raise InvalidParameter(f"batch must be >= 1, got {batch}")
     media = list_images(source, MEDIA_SUFFIXES)

@@ -9,7 +9,7 @@ awaited at most the open timeout. Only a server that answered is handed to FFmpe
 
 Other schemes are not probed: an HTTP or RTMP server may serve one client only (``ffmpeg
 -listen 1``), which a probe would use up; ``srt`` is UDP. Their opens still run at once beside
-the others (``app.pipeline.sources``); a removed one still opening ends with its open timeout.
+the others (``app.predict.sources``); a removed one still opening ends with its open timeout.
 """
 
 from __future__ import annotations

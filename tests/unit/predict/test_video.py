@@ -12,7 +12,7 @@ import cv2
 import pytest
 
 from app.boxes import f1, match_pairs
-from app.pipeline.folder import predict_folder
+from app.predict.folder import predict_folder
 from app.runtime import open_detector
 from tests.videos import CLIP_FPS, CLIP_SIZE, decoded_frames, write_clip
 
@@ -157,7 +157,7 @@ def with_max_pixels(detector, max_pixels: int):
 def test_a_video_whose_frames_are_over_the_pixel_limit_is_refused_before_reading(detector, media):
     """Frame size is read from the container before any frame is decoded; a file (or a camera)
     of giant frames is one clear error, as an image over the limit is."""
-    from app.pipeline.video import predict_video
+    from app.predict.video import predict_video
 
     written = []
     limited = with_max_pixels(detector, 640 * 480 - 1)  # the clip's frames are 640x480
@@ -171,8 +171,8 @@ def test_a_video_whose_frames_are_over_the_pixel_limit_is_refused_before_reading
 
 def test_a_frame_over_the_limit_that_the_container_did_not_announce_ends_the_video_as_an_error(
         detector, media, monkeypatch):
-    import app.pipeline.sources as sources
-    from app.pipeline.video import predict_video
+    import app.predict.sources as sources
+    from app.predict.video import predict_video
 
     monkeypatch.setattr(sources, "checked_size", lambda cap, *_: cap)  # as if the container gave no size
     written = []

@@ -1,4 +1,4 @@
-"""A source that never answers delays no other stream (``app.pipeline.streams`` and
+"""A source that never answers delays no other stream (``app.predict.streams`` and
 ``stream_source``): opens run at once, a removed stream's open stops at once, removed streams
 still opening count against the limit, and a source is shown without its credentials. Against
 a real listener on loopback that accepts connections and never says a word.
@@ -14,8 +14,8 @@ import time
 import pytest
 
 from app.errors import InvalidParameter, Overloaded
-from app.pipeline.sources import open_opencv
-from app.pipeline.streams import StreamRunner
+from app.predict.sources import open_opencv
+from app.predict.streams import StreamRunner
 from app.runtime import open_detector
 from tests.listeners import listener
 from tests.videos import write_clip
@@ -97,7 +97,7 @@ def test_removed_streams_still_opening_count_against_the_limit(detector, monkeyp
     def stuck_open(*args, **kwargs):  # an open that returns only when told (then: nothing opened)
         release.wait(30)
 
-    monkeypatch.setattr("app.pipeline.stream_source.open_source", stuck_open)
+    monkeypatch.setattr("app.predict.stream_source.open_source", stuck_open)
     runner = StreamRunner(detector, detector.params(), lambda *_: None, max_streams=2)
     try:
         first = runner.add("/no/such/file.avi")  # a file: no probe, straight into the (stuck) open

@@ -1,11 +1,11 @@
-"""Per-stream track ids (``app.pipeline.tracking``): each detection keeps its place and gains an
+"""Per-stream track ids (``app.predict.tracking``): each detection keeps its place and gains an
 id once ByteTrack confirms its track; a frame without detections is a frame like any other."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from app.pipeline.tracking import StreamTracker
+from app.predict.tracking import StreamTracker
 from app.types import Detections
 
 

@@ -1,14 +1,14 @@
 """Many sources at once: files, ``rtsp://``, ``http(s)://`` video, their frames in shared batches.
 
-Each source is read by a thread of its own into a small buffer (``app.pipeline.stream_source``:
+Each source is read by a thread of its own into a small buffer (``app.predict.stream_source``:
 drops, reconnects, failures); one runner thread forms batches from every stream's buffer (round
 robin, up to the detector's ``RunShape.max_batch``, waiting at most its ``max_wait_ms`` for a
 batch to fill) and hands each batch's answers to ``on_frames`` (``event_lines`` writes their
 events). The runner keeps a count of the frames buffered, so that forming a batch costs the
 same with 4 streams as with 400, and is woken by the first frame and by a full batch, not by
-every frame. Frames are decoded as ``app.pipeline.sources.video_decoder`` says: by NVDEC into
+every frame. Frames are decoded as ``app.predict.sources.video_decoder`` says: by NVDEC into
 device memory when the detector's GPU pipeline has it (the runner's ``DecodePool`` reads every
-stream's NVDEC capture, ``app.pipeline.decode_pool``), else by OpenCV, each capture with its
+stream's NVDEC capture, ``app.predict.decode_pool``), else by OpenCV, each capture with its
 share of the machine's cores as decoding threads; a server's streams (``detect`` given: their
 frames join its batcher's batches of host images) by OpenCV.
 """
@@ -29,8 +29,8 @@ from app.contracts import DetectedBatch, DetectParams, PipelineInput
 from app.errors import InvalidParameter, Overloaded
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
-from app.pipeline.sources import is_live, video_decoder
-from app.pipeline.stream_source import LIVE_BUFFER, OPEN_TIMEOUT_S, Stream, StreamFrame
+from app.predict.sources import is_live, video_decoder
+from app.predict.stream_source import LIVE_BUFFER, OPEN_TIMEOUT_S, Stream, StreamFrame
 from app.records import LINES, records
 
 __all__ = ["LIVE_BUFFER", "Stream", "StreamFrame", "StreamRunner", "event_lines", "is_live", "is_stream_source",
@@ -100,7 +100,7 @@ class StreamRunner:
 
     def _decode_pool(self):
         from app.gpu.nvdec import decoder_engines
-        from app.pipeline.decode_pool import DecodePool
+        from app.predict.decode_pool import DecodePool
 
         device = self.detector.pipeline.device or 0
 
@@ -270,7 +270,7 @@ class StreamRunner:
             failed = k in answers.errors
             if stream.track and not failed:
                 if stream.tracker is None:
-                    from app.pipeline.tracking import StreamTracker
+                    from app.predict.tracking import StreamTracker
 
                     stream.tracker = StreamTracker((stream.fps or 30.0) / stream.vid_stride)
                 ids = stream.tracker.update(answers.detections(k))

@@ -1,4 +1,4 @@
-"""Does an RTSP source's server answer (``app.pipeline.source_probe``)? Against real listeners on
+"""Does an RTSP source's server answer (``app.predict.source_probe``)? Against real listeners on
 loopback: one that accepts and never answers, one that speaks RTSP, one that hangs up, a port
 nobody listens on; a probe stopped while it waits; schemes that are not probed."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from app.pipeline.source_probe import Stopped, probe
+from app.predict.source_probe import Stopped, probe
 from app.source_urls import parse_url
 from tests.listeners import listener
 

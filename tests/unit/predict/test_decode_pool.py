@@ -1,4 +1,4 @@
-"""The NVDEC decode pool (``app.pipeline.decode_pool``) through the stream runner, on a CPU:
+"""The NVDEC decode pool (``app.predict.decode_pool``) through the stream runner, on a CPU:
 NVDEC captures stood in for by ``FakeNvdec`` (device frames out of a decode call that takes the
 time NVDEC would, without the GIL) and the model by ``tests.standins.Answers``. Many streams
 read at their source rate by a few decoder threads keep that rate, each frame handed over when
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from app.contracts import DeviceNv12
-from app.pipeline import stream_source
-from app.pipeline import streams as streams_module
 from app.pipeline.detector import Detector
-from app.pipeline.streams import StreamRunner
+from app.predict import stream_source
+from app.predict import streams as streams_module
+from app.predict.streams import StreamRunner
 from tests.standins import Answers
 
 

@@ -4,7 +4,7 @@ A frame's line is an image's line plus where it sits in the video: ``"frame"`` (
 presentation order, counted before ``vid_stride`` skips any) and ``"time_s"`` (the frame's
 index over the container's frame rate). Decoding runs on its own thread a few batches ahead,
 so it overlaps with the detector; by NVDEC into device memory when the detector's GPU
-pipeline has it (``app.pipeline.sources.video_decoder``), by OpenCV otherwise and whenever the
+pipeline has it (``app.predict.sources.video_decoder``), by OpenCV otherwise and whenever the
 annotated video is written (that needs the pixels on the host).
 """
 
@@ -25,7 +25,7 @@ from app.contracts import DetectedBatch, DetectParams, DeviceNv12, ImageResult
 from app.errors import InvalidImage, InvalidParameter
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
-from app.pipeline.sources import capture_fps, check_frame, open_source, video_decoder
+from app.predict.sources import capture_fps, check_frame, open_source, video_decoder
 from app.records import LINES, error_line, frame_lines
 
 # Ultralytics' VID_FORMATS: what it reads as video.
@@ -63,7 +63,7 @@ def open_capture(source: str, *, max_pixels: int) -> cv2.VideoCapture:
 def read_frames(path: Path, *, max_pixels: int, vid_stride: int = 1, start: int = 0, decoder: str = "opencv",
                 device: int = 0) -> Iterator[VideoFrame]:
     """Every ``vid_stride``-th frame of a video file, from frame ``start`` on (skipped frames are
-    grabbed, never converted), decoded by ``decoder`` (``app.pipeline.sources``). Ends at the end
+    grabbed, never converted), decoded by ``decoder`` (``app.predict.sources``). Ends at the end
     of the file or at the first unreadable frame; a frame over ``max_pixels`` is an ``InvalidImage``."""
     cap = open_source(str(path), decoder, device=device, max_pixels=max_pixels)
     if cap is None:
@@ -189,7 +189,7 @@ def predict_video(
     ``app.records.frame_lines``), in frame order.
 
     ``annotate`` and ``save_to`` together write the annotated video there; ``track`` adds
-    ByteTrack ids (``app.pipeline.tracking``; a resumed video's tracks start afresh)."""
+    ByteTrack ids (``app.predict.tracking``; a resumed video's tracks start afresh)."""
     summary = VideoSummary()
     max_pixels = detector.shape.max_pixels
     try:
@@ -202,7 +202,7 @@ def predict_video(
     cap.release()
     tracker = None
     if track:
-        from app.pipeline.tracking import StreamTracker
+        from app.predict.tracking import StreamTracker
 
         tracker = StreamTracker((fps or 30.0) / vid_stride)
     writer = AnnotatedVideo(save_to, fps / vid_stride if fps else 0.0) if annotate and save_to else None

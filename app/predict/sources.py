@@ -1,6 +1,6 @@
 """Where the frames of videos and streams come from: OpenCV (FFmpeg) on the host, or NVDEC on
 the GPU, behind one capture interface (``grab``, ``retrieve``, ``release``, as
-``cv2.VideoCapture``), so that ``app.pipeline.video`` and ``app.pipeline.stream_source`` read
+``cv2.VideoCapture``), so that ``app.predict.video`` and ``app.predict.stream_source`` read
 both the same way and give the same frame indices, times and sizes.
 
 Which decoder is resolved once, in ``video_decoder``: the detector's ``RunShape.video_decode`` (``auto`` |

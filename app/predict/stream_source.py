@@ -1,17 +1,17 @@
-"""One source of ``app.pipeline.streams``, read on a thread of its own into a bounded buffer.
+"""One source of ``app.predict.streams``, read on a thread of its own into a bounded buffer.
 
 * A live source (or a file read ``realtime``, at its own frame rate) keeps only its newest
   frames: when the model falls behind, the oldest buffered frame is dropped and counted.
 * A file read as fast as possible never drops: its reader waits for room.
 * A live source that fails (or never opens) reconnects with exponential backoff until removed.
-* Opens run at once, each on its stream's thread (FFmpeg opens concurrently: ``app.pipeline.sources``).
-  An RTSP source's server is probed first on a socket of our own (``app.pipeline.source_probe``),
+* Opens run at once, each on its stream's thread (FFmpeg opens concurrently: ``app.predict.sources``).
+  An RTSP source's server is probed first on a socket of our own (``app.predict.source_probe``),
   so that a camera that never answers holds nobody, and removing its stream stops it at once.
 * A source is shown (snapshots, events, errors, logs) without the credentials of its URL.
 * One source's failure stays in its own thread and its own ``state``/``error``.
 
-Frames are decoded by OpenCV, or by NVDEC into device memory (``app.pipeline.sources``). An
-NVDEC capture is read by the runner's decode pool (``app.pipeline.decode_pool``: a few threads
+Frames are decoded by OpenCV, or by NVDEC into device memory (``app.predict.sources``). An
+NVDEC capture is read by the runner's decode pool (``app.predict.decode_pool``: a few threads
 serve every stream) while the stream's own thread waits; an OpenCV capture by the stream's
 thread, whose OpenCV/FFmpeg decoding threads are ``decode_threads`` (the runner shares the
 machine's cores among its streams: many captures each starting a thread per core starve the
@@ -31,10 +31,10 @@ import numpy as np
 
 from app.contracts import DeviceNv12
 from app.errors import InvalidParameter
-from app.pipeline.source_probe import Stopped, probe
+from app.predict.source_probe import Stopped, probe
 from app.source_urls import SourceUrl, parse_url, redact
-from app.pipeline.sources import capture_fps, check_frame, is_live, open_source
-from app.pipeline.video import check_stride
+from app.predict.sources import capture_fps, check_frame, is_live, open_source
+from app.predict.video import check_stride
 
 LIVE_BUFFER = 4  # frames a live stream keeps while the model is busy (newest win)
 FILE_BUFFER = 64  # frames a file reader gets ahead of the model
@@ -50,7 +50,7 @@ class StreamFrame:
     stream: Stream
     index: int  # 0-based index of the frame in the source (live: since the stream was added)
     time_s: float  # files: index / frame rate; live: seconds since the stream was added
-    image: np.ndarray | DeviceNv12  # DeviceNv12: decoded by NVDEC (app.pipeline.sources)
+    image: np.ndarray | DeviceNv12  # DeviceNv12: decoded by NVDEC (app.predict.sources)
     captured: float  # time.monotonic() when it was read: latency is measured from here
 
 
@@ -91,7 +91,7 @@ class Stream:
         holds now, 0 when one was dropped for it) and each change of state (0)."""
         self.id, self.source = stream_id, source  # what is opened
         self.shown = redact(source)  # what is shown: no credentials
-        self.decoder, self.device = decoder, device  # app.pipeline.sources.open_source
+        self.decoder, self.device = decoder, device  # app.predict.sources.open_source
         self.pool, self.decode_threads = pool, decode_threads
         self.max_pixels = max_pixels  # the run's (RunShape.max_pixels): larger frames fail the stream
         self.open_timeout_s = open_timeout_s
