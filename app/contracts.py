@@ -71,26 +71,13 @@ def make_params(
 
 @dataclass
 class ImageResult:
-    """One image's outcome: detections with the source size, or the error that stopped it.
-
-    ``to_json`` is the readable reference of an image's record: every record yolopipe writes
-    comes from ``app.records`` (from arrays, without a dict per box), held equal to it by tests."""
+    """One image's outcome: detections with the source size, or the error that stopped it (for
+    callers that want an object per image; every JSON record comes from arrays, ``app.records``)."""
 
     width: int = 0
     height: int = 0
     detections: Detections | None = None
     error: YolopipeError | None = None
-
-    def to_json(self, image: str, names: list[str]) -> dict[str, Any]:
-        if self.error is not None:
-            return {"image": image, "error": str(self.error)}
-        assert self.detections is not None
-        return {
-            "image": image,
-            "width": self.width,
-            "height": self.height,
-            "detections": self.detections.to_json(names),
-        }
 
 
 class HostBackend(Protocol):
@@ -166,8 +153,9 @@ PipelineInput = np.ndarray | EncodedImage | DeviceNv12
 @dataclass(frozen=True)
 class RunShape:
     """How a detector runs: clamped once, where it is opened (``app.runtime.open_model_dir``), to
-    what its pipeline takes, and carried by it (``Detector.shape``). Every front end (the
-    service's batcher, folders, videos, streams, Ray) reads it; none clamps again."""
+    what its pipeline takes, and carried by it (``Detector.shape``). The pipeline is built from
+    the clamped shape; every front end (the service's batcher, folders, videos, streams, Ray)
+    reads it; none clamps again."""
 
     max_batch: int = SERVE_MAX_BATCH  # images per pipeline run
     in_flight: int = IN_FLIGHT  # batches in flight at once (each run from its own thread)
@@ -212,7 +200,7 @@ class DetectedBatch:
     @classmethod
     def of(cls, results: Sequence[Any], timings: dict[str, float] | None = None) -> DetectedBatch:
         """From per-image answers with ``width``, ``height``, ``detections`` and ``error``
-        (``ImageResult``, an HTTP worker's ``Outcome``s): the same values as arrays."""
+        (``ImageResult``): the same values as arrays."""
         n = len(results)
         widths, heights, counts = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
         parts, errors = [], {}

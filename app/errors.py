@@ -1,8 +1,8 @@
 """One exception family for everything yolopipe reports to a user.
 
-Each error carries a stable machine-readable ``code``. How a code becomes an HTTP status
-lives in one place (``app/api/errors.py``), how it becomes a gRPC status code in one place
-(``app/api/grpc/errors.py``); how it becomes an exit status lives in the CLI.
+Each error carries a stable machine-readable ``code``. How an error becomes an HTTP status
+and a gRPC status code lives in one table (``app/api/statuses.py``); how it becomes an exit
+status lives in the CLI.
 """
 
 from __future__ import annotations

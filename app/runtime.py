@@ -10,7 +10,7 @@ pipeline and, through it, every GPU resource, and carries the clamped shape.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import os
 import warnings
 from dataclasses import dataclass, replace
@@ -78,24 +78,39 @@ def export_model(weights: str = "sample", *, imgsz: int = 640, artifacts_dir: Pa
 def open_detector(
     weights: str = "sample",
     *,
+    backend: str = "auto",
+    precision: str = "auto",
     imgsz: int = 640,
     artifacts_dir: Path | None = None,
+    device: int = 0,
+    compile: bool = True,
+    batch_invariant: bool = True,
+    ort_threads: int = 0,
+    pad_to_captured: bool = False,
+    shape: RunShape | None = None,
+    max_batch: int | None = None,
+    decode: str | None = None,
+    video_decode: str | None = None,
     steps: StartupSteps | None = None,
-    **options,
 ) -> Detector:
-    """Export if needed, then ``open_model_dir`` (its keyword options are the run options)."""
-    check_choice("backend", options.get("backend", "auto"), BACKENDS)  # before a slow export
-    check_choice("precision", options.get("precision", "auto"), PRECISIONS)
-    fields = {k: options.pop(k) for k in [f.name for f in dataclasses.fields(RunShape)] if k in options}
-    shape = replace(options.pop("shape", None) or RunShape(), **fields)  # its decoder names, checked now too
+    """Export the weights if needed, then ``open_model_dir`` with the same options. ``shape``
+    (``RunShape()`` by default) with ``max_batch``, ``decode`` and ``video_decode`` set where given:
+    the run shape asked for, its decoder names checked before a slow export."""
+    check_choice("backend", backend, BACKENDS)  # before a slow export
+    check_choice("precision", precision, PRECISIONS)
+    given = {"max_batch": max_batch, "decode": decode, "video_decode": video_decode}
+    shape = replace(shape or RunShape(), **{k: v for k, v in given.items() if v is not None})
     steps = steps if steps is not None else StartupSteps()
     with steps.step("checking the model's export (a first run exports it)"):
         model_dir = export_model(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
-    return open_model_dir(model_dir, shape=shape, steps=steps, **options)
+    return open_model_dir(model_dir, shape, backend=backend, precision=precision, device=device, compile=compile,
+                          batch_invariant=batch_invariant, ort_threads=ort_threads, pad_to_captured=pad_to_captured,
+                          steps=steps)
 
 
 def open_model_dir(
     model_dir: Path,
+    shape: RunShape | None = None,
     *,
     backend: str = "auto",
     precision: str = "auto",
@@ -105,12 +120,10 @@ def open_model_dir(
     ort_threads: int = 0,
     pad_to_captured: bool = False,
     steps: StartupSteps | None = None,
-    shape: RunShape | None = None,
-    **shape_fields,
 ) -> Detector:
     """A detector on an existing export: pick the backend, clamp the run shape to it, build its
-    pipeline. The one place that wires them. ``shape``, or its fields as keywords (``max_batch``,
-    ``in_flight``, ``decode``, ``video_decode``, ``max_pixels``, ``max_wait_ms``): what is asked for.
+    pipeline. The one place that wires them. ``shape`` (``RunShape()`` by default): the run shape
+    asked for; the pipeline and the Detector both get the clamped one.
 
     ``compile`` (torch-cuda): run the engine built ahead of time (``yolopipe build-engine``),
     building it now when it is missing or stale; without it, the eager model. ``batch_invariant``
@@ -118,42 +131,56 @@ def open_model_dir(
     build, ``app.builder.torch_build``); off: cuDNN's, per batch size. ``pad_to_captured``
     (GPU): a batch runs in a larger bucket already captured rather than capturing its own (a
     run that needs a bucket once, a service capturing the rest in the background). ``steps``
-    records each start-up step with its time."""
+    records each start-up step with its time.
+
+    A step that fails releases what the steps before it took (the engine, the pipeline): each
+    goes on ``cleanup`` as it is made, and is handed to the Detector only once that exists."""
     from app.gpu.probe import cuda_device_count
 
     steps = steps if steps is not None else StartupSteps()
-    shape = replace(shape or RunShape(), **shape_fields)  # checks the decoders' names
+    shape = shape or RunShape()
     onnx_path, meta = load_export(model_dir)
     choice = choose_backend(backend, precision, model_dir, gpus=cuda_device_count())
-    if choice.backend == "onnxruntime":
-        # ONNX Runtime: one batch at a time (its own threads use every core), at most CPU_MAX_BATCH.
-        shape = replace(shape, max_batch=min(shape.max_batch, CPU_MAX_BATCH), in_flight=1)
-        with steps.step("opening ONNX Runtime"):
-            return Detector(_cpu_pipeline(onnx_path, meta, choice.precision, shape.max_batch, ort_threads), shape)
+    with contextlib.ExitStack() as cleanup:
+        if choice.backend == "onnxruntime":
+            # ONNX Runtime: one batch at a time (its own threads use every core), at most CPU_MAX_BATCH.
+            shape = replace(shape, max_batch=min(shape.max_batch, CPU_MAX_BATCH), in_flight=1)
+            with steps.step("opening ONNX Runtime"):
+                pipeline = _cpu_pipeline(onnx_path, meta, choice.precision, shape, ort_threads)
+            cleanup.callback(pipeline.close)
+        else:
+            engine = _device_engine(choice, backend, model_dir, meta, shape.max_batch, device, compile,
+                                    batch_invariant, steps)
+            cleanup.callback(engine.close)
+            from app.pipeline.gpu import GpuPipeline
 
-    engine = None
+            shape = replace(shape, max_batch=min(shape.max_batch, engine.max_batch))  # a TensorRT profile's ceiling
+            with steps.step("setting up the GPU pipeline (buffers, decoder, kernels)"):
+                pipeline = GpuPipeline(engine, meta, shape, device=device, pad_to_captured=pad_to_captured)
+            cleanup.pop_all()  # the pipeline owns the engine now
+            cleanup.callback(pipeline.close)
+        detector = Detector(pipeline, shape)
+        cleanup.pop_all()  # the Detector owns it all now
+    return detector
+
+
+def _device_engine(choice: BackendChoice, backend: str, model_dir: Path, meta: ModelMeta, max_batch: int,
+                   device: int, compile: bool, batch_invariant: bool, steps: StartupSteps):
+    """The GPU engine of ``choice``: its TensorRT engine, or torch-cuda's (also when ``backend``
+    is ``auto`` and the TensorRT engine does not run here)."""
     if choice.backend == "tensorrt":
         from app.backends.tensorrt import TensorRTEngine
 
         try:
             with steps.step("loading the TensorRT engine"):
-                engine = TensorRTEngine(choice.engine_path, meta, device=device)
+                return TensorRTEngine(choice.engine_path, meta, device=device)
         except (EngineMismatch, BackendUnavailable) as exc:
             if backend != "auto":
                 raise
             # auto: an engine built for another GPU/TensorRT must not stop the service from starting
-            warnings.warn(f"TensorRT engine unusable here ({exc}); falling back to torch-cuda", stacklevel=2)
+            warnings.warn(f"TensorRT engine unusable here ({exc}); falling back to torch-cuda", stacklevel=3)
             choice = BackendChoice("torch-cuda", "fp16" if choice.precision == "int8" else choice.precision)
-    if engine is None:
-        engine = _torch_cuda_engine(model_dir, meta, choice.precision, shape.max_batch, device, compile,
-                                    batch_invariant, steps)
-    from app.pipeline.gpu import GpuPipeline
-
-    shape = replace(shape, max_batch=min(shape.max_batch, engine.max_batch))  # a TensorRT profile's ceiling
-    with steps.step("setting up the GPU pipeline (buffers, decoder, kernels)"):
-        pipeline = GpuPipeline(engine, meta, max_batch=shape.max_batch, in_flight=shape.in_flight, device=device,
-                               decode=shape.decode, max_pixels=shape.max_pixels, pad_to_captured=pad_to_captured)
-    return Detector(pipeline, shape)
+    return _torch_cuda_engine(model_dir, meta, choice.precision, max_batch, device, compile, batch_invariant, steps)
 
 
 def shape_from(settings: Settings) -> RunShape:
@@ -193,7 +220,7 @@ def open_detector_from(settings: Settings, steps: StartupSteps | None = None) ->
     )
 
 
-def _cpu_pipeline(onnx_path: Path, meta: ModelMeta, precision: str, max_batch: int, ort_threads: int):
+def _cpu_pipeline(onnx_path: Path, meta: ModelMeta, precision: str, shape: RunShape, ort_threads: int):
     from app.artifacts.int8 import int8_cpu_model_path
     from app.backends.onnxruntime import OnnxRuntimeBackend
     from app.pipeline.cpu import CpuPipeline
@@ -201,7 +228,7 @@ def _cpu_pipeline(onnx_path: Path, meta: ModelMeta, precision: str, max_batch: i
     if precision == "int8":
         onnx_path = int8_cpu_model_path(onnx_path.parent)
     host = OnnxRuntimeBackend(onnx_path, precision=precision, threads=ort_threads or None)
-    return CpuPipeline(host, meta, max_batch=max_batch)
+    return CpuPipeline(host, meta, shape)  # it only keeps the backend: nothing after it can fail
 
 
 def inference_devices(settings: Settings) -> list[str | None]:

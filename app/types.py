@@ -61,18 +61,6 @@ class Detections:
         rows = np.asarray(rows, dtype=np.float32).reshape(-1, 6)
         return cls(rows[:, :4].copy(), rows[:, 4].copy(), rows[:, 5].astype(np.int32))
 
-    def to_json(self, names: list[str]) -> list[dict[str, Any]]:
-        # tolist() first: the same Python floats and ints, without a NumPy scalar per value.
-        return [
-            {
-                "box": [round(v, 2) for v in box],
-                "score": round(score, 5),
-                "class_id": cid,
-                "class_name": names[cid] if 0 <= cid < len(names) else str(cid),
-            }
-            for box, score, cid in zip(self.boxes.tolist(), self.scores.tolist(), self.class_ids.tolist())
-        ]
-
 
 @dataclass
 class ModelMeta:

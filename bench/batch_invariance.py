@@ -197,6 +197,7 @@ def main(argv=None) -> int:
 
     from app.backends.torch_cuda import TorchCudaEngine
     from app.benchmark.machine import result_header
+    from app.contracts import RunShape
     from app.runtime import export_model, open_model_dir
     from app.types import ModelMeta
 
@@ -215,8 +216,9 @@ def main(argv=None) -> int:
         inputs = [letterboxed(d, meta.imgsz) for d in data.values()]
         result["engine"] = {}
         for invariant in (True, False) if args.cudnn else (True,):
-            det = open_model_dir(model_dir, compile=True, batch_invariant=invariant, max_batch=max(sizes), in_flight=1)
-            engine = det.pipeline.engine
+            det = open_model_dir(model_dir, RunShape(max_batch=max(sizes), in_flight=1), compile=True,
+                                 batch_invariant=invariant)
+            engine = det.engine
             name = f"{engine.compiler}-{'invariant' if engine.batch_invariant else 'cudnn'}"
             print(f"engine {name}", flush=True)
             result["engine"][name] = engine_rows(engine, inputs, sizes, args.trials, torch)
@@ -233,10 +235,10 @@ def main(argv=None) -> int:
     if "pipeline" in parts:
         result["pipeline"] = {}
         for compile_ in (True, False) if args.eager else (True,):
-            det = open_model_dir(model_dir, compile=compile_, max_batch=8, in_flight=3)
-            name = det.pipeline.engine.compiler
+            det = open_model_dir(model_dir, RunShape(max_batch=8, in_flight=3), compile=compile_)
+            name = det.engine.compiler
             print(f"pipeline {name}", flush=True)
-            result["pipeline"][name] = pipeline_rows(det.pipeline, data, 24)
+            result["pipeline"][name] = pipeline_rows(det.pipeline, data, 24)  # looks inside: slots, graph heads
             det.close()
     args.out.write_text(json.dumps(result, indent=1, default=str))
     return 0

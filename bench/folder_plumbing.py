@@ -116,7 +116,7 @@ class StandInPipeline:
         self._slots = threading.BoundedSemaphore(slots)
         self._host_work = host_work
 
-    def warmup(self, batches=None) -> None:
+    def warmup(self, batches=None, *, nv12: bool = False) -> None:
         """Nothing to capture."""
 
     def run(self, images, params: DetectParams) -> PipelineRun:
@@ -155,6 +155,7 @@ def replayed_rows(photos: list[tuple[str, bytes]], weights: str) -> tuple[object
     with open_detector(weights, backend="onnxruntime", max_batch=1) as det:
         params = det.params()
         for _, data in photos:
+            # the pipeline's own rows (input pixels) and letterbox: what StandInPipeline replays
             replies[_key(data)] = det.pipeline.run([decode_image(data)], params).images[0]
         meta = det.meta
     return meta, replies
@@ -168,7 +169,7 @@ def run_round(variant: str, detector, folder: Path, out: Path, params, batch: in
     from app.predict.folder import predict_folder
 
     run = lambda: vars(predict_folder(detector, str(folder), out, params, batch=batch))
-    device = getattr(detector.pipeline, "device", None)
+    device = detector.device
     if isinstance(device, EmulatedDevice):
         device.reset()
     cpu0, t0 = time.process_time(), time.perf_counter()
@@ -214,11 +215,11 @@ def child(a) -> None:
     if a.child == "kept-heap":  # as yolopipe predict does, once per process
         folder_module.keep_freed_heap()
     meta, replies = pickle.loads(a.replies.read_bytes())
-    detector = Detector(StandInPipeline(meta, replies, rate=0, max_batch=a.batch,
-                                        host_work=not a.no_pipeline_host_work))
+    pipeline = StandInPipeline(meta, replies, rate=0, max_batch=a.batch, host_work=not a.no_pipeline_host_work)
+    detector = Detector(pipeline)
     params = detector.params()
     for k, rate in enumerate(float(r) for r in a.rates.split(",")):
-        detector.pipeline.device.rate = rate
+        pipeline.device.rate = rate
         if k == 0:  # warm: imports, first allocations
             run_round(a.child, detector, a.folder, a.jsonl, params, a.batch)
         row = run_round(a.child, detector, a.folder, a.jsonl, params, a.batch)
@@ -321,7 +322,7 @@ def _real_rounds(a, folder: Path, outs: dict[str, Path]) -> tuple[list[dict], bo
     rows = []
     keep = folder_module.keep_freed_heap
     with open_detector(a.weights, backend=a.real_backend, max_batch=a.batch) as detector:
-        detector.pipeline.warmup([a.batch, a.count % a.batch or a.batch])  # the two sizes the folder's batches have
+        detector.warmup([a.batch, a.count % a.batch or a.batch])  # the two sizes the folder's batches have
         params = detector.params()
         for v in REAL_VARIANTS:
             if v == "kept-heap":

@@ -110,9 +110,9 @@ def run_row(spec: dict) -> dict:
 
         with open_detector(spec["weights"], max_batch=spec["batch"], ort_threads=spec["ort_threads"] or 0,
                            **common) as det:
-            det.pipeline.warmup()  # as the Ray actors do: every bucket's graph before the first batch
+            det.warmup()  # as the Ray actors do: every bucket's graph before the first batch
             summary = predict_folder(det, spec["folder"], out, det.params(), batch=spec["batch"], on_progress=clock)
-            backend = det.pipeline.backend
+            backend = det.backend
     else:
         from app.distributed import predict_with_ray
 

@@ -222,8 +222,8 @@ def warm_child(args: argparse.Namespace) -> None:
         summary = predict_folder(detector, args.source, Path(args.out), params, batch=args.batch)
         seconds = time.perf_counter() - started
         print(json.dumps({"wall_s": round(seconds, 3), "images": summary.images,
-                          "img_per_s": round(summary.images / seconds, 1), "backend": detector.pipeline.backend,
-                          "precision": detector.pipeline.precision}))
+                          "img_per_s": round(summary.images / seconds, 1), "backend": detector.backend,
+                          "precision": detector.precision}))
 
 
 def warm_row(source: str, weights: str, batch: int, env: dict, scratch: Path, timeout: float) -> dict:

@@ -28,7 +28,7 @@ that would start after ``--budget-s`` is skipped and named in the file's ``skipp
 Rows: ``system``, ``input: "streams"``, ``streams``, ``width``, ``height``, ``source_fps``,
 ``realtime``, ``decoder``, ``fps`` (frames processed per second over all streams),
 ``p99_latency_ms``, ``dropped_pct``, and what each mode adds. On the GPU machine:
-``bash bench/device.sh streams`` (bench/README.md). A CPU smoke run:
+``bash tools/device/run.sh streams`` (tools/device/README.md). A CPU smoke run:
 
     python3 bench/streams.py --clip clip.mp4 --modes opencv,fast --opencv-streams 2 --fast-streams 2 \\
         --video-decode opencv --max-batch 4 --out /tmp/s.json
@@ -358,7 +358,6 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
     from app.config import MAX_WAIT_MS
-    from app.pipeline.detector import Detector
     from app.runtime import open_detector
 
     max_wait = MAX_WAIT_MS if args.max_wait_ms is None else args.max_wait_ms
@@ -369,8 +368,8 @@ def main() -> None:
                              max_batch=args.max_batch)
     info = detector.info()
     gpu = info["backend"] != "onnxruntime"
-    device = detector.pipeline.device or 0
-    detector.pipeline.warmup()
+    device = detector.device or 0
+    detector.warmup()
     run.doc = {"machine": machine_info(gpu=gpu), "versions": versions(),
                "config": {"clip": args.clip.name, "frames_per_clip": frames_per_clip, "weights": args.weights,
                           "model": info["model"], "backend": info["backend"], "precision": info["precision"],
@@ -379,7 +378,7 @@ def main() -> None:
                           "rate_share": RATE_SHARE, "open_s": round(time.monotonic() - t_open, 1)},
                "max_realtime_streams": {}}
     run.write()
-    reading = {d: Detector(detector.pipeline, detector.shape, video_decode=d) for d in ("nvdec", "opencv")}
+    reading = {d: detector.reshaped(video_decode=d) for d in ("nvdec", "opencv")}
     clip_s = frames_per_clip / source_fps
     found = {"nvdec": 0, "opencv": 0}  # the largest real-time counts
 

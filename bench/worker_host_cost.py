@@ -92,7 +92,7 @@ class EmulatedDevice:
                    "slot": 0.0, "raw_launch": 1.0}
         return PipelineRun(out, timings)
 
-    def warmup(self, batches=None) -> None:
+    def warmup(self, batches=None, *, nv12: bool = False) -> None:
         pass
 
     def release_memory(self) -> None:
@@ -129,9 +129,9 @@ def run_worker(args) -> None:
     layout_root = Path(args.layout)
     write_metrics_to(layout_root / "metrics")  # as a real worker: metrics in files, before prometheus_client loads
     from app.config import Settings
+    from app.contracts import RunShape
     from app.ipc.layout import RunLayout
     from app.pipeline.detector import Detector
-    from app.contracts import RunShape
     from app.service.inference import worker
 
     try:  # what worker_main does first, in the trees that have it

@@ -1,9 +1,10 @@
 """The one place where errors become HTTP responses.
 
 Every error leaves the service as ``{"error": {"code": ..., "message": ...}}``: yolopipe's own
-``app.errors`` family, FastAPI's request validation, Starlette's HTTP errors (404, 405, a
-malformed multipart body) and, as a last resort, an unexpected exception (500, no traceback).
-The KServe v2 gRPC service answers the same family with status codes: ``app/api/grpc/errors.py``.
+``app.errors`` family (with the status ``app/api/statuses.py`` maps it to, the one table the
+KServe v2 gRPC service's status codes come from too), FastAPI's request validation, Starlette's
+HTTP errors (404, 405, a malformed multipart body) and, as a last resort, an unexpected
+exception (500, no traceback).
 """
 
 from __future__ import annotations
@@ -16,51 +17,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.errors import (
-    BadRequest,
-    ClientDisconnected,
-    DeviceError,
-    HeadersTooLarge,
-    HttpVersionNotSupported,
-    ImageTooLarge,
-    InvalidImage,
-    InvalidParameter,
-    MethodNotImplemented,
-    ModelNotFound,
-    NotSupported,
-    Overloaded,
-    ReadTimeout,
-    RequestTimeout,
-    SharedMemoryError,
-    UnsupportedMediaType,
-    UriTooLong,
-    YolopipeError,
-)
+from app.api.statuses import status_for
+from app.errors import DeviceError, InvalidParameter, Overloaded, YolopipeError
 
 log = logging.getLogger("yolopipe.api")
-
-# Looked up along the exception's MRO, so a subclass inherits its parent's status.
-STATUS_BY_ERROR: dict[type[YolopipeError], int] = {
-    InvalidImage: 400,
-    UnsupportedMediaType: 415,
-    ImageTooLarge: 413,
-    InvalidParameter: 422,
-    SharedMemoryError: 400,
-    ModelNotFound: 404,
-    NotSupported: 400,  # as Triton answers its UNSUPPORTED over HTTP
-    Overloaded: 503,
-    RequestTimeout: 504,
-    DeviceError: 503,
-    # HTTP itself (app/api/protocol.py answers these before a route runs)
-    BadRequest: 400,
-    ReadTimeout: 408,
-    UriTooLong: 414,
-    HeadersTooLarge: 431,
-    MethodNotImplemented: 501,
-    HttpVersionNotSupported: 505,
-    # nginx's "client closed request": never sent (nobody is listening), only counted in /metrics
-    ClientDisconnected: 499,
-}
 
 # Seconds a client should wait before retrying an error that is about load, not its request.
 RETRY_AFTER_S: dict[type[YolopipeError], int] = {Overloaded: 1, DeviceError: 1}
@@ -76,13 +36,6 @@ _CODE_BY_HTTP_STATUS = {
     422: "invalid_parameter",
     503: "unavailable",
 }
-
-
-def status_for(exc: YolopipeError) -> int:
-    for cls in type(exc).__mro__:
-        if cls in STATUS_BY_ERROR:
-            return STATUS_BY_ERROR[cls]
-    return 500
 
 
 def error_body(code: str, message: str) -> dict[str, Any]:

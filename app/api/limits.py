@@ -9,8 +9,9 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect
 
-from app.api.errors import error_response, status_for
+from app.api.errors import error_response
 from app.api.protocol import ANSWERED_STATUS
+from app.api.statuses import status_for
 from app.errors import ClientDisconnected, ImageTooLarge, Overloaded
 
 log = logging.getLogger("yolopipe.api")

@@ -45,7 +45,8 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from app.api.errors import error_body, status_for
+from app.api.errors import error_body
+from app.api.statuses import status_for
 from app.config import Settings
 from app.errors import (
     BadRequest,

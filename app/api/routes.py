@@ -9,6 +9,7 @@ import inspect
 import time
 from typing import Annotated, Any
 
+import numpy as np
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -27,7 +28,7 @@ from app.api.schemas import (
 )
 from app.api.uploads import check_request_images, read_form_images
 from app.config import CONF, IOU, MAX_DET, Settings
-from app.contracts import DetectedBatch, DetectParams, ImageResult, make_params
+from app.contracts import DetectedBatch, DetectParams, make_params
 from app.errors import (
     ClientDisconnected,
     InvalidParameter,
@@ -37,8 +38,8 @@ from app.errors import (
 )
 from app.imaging.check import check_image
 from app.imaging.headers import ImageHeader
+from app.ipc.answers import RequestAnswers
 from app.ipc.client import SERVER_SIDE, InferenceClient
-from app.ipc.wire import Outcome
 from app.records import HTTP, records
 
 router = APIRouter()
@@ -132,8 +133,8 @@ async def _read_single_image(request: Request, settings: Settings) -> tuple[str,
 
 
 async def _detect(request: Request, inference: InferenceClient, metrics: Metrics, images: list[bytes],
-                  headers: list[ImageHeader], params: DetectParams) -> list[Outcome] | JSONResponse:
-    """Outcomes, or the 503 for a request refused under load: answered here, unlogged (under
+                  headers: list[ImageHeader], params: DetectParams) -> RequestAnswers | JSONResponse:
+    """The images' answers, or the 503 for a request refused under load: answered here, unlogged (under
     overload there are thousands a second; /metrics counts them). A client that hangs up
     meanwhile stops its work: what it left queued is never run (``ClientDisconnected``, 499)."""
     detecting = asyncio.ensure_future(inference.detect(images, params, headers))
@@ -171,15 +172,21 @@ async def _until_disconnected(request: Request) -> None:
         pass
 
 
-def _image_records(names: list[str], outcomes: list[Outcome | ImageResult], class_names: list[str],
-                   total_ms: float) -> list[str]:
+def _timings(answered: RequestAnswers, total_ms: float) -> list[str]:
+    """Each answered image's ``timings`` field (none for one that failed)."""
+    failed = answered.detected.errors
+    return ["" if i in failed else
+            HTTP.fields(timings={"decode_ms": round(decode_ms, 3), "queue_ms": round(queue_ms, 3), **batch_timings,
+                                 "total_ms": round(total_ms, 3)})
+            for i, (decode_ms, queue_ms, batch_timings) in enumerate(zip(answered.decode_ms, answered.queue_ms,
+                                                                         answered.batch_timings))]
+
+
+def _image_records(names: list[str], batch: DetectedBatch, timings: list[str], class_names: list[str]) -> list[str]:
     """Each image's JSON object: a line of ``predict`` plus its ``timings``, or, for an image that
     failed, its error with the status it would have alone."""
-    tails = [HTTP.fields(timings={"decode_ms": round(o.decode_ms, 3), "queue_ms": round(o.queue_ms, 3),
-                                  **(o.batch or {}), "total_ms": round(total_ms, 3)})
-             if isinstance(o, Outcome) and o.error is None else "" for o in outcomes]
-    return records([HTTP.fields(image=name) for name in names], DetectedBatch.of(outcomes), class_names,
-                   tails=tails, style=HTTP, error_fields=image_error_fields)
+    return records([HTTP.fields(image=name) for name in names], batch, class_names, tails=timings, style=HTTP,
+                   error_fields=image_error_fields)
 
 
 def _json(text: str) -> Response:
@@ -200,14 +207,14 @@ async def detect(request: Request, params: ParamsDep, inference: InferenceDep, s
     start = time.perf_counter()
     name, data = await _read_single_image(request, settings)
     header = check_image(data, max_pixels=settings.max_pixels)  # format, size and memory, before any decode
-    outcomes = await _detect(request, inference, metrics, [data], [header], params)
-    if isinstance(outcomes, JSONResponse):
-        return outcomes
-    (outcome,) = outcomes
-    if outcome.error is not None:
-        raise outcome.error
+    answered = await _detect(request, inference, metrics, [data], [header], params)
+    if isinstance(answered, JSONResponse):
+        return answered
+    if answered.detected.errors:
+        raise answered.detected.errors[0]
     total_ms = (time.perf_counter() - start) * 1e3
-    return _json(_image_records([name], [outcome], inference.info["class_names"], total_ms)[0])
+    timings = _timings(answered, total_ms)
+    return _json(_image_records([name], answered.detected, timings, inference.info["class_names"])[0])
 
 
 @router.post(
@@ -231,16 +238,22 @@ async def detect_batch(request: Request, params: ParamsDep, inference: Inference
     # Each header is checked (format, size, memory, the request's pixel budget) before anything is
     # decoded; images that fail are answered here, in their places, the rest go to the inference workers.
     checked = check_request_images([data for _, data in images], max_pixels=settings.max_pixels)
-    refused = {i: c for i, c in enumerate(checked) if isinstance(c, YolopipeError)}
-    sent = [i for i in range(len(images)) if i not in refused]
-    answered = (await _detect(request, inference, metrics, [images[i][1] for i in sent],
-                              [checked[i] for i in sent], params) if sent else [])  # type: ignore[misc]
+    refused = [i for i, c in enumerate(checked) if isinstance(c, YolopipeError)]
+    sent = [i for i, c in enumerate(checked) if not isinstance(c, YolopipeError)]
+    answered = await _detect(request, inference, metrics, [images[i][1] for i in sent],
+                             [checked[i] for i in sent], params) if sent else None  # type: ignore[misc]
     if isinstance(answered, JSONResponse):
         return answered
-    outcomes = dict(zip(sent, answered))
     total_ms = (time.perf_counter() - start) * 1e3
-    each = [outcomes[i] if i in outcomes else ImageResult(error=refused[i]) for i in range(len(images))]
-    results = _image_records([name for name, _ in images], each, inference.info["class_names"], total_ms)
+    # The answered images, then the refused ones, each put back in its place in the request.
+    parts = [DetectedBatch.failed([checked[i] for i in refused])]  # type: ignore[misc]
+    timings = [""] * len(images)
+    if answered is not None:
+        parts.insert(0, answered.detected)
+        for i, text in zip(sent, _timings(answered, total_ms)):
+            timings[i] = text
+    batch = DetectedBatch.concat(parts).take(np.argsort(sent + refused))
+    results = _image_records([name for name, _ in images], batch, timings, inference.info["class_names"])
     return _json('{"results":[' + ",".join(results) + '],' + HTTP.fields(timings={"total_ms": round(total_ms, 3)})
                  + "}")
 

@@ -7,7 +7,6 @@ Server-Sent Events, one ``data:`` line per processed frame, the last one ``event
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -96,12 +95,12 @@ async def stream_events(stream_id: str, request: Request, inference: InferenceDe
 
     async def sse() -> AsyncIterator[bytes]:
         async with aclosing(frames) as events:  # the worker's connection closes with the client's
-            async for event in events:
+            async for kind, text in events:  # each event's JSON text as the worker wrote it
                 if await request.is_disconnected():
                     return
-                if "end" in event:
-                    yield f"event: end\ndata: {json.dumps(event)}\n\n".encode()
+                if kind == "end":
+                    yield f"event: end\ndata: {text}\n\n".encode()
                     return
-                yield f"data: {json.dumps(event)}\n\n".encode()
+                yield f"data: {text}\n\n".encode()
 
     return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})

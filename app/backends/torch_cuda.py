@@ -14,7 +14,7 @@ Two details of Ultralytics' ``Detect`` head matter for graphs:
   do not depend on the batch, so the engine builds them once and, before each call, sets the
   head's remembered shape to the incoming one: no rebuild, one anchor tensor forever.
 
-Batches in flight (``GpuPipeline(..., in_flight=N)``) all use this one engine. That is safe
+Batches in flight (``RunShape.in_flight``) all use this one engine. That is safe
 because ``forward`` only runs while the pipeline captures or warms up a graph, with nothing
 else running, so the head's ``shape`` attribute is never set by two threads at once; the
 graphs then replay one after another on the pipeline's compute stream. They share the weights

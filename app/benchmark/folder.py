@@ -27,7 +27,6 @@ def folder_rows(detector, weights: Path, images, n_images: int, batch: int, gpu:
     try:
         folder = make_folder(tmp / "images", images, n_images)
         out = tmp / "predictions.jsonl"
-        pipeline = detector.pipeline
         params = detector.params()
         predict_folder(detector, str(folder), out, params, batch=batch)  # warm: page cache, graphs
         t0 = time.perf_counter()
@@ -35,9 +34,9 @@ def folder_rows(detector, weights: Path, images, n_images: int, batch: int, gpu:
         wall = time.perf_counter() - t0
         lines = sum(1 for _ in out.open())
         read_s = _read_only_s(folder)
-        rows.append({"system": "yolopipe", "backend": pipeline.backend, "precision": pipeline.precision,
+        rows.append({"system": "yolopipe", "backend": detector.backend, "precision": detector.precision,
                      "input": "folder", "batch": batch, "mode": "folder",
-                     "decode": pipeline.decoder_name if gpu else "opencv", "images": summary.images,
+                     "decode": detector.decoder_name if gpu else "opencv", "images": summary.images,
                      "errors": summary.errors, "detections": summary.detections, "jsonl_lines": lines,
                      "wall_s": round(wall, 3), "img_per_s": round(summary.images / wall, 1), "p50_ms": None,
                      "read_only_s": round(read_s, 3), "read_only_img_per_s": round(summary.images / read_s, 1),
@@ -46,7 +45,7 @@ def folder_rows(detector, weights: Path, images, n_images: int, batch: int, gpu:
         log(f"  yolopipe folder: {summary.images} images in {wall:.2f} s = {rows[-1]['img_per_s']} img/s "
             f"(listing and reading the files alone: {read_s:.2f} s)")
         if ultralytics:
-            r = ultralytics_folder_row(weights, folder, n_images, batch, pipeline.precision if gpu else "fp32",
+            r = ultralytics_folder_row(weights, folder, n_images, batch, detector.precision if gpu else "fp32",
                                        0 if gpu else "cpu", max_ultralytics_s)
             rows.append(r)
             log(f"  Ultralytics folder: {r['images']} images in {r['wall_s']:.2f} s = {r['img_per_s']} img/s")

@@ -32,7 +32,6 @@ def decoded_frames(images) -> list[np.ndarray]:
 
 def serial_rows(detector, images, batch: int, budget: Budget, iters: int, warmup: int, gpu: bool) -> list[dict]:
     """Frames and JPEG bytes through the detector, one call at a time."""
-    pipeline = detector.pipeline
     params = detector.params()
     rows = []
     for input_, items in (("frames", batch_of(decoded_frames(images), batch)),
@@ -45,29 +44,25 @@ def serial_rows(detector, images, batch: int, budget: Budget, iters: int, warmup
         times = budget.measure(call, iters, warmup)
         extra: dict = {"mode": "serial"}
         if gpu and input_ == "jpeg":
-            extra["decode"] = pipeline.decoder_name
+            extra["decode"] = detector.decoder_name
         host = timings[-len(times):]
         for key in HOST_KEYS:
             v = median_of(host, key)
             if v is not None:
                 extra[f"host_{key}_p50"] = v
         if gpu:
-            extra["launch"] = pipeline.last_launch_path
-            prepared = [detector.prepare(x) for x in items]
-            prof = []
-            for _ in range(max(3, min(iters // 2, len(times)))):
-                prof.append(pipeline.run(prepared, params, profile=True).timings)
+            extra["launch"] = detector.last_launch_path
+            prof = [detector.profiled_timings(items, params) for _ in range(max(3, min(iters // 2, len(times))))]
             for key in GPU_KEYS:
                 v = median_of(prof, key)
                 if v is not None:
                     extra[f"{key}_p50"] = v
-        rows.append(row("yolopipe", pipeline.backend, pipeline.precision, input_, batch, times, **extra))
+        rows.append(row("yolopipe", detector.backend, detector.precision, input_, batch, times, **extra))
     return rows
 
 
 def pipelined_row(detector, items: list, input_: str, batch: int, n_images: int, decode: str | None) -> dict:
     """Throughput with ``in_flight`` batches in flight; the stage timeline of the run rides along."""
-    pipeline = detector.pipeline
     params = detector.params()
     in_flight = detector.shape.in_flight
     n_batches = max(in_flight, -(-n_images // batch))
@@ -84,7 +79,7 @@ def pipelined_row(detector, items: list, input_: str, batch: int, n_images: int,
             starts[k] = time.perf_counter()
             yield variants[k % len(variants)]
 
-    timeline = pipeline.start_timeline()  # GPU pipelines only: these rows are GPU rows
+    timeline = detector.start_timeline()  # GPU pipelines only: these rows are GPU rows
     t0 = time.perf_counter()
     try:
         for k, out in enumerate(detector.run_batches(batches(), params)):
@@ -92,13 +87,13 @@ def pipelined_row(detector, items: list, input_: str, batch: int, n_images: int,
             errors.extend(str(error) for error in out.errors.values())
     finally:
         wall = time.perf_counter() - t0
-        pipeline.stop_timeline()
+        detector.stop_timeline()
     done = len(latencies) * batch
-    r = row("yolopipe", pipeline.backend, pipeline.precision, input_, batch, latencies, mode="pipelined",
+    r = row("yolopipe", detector.backend, detector.precision, input_, batch, latencies, mode="pipelined",
             in_flight=in_flight, images=done, wall_s=round(wall, 3))
     r["img_per_s"] = round(done / wall, 1) if wall > 0 and done else None
     if decode is not None:
-        r["decode"] = pipeline.decoder_name
+        r["decode"] = detector.decoder_name
     if errors:
         r["errors"] = len(errors)
         r["first_error"] = errors[0][:300]
@@ -163,17 +158,18 @@ def bare_ort_rows(model_dir, meta, images, batches, budget: Budget, iters: int, 
     return rows
 
 
-def warm_buckets(pipeline, batches: list[int], log) -> list[dict]:
+def warm_buckets(detector, batches: list[int], log) -> list[dict]:
     """Capture every slot's graph of each needed bucket now, timing each bucket: the first
     capture of a new shape includes torch.compile's compilation of that shape."""
     records = []
-    for bucket in sorted({pipeline.bucket_for(b) for b in batches}):
+    for bucket in sorted({min(b for b in detector.buckets if b >= n) for n in batches}):
         graphs_before = _dynamo_graphs()
         t0 = time.perf_counter()
-        pipeline.warmup([bucket])
+        detector.warmup([bucket])
         seconds = time.perf_counter() - t0
-        rec = {"backend": pipeline.backend, "precision": pipeline.precision, "bucket": bucket,
-               "slots": pipeline.in_flight, "warmup_s": round(seconds, 2), "compiled": pipeline.engine.compiled}
+        rec = {"backend": detector.backend, "precision": detector.precision, "bucket": bucket,
+               "slots": detector.shape.in_flight, "warmup_s": round(seconds, 2),
+               "compiled": detector.engine.compiled}
         after = _dynamo_graphs()
         if graphs_before is not None and after is not None:
             rec["dynamo_graphs_compiled"] = after - graphs_before

@@ -136,13 +136,13 @@ class _Context:
         detector = open_detector(o.weights, backend=backend, precision=precision, artifacts_dir=o.artifacts_dir,
                                  max_batch=max_b, compile=compile_)
         with detector:
-            pipe = detector.pipeline
-            self.log(f"{backend} {precision}: {pipe.in_flight} batches in flight, max batch {pipe.max_batch}, "
-                     f"compiled={pipe.engine.compiled}, decoder {pipe.decoder_name}, "
-                     f"dispatch={'driver' if pipe.raw_launch_error is None else 'torch: ' + pipe.raw_launch_error}")
-            these = [b for b in o.batches if b <= pipe.max_batch]
-            pbatches = [b for b in pbatches if b <= pipe.max_batch]
-            self.setup.extend(R.warm_buckets(pipe, these + pbatches, self.log))
+            shape, launch_error = detector.shape, detector.raw_launch_error
+            self.log(f"{backend} {precision}: {shape.in_flight} batches in flight, max batch {shape.max_batch}, "
+                     f"compiled={detector.engine.compiled}, decoder {detector.decoder_name}, "
+                     f"dispatch={'driver' if launch_error is None else 'torch: ' + launch_error}")
+            these = [b for b in o.batches if b <= shape.max_batch]
+            pbatches = [b for b in pbatches if b <= shape.max_batch]
+            self.setup.extend(R.warm_buckets(detector, these + pbatches, self.log))
             base = {"backend": backend, "precision": precision}
             for b in these:
                 self.add(self.attempt({**base, "batch": b, "mode": "serial"}, lambda b=b: R.serial_rows(
@@ -152,18 +152,18 @@ class _Context:
                 datas = [d for _, d in self.images]
                 for input_, items, decode in [("frames", frames, None)] + [("jpeg", datas, d) for d in o.decoders]:
                     if decode is not None:
-                        pipe.decode = decode
+                        detector.use_decoder(decode)
                     for b in pbatches:
                         r = self.attempt({**base, "batch": b, "mode": "pipelined", "input": input_, "decode": decode},
                                          lambda items=items, input_=input_, b=b, decode=decode: R.pipelined_row(
                                              detector, items, input_, b, o.pipelined_images, decode))
                         self.add([r] if r else [])
-                pipe.decode = "gpu"
+                detector.use_decoder("gpu")
             if backend == "torch-cuda" and o.wants("bare"):
                 best = _best_batch(self.rows, backend, precision)
                 for b in sorted({1, best}):
                     r = self.attempt({**base, "batch": b, "mode": "bare"}, lambda b=b: R.bare_torch_row(
-                        pipe.engine, self.meta, self.images, b, self.budget, o.iters, o.warmup))
+                        detector.engine, self.meta, self.images, b, self.budget, o.iters, o.warmup))
                     self.add([r] if r else [])
             if folder:
                 from app.benchmark.folder import folder_rows
@@ -225,27 +225,27 @@ def _fidelity_rows(detector, model_dir) -> list[dict]:
     from app.benchmark.workloads import varied_jpegs
     from app.imaging.decode import decode_image
 
-    pipe = detector.pipeline
     model = YOLO(str(model_dir / "weights.pt"))
     varied = varied_jpegs()
     params = detector.params()
     refs = []
     for _, data in varied:
         r = model.predict(decode_image(data), imgsz=640, rect=False, conf=params.conf, iou=params.iou,
-                          quantize=pipe.precision, device=0, verbose=False)[0].boxes
+                          quantize=detector.precision, device=0, verbose=False)[0].boxes
         refs.append((r.xyxy.cpu().numpy(), r.conf.cpu().numpy(), r.cls.cpu().numpy().astype(int)))
     rows = []
     for decode in ("gpu", "opencv"):
-        pipe.decode = decode
+        detector.use_decoder(decode)
         dets = detector.detect([d for _, d in varied], params)
         pairs = [(ref, (d.detections.boxes, d.detections.scores, d.detections.class_ids)) for ref, d in zip(refs, dets)
                  if d.detections is not None]
-        rows.append({"system": "fidelity", "backend": pipe.backend, "precision": pipe.precision, "input": "jpeg",
-                     "batch": pipe.max_batch, "decode": pipe.decoder_name, "images": len(varied),
+        rows.append({"system": "fidelity", "backend": detector.backend, "precision": detector.precision,
+                     "input": "jpeg", "batch": detector.shape.max_batch, "decode": detector.decoder_name,
+                     "images": len(varied),
                      "errors": sum(d.error is not None for d in dets), "agreement": agreement(pairs),
                      "img_per_s": None, "p50_ms": None, "p99_ms": None,
                      "reference": "Ultralytics predict, same precision, on OpenCV's decode of each file"})
-    pipe.decode = "gpu"
+    detector.use_decoder("gpu")
     return rows
 
 

@@ -12,7 +12,8 @@ photo, 9 heads in batches of 1 to 64, up to 1.5 px apart; 2 or 3 among companion
 So every convolution and matrix product is built as one of inductor's Triton templates
 (``max_autotune`` with the Triton backends alone), tuned once at build time and then run with
 the same tiles and the same order of summation at every batch size. The build checks that: the
-package must give an image the same bits alone and anywhere in larger batches, or it is refused.
+package must give an image the same bits alone and anywhere in larger batches, or it is refused
+(``app.builder.torch_check``).
 
 A run loads that file (``app.backends.torch_cuda``): no Dynamo tracing, no inductor, no
 Ultralytics import at start-up.
@@ -31,9 +32,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -56,6 +54,7 @@ from app.artifacts.torch_engines import (
     save_manifest,
     sha256_of,
 )
+from app.builder.torch_check import batch_variance, check_in_fresh_process
 from app.config import ENGINE_MAX_BATCH
 from app.errors import ArtifactError, BackendUnavailable, InvalidParameter
 from app.types import ModelMeta
@@ -348,72 +347,3 @@ def check_package(path: Path, example: Any, reference: Any, key: TorchEngineKey,
             "inductor": f"aoti_compile_and_package, {inductor_configs(key.batch_invariant) or 'default settings'}; "
                         "linked by app.builder.aoti_link",
             "batch_invariance_checked": key.batch_invariant, "fresh_process": fresh}
-
-
-def batch_variance(runner: Any, example: Any, key: TorchEngineKey) -> list[str]:
-    """Where ``runner`` gives one image other bits than it gives it alone: at the first and last
-    place of batches of other sizes in the key's range, among random companions (empty: nowhere)."""
-    import torch
-
-    sizes = sorted({n for n in (2, 3, 8, 17, key.max_batch) if key.min_batch <= n <= key.max_batch})
-    if key.min_batch > 1 or not sizes:
-        return []
-    probe = example[:1].contiguous()
-    alone = runner(probe).clone()
-    gen = torch.Generator().manual_seed(1)
-    found = []
-    for n in sizes:
-        batch = torch.rand((n, *probe.shape[1:]), generator=gen).to(probe.device, probe.dtype)
-        for place in sorted({0, n - 1}):
-            batch[place] = probe[0]
-            got = runner(batch.contiguous())[place]
-            if not torch.equal(got, alone[0]):
-                found.append(f"at place {place} of a batch of {n} (by up to {(got.float() - alone[0].float()).abs().max().item():.3g})")
-            batch[place] = torch.rand(probe.shape[1:], generator=gen).to(probe.device, probe.dtype)
-    return found
-
-
-FRESH_CHECK = """
-import json, sys, time
-from pathlib import Path
-import torch
-from app.gpu.torch_model import load_package
-path, index, batch, size, dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-device = torch.device("cuda", index)
-started = time.perf_counter()
-run = load_package(Path(path), device)
-loaded = time.perf_counter()
-with torch.inference_mode():
-    out = run(torch.zeros((batch, 3, size, size), dtype=getattr(torch, dtype), device=device))
-    torch.cuda.synchronize(device)
-print(json.dumps({"shape": tuple(out.shape), "load_s": round(loaded - started, 3),
-                  "first_run_s": round(time.perf_counter() - loaded, 3)}))
-"""
-
-
-def check_in_fresh_process(path: Path, index: int, key: TorchEngineKey, meta: ModelMeta) -> dict[str, float]:
-    """Load and run the package in a new process, as every later run does: a package that loads in
-    the process that compiled it may still crash one that did not (seen on the H200). Returns the
-    seconds that process took to load it (``load_s``, the CUDA context created before) and to run
-    its first batch (``first_run_s``)."""
-    import app
-
-    root = str(Path(app.__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    dtype = "float16" if key.precision == "fp16" else "float32"
-    args = [str(path), str(index), str(key.min_batch), str(meta.imgsz), dtype]
-    try:
-        proc = subprocess.run([sys.executable, "-c", FRESH_CHECK, *args], capture_output=True, text=True,
-                              timeout=300, env=env, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise BackendUnavailable("the AOTInductor package just built did not load in a fresh process within 300 s") from exc
-    if proc.returncode != 0:
-        how = (f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
-               else f"exit code {proc.returncode}")
-        tail = " | ".join(line.strip() for line in proc.stderr.strip().splitlines()[-12:])
-        raise BackendUnavailable(f"the AOTInductor package just built does not run in a fresh process here "
-                                 f"({how}): {tail}"[:1500])
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    timings = json.loads(lines[-1]) if lines else {}
-    return {k: float(timings[k]) for k in ("load_s", "first_run_s") if k in timings}

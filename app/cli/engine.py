@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from app.cli import console
+from app.cli.terminal import console
 from app.config import BACKENDS, ENGINE_PRECISIONS, check_choice
 from app.errors import BackendUnavailable, InvalidParameter
 

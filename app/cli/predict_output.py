@@ -1,18 +1,16 @@
-"""``predict``'s outputs that are not a folder's: the streams' JSON lines, the progress bar, the
-start-up report, and ``--video-decode`` checked before any work. Imported by ``predict`` when it runs."""
+"""``predict``'s terminal output beside its JSON lines: the progress bar, the start-up report, and
+``--video-decode`` checked before any work. Imported by ``predict`` when it runs."""
 
 from __future__ import annotations
 
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
-import typer
 from rich.markup import escape
 
-from app.cli import ExitCode, console
+from app.cli.terminal import console
 from app.errors import YolopipeError
 from app.types import StartupSteps, process_age_s
 
@@ -41,9 +39,9 @@ class StartupReport:
                 self.steps.listener = None
                 self._opened_at = time.perf_counter()
 
-    def watch(self, on_progress: Callable[[int, int], None]) -> Callable[[int, int], None]:
+    def watch(self, on_progress: Callable[[int, int | None], None]) -> Callable[[int, int | None], None]:
         """``on_progress`` that also reports the start-up once the first results are written."""
-        def progress(advance: int, total: int) -> None:
+        def progress(advance: int, total: int | None) -> None:
             on_progress(advance, total)
             if advance and not self._reported:
                 self._reported = True
@@ -74,43 +72,10 @@ def check_video_decode(detector: Any) -> None:
         raise
 
 
-def predict_streams_command(source: str, out: Path, *, detect: dict, vid_stride: int, track: bool, **model) -> None:
-    """``predict`` on a URL or a ``.streams``/``.txt`` list: every source at once, one JSON line per
-    processed frame on ``--out`` (``-``: stdout), flushed per frame, until every source has ended."""
-    import sys
-
-    from app.predict.streams import predict_streams, read_source_list
-    from app.runtime import open_detector
-
-    sources = read_source_list(source)
-    with console.status("loading model…"):
-        detector = open_detector(max_batch=model.pop("batch"), **model)
-    check_video_decode(detector)
-    to_stdout = str(out) == "-"
-    if not to_stdout:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    with detector, (contextlib.nullcontext(sys.stdout) if to_stdout else open(out, "w")) as fh:
-        info = detector.info()
-        console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']} · "
-                      f"{len(sources)} streams", highlight=False)
-
-        def write(line: str) -> None:
-            fh.write(line + "\n")
-            fh.flush()
-
-        summary = predict_streams(detector, sources, write, detector.params(**detect), vid_stride=vid_stride,
-                                  track=track)
-    for line in summary.failed[:20]:
-        console.print(f"[yellow]failed[/] {escape(line)}", highlight=False)
-    console.print(f"{summary.streams} streams, {summary.frames} frames, {summary.detections} detections, "
-                  f"{summary.dropped} dropped, {len(summary.failed)} failed → {out}", highlight=False)
-    if summary.failed:
-        raise typer.Exit(ExitCode.INCOMPLETE)
-
-
 @contextlib.contextmanager
-def progress_bar() -> Iterator[Callable[[int, int], None]]:
-    """A progress bar on stderr; yields its ``on_progress(advance, total)``."""
+def progress_bar() -> Iterator[Callable[[int, int | None], None]]:
+    """A progress bar on stderr; yields its ``on_progress(advance, total)``: images and video
+    frames done (total None: not known, shown as ?)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     columns = (TextColumn("predict"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())

@@ -49,11 +49,12 @@ class DetectorActor:
         *,
         model_dir: str,
         onnx_sha256: str,
-        open_kwargs: dict[str, Any],
+        open_kwargs: dict[str, Any],  # the job's backend, precision and max_batch
         params: dict[str, Any],
         bundle: Any = None,
         ort_threads: int | None = None,
     ) -> None:
+        from app.contracts import RunShape
         from app.distributed.shipping import model_dir_here
         from app.runtime import open_model_dir
 
@@ -64,9 +65,11 @@ class DetectorActor:
             fetch = lambda: ray.get(bundle[0])
         here = model_dir_here(model_dir, onnx_sha256, fetch)
         # The export already exists and matches: it is only loaded, never rebuilt.
-        self.detector = open_model_dir(here, ort_threads=ort_threads or 0, **open_kwargs)
+        self.detector = open_model_dir(here, RunShape(max_batch=open_kwargs["max_batch"]),
+                                       backend=open_kwargs["backend"], precision=open_kwargs["precision"],
+                                       ort_threads=ort_threads or 0)
         self.params = self.detector.params(**params)
-        self.detector.pipeline.warmup()  # GPU pipelines: capture every bucket's graph now
+        self.detector.warmup()  # GPU pipelines: capture every bucket's graph now
 
     def __call__(self, batch: Any) -> Any:
         from app.errors import InvalidImage

@@ -33,16 +33,24 @@ for an event recorded on the decoder's stream after the batch. A decoder serves 
 a time (``lock``): a decode of 128 photos takes about half the engine's time for them, so one
 decoder keeps ahead of the engine, provided its streams do not share a hardware queue with
 the engine's (``app/gpu/__init__.py``: ``CUDA_DEVICE_MAX_CONNECTIONS``).
+
+A pipeline keeps its decoders in ``Decoders`` (closed with it) and sends each batch's JPEGs to
+the one in use, or to OpenCV, by ``split_jpegs``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from typing import Any
 
 import numpy as np
 
 from app.config import decoder_name
+from app.contracts import EncodedImage
 from app.errors import BackendUnavailable
 from app.gpu.decoded import DeviceImage, GpuJpegDecoder, cpu_decode, decoded_size  # noqa: F401 (shared, named here too)
 from app.gpu.jpeg import JpegHeader, apply_orientation
@@ -107,6 +115,64 @@ def make_decoder(decode: str, device: int, threads: int) -> GpuJpegDecoder | Non
             raise
         log.warning("GPU JPEG decode: %s; using torchvision's nvJPEG (pixels differ more from OpenCV's)", exc)
         return NvJpegDecoder(device)
+
+
+class Decoders:
+    """A pipeline's JPEG decoders (``make_decoder``'s; None for ``opencv``), one per ``decode``
+    value used, each made on its first use and kept until ``close``, which closes them all.
+    ``decode`` names the one in use (``use``)."""
+
+    def __init__(self, device: int, threads: int) -> None:
+        self.device, self.threads = device, threads
+        self.by_name: dict[str, GpuJpegDecoder | None] = {}
+        self.decode = ""
+
+    def use(self, value: str) -> None:
+        """Decode with ``value`` from now on (an old alias resolved); its decoder is made now if
+        it is new, so that a missing library shows here."""
+        value = decoder_name(value)
+        if value not in self.by_name:
+            self.by_name[value] = make_decoder(value, self.device, self.threads)
+        self.decode = value
+
+    @property
+    def current(self) -> GpuJpegDecoder | None:
+        """The decoder in use; None: OpenCV in the host threads."""
+        return self.by_name[self.decode]
+
+    @property
+    def name(self) -> str:
+        """What decodes JPEG now: ``nvimgcodec``, ``nvjpeg`` or ``opencv``."""
+        decoder = self.current
+        return decoder.name if decoder is not None else "opencv"
+
+    def close(self) -> None:
+        for decoder in self.by_name.values():
+            if decoder is not None:
+                with contextlib.suppress(Exception):
+                    decoder.close()
+        self.by_name.clear()
+
+
+def decode_on_host(jpegs: Sequence[EncodedImage], max_pixels: int, pool: Callable[[], Executor]) -> list:
+    """``decode="opencv"``: OpenCV's frames of ``jpegs`` (their headers already read), or errors;
+    more than one on ``pool()``'s threads."""
+    def one(image: EncodedImage) -> Any:
+        return cpu_decode(image.data, image.header, max_pixels=max_pixels)
+
+    if len(jpegs) == 1:
+        return [one(jpegs[0])]
+    return list(pool().map(one, jpegs))
+
+
+def split_jpegs(decoder: GpuJpegDecoder | None, jpegs: Sequence[EncodedImage], max_pixels: int,
+                pool: Callable[[], Executor]) -> tuple[list[tuple[int, JpegHeader]], dict[int, Any]]:
+    """The JPEGs ``decoder`` decodes in place (``(k, header)`` for ``jpegs[k]``), routed by the
+    headers that came with the bytes (none is parsed again), and the others' answers by ``k``:
+    OpenCV's frames or errors. No ``decoder`` (``opencv``): all of them by ``decode_on_host``."""
+    if decoder is None:
+        return [], dict(enumerate(decode_on_host(jpegs, max_pixels, pool))) if jpegs else {}
+    return decoder.split([x.data for x in jpegs], [x.header for x in jpegs])
 
 
 def to_host_bgr(img: DeviceImage, stream) -> np.ndarray:

@@ -10,11 +10,12 @@ writes it there. Frames are copied into the pinned buffer on the calling thread,
 host threads at once once there are megabytes of them (NumPy releases the GIL for the copies);
 JPEGs decoded on the GPU never touch the host.
 
-A JPEG waits in ``BatchPlan.pending`` until its decode is settled (``settle_decoded``): it
-joins the batch (``placed``, what the params header and so the graph read) only when the
-decoder reported it decoded whole at its place, or as OpenCV's frame of it written there; any
-other answer is the image's error and its place is read by nothing. ``write_header`` refuses
-a plan with an image still pending.
+A JPEG waits in ``BatchPlan.pending`` until its decode is settled (``settle_decoded``;
+``settle_and_upload`` also uploads OpenCV's frames into the slot's device staging): it joins
+the batch (``placed``, what the params header and so the graph read) only when the decoder
+reported it decoded whole at its place, or as OpenCV's frame of it written there; any other
+answer is the image's error and its place is read by nothing. ``write_header`` refuses a plan
+with an image still pending.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from app.errors import InvalidImage, YolopipeError
+from app.errors import InvalidImage, InvalidParameter, YolopipeError
 from app.gpu.decoded import IN_PLACE
 from app.gpu.memory import align_up
 from app.gpu.preprocess import LAYOUT_HWC_BGR, fill_params, letterbox_placement
@@ -46,6 +47,26 @@ def bucket_sizes(max_batch: int) -> list[int]:
         b *= 2
     sizes.append(max_batch)
     return sizes
+
+
+def bucket_for(buckets: Sequence[int], n: int) -> int:
+    """The smallest of ``buckets`` (``bucket_sizes``) that takes ``n`` images."""
+    for b in buckets:
+        if b >= n:
+            return b
+    raise InvalidParameter(f"batch of {n} images is over max_batch {buckets[-1]}")
+
+
+def bucket_to_run(buckets: Sequence[int], n: int, captured: Callable[[int], bool] | None = None) -> int:
+    """The bucket ``n`` images run in: the smallest that takes them; given ``captured`` (whether a
+    bucket's graph is captured already) and that one not captured, the smallest captured one that
+    takes them, if any."""
+    exact = bucket_for(buckets, n)
+    if captured is not None and not captured(exact):
+        for b in buckets:
+            if b > exact and captured(b):
+                return b
+    return exact
 
 
 @dataclass
@@ -117,6 +138,22 @@ def settle_decoded(
         else:  # not reported decoded: refused as OpenCV refuses what it cannot decode
             errors[i] = undecodable("jpeg")
     return uploads, errors
+
+
+def settle_and_upload(staging: Any, plan: BatchPlan, answers: Sequence[Any], stream: Any, size: int,
+                      results: list[Any]) -> None:
+    """``settle_decoded`` in a slot's ``staging``: each JPEG joins the batch only as the decoder
+    reported it decoded in place, or as OpenCV's frame of it (through the pinned staging, H2D on
+    ``stream``, the decoder's); any other answer is its error in ``results``, and its place is
+    read by nothing."""
+    from app.gpu.driver import copy_host_to_device, cuda_driver
+
+    uploads, errors = settle_decoded(plan, answers, staging.host_np, size)
+    for i, err in errors.items():
+        results[i] = err
+    if uploads:
+        dev, host = staging.dev.data_ptr(), staging.host.data_ptr()
+        copy_host_to_device(cuda_driver(), [(dev + off, host + off, n) for off, n in uploads], stream.cuda_stream)
 
 
 def write_header(host_params: np.ndarray, plan: BatchPlan, bucket: int) -> None:

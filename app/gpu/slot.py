@@ -1,6 +1,6 @@
 """A batch slot: everything one batch in flight owns while it is decoded, uploaded, run and read.
 
-The pipeline keeps a few slots (``GpuPipeline(in_flight=3)``); a ``run`` takes a free one and
+The pipeline keeps a few slots (``RunShape.in_flight``); a ``run`` takes a free one and
 gives it back once the batch's results are on the host. So with three runs in flight, batch
 N+1 is decoded and uploaded into its slot while batch N's graph runs and batch N−1's rows are
 unpacked from theirs, and no buffer is ever written while the GPU may still read it.
@@ -14,8 +14,10 @@ slot's), three events (``uploaded`` on the copy stream, ``decoded`` on the decod
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from app.contracts import DetectParams
 from app.gpu.memory import CapturedGraphs, HostResults, Staging
 from app.types import ModelMeta
 
@@ -44,6 +46,24 @@ class BatchSlot:
             ev.record(stream)
         stream.synchronize()
 
+    def set_nms_params(self, params: DetectParams, stream: Any, context: Callable[[], Any] = contextlib.nullcontext
+                       ) -> None:
+        """The request's NMS parameters into this slot's device params, on ``stream`` (Numba's) inside
+        ``context()`` (the device's Numba context); they persist, so rewritten only on change."""
+        key = (params.conf, params.iou, params.max_det, params.classes, params.agnostic)
+        if key != self.nms_params_key:
+            with context():
+                self.nms.set_params(conf=params.conf, iou=params.iou, max_det=params.max_det,
+                                    classes=params.classes, agnostic=params.agnostic, stream=stream)
+            self.nms_params_key = key
+
+    def unpack(self, placed: Sequence[tuple], results: list[Any]) -> None:
+        """Rows per image, once ``done`` has fired: batch position ``j``'s rows and letterbox into
+        ``results`` at ``placed[j]``'s result index."""
+        counts, rows = self.results.counts, self.results.rows
+        for j, (i, lb, _, _) in enumerate(placed):
+            results[i] = (rows[j, : int(counts[j])].copy(), lb)
+
     def handles(self) -> dict[str, int]:
         """Raw ``CUevent`` handles for the driver path."""
         return {"uploaded": int(self.uploaded.cuda_event), "done": int(self.done.cuda_event)}
@@ -68,6 +88,28 @@ class BatchSlot:
         self.nms.free()
         self.results.free()
         self.staging.free()
+
+
+def shrink_staging(slots: Sequence[BatchSlot], capacity: int, device: int, attach: Callable[[BatchSlot], Any]
+                   ) -> None:
+    """Staging grown past ``capacity`` (for large images) back to it, with no batch in flight:
+    the grown slots' graphs and staging freed, then torch's cached device blocks and pinned host
+    blocks (after, so that a new buffer never splits a freed one), then each given new staging of
+    ``capacity`` bytes and ``attach``ed again (its graphs are captured again on their next use)."""
+    import torch
+
+    grown = [slot for slot in slots if slot.staging.capacity > capacity]
+    torch.cuda.synchronize(device)
+    for slot in grown:  # freed before the caches are emptied: a new buffer must not split a freed one
+        slot.graphs.free()
+        slot.staging.free()
+    torch.cuda.empty_cache()
+    host_empty_cache = getattr(torch._C, "_host_emptyCache", None)  # pinned blocks
+    if host_empty_cache is not None:
+        host_empty_cache()
+    for slot in grown:
+        slot.resize_staging(capacity)
+        attach(slot)
 
 
 def new_staging(max_batch: int, capacity: int, device: int) -> Staging:

@@ -5,7 +5,9 @@ rows of every ok image (rows × 6 float32: x1, y1, x2, y2, score, class in sourc
 record order), then each failed image's error code and message (UTF-8, in record order):
 fixed-size parts the inference worker writes from arrays (a ``DetectedBatch``'s, with each
 image's request, index and waits: ``app.service.inference.answers``), a batch at a time, with
-no object per image. An HTTP worker reads them back as ``Outcome`` objects.
+no object per image. An HTTP worker reads them back as arrays too, and gathers each request's
+shares of the batches its images ran in into one ``RequestAnswers``: a ``DetectedBatch`` in the
+request's order, what the formatters take.
 """
 
 from __future__ import annotations
@@ -79,21 +81,6 @@ class Answers:
         return DetectedBatch(self.records["width"].astype(np.int64), self.records["height"].astype(np.int64),
                              self.records["rows"].astype(np.int64), self.rows, dict(self.errors), self.timings)
 
-    def outcomes(self) -> list[Outcome]:
-        """As ``Outcome`` objects, each with its own detections (what an HTTP worker reads)."""
-        out = []
-        pos = 0
-        for i, (req_id, index, ok, width, height, decode_ms, queue_ms, n) in enumerate(self.records.tolist()):
-            o = Outcome(req_id, index, width, height, decode_ms=decode_ms, queue_ms=queue_ms, batch=self.timings)
-            if ok:
-                o.detections = Detections.from_rows(self.rows[pos : pos + n])
-                pos += n
-            else:
-                o.error = self.errors.get(i) or YolopipeError("no answer")
-            out.append(o)
-        return out
-
-
 def answers_frame(answers: Answers, timings_json: bytes | None = None) -> bytes:
     """One RESULTS frame; ``timings_json``: the batch's timings already encoded (shared by owners)."""
     timings = json.dumps(answers.timings).encode() if timings_json is None else timings_json
@@ -109,11 +96,6 @@ def answers_frame(answers: Answers, timings_json: bytes | None = None) -> bytes:
 def results(outcomes: list[Outcome], batch_timings: dict[str, float] | None = None) -> bytes:
     """One frame for several answers given one by one (errors, tests)."""
     return answers_frame(Answers.of(outcomes, batch_timings))
-
-
-def read_results(body: bytes) -> tuple[dict[str, float], list[Outcome]]:
-    answers = read_answers(body)
-    return answers.timings, answers.outcomes()
 
 
 def read_answers(body: bytes) -> Answers:
@@ -136,3 +118,30 @@ def read_answers(body: bytes) -> Answers:
         pos += n_code + n_msg
         errors[i] = error_from_code(code, message)
     return Answers(records, rows, errors, timings)
+
+
+@dataclass(slots=True)
+class RequestAnswers:
+    """One request's answers, image by image in its order: the detector's arrays (``detected``),
+    and per image how long it decoded and waited and the timings of the batch it ran in."""
+
+    detected: DetectedBatch
+    decode_ms: list[float]
+    queue_ms: list[float]
+    batch_timings: list[dict[str, float]]
+
+
+def request_answers(shares: list[Answers]) -> RequestAnswers:
+    """A request's answers from its shares of the batches its images ran in (in any order; each
+    record's ``index``: the image's place in the request)."""
+    if not shares:
+        return RequestAnswers(DetectedBatch.failed([]), [], [], [])
+    joined = Answers(np.concatenate([s.records for s in shares]), np.concatenate([s.rows for s in shares]), {}, {})
+    batch_timings: list[dict[str, float]] = []
+    for share in shares:
+        joined.errors.update((len(batch_timings) + k, e) for k, e in share.errors.items())
+        batch_timings += [share.timings] * len(share.records)
+    order = np.argsort(joined.records["index"], kind="stable")
+    records = joined.records[order]
+    return RequestAnswers(joined.detected().take(order), records["decode_ms"].tolist(), records["queue_ms"].tolist(),
+                          [batch_timings[p] for p in order.tolist()])

@@ -24,7 +24,7 @@ from app.contracts import DetectParams
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
 from app.imaging.headers import ImageHeader
 from app.ipc import wire
-from app.ipc.answers import read_results
+from app.ipc.answers import Answers, RequestAnswers, read_answers, request_answers
 from app.ipc.layout import RunLayout
 from app.ipc.ring import Ring
 
@@ -46,7 +46,8 @@ class _Request:
         self.headers = headers
         self.params = params
         self.deadline = deadline
-        self.outcomes: list[wire.Outcome | None] = [None] * len(images)
+        self.count = len(images)
+        self.shares: list[Answers] = []  # its images' answers, a share of each batch they ran in
         self.sent = 0
         client._unsent += len(images)
         self.answered = 0
@@ -58,7 +59,7 @@ class _Request:
         self.error: YolopipeError | None = None
 
     def send_next(self) -> None:
-        if self.done.done() or self.sent >= len(self.outcomes):
+        if self.done.done() or self.sent >= self.count:
             return
         index = self.sent
         self.sent += 1
@@ -69,23 +70,26 @@ class _Request:
         except YolopipeError as exc:
             self.fail(exc.with_traceback(None))  # its traceback holds this frame, which holds self
 
-    def answer(self, outcome: wire.Outcome) -> None:
+    def answer(self, share: Answers) -> None:
+        """Some of its images' answers (its share of one batch)."""
         if self.done.done():
             return
-        if isinstance(outcome.error, SERVER_SIDE):
-            self.fail(outcome.error)
-            return
-        self.outcomes[outcome.index] = outcome
-        self.answered += 1
-        if self.answered == len(self.outcomes):
+        for error in share.errors.values():
+            if isinstance(error, SERVER_SIDE):
+                self.fail(error)
+                return
+        self.shares.append(share)
+        self.answered += len(share.records)
+        if self.answered == self.count:
             self.done.set_result(None)
-        else:
+            return
+        for _ in range(len(share.records)):
             self.send_next()
 
     def fail(self, error: YolopipeError) -> None:
         if not self.done.done():
-            self.client._unsent -= len(self.outcomes) - self.sent  # never to be sent now
-            self.sent = len(self.outcomes)
+            self.client._unsent -= self.count - self.sent  # never to be sent now
+            self.sent = self.count
             self.error = error
             self.done.set_result(None)
             self.images = self.headers = None  # nothing more is sent (the worker has its copies)
@@ -163,14 +167,19 @@ class _Link(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         for kind, body in self.reader.feed(data):
             if kind == wire.RESULTS:
-                _, outcomes = read_results(body)
-                for outcome in outcomes:
-                    entry = self.waiting.pop((outcome.req_id, outcome.index), None)
+                answers = read_answers(body)
+                positions: dict[_Request, list[int]] = {}  # each waiting request's images in this batch
+                keys = zip(answers.records["req_id"].tolist(), answers.records["index"].tolist())
+                for position, key in enumerate(keys):
+                    entry = self.waiting.pop(key, None)
                     if entry is None:
                         continue
                     request, offset = entry
                     self.ring.free(offset)
-                    request.answer(outcome)
+                    positions.setdefault(request, []).append(position)
+                if positions:
+                    for request, share in zip(positions, answers.split(list(positions.values()))):
+                        request.answer(share)
             elif kind == wire.HELLO and self._hello is not None and not self._hello.done():
                 self._hello.set_result(wire.read_hello(body))
 
@@ -224,10 +233,15 @@ class InferenceClient:
             link.close()
 
     @property
+    def max_batch(self) -> int:
+        """Images per batch the inference workers run: their run shape's, as they clamped it (their
+        hello says it). Before any hello, the settings' (until then every call is refused)."""
+        return (self.info or {}).get("max_batch", self.settings.max_batch)
+
+    @property
     def window(self) -> int:
-        """Images of one request at the inference workers at once (``Settings.window`` of the
-        ``max_batch`` the inference workers run, as their hello says)."""
-        return self.settings.window((self.info or {}).get("max_batch", self.settings.max_batch))
+        """Images of one request at the inference workers at once (``Settings.window`` of ``max_batch``)."""
+        return self.settings.window(self.max_batch)
 
     @property
     def ready(self) -> bool:
@@ -305,8 +319,8 @@ class InferenceClient:
             raise wire.over_budget(seconds, self.settings.budget_s, images=images, ahead=ahead)
 
     async def detect(self, images: list[bytes], params: DetectParams,
-                     headers: list[ImageHeader] | None = None) -> list[wire.Outcome]:
-        """Each image's outcome, in order (its own error inside). ``headers``: each image's, as
+                     headers: list[ImageHeader] | None = None) -> RequestAnswers:
+        """Each image's answer, in order (its own error inside). ``headers``: each image's, as
         checked here; they travel with the bytes, so the inference worker does not read them
         again. Raises Overloaded, DeviceError or RequestTimeout when the request as a whole
         cannot be served."""
@@ -318,7 +332,7 @@ class InferenceClient:
             self.calls_in_flight -= 1
 
     async def _detect(self, images: list[bytes], params: DetectParams,
-                      headers: list[ImageHeader] | None) -> list[wire.Outcome]:
+                      headers: list[ImageHeader] | None) -> RequestAnswers:
         timeout = self.settings.request_timeout_s
         self.admit(len(images))
         request = _Request(self, images, params, time.monotonic() + timeout, headers)
@@ -333,10 +347,10 @@ class InferenceClient:
             raise
         # Raised below, the error's traceback holds this frame (and ``images``): neither the
         # request (a worker may still answer its images) nor this frame may hold the error.
-        outcomes, error, request.error = request.outcomes, request.error, None
+        shares, error, request.error = request.shares, request.error, None
         del request
         if error is None:
-            return outcomes  # type: ignore[return-value]
+            return request_answers(shares)
         try:
             raise error
         finally:

@@ -5,7 +5,8 @@ and listens for their control on a socket of its own beside the image socket, so
 path is untouched. Every message is one ``wire.STREAM`` frame holding a JSON object: a request
 (``{"op": "add" | "list" | "delete" | "events", ...}``), then one answer (``{"ok": ...}`` or
 ``{"error": {"code", "message"}}``); after ``events`` the worker sends one ``{"event": ...}``
-per processed frame until the stream ends (``{"end": state}``) or the connection closes.
+per processed frame until the stream ends (``{"end": state}``) or the connection closes. An
+event is written once, as JSON text, by the worker; the HTTP worker passes that text on.
 
 A stream id names its worker (``"<worker>-<n>"``), so any HTTP worker can route to it.
 """
@@ -78,13 +79,17 @@ class StreamsClient:
             raise Overloaded(f"inference worker {worker} is not ready for streams; retry shortly") from None
 
     @staticmethod
-    async def _read(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    async def _read_body(reader: asyncio.StreamReader) -> bytes | None:
         try:
             head = await reader.readexactly(wire.FRAME.size)
             length, _kind = wire.FRAME.unpack(head)
-            return wire.read_stream_message(await reader.readexactly(length))
+            return await reader.readexactly(length)
         except (asyncio.IncompleteReadError, ConnectionError):
             return None
+
+    async def _read(self, reader: asyncio.StreamReader) -> dict[str, Any] | None:
+        body = await self._read_body(reader)
+        return None if body is None else wire.read_stream_message(body)
 
     async def ask(self, worker: int, message: dict[str, Any]) -> dict[str, Any]:
         reader, writer = await self._open(worker)
@@ -121,9 +126,10 @@ class StreamsClient:
     async def get(self, worker: int, stream_id: str) -> dict[str, Any] | None:
         return next((s for s in (await self.ask(worker, {"op": "list"}))["streams"] if s["id"] == stream_id), None)
 
-    async def events(self, worker: int, stream_id: str) -> AsyncIterator[dict[str, Any]] | None:
-        """Each processed frame of the stream as the worker sends it, ending with ``{"end": state}``;
-        ``None`` when the worker has no such stream."""
+    async def events(self, worker: int, stream_id: str) -> AsyncIterator[tuple[str, str]] | None:
+        """``("event", JSON text)`` per processed frame of the stream, the text as the worker wrote
+        it, then ``("end", '{"end": state}')`` when the stream ends; ``None`` when the worker has no
+        such stream."""
         reader, writer = await self._open(worker)
         writer.write(wire.stream_message({"op": "events", "id": stream_id}))
         await writer.drain()
@@ -132,13 +138,14 @@ class StreamsClient:
             writer.close()
             return None
 
-        async def frames() -> AsyncIterator[dict[str, Any]]:
+        async def frames() -> AsyncIterator[tuple[str, str]]:
             try:
-                while (message := await self._read(reader)) is not None:
-                    if "end" in message:
-                        yield {"end": message["end"]}
+                while (body := await self._read_body(reader)) is not None:
+                    event = wire.stream_event_text(body)
+                    if event is None:  # after the events, the one other message: the end
+                        yield "end", body.decode()
                         return
-                    yield message["event"]
+                    yield "event", event
             finally:
                 writer.close()
 

@@ -77,9 +77,18 @@ def stream_message(message: dict[str, Any]) -> bytes:
     return frame(STREAM, json.dumps(message).encode())
 
 
+_EVENT_HEAD = b'{"event": '
+
+
 def stream_event(event_json: str) -> bytes:
     """``stream_message({"event": event})`` for an event already written as JSON text."""
-    return frame(STREAM, ('{"event": ' + event_json + "}").encode())
+    return frame(STREAM, _EVENT_HEAD + event_json.encode() + b"}")
+
+
+def stream_event_text(body: bytes) -> str | None:
+    """A ``stream_event`` body's event, the JSON text as it was written (passed on, never parsed);
+    None for another message."""
+    return bytes(body[len(_EVENT_HEAD) : -1]).decode() if body.startswith(_EVENT_HEAD) else None
 
 
 def read_stream_message(body: bytes) -> dict[str, Any]:

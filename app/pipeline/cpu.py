@@ -6,8 +6,8 @@ import time
 from collections.abc import Sequence
 
 from app.boxes import nms_numpy
-from app.config import CPU_MAX_BATCH, MAX_DET
-from app.contracts import DetectParams, HostBackend, PipelineInput, PipelineRun
+from app.config import MAX_DET
+from app.contracts import DetectParams, HostBackend, PipelineInput, PipelineRun, RunShape
 from app.imaging.letterbox import letterbox, to_input
 from app.pipeline.nms_cpu import nms_keep_indices_cpu
 from app.types import ModelMeta
@@ -16,7 +16,8 @@ from app.types import ModelMeta
 class CpuPipeline:
     """Implements ``app.contracts.Pipeline`` for a ``HostBackend``. One batch at a time
     (``in_flight = 1``): the backend's own threads already use every core. No bucket: ONNX
-    Runtime runs any batch size as it is, padding none."""
+    Runtime runs any batch size as it is, padding none. ``shape``: the run shape ``app.runtime``
+    clamped (``max_batch`` is read from it). It owns ``backend`` and closes it."""
 
     decodes_jpeg = False
     takes_nv12 = False
@@ -24,11 +25,11 @@ class CpuPipeline:
     in_flight = 1
     buckets: tuple[int, ...] = ()
 
-    def __init__(self, backend: HostBackend, meta: ModelMeta, *, max_batch: int = CPU_MAX_BATCH, max_det: int = MAX_DET) -> None:
+    def __init__(self, backend: HostBackend, meta: ModelMeta, shape: RunShape, *, max_det: int = MAX_DET) -> None:
         self.backend = backend.name
         self.precision = backend.precision
         self.meta = meta
-        self.max_batch = max_batch
+        self.max_batch = shape.max_batch
         self.max_det = max_det
         self._engine = backend
 

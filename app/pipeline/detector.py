@@ -1,10 +1,10 @@
 """The one detector path shared by every backend and every front end: images in, arrays out.
 
 The service's batcher, ``predict`` on folders, videos and streams, and the Ray actor all call
-``Detector.run``: a batch of already-read images (``EncodedImage``, BGR arrays, ``DeviceNv12``
-frames, or the error that stands in for one) → a ``DetectedBatch``: per image its source size
-and its error or its rows, in source pixels (``app.boxes.scale_boxes_stacked``), and the
-batch's timings. It decodes on the CPU what the pipeline does not decode itself, splits the
+``Detector.run`` (or ``run_prepared``, on items they prepared in threads of their own): a batch
+of already-read images (``EncodedImage``, BGR arrays, ``DeviceNv12`` frames, or the error that
+stands in for one) → a ``DetectedBatch``: per image its source size and its error or its rows,
+in source pixels (``app.boxes.scale_boxes_stacked``), and the batch's timings. It decodes on the CPU what the pipeline does not decode itself, splits the
 batch into runs the pipeline takes (``RunShape.max_batch``; device frames apart from host
 ones), keeps up to ``RunShape.in_flight`` of them in flight (``app.pipeline.overlap``), and
 validates parameters. ``app.records`` writes the JSON of its answers.
@@ -45,17 +45,24 @@ Item = EncodedImage | np.ndarray | DeviceNv12 | YolopipeError | bytes
 
 class Detector:
     """Owns one pipeline (and through it the backend and every GPU resource), and the run shape
-    it was opened with (``shape``: ``app.runtime`` clamps it to the pipeline, once)."""
+    it was opened with (``shape``: ``app.runtime`` clamps it to the pipeline, once). It is the
+    model's whole face: front ends, the service and the benchmarks ask it, never its pipeline."""
 
     def __init__(self, pipeline: Pipeline, shape: RunShape | None = None, **changes: Any) -> None:
         """``shape``: by default the pipeline's own batch and in-flight limits; ``changes``:
         fields of it to set (``video_decode="nvdec"``)."""
         shape = replace(shape or RunShape(max_batch=pipeline.max_batch, in_flight=pipeline.in_flight), **changes)
+        # A shape made for another pipeline (tests, a stand-in) could ask for runs this one cannot take.
         if shape.max_batch > pipeline.max_batch or shape.in_flight > pipeline.in_flight:
             raise InvalidParameter(f"run shape max_batch {shape.max_batch}, in_flight {shape.in_flight} is over the "
                                    f"{pipeline.backend} pipeline's {pipeline.max_batch}, {pipeline.in_flight}")
-        self.pipeline = pipeline
+        self.pipeline = pipeline  # app.pipeline's own: everyone else uses the methods below
         self.shape = shape
+
+    def reshaped(self, **changes: Any) -> Detector:
+        """A detector on this same pipeline with these fields of the shape changed
+        (``video_decode="opencv"``); closing either closes the pipeline."""
+        return Detector(self.pipeline, self.shape, **changes)
 
     # --- facts -----------------------------------------------------------------------
     @property
@@ -70,11 +77,39 @@ class Detector:
     def max_pixels(self) -> int:
         return self.shape.max_pixels
 
+    @property
+    def backend(self) -> str:
+        return self.pipeline.backend
+
+    @property
+    def precision(self) -> str:
+        return self.pipeline.precision
+
+    @property
+    def device(self) -> int | None:
+        """The CUDA device the pipeline runs on (NVDEC's frames must be on it); None on the CPU."""
+        return self.pipeline.device
+
+    @property
+    def takes_nv12(self) -> bool:
+        """Whether device NV12 frames (``DeviceNv12``, NVDEC's) may be passed."""
+        return self.pipeline.takes_nv12
+
+    @property
+    def max_det(self) -> int:
+        """The most rows per image a run can return: the ceiling of a request's max_det."""
+        return self.pipeline.max_det
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The batch sizes a run is padded up to, each prepared by ``warmup``; (): none padded."""
+        return self.pipeline.buckets
+
     def info(self) -> dict[str, Any]:
         return {
             "model": self.meta.name,
-            "backend": self.pipeline.backend,
-            "precision": self.pipeline.precision,
+            "backend": self.backend,
+            "precision": self.precision,
             "imgsz": self.meta.imgsz,
             "max_batch": self.shape.max_batch,
             "class_names": self.names,
@@ -101,12 +136,12 @@ class Detector:
         """What the pipeline takes for ``item``: decoded on the CPU (OpenCV) unless the pipeline
         decodes it itself; bytes are read first (``encoded``). Raises the image's error. Front ends
         that decode in threads of their own (the folder's readers, the batcher's pool) call it
-        there; ``run`` passes prepared items through."""
+        there, then ``run_prepared``."""
         if isinstance(item, YolopipeError):
             raise item
         if isinstance(item, DeviceNv12):
-            if not self.pipeline.takes_nv12:
-                raise InvalidParameter(f"the {self.pipeline.backend} pipeline takes no device NV12 frames")
+            if not self.takes_nv12:
+                raise InvalidParameter(f"the {self.backend} pipeline takes no device NV12 frames")
             return item
         if isinstance(item, np.ndarray):
             if item.ndim != 3 or item.shape[2] != 3 or item.dtype != np.uint8:
@@ -121,14 +156,26 @@ class Detector:
     def run(self, items: Sequence[Item], params: DetectParams | None = None) -> DetectedBatch:
         """Every item's answer, in order: each image's error or its rows in source pixels. Items
         that fail to prepare fail alone; a run that fails as a whole raises (``DeviceError``)."""
+        prepared: list[PipelineInput | YolopipeError] = []
+        for item in items:
+            try:
+                prepared.append(self.prepare(item))
+            except YolopipeError as exc:
+                prepared.append(exc)
+        return self.run_prepared(prepared, params)
+
+    def run_prepared(self, items: Sequence[PipelineInput | YolopipeError], params: DetectParams | None = None
+                     ) -> DetectedBatch:
+        """``run`` on items ``prepare`` already gave (or the errors it raised, each that image's
+        answer), as front ends that prepare in threads of their own have them: none is checked again."""
         params = params or DetectParams()
         errors: dict[int, YolopipeError] = {}
         ready: list[tuple[int, PipelineInput]] = []
         for i, item in enumerate(items):
-            try:
-                ready.append((i, self.prepare(item)))
-            except YolopipeError as exc:
-                errors[i] = exc
+            if isinstance(item, YolopipeError):
+                errors[i] = item
+            else:
+                ready.append((i, item))
         runs = self._runs(ready)
 
         def run(part: list[tuple[int, PipelineInput]]) -> PipelineRun:
@@ -162,8 +209,55 @@ class Detector:
         """``run`` on each batch, up to ``shape.in_flight`` at once; answers in order."""
         return run_overlapped(lambda items: self.run(items, params), batches, self.shape.in_flight)
 
+    # --- the pipeline's resources -------------------------------------------------------
+    def warmup(self, batches: Sequence[int] | None = None, *, nv12: bool = False) -> None:
+        """Do now the one-time work of these batch sizes (all buckets by default), not on first
+        use: a GPU pipeline captures their CUDA graphs (``nv12``: those of device NV12 batches)."""
+        self.pipeline.warmup(batches, nv12=nv12)
+
+    def release_memory(self) -> None:
+        """Give back what batches left cached (``Pipeline.release_memory``); safe at any time."""
+        self.pipeline.release_memory()
+
     def close(self) -> None:
         self.pipeline.close()
+
+    # --- GPU pipelines only: what the benchmarks and GPU tests look at --------------------
+    @property
+    def engine(self) -> Any:
+        """The ``DeviceEngine`` the GPU pipeline runs (``compiled``, ``compiler``, ``forward``)."""
+        return self.pipeline.engine
+
+    @property
+    def decoder_name(self) -> str:
+        """What decodes JPEG now: ``nvimgcodec``, ``nvjpeg`` or ``opencv``."""
+        return self.pipeline.decoder_name
+
+    def use_decoder(self, decode: str) -> None:
+        """Decode JPEG with ``decode`` (``app.config.DECODERS``) from the next run on."""
+        self.pipeline.decode = decode
+
+    @property
+    def last_launch_path(self) -> str:
+        """How the last batch was dispatched: ``driver`` or ``torch``."""
+        return self.pipeline.last_launch_path
+
+    @property
+    def raw_launch_error(self) -> str | None:
+        """Why graphs are not launched through the CUDA driver directly, or None if they are."""
+        return self.pipeline.raw_launch_error
+
+    def start_timeline(self) -> Any:
+        """Record CUDA events per stage for every batch from now on (``app.gpu.timeline``)."""
+        return self.pipeline.start_timeline()
+
+    def stop_timeline(self) -> Any:
+        return self.pipeline.stop_timeline()
+
+    def profiled_timings(self, items: Sequence[Item], params: DetectParams) -> dict[str, float]:
+        """One run of ``items`` (at most ``max_batch``, each one that prepares) on the profiling
+        path: its stage times, with each stage's GPU time (``gpu_*_ms``)."""
+        return self.pipeline.run([self.prepare(x) for x in items], params, profile=True).timings
 
     def __enter__(self) -> Detector:
         return self

@@ -12,7 +12,7 @@ One batch, stage by stage (the module that does each):
 3. **upload**: one H2D copy of ``[header | frames]`` on the copy stream, then an event;
 4. **graph** (``app.gpu.capture``): letterbox → engine → NMS → D2H of the rows, one graph
    launch on the compute stream once both events have fired, then the slot's ``done`` event;
-5. **unpack**: rows per image, once ``done`` has fired.
+5. **unpack** (``app.gpu.slot``): rows per image, once ``done`` has fired.
 
 Device NV12 frames (NVDEC's) take steps 1-2 from ``app.gpu.nv12_input``: copies device to
 device into the slot's staging, then the bucket's NV12 graph.
@@ -45,18 +45,17 @@ from typing import Any
 
 from numba import cuda
 
-from app.config import IN_FLIGHT, MAX_DET, MAX_PIXELS, decoder_name
-from app.contracts import DetectParams, DeviceEngine, DeviceNv12, EncodedImage, PipelineInput, PipelineRun
+from app.config import MAX_DET
+from app.contracts import DetectParams, DeviceEngine, DeviceNv12, EncodedImage, PipelineInput, PipelineRun, RunShape
 from app.errors import DeviceError, InvalidParameter, YolopipeError
-from app.gpu import nv12_input
+from app.gpu import nv12_input, pack
 from app.gpu.capture import GraphBuilder, graph_key
-from app.gpu.decode import make_decoder
-from app.gpu.decoded import GpuJpegDecoder, cpu_decode, decoded_size
+from app.gpu.decode import Decoders, split_jpegs
+from app.gpu.decoded import decoded_size
 from app.gpu.dispatch import Dispatcher
 from app.gpu.gate import Gate
 from app.gpu.memory import CapturedBatch, InputBuffer, StreamPair
-from app.gpu.pack import bucket_sizes, checked_frames, copy_frames, plan_batch, settle_decoded, write_header
-from app.gpu.slot import BatchSlot
+from app.gpu.slot import BatchSlot, shrink_staging
 from app.gpu.timeline import Timeline
 from app.types import ModelMeta
 
@@ -64,11 +63,13 @@ from app.types import ModelMeta
 class GpuPipeline:
     """Implements ``app.contracts.Pipeline`` for a ``DeviceEngine`` (torch-cuda, TensorRT).
 
-    ``in_flight``: batches in flight at once (a ``BatchSlot`` each); ``decode``: ``gpu`` |
-    ``nvimgcodec`` | ``nvjpeg`` | ``opencv`` (``app.gpu.decode``), changeable between calls;
-    ``max_pixels``: the limit OpenCV's decodes are held to; ``host_threads``: the pool that packs
+    ``shape``: the run shape ``app.runtime`` clamped to the engine: ``max_batch``, ``in_flight``
+    (batches in flight at once, a ``BatchSlot`` each), ``decode`` (``gpu`` | ``nvimgcodec`` |
+    ``nvjpeg`` | ``opencv``, ``app.gpu.decode``; changeable between calls) and ``max_pixels`` (the
+    limit OpenCV's decodes are held to) are read from it. ``host_threads``: the pool that packs
     frames and decodes with OpenCV; ``raw_launch``: dispatch through the CUDA driver directly
-    when possible.
+    when possible. The pipeline owns ``engine`` once built (``close`` closes it); a constructor
+    that fails frees what it took and leaves the engine to the caller.
     """
 
     decodes_jpeg = True
@@ -78,38 +79,31 @@ class GpuPipeline:
         self,
         engine: DeviceEngine,
         meta: ModelMeta,
+        shape: RunShape,
         *,
-        max_batch: int = 32,
         device: int = 0,
         max_det: int = MAX_DET,
         staging_bytes: int | None = None,
-        in_flight: int = IN_FLIGHT,
-        decode: str = "gpu",
-        max_pixels: int = MAX_PIXELS,
         host_threads: int | None = None,
         raw_launch: bool = True,
         pad_to_captured: bool = False,
     ) -> None:
         import torch
 
-        if max_batch < 1:
-            raise InvalidParameter(f"max_batch must be >= 1, got {max_batch}")
-        if max_batch > engine.max_batch:
-            raise InvalidParameter(f"max_batch {max_batch} is over the engine's max_batch {engine.max_batch}")
-        if in_flight < 1:
-            raise InvalidParameter(f"in_flight must be >= 1, got {in_flight}")
+        if shape.max_batch > engine.max_batch:  # its buffers are the engine's size: a larger batch overruns them
+            raise InvalidParameter(f"max_batch {shape.max_batch} is over the engine's max_batch {engine.max_batch}")
         self._torch = torch
         self.engine = engine
         self.backend = engine.name
         self.precision = engine.precision
         self.meta = meta
-        self.max_batch = int(max_batch)
-        self.in_flight = int(in_flight)
-        self.max_pixels = int(max_pixels)
+        self.max_batch = shape.max_batch
+        self.in_flight = shape.in_flight
+        self.max_pixels = shape.max_pixels
         self.device = int(device)
         self.max_det = int(max_det)
         self.size = int(meta.imgsz)
-        self.buckets = tuple(bucket_sizes(self.max_batch))
+        self.buckets = tuple(pack.bucket_sizes(self.max_batch))
         self.host_threads = int(host_threads or min(16, os.cpu_count() or 1))
         self.last_launch_path = ""  # "driver" | "torch": how the last batch was dispatched
         self.pad_to_captured = pad_to_captured  # see _bucket_to_run
@@ -117,40 +111,44 @@ class GpuPipeline:
         self._closed = False
         self._host_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self._decoders: dict[str, GpuJpegDecoder | None] = {}
+        self._decoders = Decoders(self.device, self.host_threads)
         self._timeline: Timeline | None = None
 
         torch.cuda.set_device(self.device)
-        with self._numba_device():
-            self.compute = StreamPair(self.device)
-            self.copy_stream = torch.cuda.Stream(device=self.device)
-            self.inputs = InputBuffer(self.max_batch, self.size, engine.input_dtype, self.device)
-            staging_bytes = staging_bytes or self.max_batch * self.size * self.size * 3
-            self.slots = [
-                BatchSlot(i, max_batch=self.max_batch, max_det=self.max_det, meta=meta, device=self.device,
-                          staging_bytes=staging_bytes)
-                for i in range(in_flight)
-            ]
-            self.graphs = GraphBuilder(engine, self.inputs, self.compute, self.slots, context=self._on_device)
-        self._first_staging = self.slots[0].staging.capacity  # release_memory shrinks grown staging back to it
-        self._free_slots: queue.SimpleQueue[BatchSlot] = queue.SimpleQueue()
-        for slot in self.slots:
-            self._free_slots.put(slot)
-        self.decode = decode  # creates the decoder now, so a missing library shows at start-up
-        self.dispatcher = Dispatcher(self.device, self.compute, self.copy_stream, raw_launch=raw_launch)
-        self.dispatcher.setup(self.slots)
+        with contextlib.ExitStack() as undo:  # a step that fails frees what the steps before it took
+            with self._numba_device():
+                self.compute = StreamPair(self.device)
+                undo.callback(self.compute.free)
+                self.copy_stream = torch.cuda.Stream(device=self.device)
+                self.inputs = InputBuffer(self.max_batch, self.size, engine.input_dtype, self.device)
+                undo.callback(self.inputs.free)
+                staging_bytes = staging_bytes or self.max_batch * self.size * self.size * 3
+                self.slots = []
+                for i in range(self.in_flight):
+                    self.slots.append(BatchSlot(i, max_batch=self.max_batch, max_det=self.max_det, meta=meta,
+                                                device=self.device, staging_bytes=staging_bytes))
+                    undo.callback(self.slots[-1].free)
+                self.graphs = GraphBuilder(engine, self.inputs, self.compute, self.slots, context=self._on_device)
+                undo.callback(self.graphs.close)
+            self._first_staging = self.slots[0].staging.capacity  # release_memory shrinks grown staging back to it
+            self._free_slots: queue.SimpleQueue[BatchSlot] = queue.SimpleQueue()
+            for slot in self.slots:
+                self._free_slots.put(slot)
+            undo.callback(self._decoders.close)
+            self.decode = shape.decode  # creates the decoder now, so a missing library shows at start-up
+            self.dispatcher = Dispatcher(self.device, self.compute, self.copy_stream, raw_launch=raw_launch)
+            undo.callback(self.dispatcher.close)
+            self.dispatcher.setup(self.slots)
+            undo.pop_all()  # built: close() frees it all from now on
 
     # ------------------------------------------------------------------------- set-up
     @property
     def decode(self) -> str:
-        return self._decode
+        return self._decoders.decode
 
     @decode.setter
     def decode(self, value: str) -> None:
-        value = decoder_name(value)
-        if value not in self._decoders:
-            self._decoders[value] = make_decoder(value, self.device, self.host_threads)
-        self._decode = value
+        self._decoders.use(value)
 
     @property
     def raw_launch_error(self) -> str | None:
@@ -160,8 +158,7 @@ class GpuPipeline:
     @property
     def decoder_name(self) -> str:
         """What decodes JPEG now: ``nvimgcodec``, ``nvjpeg`` or ``opencv``."""
-        decoder = self._decoders[self._decode]
-        return decoder.name if decoder is not None else "opencv"
+        return self._decoders.name
 
     def _numba_device(self):
         """Numba's current context must be this device's (it is device 0 unless told)."""
@@ -185,23 +182,13 @@ class GpuPipeline:
                 self._host_pool = ThreadPoolExecutor(max_workers=self.host_threads, thread_name_prefix="yolopipe-host")
             return self._host_pool
 
-    def bucket_for(self, n: int) -> int:
-        for b in self.buckets:
-            if b >= n:
-                return b
-        raise InvalidParameter(f"batch of {n} images is over max_batch {self.max_batch}")
-
     def _bucket_to_run(self, slot: BatchSlot, n: int, nv12: bool = False) -> int:
         """The bucket ``n`` images run in on ``slot``: the smallest that takes them, its graph
         captured now if missing; with ``pad_to_captured``, the smallest that takes them among
         those already captured there, if any, so that a bucket a run needs once (a folder's last
         batch) or while the service is still capturing the others costs no capture."""
-        exact = self.bucket_for(n)
-        if self.pad_to_captured and slot.graphs.get(graph_key(exact, nv12)) is None:
-            for b in self.buckets:
-                if b > exact and slot.graphs.get(graph_key(b, nv12)) is not None:
-                    return b
-        return exact
+        captured = (lambda b: slot.graphs.get(graph_key(b, nv12)) is not None) if self.pad_to_captured else None
+        return pack.bucket_to_run(self.buckets, n, captured)
 
     def warmup(self, batches: Sequence[int] | None = None, *, profile: bool = False, nv12: bool = False) -> None:
         """Capture the graphs of the buckets of ``batches`` (all by default) on every slot now;
@@ -210,7 +197,7 @@ class GpuPipeline:
             raise DeviceError("the GPU pipeline was closed")
         with self._exclusive():
             for slot in self.slots:
-                for b in sorted({self.bucket_for(b) for b in (batches or self.buckets)}):
+                for b in sorted({pack.bucket_for(self.buckets, b) for b in (batches or self.buckets)}):
                     self.graphs.captured(slot, b, profile=profile, raw_exec=slot.dispatch is not None, nv12=nv12)
 
     # ---------------------------------------------------------------------- timeline
@@ -261,8 +248,8 @@ class GpuPipeline:
         t_start = time.perf_counter()
         results: list[Any] = [None] * len(images)
         encoded = [i for i, x in enumerate(images) if isinstance(x, EncodedImage)]  # positions of the JPEGs
-        frames = checked_frames(images, set(encoded), results)
-        decoder = self._decoders[self._decode] if encoded else None
+        frames = pack.checked_frames(images, set(encoded), results)
+        decoder = self._decoders.current if encoded else None
         timeline = self._timeline
         marks = timeline.begin(len(images), ("decode", "upload", "compute") if decoder else ("upload", "compute")) \
             if timeline is not None else None
@@ -272,12 +259,7 @@ class GpuPipeline:
             if marks is not None and decoder is not None:
                 marks.record("decode", False, decoder.stream)
             jpegs: list[EncodedImage] = [images[i] for i in encoded]  # type: ignore[misc]
-            datas = [x.data for x in jpegs]
-            gpu: list = []
-            if decoder is None:
-                host = dict(enumerate(self._cpu_decode(jpegs))) if jpegs else {}
-            else:  # routed by the headers that came with the bytes: none is parsed again
-                gpu, host = decoder.split(datas, [x.header for x in jpegs])
+            gpu, host = split_jpegs(decoder, jpegs, self.max_pixels, self._pool)
             for k, d in host.items():
                 if isinstance(d, YolopipeError):
                     results[encoded[k]] = d
@@ -285,8 +267,8 @@ class GpuPipeline:
                     frames.append((encoded[k], d))  # decoded by OpenCV: packed as a frame
             if not frames and not gpu:
                 return PipelineRun(results, {"decode_ms": (time.perf_counter() - t_start) * 1e3})
-            plan = plan_batch(slot.staging.header_bytes, self.size, frames,
-                              [(encoded[k], *decoded_size(h), decoder.layout) for k, h in gpu])
+            plan = pack.plan_batch(slot.staging.header_bytes, self.size, frames,
+                                   [(encoded[k], *decoded_size(h), decoder.layout) for k, h in gpu])
             frames = None  # the plan holds them
             if plan.end - slot.staging.header_bytes > slot.staging.capacity:
                 self._grow(slot, plan.end - slot.staging.header_bytes)
@@ -294,14 +276,14 @@ class GpuPipeline:
                 base = slot.staging.dev.data_ptr()
                 with self._torch.cuda.stream(decoder.stream):  # unwritten bytes are zeros, never a past image
                     slot.staging.dev[plan.device_start : plan.end].zero_()
-                answers = decoder.decode_into([datas[k] for k, _ in gpu], [h for _, h in gpu],
+                answers = decoder.decode_into([jpegs[k].data for k, _ in gpu], [h for _, h in gpu],
                                               [base + off for off in plan.device_offsets])
-                self._settle(slot, plan, answers, decoder, results)
+                pack.settle_and_upload(slot.staging, plan, answers, decoder.stream, self.size, results)
                 slot.decoded.record(decoder.stream)
                 if marks is not None:
                     marks.record("decode", True, decoder.stream)
             waits_decoder = bool(gpu)
-            datas = gpu = None
+            gpu = None
             if not plan.placed:
                 return PipelineRun(results, {"decode_ms": (time.perf_counter() - t_start) * 1e3})
             bucket = self._bucket_to_run(slot, len(plan))
@@ -309,8 +291,8 @@ class GpuPipeline:
         timings["decode_ms"] = (t_decoded - t_start) * 1e3
 
         # 2. the host half of the staging, the NMS parameters, the graph.
-        write_header(slot.staging.host_params, plan, bucket)
-        copy_frames(slot.staging.host_np, plan.frame_copies, self._pool().map, self.host_threads)
+        pack.write_header(slot.staging.host_params, plan, bucket)
+        pack.copy_frames(slot.staging.host_np, plan.frame_copies, self._pool().map, self.host_threads)
         return self._launch(slot, plan.placed, plan.host_end, bucket, waits_decoder, params, profile,
                             timeline=timeline, marks=marks, timings=timings, results=results, t_start=t_start,
                             t_packing=t_decoded)
@@ -339,7 +321,7 @@ class GpuPipeline:
                 ) -> PipelineRun:
         """The staging is ready (``placed[j]``: batch position ``j``'s result index and letterbox
         first): NMS parameters, the graph, upload, launch, wait, rows per image."""
-        self._set_nms_params(slot, params)
+        slot.set_nms_params(params, self.compute.numba, self._numba_device)
         captured = slot.graphs.get(graph_key(bucket, nv12))
         if captured is None or (profile and not captured.stage_graphs):
             captured = self._capture_while_shared(slot, bucket, profile, nv12)
@@ -356,10 +338,7 @@ class GpuPipeline:
             timings["wait_ms"] = (time.perf_counter() - t_enqueued) * 1e3
         t_done = time.perf_counter()
 
-        # 5. rows per image.
-        counts, rows = slot.results.counts, slot.results.rows
-        for j, (i, lb, _, _) in enumerate(placed):
-            results[i] = (rows[j, : int(counts[j])].copy(), lb)
+        slot.unpack(placed, results)  # 5. rows per image
         t_end = time.perf_counter()
         if marks is not None and timeline is not None:
             timeline.finish(marks)
@@ -368,40 +347,9 @@ class GpuPipeline:
         self.last_launch_path = path
         return PipelineRun(results, timings)
 
-    def _cpu_decode(self, jpegs: list[EncodedImage]) -> list:
-        """``decode="opencv"``: OpenCV's frames of ``jpegs`` (their headers already read), or errors."""
-        def one(image: EncodedImage) -> Any:
-            return cpu_decode(image.data, image.header, max_pixels=self.max_pixels)
-
-        if len(jpegs) == 1:
-            return [one(jpegs[0])]
-        return list(self._pool().map(one, jpegs))
-
-    def _settle(self, slot: BatchSlot, plan, answers: list, decoder: GpuJpegDecoder, results) -> None:
-        """Each JPEG joins the batch only as the decoder reported it decoded in place, or as
-        OpenCV's frame of it (through the pinned staging, H2D on the decoder's stream); any other
-        answer is its error in ``results``, and its place is read by nothing."""
-        from app.gpu.driver import copy_host_to_device, cuda_driver
-
-        uploads, errors = settle_decoded(plan, answers, slot.staging.host_np, self.size)
-        for i, err in errors.items():
-            results[i] = err
-        if uploads:
-            dev, host = slot.staging.dev.data_ptr(), slot.staging.host.data_ptr()
-            copy_host_to_device(cuda_driver(), [(dev + off, host + off, n) for off, n in uploads],
-                                decoder.stream.cuda_stream)
-
     def _grow(self, slot: BatchSlot, needed: int) -> None:
         slot.grow(needed)
         self.dispatcher.attach(slot)
-
-    def _set_nms_params(self, slot: BatchSlot, params: DetectParams) -> None:
-        key = (params.conf, params.iou, params.max_det, params.classes, params.agnostic)
-        if key != slot.nms_params_key:  # device params persist: rewrite only on change
-            with self._numba_device():
-                slot.nms.set_params(conf=params.conf, iou=params.iou, max_det=params.max_det,
-                                    classes=params.classes, agnostic=params.agnostic, stream=self.compute.numba)
-            slot.nms_params_key = key
 
     def _capture_while_shared(self, slot: BatchSlot, bucket: int, profile: bool, nv12: bool = False) -> CapturedBatch:
         """Capture from inside a run: give up the share, capture alone, take the share back."""
@@ -420,22 +368,10 @@ class GpuPipeline:
         """Give back what a burst grew: staging grown for large images goes back to its first
         size (those slots' graphs are captured again on their next use), then torch's cached
         device blocks and pinned host blocks are freed. Waits for the batches in flight."""
-        torch = self._torch
         with self._exclusive():
             if self._closed:
                 return
-            grown = [slot for slot in self.slots if slot.staging.capacity > self._first_staging]
-            torch.cuda.synchronize(self.device)
-            for slot in grown:  # freed before the caches are emptied: a new buffer must not split a freed one
-                slot.graphs.free()
-                slot.staging.free()
-            torch.cuda.empty_cache()
-            host_empty_cache = getattr(torch._C, "_host_emptyCache", None)  # pinned blocks
-            if host_empty_cache is not None:
-                host_empty_cache()
-            for slot in grown:
-                slot.resize_staging(self._first_staging)
-                self.dispatcher.attach(slot)
+            shrink_staging(self.slots, self._first_staging, self.device, self.dispatcher.attach)
 
     def close(self) -> None:
         """Free every device resource (idempotent), then the engine."""
@@ -445,11 +381,7 @@ class GpuPipeline:
         with self._gate.exclusive():  # waits for the batches in flight
             for slot in self.slots:
                 slot.free()
-            for decoder in self._decoders.values():
-                if decoder is not None:
-                    with contextlib.suppress(Exception):
-                        decoder.close()
-            self._decoders.clear()
+            self._decoders.close()
             self.inputs.free()
             self.compute.free()
             self.engine.close()

@@ -35,7 +35,7 @@ from app.files import SourceImage, list_images
 from app.imaging.headers import IMAGE_SUFFIXES
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
-from app.predict.video import VIDEO_SUFFIXES, frames_done, predict_video
+from app.predict.video import VIDEO_SUFFIXES, frames_done, frames_to_read, predict_video
 from app.records import image_lines
 
 MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES  # what ``predict`` reads: images and videos
@@ -140,6 +140,27 @@ class FolderSummary:
     error_files: list[str] = field(default_factory=list)
 
 
+class _Progress:
+    """``on_progress(advance, total)`` over the images, then the videos frame by frame. The total:
+    the images plus the frames each video's container counts (``frames_to_read``; None, unknown,
+    when one does not say), set right when a video ends with another count."""
+
+    def __init__(self, on_progress: Callable[[int, int | None], None] | None, images: int,
+                 video_frames: dict[str, int | None]) -> None:
+        self.on_progress, self.video_frames = on_progress, video_frames
+        self.total = None if None in video_frames.values() else images + sum(video_frames.values())
+
+    def advance(self, count: int) -> None:
+        if self.on_progress:
+            self.on_progress(count, self.total)
+
+    def video_ended(self, name: str, frames: int) -> None:
+        expected = self.video_frames.get(name)
+        if self.total is not None and expected is not None and frames != expected:
+            self.total += frames - expected
+            self.advance(0)
+
+
 def draw_detections(path: Path, result: ImageResult, names: list[str], out_path: Path) -> None:
     """Boxes and labels drawn with OpenCV (no font download, unlike Ultralytics' plotting)."""
     img = cv2.imdecode(np.fromfile(str(path), np.uint8), cv2.IMREAD_COLOR)
@@ -196,12 +217,13 @@ def predict_folder(
     save_images: Path | None = None,
     coco: Path | None = None,
     workers: int = 8,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: Callable[[int, int | None], None] | None = None,
     vid_stride: int = 1,
     track: bool = False,
 ) -> FolderSummary:
     """Run the detector over every image and video of ``source``; JSON lines go to ``out`` as
-    they finish (images first, then each video's frames, ``app.predict.video``)."""
+    they finish (images first, then each video's frames, ``app.predict.video``). ``on_progress(advance,
+    total)`` counts images and video frames (``_Progress``)."""
     if batch < 1:
         raise InvalidParameter(f"batch must be >= 1, got {batch}")
     media = list_images(source, MEDIA_SUFFIXES)
@@ -211,8 +233,11 @@ def predict_folder(
     done = already_done(out) if resume else set()
     todo = [img for img in images if img.name not in done] if done else images
     summary.skipped = len(images) - len(todo)
-    if on_progress:
-        on_progress(0, len(todo))
+    resume_from = frames_done(out) if resume else {}
+    video_frames = {v.name: frames_to_read(v.path, vid_stride=vid_stride, start=resume_from.get(v.name, -1) + 1)
+                    for v in videos} if on_progress else {}
+    progress = _Progress(on_progress, len(todo), video_frames)
+    progress.advance(0)
     out.parent.mkdir(parents=True, exist_ok=True)
     records: list[dict[str, Any]] = []
     names, in_flight = detector.names, detector.shape.in_flight
@@ -236,12 +261,11 @@ def predict_folder(
             summary.detections += int(answers.counts.sum())
             if save_images is not None or coco is not None:
                 _keep_results(files, answers, lines, names, save_images, records if coco is not None else None)
-            if on_progress:
-                on_progress(len(files), len(todo))
+            progress.advance(len(files))
         if videos:
             _predict_videos(detector, videos, fh, params, summary, batch=batch, vid_stride=vid_stride, track=track,
-                            resume_from=frames_done(out) if resume else {}, save_images=save_images,
-                            records=records if coco is not None else None)
+                            resume_from=resume_from, save_images=save_images,
+                            records=records if coco is not None else None, progress=progress)
     if coco is not None:
         Path(coco).write_text(json.dumps(coco_document(records, detector.names)) + "\n")
     return summary
@@ -269,10 +293,14 @@ def _keep_results(images: list[SourceImage], answers: DetectedBatch, lines: list
 def _predict_videos(
     detector: Detector, videos: list[SourceImage], fh: Any, params: DetectParams, summary: FolderSummary, *,
     batch: int, vid_stride: int, track: bool, resume_from: dict[str, int], save_images: Path | None,
-    records: list[dict[str, Any]] | None,
+    records: list[dict[str, Any]] | None, progress: _Progress,
 ) -> None:
     """Each video's frames as JSON lines on ``fh`` (flushed per batch); ``--resume`` goes on after
     the last frame written; ``--save-images`` writes the annotated video as ``NAME.mp4``."""
+
+    def frames_written(count: int) -> None:
+        fh.flush()
+        progress.advance(count)
 
     def write(line: str) -> None:
         fh.write(line + "\n")
@@ -287,9 +315,10 @@ def _predict_videos(
             detector, video.path, video.name, write, params, batch=batch, vid_stride=vid_stride,
             start=resume_from.get(video.name, -1) + 1, save_to=save_to,
             annotate=(lambda img, res: annotate(img, res, detector.names)) if save_to else None,
-            on_frames=lambda _: fh.flush(), track=track,
+            on_frames=frames_written, track=track,
         )
         fh.flush()
+        progress.video_ended(video.name, result.frames)
         summary.videos += 1
         summary.images += result.frames
         summary.detections += result.detections

@@ -46,14 +46,14 @@ def is_live(source: str) -> bool:
 def video_decoder(detector: Detector) -> str:
     """``nvdec`` or ``opencv``: what decodes the detector's videos (see the module docstring)."""
     choice = decoder_name(detector.shape.video_decode, video=True)
-    takes_nv12 = detector.pipeline.takes_nv12
+    takes_nv12 = detector.takes_nv12
     if choice == "opencv":
         return "opencv"
     if choice == "auto":
         return "opencv"
     installed = importlib.util.find_spec("PyNvVideoCodec") is not None
     if not takes_nv12:
-        raise InvalidParameter(f"NVDEC decoding needs a GPU backend, not {detector.pipeline.backend}")
+        raise InvalidParameter(f"NVDEC decoding needs a GPU backend, not {detector.backend}")
     if not installed:
         raise BackendUnavailable("NVDEC decoding needs PyNvVideoCodec", hint="pip install pynvvideocodec")
     return "nvdec"

@@ -79,7 +79,7 @@ class StreamRunner:
         self.decoder = "opencv" if detect is not None else video_decoder(detector)
         self.pool = None
         if self.decoder == "nvdec":  # capture the NV12 graphs now: no capture while readers use the GPU
-            detector.pipeline.warmup(nv12=True)
+            detector.warmup(nv12=True)
             self.pool = self._decode_pool()
         self.max_batch = detector.shape.max_batch
         self.max_wait_s = (detector.shape.max_wait_ms if max_wait_ms is None else max_wait_ms) / 1e3
@@ -102,7 +102,7 @@ class StreamRunner:
         from app.gpu.nvdec import decoder_engines
         from app.predict.decode_pool import DecodePool
 
-        device = self.detector.pipeline.device or 0
+        device = self.detector.device or 0
 
         def on_device():  # the decode threads' current device: the pipeline's
             import contextlib
@@ -134,7 +134,7 @@ class StreamRunner:
             if stream_id in self._streams:
                 raise InvalidParameter(f"stream {stream_id!r} exists")
             stream = Stream(stream_id, source, vid_stride=vid_stride, realtime=realtime, track=track or self.track,
-                            decoder=self.decoder, device=self.detector.pipeline.device or 0,
+                            decoder=self.decoder, device=self.detector.device or 0,
                             max_pixels=self.detector.shape.max_pixels, notify=self._on_stream,
                             open_timeout_s=self.open_timeout_s, pool=self.pool, decode_threads=self.decode_threads)
             self._streams[stream_id] = stream

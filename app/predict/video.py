@@ -83,6 +83,23 @@ def read_frames(path: Path, *, max_pixels: int, vid_stride: int = 1, start: int 
         cap.release()
 
 
+def frames_to_read(path: Path, *, vid_stride: int = 1, start: int = 0) -> int | None:
+    """How many frames ``read_frames`` will give, from the frame count the container reports, for
+    a progress bar: an estimate for some containers; None when it reports none; 0 when nothing
+    opens the file (the video is then one error line)."""
+    cap = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
+    try:
+        if not cap.isOpened():
+            return 0
+        count = cap.get(cv2.CAP_PROP_FRAME_COUNT)
+    finally:
+        cap.release()
+    if not count > 0:  # 0, -1 or NaN: unknown
+        return None
+    first = -(-start // vid_stride) * vid_stride  # the first index read: at or after start, on the stride
+    return len(range(first, int(count), vid_stride))
+
+
 def frames_done(out: Path) -> dict[str, int]:
     """For ``--resume``: per video already in ``out``, the last frame written (lines are written in
     frame order, so everything up to it is done); a torn last line is ignored."""
@@ -208,9 +225,9 @@ def predict_video(
     writer = AnnotatedVideo(save_to, fps / vid_stride if fps else 0.0) if annotate and save_to else None
     decoder = "opencv" if writer is not None else video_decoder(detector)
     if decoder == "nvdec":  # capture the NV12 graphs now: no capture while the reader uses the GPU
-        detector.pipeline.warmup(nv12=True)
+        detector.warmup(nv12=True)
     frames = prefetch(_chunks(read_frames(path, max_pixels=max_pixels, vid_stride=vid_stride, start=start,
-                                          decoder=decoder, device=detector.pipeline.device or 0), batch), depth=3)
+                                          decoder=decoder, device=detector.device or 0), batch), depth=3)
 
     def detect(chunk: list[VideoFrame]) -> tuple[list[VideoFrame], DetectedBatch]:
         return chunk, detector.run([f.image for f in chunk], params)

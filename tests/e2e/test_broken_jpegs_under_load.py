@@ -27,6 +27,7 @@ import pytest
 
 from app.errors import InvalidImage
 from app.imaging.decode import decode_image
+from tests.references import detections_json
 
 GPU = os.environ.get("YOLOPIPE_REAL_GPU") == "1"
 SERVE = (["--backend", "torch-cuda", "--precision", "fp16", "--no-compile"] if GPU else ["--backend", "onnxruntime"])
@@ -101,7 +102,8 @@ def expected(artifacts_dir, images):
 
     valid, _ = images
     with open_detector("sample", artifacts_dir=artifacts_dir, **REFERENCE) as det:
-        return {name: det.detect([data], det.params())[0].detections.to_json(det.names) for name, data in valid.items()}
+        return {name: detections_json(det.detect([data], det.params())[0].detections, det.names)
+                for name, data in valid.items()}
 
 
 def assert_same(got: list[dict], want: list[dict], name: str) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from app.runtime import open_detector
 from tests.net import free_port, wait_ready
+from tests.references import detections_json
 from tests.videos import CLIP_FPS, decoded_frames, write_clip
 
 CLI = [sys.executable, "-m", "app.cli"]
@@ -75,7 +76,7 @@ def test_a_stream_added_at_runtime_gives_one_event_per_frame(server, artifacts_d
     decoded = decoded_frames(videos / "clip.avi")
     with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=4) as det:
         reference = det.detect([decoded[i] for i in indexes[:8]], det.params())
-        assert [e["detections"] for e in frames[:8]] == [ref.detections.to_json(det.names) for ref in reference]
+        assert [e["detections"] for e in frames[:8]] == [detections_json(ref.detections, det.names) for ref in reference]
 
     snap = httpx.get(f"{base}/v1/streams/{stream_id}", timeout=30).json()
     assert snap["state"] == "ended" and snap["frames"] >= len(frames)

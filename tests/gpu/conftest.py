@@ -1,10 +1,13 @@
 """Fixtures of the GPU tests: the sample model's pipelines (fp32, fp16), frames, and the
-helpers every GPU test module uses (the ``gpu`` fixture). Each test module skips itself at
-import when there is no CUDA GPU (or the Numba simulator is on), so nothing here runs in CI.
+helpers every GPU test module uses (the ``gpu`` fixture). Each test module is marked
+``pytestmark = pytest.mark.requires_gpu``; without a CUDA GPU (or with the Numba simulator on)
+its tests are skipped before any fixture here runs, so nothing here runs in CI.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import types
 
 import cv2
@@ -19,17 +22,62 @@ CONF, IOU = 0.25, 0.7
 MAX_BATCH = 8
 
 
+@functools.cache
+def why_no_gpu() -> str | None:
+    """Why the GPU tests cannot run here, or None where they can. Asked at the first test that
+    needs a GPU, so a session that runs none never imports torch for it."""
+    from app.gpu.rounding import SIMULATOR  # the flag every kernel module reads
+
+    if SIMULATOR:  # tests/conftest.py turns it on unless YOLOPIPE_REAL_GPU=1
+        return "the Numba CUDA simulator is on: these tests need a real GPU"
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU (torch.cuda.is_available() is False)"
+    from numba import cuda
+
+    if not cuda.is_available():  # the NMS and letterbox kernels run through numba.cuda
+        return "numba.cuda sees no GPU"
+    return None
+
+
+def why_not_importable(module: str) -> str | None:
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        return f"{module} is not importable: {exc}"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before the runner sets up fixtures that would open the GPU
+def pytest_runtest_setup(item):
+    """``pytest.mark.requires_gpu``: skip without a CUDA GPU; ``requires_gpu("PyNvVideoCodec")``:
+    also without that module (asked after the GPU, so a machine without one says so)."""
+    marker = item.get_closest_marker("requires_gpu")
+    if marker is None:
+        return
+    if reason := why_no_gpu():
+        pytest.skip(reason)
+    for module in marker.args:
+        if reason := why_not_importable(module):
+            pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def meta(sample_model_dir) -> ModelMeta:
     return ModelMeta.load(sample_model_dir / "meta.json")
 
 
-def make_pipeline(model_dir, meta, precision, *, compile=False, max_batch=MAX_BATCH, **kwargs):
+def make_pipeline(model_dir, meta, precision, *, compile=False, max_batch=MAX_BATCH, in_flight=None, decode="gpu"):
     from app.backends.torch_cuda import TorchCudaEngine
+    from app.config import IN_FLIGHT
+    from app.contracts import RunShape
     from app.pipeline.gpu import GpuPipeline
 
     engine = TorchCudaEngine(model_dir, meta, precision=precision, max_batch=max_batch, compile=compile)
-    return GpuPipeline(engine, meta, max_batch=max_batch, **kwargs)
+    return GpuPipeline(engine, meta, RunShape(max_batch=max_batch, in_flight=in_flight or IN_FLIGHT, decode=decode))
 
 
 @pytest.fixture(scope="session")
@@ -37,10 +85,12 @@ def chosen16(sample_model_dir):
     """The engine predict and serve choose on a GPU without TensorRT: the AOTInductor package
     with batch-invariant kernels (built here on the session's first use: minutes), fp16, in a
     pipeline of buckets up to 8 with three batches in flight. A ``Detector``."""
+    from app.contracts import RunShape
     from app.runtime import open_model_dir
 
-    det = open_model_dir(sample_model_dir, backend="torch-cuda", precision="fp16", max_batch=MAX_BATCH, in_flight=3)
-    engine = det.pipeline.engine
+    det = open_model_dir(sample_model_dir, RunShape(max_batch=MAX_BATCH, in_flight=3), backend="torch-cuda",
+                         precision="fp16")
+    engine = det.engine
     assert (engine.compiler, engine.batch_invariant) == ("aoti", True), (engine.compiler, engine.batch_invariant)
     yield det
     det.close()

@@ -5,27 +5,23 @@ read again."""
 
 from __future__ import annotations
 
-import os
 import queue
 import time
 
 import pytest
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    pytest.skip("the Numba CUDA simulator is on: these tests need a real GPU", allow_module_level=True)
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
-
 from app.contracts import RunShape
 from app.imaging.check import check_image
-from app.ipc.answers import answers_frame, read_results
+from app.ipc.answers import answers_frame, read_answers
 from app.ipc.ring import Ring, map_ring
 from app.ipc.wire import FrameReader, ImageRef, image, read_image
 from app.pipeline.detector import Detector
 from app.service.inference.batcher import Batcher, Job
 from app.service.inference.metrics import WorkerMetrics
+from tests.references import detections_json, outcomes_of
 from tests.standins import count_header_reads
+
+pytestmark = pytest.mark.requires_gpu
 
 
 def test_the_batcher_warms_the_buckets_and_answers_a_batch_as_the_detector_does(gpu, sample_model_dir, meta,
@@ -35,7 +31,7 @@ def test_the_batcher_warms_the_buckets_and_answers_a_batch_as_the_detector_does(
     answers: queue.Queue = queue.Queue()
 
     def deliver(jobs, batch_answers):
-        for outcome in read_results(FrameReader().feed(answers_frame(batch_answers))[0][1])[1]:
+        for outcome in outcomes_of(read_answers(FrameReader().feed(answers_frame(batch_answers))[0][1])):
             answers.put(outcome)
 
     steps: list[str] = []
@@ -64,7 +60,7 @@ def test_the_batcher_warms_the_buckets_and_answers_a_batch_as_the_detector_does(
         expected = detector.detect(images, detector.params())  # the same images in one batch of the same bucket
         for o, e in zip(got, expected):
             assert o.error is None and (o.width, o.height) == (e.width, e.height)
-            assert o.detections.to_json(detector.names) == e.detections.to_json(detector.names) != []
+            assert detections_json(o.detections, detector.names) == detections_json(e.detections, detector.names) != []
     finally:
         batcher.close(10.0)
         ring.close()

@@ -5,18 +5,12 @@ gray, CMYK, every chroma subsampling, every EXIF orientation).
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 
 import cv2
 import numpy as np
 import pytest
-
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    pytest.skip("the Numba CUDA simulator is on: these tests need a real GPU", allow_module_level=True)
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
+import torch
 
 from app.benchmark.fidelity import agreement, pixel_diff, summarize_diffs
 from app.benchmark.workloads import varied_jpegs
@@ -26,6 +20,8 @@ from app.gpu.decode import DeviceImage, NvJpegDecoder, to_host_bgr
 from app.gpu.decoded import IN_PLACE
 from app.gpu.jpeg import read_jpeg_header
 from app.gpu.nvimgcodec import NvImageCodecDecoder
+
+pytestmark = pytest.mark.requires_gpu
 
 try:
     import nvidia.nvimgcodec  # noqa: F401

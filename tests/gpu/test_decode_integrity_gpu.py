@@ -6,7 +6,6 @@ detections."""
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -15,22 +14,19 @@ import cv2
 import numpy as np
 import pytest
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    pytest.skip("the Numba CUDA simulator is on: these tests need a real GPU", allow_module_level=True)
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
-
-from app.errors import InvalidImage, YolopipeError
 from app.contracts import RunShape
+from app.errors import InvalidImage, YolopipeError
 from app.imaging.check import check_image
 from app.imaging.decode import decode_image
-from app.ipc.answers import answers_frame, read_results
+from app.ipc.answers import answers_frame, read_answers
 from app.ipc.ring import Ring, map_ring
 from app.ipc.wire import FrameReader, ImageRef
 from app.pipeline.detector import Detector
 from app.service.inference.batcher import Batcher, Job
 from app.service.inference.metrics import WorkerMetrics
+from tests.references import detections_json, outcomes_of
+
+pytestmark = pytest.mark.requires_gpu
 
 CPU_ERROR = "cannot decode this JPEG image (truncated or corrupt)"
 DECODES = ["gpu", "nvjpeg", "cpu"]  # gpu: nvImageCodec (hardware decoder, then its default chain)
@@ -59,7 +55,7 @@ def cuts(data: bytes) -> dict[str, bytes]:
 
 
 def as_json(out, names):
-    return out if isinstance(out, YolopipeError) else out.to_json(names)
+    return out if isinstance(out, YolopipeError) else detections_json(out, names)
 
 
 @pytest.mark.parametrize("decode", DECODES)
@@ -113,12 +109,12 @@ def test_many_threads_through_the_batcher_cut_files_are_errors_and_photos_their_
     names = detector.names
     valid = dict(photos)
     broken = {f"{src} {what}": cut for src in ("bus", "zidane", "bus_progressive") for what, cut in cuts(photos[src]).items()}
-    expected = {n: det.detections.to_json(names) for n, det in
+    expected = {n: detections_json(det.detections, names) for n, det in
                 zip(valid, detector.detect(list(valid.values()), detector.params()))}
     answers: queue.Queue = queue.Queue()
 
     def deliver(jobs, batch_answers):
-        for outcome in read_results(FrameReader().feed(answers_frame(batch_answers))[0][1])[1]:
+        for outcome in outcomes_of(read_answers(FrameReader().feed(answers_frame(batch_answers))[0][1])):
             answers.put(outcome)
 
     batcher = Batcher(detector, budget_s=120.0, deliver=deliver, metrics=WorkerMetrics("0"))
@@ -160,7 +156,7 @@ def test_many_threads_through_the_batcher_cut_files_are_errors_and_photos_their_
         if name in broken:
             ok = isinstance(o.error, InvalidImage) and str(o.error) == CPU_ERROR
         else:
-            ok = o.error is None and close_to(o.detections.to_json(names), expected[name])
+            ok = o.error is None and close_to(detections_json(o.detections, names), expected[name])
         if not ok:
             wrong.append((name, o.error, o.detections))
     assert not wrong, wrong[:5]

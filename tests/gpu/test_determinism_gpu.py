@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -18,15 +17,12 @@ import cv2
 import numpy as np
 import pytest
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    pytest.skip("the Numba CUDA simulator is on: these tests need a real GPU", allow_module_level=True)
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
-
 from app.boxes import rows_to_detections
 from app.contracts import DetectParams
 from app.errors import YolopipeError
+from tests.references import detections_json
+
+pytestmark = pytest.mark.requires_gpu
 
 PRECISION = "fp16"
 PARAMS = DetectParams(conf=0.25, iou=0.7)
@@ -68,7 +64,7 @@ def records(gpu, pipe, batch: list[str], photos, stages: dict | None = None) -> 
     head = pipe.slots[slot].graphs.get(graph_key(bucket)).head if stages is not None else None
     for j, (n, o) in enumerate(zip(batch, run.images)):
         assert not isinstance(o, YolopipeError), (n, o)
-        out[n] = json.dumps(rows_to_detections(*o).to_json(names))
+        out[n] = json.dumps(detections_json(rows_to_detections(*o), names))
         if stages is not None:
             for stage, bits in (("input", digest(pipe.inputs.tensor[j])), ("head", digest(head[j])),
                                 ("answer", out[n])):
@@ -137,14 +133,16 @@ CHILD = """
 import json, sys
 from pathlib import Path
 from app.boxes import rows_to_detections
-from app.contracts import DetectParams, EncodedImage
+from app.contracts import DetectParams, EncodedImage, RunShape
 from app.imaging.headers import read_header
 from app.runtime import open_model_dir
-det = open_model_dir(Path(sys.argv[1]), backend="torch-cuda", precision=sys.argv[2], max_batch=8, in_flight=1)
-assert det.pipeline.engine.compiler == "aoti"  # the package the parent built: loaded, not built again
+from tests.references import detections_json
+det = open_model_dir(Path(sys.argv[1]), RunShape(max_batch=8, in_flight=1), backend="torch-cuda",
+                     precision=sys.argv[2])
+assert det.engine.compiler == "aoti"  # the package the parent built: loaded, not built again
 items = [EncodedImage(d, read_header(d)) for d in (open(p, "rb").read() for p in sys.argv[3:])]
 run = det.pipeline.run(items, DetectParams(conf=0.25, iou=0.7))
-print(json.dumps([json.dumps(rows_to_detections(*o).to_json(det.meta.names)) for o in run.images]))
+print(json.dumps([json.dumps(detections_json(rows_to_detections(*o), det.meta.names)) for o in run.images]))
 det.close()
 """
 

@@ -5,20 +5,16 @@ others OpenCV decodes, broken files), in listing order, batches bigger than the 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import pytest
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    pytest.skip("the Numba CUDA simulator is on: these tests need a real GPU", allow_module_level=True)
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
-
 from app.benchmark.workloads import varied_jpegs
 from app.pipeline.detector import Detector
 from app.predict.folder import list_images, predict_folder
+from tests.references import image_json
+
+pytestmark = pytest.mark.requires_gpu
 
 
 def test_folder_lines_equal_the_detectors_per_image_results(gpu, sample_model_dir, meta, assets_dir, tmp_path):
@@ -35,7 +31,7 @@ def test_folder_lines_equal_the_detectors_per_image_results(gpu, sample_model_di
         out = tmp_path / "p.jsonl"
         summary = predict_folder(det, str(src), out, det.params(), batch=12)
         images = list_images(str(src))
-        expected = [r.to_json(img.name, det.names) for img, r in
+        expected = [image_json(r, img.name, det.names) for img, r in
                     zip(images, det.detect([img.path.read_bytes() for img in images], det.params()))]
     finally:
         pipe.close()

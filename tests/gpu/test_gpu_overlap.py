@@ -5,22 +5,18 @@ runner, the stage timeline's ordering, staging growth, and the host-side decode 
 from __future__ import annotations
 
 import importlib.util
-import os
 import threading
 
 import numpy as np
 import pytest
-
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    pytest.skip("the Numba CUDA simulator is on: these tests need a real GPU", allow_module_level=True)
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
+import torch
 
 from app.boxes import box_iou
 from app.contracts import DetectParams
 from app.errors import InvalidParameter
 from app.pipeline.overlap import run_overlapped
+
+pytestmark = pytest.mark.requires_gpu
 
 
 def _assert_rows_close(a, b, where):

@@ -13,18 +13,15 @@ import os
 
 import numpy as np
 import pytest
-
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    pytest.skip("the Numba CUDA simulator is on: these tests need a real GPU", allow_module_level=True)
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
+import torch
 
 from app.backends.torch_cuda import TorchCudaEngine
 from app.boxes import box_iou, f1, match_pairs, nms_numpy
 from app.contracts import DetectParams
 from app.errors import InvalidParameter
 from app.gpu.pack import bucket_sizes
+
+pytestmark = pytest.mark.requires_gpu
 
 
 def assert_same_detections(name, ref, det, conf, *, iou_min=0.99, score_tol=1e-3, margin=2e-3):

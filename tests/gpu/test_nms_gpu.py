@@ -10,24 +10,15 @@ import os
 
 import numpy as np
 import pytest
+import torch
+from numba import cuda
 
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    pytest.skip("the Numba CUDA simulator is on: these tests need a real GPU", allow_module_level=True)
-torch = pytest.importorskip("torch")
+from app.boxes import MAX_WH, head_candidates, nms_numpy
+from app.contracts import DetectParams
+from app.gpu.nms import GpuNms
+
 tv_ops = pytest.importorskip("torchvision.ops")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
-from numba import cuda  # noqa: E402
-
-if not cuda.is_available():
-    pytest.skip("numba.cuda sees no GPU", allow_module_level=True)
-
-from app.boxes import MAX_WH, head_candidates, nms_numpy  # noqa: E402
-from app.gpu.nms import SIMULATOR, GpuNms  # noqa: E402
-from app.contracts import DetectParams  # noqa: E402
-
-if SIMULATOR:
-    pytest.skip("app.gpu.nms was imported under the simulator", allow_module_level=True)
+pytestmark = pytest.mark.requires_gpu  # also skipped when app.gpu.nms runs under the simulator
 
 A = 8400  # YOLOv8 at 640: 80*80 + 40*40 + 20*20
 N_CASES = int(os.environ.get("YOLOPIPE_NMS_CASES", "1000"))
@@ -270,7 +261,7 @@ def test_small_grids_full_size(grid):
 def test_graph_replays_batch16_low_conf_exact():
     """Batch 16, conf 0.001, ~130 candidates per image (what the sample model gives), capacity
     8,400, replayed from a CUDA graph many times: rows stay exact. (Its speed is measured by
-    bench/latency.py, not asserted here.)"""
+    ``yolopipe bench`` (app/benchmark/nms.py), not asserted here.)"""
     B, nc, per_image = 16, 2, 130
     rng = np.random.default_rng(7)
     host = make_head(rng, B, nc)

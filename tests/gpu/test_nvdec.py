@@ -25,14 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    pytest.skip("the Numba CUDA simulator is on: these tests need a real GPU", allow_module_level=True)
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
-pytest.importorskip("PyNvVideoCodec")
-
+import torch
 from numba import cuda
 
 from app.boxes import f1, match_pairs
@@ -48,6 +41,8 @@ from app.predict.sources import NvdecCapture, video_decoder
 from app.predict.streams import predict_streams
 from app.predict.video import predict_video
 from tests.videos import decoded_frames, ffmpeg, write_clip, write_h264
+
+pytestmark = pytest.mark.requires_gpu("PyNvVideoCodec")
 
 SIZE = 640
 CLIP_FRAMES = 48

@@ -3,18 +3,9 @@ reference (the simulator runs it only at toy sizes: tests/kernels)."""
 
 from __future__ import annotations
 
-import os
-
 import cv2
 import numpy as np
 import pytest
-
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    pytest.skip("the Numba CUDA simulator is on: these tests need a real GPU", allow_module_level=True)
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
-
 from numba import cuda
 
 from app.gpu.preprocess import (
@@ -27,6 +18,8 @@ from app.gpu.preprocess import (
     letterbox_placement,
 )
 from app.imaging.letterbox import letterbox, to_input
+
+pytestmark = pytest.mark.requires_gpu
 
 
 def _as_layout(img: np.ndarray, layout: int) -> np.ndarray:

@@ -10,15 +10,12 @@ import shutil
 
 import numpy as np
 import pytest
-
-if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-    pytest.skip("the Numba CUDA simulator is on: these tests need a real GPU", allow_module_level=True)
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("no CUDA GPU", allow_module_level=True)
+import torch
 
 from app.boxes import f1, match_pairs
 from app.contracts import DetectParams
+
+pytestmark = pytest.mark.requires_gpu
 
 BATCH = 8
 
@@ -42,7 +39,7 @@ def detector(root):
     det = open_detector("sample", backend="torch-cuda", precision="fp16", artifacts_dir=root, max_batch=BATCH,
                         steps=steps)
     assert any("compiling with AOTInductor (2 of 3" in s for s in said), said  # a first start builds it, and says so
-    assert det.pipeline.engine.compiler == "aoti"
+    assert det.engine.compiler == "aoti"
     yield det
     det.close()
 
@@ -81,7 +78,7 @@ def test_a_later_start_loads_the_package_and_compiles_nothing(gpu, root, detecto
                         (torch_build, "_compile")]:
         monkeypatch.setattr(owner, name, refuse)
     with open_detector("sample", backend="torch-cuda", precision="fp16", artifacts_dir=root, max_batch=BATCH) as again:
-        assert again.pipeline.engine.compiler == "aoti"
+        assert again.engine.compiler == "aoti"
         ours, eager = [], []
         for n in (1, 3, BATCH):
             items = items_of(frames, n)
@@ -125,13 +122,14 @@ def test_a_batch_padded_into_a_larger_captured_bucket_gives_the_same_boxes(gpu, 
     from app.artifacts.torch_engines import find_torch_engine
     from app.backends.torch_cuda import TorchCudaEngine
     from app.builder.torch_build import engine_key
+    from app.contracts import RunShape
     from app.pipeline.gpu import GpuPipeline
 
     (model_dir,) = root.glob("*/imgsz640")
     found = find_torch_engine(model_dir, engine_key(meta, precision="fp16", max_batch=BATCH))
     engine = TorchCudaEngine(model_dir, meta, precision="fp16", max_batch=BATCH,
                              packages=[(found.package, found.manifest.key)])
-    with GpuPipeline(engine, meta, max_batch=BATCH, in_flight=1, pad_to_captured=True) as pipe:
+    with GpuPipeline(engine, meta, RunShape(max_batch=BATCH, in_flight=1), pad_to_captured=True) as pipe:
         pipe.warmup([BATCH])
         items = items_of(frames, 3)
         run = pipe.run(items, DetectParams(conf=gpu.CONF, iou=gpu.IOU))

@@ -1,18 +1,18 @@
 """Every command of ``yolopipe`` end to end, as a user runs it: output, exit status, no traceback.
 
-The exit-status table is ``app.cli.ExitCode``; each status is reached here by a real mistake.
+The exit-status table is ``app.cli.terminal.ExitCode``; each status is reached here by a real mistake.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from app.cli import ExitCode
+from app.cli.terminal import ExitCode
 
 CLI = [sys.executable, "-m", "app.cli"]
 

@@ -21,8 +21,9 @@ from app.cli import cli
 from app.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ["README.md", "bench/README.md", "docker/README.md", "calibration/README.md", "engines/README.md"]
-TOP = ("app", "bench", "tests", "docker", "calibration", "engines", ".ci")
+DOCS = ["README.md", "bench/README.md", "docker/README.md", "calibration/README.md", "engines/README.md",
+        "tools/device/README.md"]
+TOP = ("app", "bench", "tests", "docker", "calibration", "engines", "tools", ".ci")
 # Options of the other programs the docs show (pip, docker, curl): not ours to check.
 FOREIGN_OPTIONS = {"--index-url", "--rm", "--gpus", "--data-binary", "--build"}
 
@@ -46,7 +47,7 @@ def known_options() -> dict[str, set[str]]:
     for script in sorted((ROOT / "bench").glob("*.py")):
         known[f"bench/{script.name}"] = script_options(script) | {"--help"}
     bench = {f"--{f.name.replace('_', '-')}" for f in fields(BenchOptions)} | {"--help"}
-    known["yolopipe bench"] = known["bench/latency.py"] = known["app.benchmark"] = bench
+    known["yolopipe bench"] = known["app.benchmark"] = bench
     known["yolopipe"] = click_options(group)
     return known
 

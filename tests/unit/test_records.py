@@ -15,6 +15,7 @@ from app.contracts import DetectedBatch, ImageResult
 from app.errors import ImageTooLarge, InvalidImage
 from app.records import HTTP, LINES, frame_lines, image_lines, records
 from app.types import Detections
+from tests.references import image_json
 
 NAMES = ["Normal", "Fall"]
 IMAGE_NAMES = ["a.jpg", "sub/ü ñ 雪.jpg", 'q"uote\\back\tslash.jpg', "emoji 🙂.png", "\x01ctl.jpg"]
@@ -66,7 +67,7 @@ def test_image_lines_equal_json_dumps_of_to_json(seed):
     names = [f"{i}-{IMAGE_NAMES[i % 5]}" for i in range(len(results))]
     class_names = class_names_for(seed)
     batch = DetectedBatch.of(results)
-    assert image_lines(names, batch, class_names) == [json.dumps(r.to_json(n, class_names))
+    assert image_lines(names, batch, class_names) == [json.dumps(image_json(r, n, class_names))
                                                      for n, r in zip(names, results)]
 
 
@@ -83,7 +84,7 @@ def test_frame_lines_equal_json_dumps_of_the_frame_record(seed):
     class_names = class_names_for(seed)
     expected = []
     for (index, time_s), r, track in zip(frames, results, ids):
-        rec = with_ids(r.to_json("cam/ü.mp4", class_names), track)
+        rec = with_ids(image_json(r, "cam/ü.mp4", class_names), track)
         expected.append(json.dumps({"image": "cam/ü.mp4", "frame": index, "time_s": time_s,
                                     **{k: v for k, v in rec.items() if k != "image"}}))
     assert frame_lines("cam/ü.mp4", frames, DetectedBatch.of(results), class_names, ids) == expected
@@ -100,7 +101,7 @@ def test_stream_events_equal_json_dumps_of_the_event():
         latency = {"latency_ms": round(rng.uniform(0, 500), 2)}
         heads.append(LINES.fields(**fields))
         tails.append(LINES.fields(**latency))
-        rec = with_ids(r.to_json("", NAMES), [k] * len(r.detections) if r.detections is not None else None)
+        rec = with_ids(image_json(r, "", NAMES), [k] * len(r.detections) if r.detections is not None else None)
         rec.pop("image")
         expected.append(json.dumps({**fields, **rec, **latency}))
     track_ids = [[k] * len(r.detections) if r.detections is not None else None for k, r in enumerate(results)]
@@ -119,7 +120,7 @@ def test_http_records_equal_what_json_response_renders():
                   style=HTTP, error_fields=lambda e: {"status": 400, "error": {"code": e.code, "message": str(e)}})
     for line, name, result, t in zip(got, names, results, timings):
         if result.error is None:
-            want = {**result.to_json(name, NAMES), "timings": t}
+            want = {**image_json(result, name, NAMES), "timings": t}
         else:
             want = {"image": name, "status": 400, "error": {"code": result.error.code, "message": str(result.error)}}
         assert line.encode() == JSONResponse(want).body
@@ -131,7 +132,7 @@ def test_edge_values_keep_their_json_spelling():
                      [-1e-3, 5e-3, 0.125, 0.375, 0.999995, 1], [7e3, 7e3, 9e3, 9e3, 1.0, 0]], np.float32)
     result = ImageResult(640, 640, Detections.from_rows(rows))
     got = image_lines(["x.jpg"], DetectedBatch.of([result]), NAMES)
-    assert got == [json.dumps(result.to_json("x.jpg", NAMES))]
+    assert got == [json.dumps(image_json(result, "x.jpg", NAMES))]
     assert json.loads(got[0])["detections"][0]["score"] == 1e-05
 
 
@@ -143,9 +144,9 @@ def test_non_finite_values_are_written_as_json_dumps_writes_them():
                ImageResult(640, 480, Detections.empty())]
     names = ["n.jpg", "e.jpg", "z.jpg"]
     batch = DetectedBatch.of(results)
-    assert image_lines(names, batch, NAMES) == [json.dumps(r.to_json(n, NAMES)) for n, r in zip(names, results)]
+    assert image_lines(names, batch, NAMES) == [json.dumps(image_json(r, n, NAMES)) for n, r in zip(names, results)]
     with pytest.raises(ValueError):
-        JSONResponse(results[0].to_json("n.jpg", NAMES))
+        JSONResponse(image_json(results[0], "n.jpg", NAMES))
     with pytest.raises(ValueError):
         records([HTTP.fields(image="n.jpg")], DetectedBatch.of(results[:1]), NAMES, style=HTTP)
 

@@ -50,12 +50,55 @@ def test_the_run_shape_is_clamped_once_where_the_detector_is_opened(sample_model
     settings = Settings(backend="onnxruntime", max_batch=64, max_pixels=1_000_000, max_wait_ms=7.5, decode="cpu")
     asked = shape_from(settings)
     assert asked == RunShape(max_batch=64, decode="opencv", max_pixels=1_000_000, max_wait_ms=7.5)
-    with open_model_dir(sample_model_dir, backend="onnxruntime", shape=asked) as det:
+    with open_model_dir(sample_model_dir, asked, backend="onnxruntime") as det:
         assert det.shape == RunShape(max_batch=CPU_MAX_BATCH, in_flight=1, decode="opencv", max_pixels=1_000_000,
                                      max_wait_ms=7.5)
         assert det.pipeline.max_batch == det.info()["max_batch"] == CPU_MAX_BATCH
-    with open_model_dir(sample_model_dir, backend="onnxruntime", max_batch=4) as det:
+    with open_model_dir(sample_model_dir, RunShape(max_batch=4), backend="onnxruntime") as det:
         assert (det.shape.max_batch, det.pipeline.max_batch) == (4, 4)
+
+
+def test_a_failed_open_closes_what_it_had_opened(sample_model_dir, monkeypatch):
+    """A step that fails after the backend was opened releases it: nothing is left for the caller."""
+    import app.runtime
+    from app.contracts import RunShape
+    from app.pipeline.cpu import CpuPipeline
+
+    closed = []
+
+    def refused(pipeline, shape):  # the last step, failing
+        raise InvalidParameter("refused")
+
+    monkeypatch.setattr(CpuPipeline, "close", lambda self: closed.append(self.backend))
+    monkeypatch.setattr(app.runtime, "Detector", refused)
+    with pytest.raises(InvalidParameter, match="refused"):
+        app.runtime.open_model_dir(sample_model_dir, RunShape(max_batch=2), backend="onnxruntime")
+    assert closed == ["onnxruntime"]
+
+
+def test_a_gpu_pipeline_that_fails_to_set_up_leaves_no_engine_open(sample_model_dir, monkeypatch):
+    import app.gpu.probe
+    import app.pipeline.gpu
+    import app.runtime
+    from app.errors import DeviceError
+
+    closed = []
+
+    class Engine:
+        max_batch = 8
+
+        def close(self) -> None:
+            closed.append("engine")
+
+    def out_of_memory(*args, **kwargs):
+        raise DeviceError("out of memory")
+
+    monkeypatch.setattr(app.gpu.probe, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(app.runtime, "_device_engine", lambda *args: Engine())
+    monkeypatch.setattr(app.pipeline.gpu, "GpuPipeline", out_of_memory)
+    with pytest.raises(DeviceError, match="out of memory"):
+        app.runtime.open_model_dir(sample_model_dir, backend="torch-cuda")
+    assert closed == ["engine"]
 
 
 def test_a_decoder_name_is_checked_before_the_model_is_exported(tmp_path):

@@ -2,7 +2,7 @@
 workers, beside the REST app and as thin: the same inference client, header checks, limits,
 parameters and shared-memory regions as ``/v2`` REST (``app.api.oip``).
 
-Errors are ``app.errors``, answered with the status code ``app.api.grpc.errors`` maps
+Errors are ``app.errors``, answered with the status code ``app.api.statuses`` maps
 them to: INVALID_ARGUMENT for a bad image, tensor, parameter or region, RESOURCE_EXHAUSTED over
 a limit, UNAVAILABLE when overloaded, DEADLINE_EXCEEDED past the request's ``timeout`` or the
 client's deadline, NOT_FOUND for another model. A call that ends early (deadline, cancel, the
@@ -24,16 +24,15 @@ from google.protobuf.message import DecodeError
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from app.api.grpc import messages
-from app.api.grpc.errors import grpc_code_for
 from app.api.grpc.tensors import infer_response, read_request
 from app.api.metrics import rejected_counter
-from app.api.oip.infer import MODEL, VERSION, detect_params, detect_within, extensions, for_image, model_name
+from app.api.oip.infer import MODEL, VERSION, extensions, infer_outputs, model_name
 from app.api.oip.shared_memory import RegionAccess, is_loopback, run_registry
-from app.api.oip.tensors import INPUT, OUTPUTS, output_tensors, write_output_regions
-from app.api.uploads import check_request_images
+from app.api.oip.tensors import INPUT, OUTPUTS
+from app.api.statuses import grpc_code_for
 from app.config import Settings
 from app.errors import BadRequest, ModelNotFound, NotSupported, Overloaded, SharedMemoryError, YolopipeError
-from app.ipc.client import SERVER_SIDE, InferenceClient
+from app.ipc.client import InferenceClient
 from app.ipc.metrics import LATENCY_BUCKETS
 
 log = logging.getLogger("yolopipe.grpc")
@@ -165,11 +164,12 @@ class InferenceService:
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:
         """Responses in the order of the requests, several requests at work at once (up to
-        ``max_batch``; past that, the stream is not read until the first is answered). A
-        request's error is its response's ``error_message``; the stream goes on."""
+        ``max_batch``, the run shape's as the inference workers clamped it; past that, the stream is
+        not read until the first is answered). A request's error is its response's
+        ``error_message``; the stream goes on."""
         local = peer_is_local(context.peer())
         pending: asyncio.Queue = asyncio.Queue()  # requests at work, in order; None: no more
-        room = asyncio.Semaphore(self.settings.max_batch)
+        room = asyncio.Semaphore(self.inference.max_batch)
 
         async def read() -> None:
             try:
@@ -226,23 +226,9 @@ class InferenceService:
         inference = self._client()
         regions = RegionAccess(self.registry, local, settings.max_body_bytes)
         parsed = read_request(request, max_images=settings.max_images_per_request, regions=regions)
-        params = detect_params(parsed.parameters, num_classes=len(inference.info["class_names"]))
-        headers = check_request_images(parsed.images, max_pixels=settings.max_pixels)
-        for i, checked in enumerate(headers):
-            if isinstance(checked, YolopipeError):
-                raise for_image(i, checked)
         timeouts = [t for t in (parsed.timeout_s, deadline_s) if t is not None]
-        try:
-            outcomes = await detect_within(inference, parsed.images, headers, params, min(timeouts, default=None),
-                                           settings)
-        except SERVER_SIDE as exc:
-            self.metrics.rejected.labels(exc.code).inc()
-            raise
-        for i, outcome in enumerate(outcomes):
-            if outcome.error is not None:
-                raise for_image(i, outcome.error)
-        tensors = output_tensors([o.detections for o in outcomes])  # type: ignore[misc]
-        write_output_regions(tensors, parsed.output_places, regions)
+        tensors = await infer_outputs(inference, parsed, settings, regions, self.metrics.rejected,
+                                      min(timeouts, default=None))
         return infer_response(name, parsed.id, tensors, parsed.outputs, parsed.output_places)
 
     # --- Triton's system shared-memory extension ------------------------------------------------

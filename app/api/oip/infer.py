@@ -1,9 +1,10 @@
 """What the Open Inference Protocol's inference means here, over REST and gRPC alike.
 
 The model's names, the request parameters (``/v1``'s, with its defaults and limits), the
-request's own timeout and the per-image error. ``app/api/oip/routes.py`` (REST) and
-``app/api/grpc`` (gRPC) both call these, so the two protocols check the same things and answer
-the same errors. No web framework here: a gRPC worker imports it without FastAPI.
+request's own timeout, the per-image error, and the end of an inference request
+(``infer_outputs``: from a read request to its output tensors). ``app/api/oip/routes.py`` (REST)
+and ``app/api/grpc`` (gRPC) both call these, so the two protocols check the same things and
+answer the same errors. No web framework here: a gRPC worker imports it without FastAPI.
 """
 
 from __future__ import annotations
@@ -11,11 +12,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
+from prometheus_client import Counter
+
+from app.api.oip.shared_memory import RegionAccess
+from app.api.oip.tensors import InferRequest, output_tensors, write_output_regions
+from app.api.uploads import check_request_images
 from app.config import CONF, IOU, MAX_DET, Settings
 from app.contracts import DetectParams, make_params
 from app.errors import InvalidParameter, ModelNotFound, RequestTimeout, YolopipeError
-from app.ipc.client import InferenceClient
-from app.ipc.wire import Outcome
+from app.ipc.answers import RequestAnswers
+from app.ipc.client import SERVER_SIDE, InferenceClient
 
 MODEL = "yolopipe"
 VERSION = "1"
@@ -36,7 +43,7 @@ def model_name(name: str, version: str | None, settings: Settings) -> str:
 
 
 async def detect_within(inference: InferenceClient, images: list[bytes], headers: list[Any], params: DetectParams,
-                        timeout_s: float | None, settings: Settings) -> list[Outcome]:
+                        timeout_s: float | None, settings: Settings) -> RequestAnswers:
     """The inference client's answer, within the request's own timeout when it asks for a shorter
     one than the server's (Triton's ``timeout`` parameter, a gRPC deadline); cancelling stops its
     queued work. ``headers``: each image's, as read here; they travel with the bytes, so the
@@ -91,3 +98,29 @@ def _class_ids(value: Any) -> list[int] | None:
 def for_image(index: int, error: YolopipeError) -> YolopipeError:
     """The same error (so the same status), saying which image of the batch it was."""
     return type(error)(f"image {index}: {error.message}", hint=error.hint)
+
+
+async def infer_outputs(inference: InferenceClient, request: InferRequest, settings: Settings,
+                        regions: RegionAccess | None, rejected: Counter,
+                        timeout_s: float | None) -> dict[str, np.ndarray]:
+    """A read request's output tensors, those it asks for in shared memory written there: its
+    parameters and each image's header checked, the images detected within ``timeout_s``
+    (``detect_within``). No per-image errors in this protocol: the first image that fails fails
+    the request. A request the inference client refuses as a whole is counted in ``rejected``."""
+    params = detect_params(request.parameters, num_classes=len(inference.info["class_names"]))
+    headers = check_request_images(request.images, max_pixels=settings.max_pixels)
+    for i, checked in enumerate(headers):
+        if isinstance(checked, YolopipeError):
+            raise for_image(i, checked)
+    try:  # the headers read here travel with the bytes: the inference worker never reads them again
+        answered = await detect_within(inference, request.images, headers, params, timeout_s, settings)
+    except SERVER_SIDE as exc:
+        rejected.labels(exc.code).inc()
+        raise
+    errors = answered.detected.errors
+    if errors:
+        first = min(errors)
+        raise for_image(first, errors[first])
+    tensors = output_tensors(answered.detected)
+    write_output_regions(tensors, request.output_places, regions)
+    return tensors

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from app.api.errors import error_response
-from app.api.oip.infer import MODEL, VERSION, detect_params, detect_within, extensions, for_image, model_name
+from app.api.oip.infer import MODEL, VERSION, extensions, infer_outputs, model_name
 from app.api.oip.schemas import (
     INFER_REQUEST_BODY,
     INFER_RESPONSES,
@@ -25,20 +25,11 @@ from app.api.oip.schemas import (
     errors,
 )
 from app.api.oip.shm_routes import region_access
-from app.api.oip.tensors import (
-    INPUT,
-    OUTPUTS,
-    decompress,
-    encode_response,
-    output_tensors,
-    parse_infer_request,
-    write_output_regions,
-)
+from app.api.oip.tensors import INPUT, OUTPUTS, decompress, encode_response, parse_infer_request
 from app.api.routes import get_inference
-from app.api.uploads import check_request_images
 from app.config import Settings
-from app.errors import Overloaded, YolopipeError
-from app.ipc.client import SERVER_SIDE, InferenceClient
+from app.errors import Overloaded
+from app.ipc.client import InferenceClient
 
 router = APIRouter(prefix="/v2", tags=["Open Inference Protocol (KServe v2)"])
 
@@ -105,25 +96,12 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
     regions = region_access(request)
     parsed = parse_infer_request(body, request.headers.get("inference-header-content-length"),
                                  max_images=settings.max_images_per_request, regions=regions)
-    params = detect_params(parsed.parameters, num_classes=len(inference.info["class_names"]))
     del body  # the images are copies: the decompressed body need not live through the inference
-    # No per-image errors in this protocol: the first image that fails fails the request.
-    headers = check_request_images(parsed.images, max_pixels=settings.max_pixels)
-    for i, checked in enumerate(headers):
-        if isinstance(checked, YolopipeError):
-            raise for_image(i, checked)
-    try:  # the headers read here travel with the bytes: the inference worker never reads them again
-        outcomes = await detect_within(inference, parsed.images, headers, params, parsed.timeout_s, settings)
-    except SERVER_SIDE as exc:
-        request.app.state.metrics.rejected.labels(exc.code).inc()
-        if isinstance(exc, Overloaded):  # answered unlogged, as /v1 does: under overload there are thousands
-            return error_response(exc)
-        raise
-    for i, outcome in enumerate(outcomes):
-        if outcome.error is not None:
-            raise for_image(i, outcome.error)
-    tensors = output_tensors([o.detections for o in outcomes])  # type: ignore[misc]
-    write_output_regions(tensors, parsed.output_places, regions)
+    try:
+        tensors = await infer_outputs(inference, parsed, settings, regions, request.app.state.metrics.rejected,
+                                      parsed.timeout_s)
+    except Overloaded as exc:  # answered unlogged, as /v1 does: under overload there are thousands
+        return error_response(exc)
     content, header_length = encode_response(name, parsed.id, tensors, parsed.outputs, parsed.output_places)
     if header_length is None:
         return Response(content, media_type="application/json")

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from app.api.oip.shared_memory import RegionAccess, TensorPlace, tensor_place
+from app.contracts import DetectedBatch
 from app.errors import BadRequest, ImageTooLarge, InvalidParameter, UnsupportedMediaType
-from app.types import Detections
 
 INPUT = "image"
 # name → (datatype, shape with -1 for a variable dimension)
@@ -248,17 +248,21 @@ def _read_outputs(outputs: Any, binary_default: bool,
     return wanted, places
 
 
-def output_tensors(detections: list[Detections]) -> dict[str, np.ndarray]:
-    """The four EfficientNMS-style outputs of a batch, zero-padded to its largest count."""
-    counts = np.array([len(d) for d in detections], np.int32)
-    k = max(1, int(counts.max(initial=0)))
-    boxes = np.zeros((len(detections), k, 4), np.float32)
-    scores = np.zeros((len(detections), k), np.float32)
-    classes = np.zeros((len(detections), k), np.int32)
-    for i, d in enumerate(detections):
-        n = len(d)
-        boxes[i, :n], scores[i, :n], classes[i, :n] = d.boxes, d.scores, d.class_ids
-    return {"num_dets": counts.reshape(-1, 1), "det_boxes": boxes, "det_scores": scores, "det_classes": classes}
+def output_tensors(batch: DetectedBatch) -> dict[str, np.ndarray]:
+    """The four EfficientNMS-style outputs of a batch whose every image was answered, each
+    image's rows in its row of the outputs, zero-padded to the batch's largest count."""
+    counts = batch.counts
+    n, k = len(counts), max(1, int(counts.max(initial=0)))
+    image = np.repeat(np.arange(n), counts)  # each row's image, and its place among that image's rows
+    slot = np.arange(len(batch.rows)) - np.repeat(np.cumsum(counts) - counts, counts)
+    boxes = np.zeros((n, k, 4), np.float32)
+    scores = np.zeros((n, k), np.float32)
+    classes = np.zeros((n, k), np.int32)
+    boxes[image, slot] = batch.rows[:, :4]
+    scores[image, slot] = batch.rows[:, 4]
+    classes[image, slot] = batch.rows[:, 5].astype(np.int32)
+    return {"num_dets": counts.astype(np.int32).reshape(-1, 1), "det_boxes": boxes, "det_scores": scores,
+            "det_classes": classes}
 
 
 def write_output_regions(tensors: dict[str, np.ndarray], places: dict[str, TensorPlace],

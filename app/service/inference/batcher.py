@@ -337,11 +337,11 @@ class Batcher:
             job.decode_ms = (time.perf_counter() - t0) * 1e3
 
     def _detect(self, items: list[Any], params: Any) -> DetectedBatch:
-        """One ``Detector.run`` of prepared items (a batch is never over the run's max_batch):
+        """One ``Detector.run_prepared`` of prepared items (a batch is never over the run's max_batch):
         each item's rows or error, and the run's stage timings; a run that fails as a whole
         fails each of its items."""
         try:
-            return self.detector.run(items, params)
+            return self.detector.run_prepared(items, params)
         except YolopipeError as exc:
             if isinstance(exc, DeviceError):
                 self.metrics.device_errors.inc()

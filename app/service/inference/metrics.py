@@ -106,8 +106,7 @@ def gpu_memory_readers(detector: Any, device: int) -> dict[str, Callable[[], flo
     ``allocator``: torch's reserved pool when torch is already loaded (GPU backends load it; we
     never import it here). ``device``: memory used on the whole device, from NVML via ctypes.
     """
-    pipeline = detector.pipeline
-    if pipeline.backend == "onnxruntime":
+    if detector.backend == "onnxruntime":
         return {}
     readers: dict[str, Callable[[], float | None]] = {}
     if "torch" in sys.modules:

@@ -41,7 +41,7 @@ def warmup(detector: Detector, batch_sizes: Sequence[int], progress: Callable[[s
     """Run each batch size once on gray images, so the first request pays no setup; the
     seconds per image of the largest batch (the first estimate admission works with).
 
-    ``buckets``: the pipeline's batch buckets (``Pipeline.buckets``). The largest is captured
+    ``buckets``: the pipeline's batch buckets (``Detector.buckets``). The largest is captured
     first, on every slot: it takes a batch of any size (the service's pipeline runs a batch in the
     smallest captured bucket that holds it: ``pad_to_captured``), so the worker can serve as soon
     as it is captured. The others are captured after that by a thread of their own, smallest first
@@ -51,12 +51,12 @@ def warmup(detector: Detector, batch_sizes: Sequence[int], progress: Callable[[s
     if buckets:
         largest, rest = buckets[-1], sorted(set(buckets) - {buckets[-1]})
         say(f"capturing batch bucket {largest}, which takes every batch until the smaller ones are captured")
-        detector.pipeline.warmup([largest])
+        detector.warmup([largest])
         if rest:
             threading.Thread(target=_capture_rest, args=(detector, rest), name="yolopipe-capture", daemon=True).start()
     else:
         say("warming up the pipeline")
-        detector.pipeline.warmup()
+        detector.warmup()
     size = detector.meta.imgsz
     image = np.full((size, size, 3), 114, np.uint8)
     seconds = 0.0
@@ -74,7 +74,7 @@ def _capture_rest(detector: Detector, buckets: Sequence[int]) -> None:
     started = time.perf_counter()
     for b in buckets:
         try:
-            detector.pipeline.warmup([b])
+            detector.warmup([b])
         except Exception as exc:  # noqa: BLE001 - closed, or a capture failed: batches still run on the larger bucket
             log.warning("capturing batch bucket %d in the background stopped: %s: %s", b, type(exc).__name__, exc)
             return

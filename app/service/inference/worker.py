@@ -130,7 +130,7 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
                       generation=spec.generation)
     # A pipeline with buckets (the GPU's: each captured as a graph) warms up each, then its
     # smallest and largest batch; one without (ONNX Runtime) runs one image.
-    buckets = detector.pipeline.buckets
+    buckets = detector.buckets
     sizes = tuple(sorted({1, detector.shape.max_batch})) if buckets else (1,)
     # A first start shows its warm-up steps (in the log and /readyz); a standby warms quietly
     # beside the worker that owns the status block.
@@ -146,7 +146,7 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
 
     await asyncio.to_thread(batcher.start, sizes, progress, buckets)
     steps.finish()
-    release = functools.partial(release_memory, detector.pipeline.release_memory)
+    release = functools.partial(release_memory, detector.release_memory)
     if starting is not None:
         starting.write_phase("")
         starting.close()
@@ -178,7 +178,7 @@ async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, pr
         **detector.info(),
         "meta": asdict(detector.meta),
         "max_pixels": detector.shape.max_pixels,
-        "max_det": detector.pipeline.max_det,
+        "max_det": detector.max_det,
         "in_flight": detector.shape.in_flight,
         "startup": {"steps": steps.as_json(), "worker_ready_after_s": _rounded(process_age_s())},
     }

@@ -8,6 +8,7 @@ from fastapi.testclient import TestClient
 from app.api.schemas import BatchResponse, ErrorResponse, ImageDetections, ModelInfo, Ready
 from app.config import Settings
 from app.service.http_worker import create_service_app
+from tests.references import image_json
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def detector(cpu_detector):
 def direct(detector, data: bytes, name: str, **params) -> dict:
     """What the detector itself says for these bytes: the reference for every HTTP answer."""
     (result,) = detector.detect([data], detector.params(**params))
-    return result.to_json(name, detector.names)
+    return image_json(result, name, detector.names)
 
 
 def without_timings(body: dict) -> dict:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from app.artifacts.torch_engines import find_torch_engine, leftovers, manifest_path
-from app.builder import torch_build
+from app.builder import torch_build, torch_check
 
 STAND_IN_GPU = ("NVIDIA Stand-in", "9.0")
 ROOT = Path(__file__).resolve().parents[3]
@@ -44,10 +44,10 @@ class StandInEngine:
 
 
 class StandInPipeline:
-    def __init__(self, engine, meta, *, max_batch, in_flight, device, decode, max_pixels, pad_to_captured=False):
-        self.engine, self.meta, self.max_batch, self.in_flight = engine, meta, max_batch, in_flight
+    def __init__(self, engine, meta, shape, *, device, pad_to_captured=False):
+        self.engine, self.meta, self.max_batch, self.in_flight = engine, meta, shape.max_batch, shape.in_flight
         self.backend, self.precision = engine.name, engine.precision
-        self.buckets = (max_batch,)
+        self.buckets = (shape.max_batch,)
 
     def close(self):
         pass
@@ -269,7 +269,7 @@ def test_a_package_that_fails_in_a_fresh_process_is_refused_with_what_the_proces
     bogus.write_bytes(b"the first half of a package")
     key = TorchEngineKey("0" * 64, 64, "fp16", "2.x", "NVIDIA Stand-in", "9.0", 1, 64)
     with pytest.raises(BackendUnavailable, match=r"does not run in a fresh process here \(exit code 1\): .*Error"):
-        torch_build.check_in_fresh_process(bogus, 0, key, types.SimpleNamespace(imgsz=64))
+        torch_check.check_in_fresh_process(bogus, 0, key, types.SimpleNamespace(imgsz=64))
 
 
 def test_no_batch_invariant_builds_and_loads_the_cudnn_package_beside_the_invariant_one(gpu, root, monkeypatch):
@@ -323,7 +323,7 @@ def test_the_build_finds_a_package_whose_answer_for_an_image_depends_on_its_batc
         with torch.inference_mode():
             return per_image(x) + 1e-3 * per_image(x).roll(1, dims=0)
 
-    assert torch_build.batch_variance(per_image, example, key) == []
-    found = torch_build.batch_variance(split_by_size, example, key)
+    assert torch_check.batch_variance(per_image, example, key) == []
+    found = torch_check.batch_variance(split_by_size, example, key)
     assert [f.split(" (")[0] for f in found] == ["at place 0 of a batch of 8", "at place 7 of a batch of 8"]
-    assert len(torch_build.batch_variance(reads_a_neighbour, example, key)) == 6  # sizes 2, 3, 8: both places
+    assert len(torch_check.batch_variance(reads_a_neighbour, example, key)) == 6  # sizes 2, 3, 8: both places

@@ -9,7 +9,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from app.cli import ExitCode, cli
+from app.cli import cli
+from app.cli.terminal import ExitCode
 from app.predict.folder import FolderSummary
 
 

@@ -17,6 +17,7 @@ from app.distributed.output import open_sink
 from app.errors import InvalidImage
 from app.predict.folder import FolderSummary
 from app.types import Detections
+from tests.references import image_json
 
 NAMES = ["Normal", "Fall"]
 
@@ -51,7 +52,7 @@ def test_retried_images_are_written_once_and_counted_once(tmp_path):
     sink.close()
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["image"] for r in records] == ["a.jpg", "b.jpg", "bad.png", "c.jpg"]
-    assert records[0] == result(2).to_json("a.jpg", NAMES)
+    assert records[0] == image_json(result(2), "a.jpg", NAMES)
     assert records[2] == {"image": "bad.png", "error": "cut"}
     assert (summary.images, summary.detections, summary.errors) == (4, 5, 1)
     assert summary.error_files == ["bad.png: cut"]

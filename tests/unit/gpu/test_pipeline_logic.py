@@ -8,16 +8,27 @@ import time
 import numpy as np
 import pytest
 
-from app.errors import DeviceError
+from app.errors import DeviceError, InvalidParameter
 from app.gpu.driver import CudaDriver
 from app.gpu.gate import Gate
-from app.gpu.pack import bucket_sizes
+from app.gpu.pack import bucket_for, bucket_sizes, bucket_to_run
 
 
 def test_bucket_sizes():
     assert bucket_sizes(1) == [1]
     assert bucket_sizes(128) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert bucket_sizes(12) == [1, 2, 4, 8, 12]
+
+
+def test_the_bucket_a_batch_runs_in():
+    buckets = bucket_sizes(12)
+    assert [bucket_for(buckets, n) for n in (1, 2, 3, 5, 9, 12)] == [1, 2, 4, 8, 12, 12]
+    with pytest.raises(InvalidParameter, match="batch of 13 images is over max_batch 12"):
+        bucket_for(buckets, 13)
+    assert bucket_to_run(buckets, 3) == 4
+    assert bucket_to_run(buckets, 3, lambda b: b in (8, 12)) == 8  # the smallest captured that takes them
+    assert bucket_to_run(buckets, 3, lambda b: b in (2, 4, 12)) == 4  # its own, captured
+    assert bucket_to_run(buckets, 3, lambda b: b == 2) == 4  # none captured takes them: its own
 
 
 def _started(target) -> threading.Thread:
@@ -207,3 +218,32 @@ def test_what_the_gpu_refused_goes_into_its_reserved_place_or_out_of_the_batch()
     assert not plan.pending
     write_header(params, plan, 8)
     assert params[:3, 0].tolist() == [256, offsets[0], offsets[1]] and not params[3:].any()
+
+
+def test_a_slot_rewrites_its_nms_params_only_on_change_and_unpacks_rows_per_image():
+    import contextlib
+    import types
+
+    from app.contracts import DetectParams
+    from app.gpu.slot import BatchSlot
+
+    slot, calls, entered = object.__new__(BatchSlot), [], []
+    slot.nms, slot.nms_params_key = types.SimpleNamespace(set_params=lambda **kw: calls.append(kw)), None
+
+    @contextlib.contextmanager
+    def context():
+        entered.append(True)
+        yield
+
+    for params in (DetectParams(), DetectParams(), DetectParams(conf=0.5)):
+        slot.set_nms_params(params, "stream", context)
+    assert [c["conf"] for c in calls] == [DetectParams().conf, 0.5] and len(entered) == 2
+    assert all(c["stream"] == "stream" for c in calls)
+
+    rows = np.arange(2 * 3 * 6, dtype=np.float32).reshape(2, 3, 6)
+    slot.results = types.SimpleNamespace(counts=np.array([2, 0]), rows=rows)
+    results: list = [None, None, None]
+    slot.unpack([(2, "lb2", 0, 0), (0, "lb0", 0, 0)], results)
+    np.testing.assert_array_equal(results[2][0], rows[0, :2])
+    assert results[2][1] == "lb2" and results[0][0].shape == (0, 6) and results[0][1] == "lb0" and results[1] is None
+    assert results[2][0].base is not rows  # a copy: the slot's rows are overwritten by its next batch

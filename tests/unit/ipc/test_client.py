@@ -41,8 +41,9 @@ def test_a_link_dropping_at_its_handshake_or_mid_request_fails_fast_and_reconnec
             with pytest.raises(DeviceError, match="stopped while this request ran"):
                 await asyncio.wait_for(client.detect([b"first"], DetectParams()), 5.0)
             await _until(lambda: client.ready)  # and re-made again
-            (outcome,) = await asyncio.wait_for(client.detect([b"second!"], DetectParams()), 5.0)
-            assert outcome.error is None and outcome.width == len(b"second!") and seen == [b"second!"]
+            answered = await asyncio.wait_for(client.detect([b"second!"], DetectParams()), 5.0)
+            assert not answered.detected.errors and answered.detected.widths.tolist() == [len(b"second!")]
+            assert seen == [b"second!"]
             assert not any(p.name.startswith("ring-") for p in layout.root.iterdir())  # no ring left behind
         finally:
             await client.close()
@@ -111,14 +112,15 @@ def test_a_request_is_judged_whole_and_refused_before_any_image_is_sent(layout):
             with pytest.raises(Overloaded, match="256 images, behind 0 queued, would take about 51.2 s, over the 30 s"):
                 await client.detect([b"x"] * 256, DetectParams())
             assert seen == [] and client._unsent == 0
-            outcomes = await asyncio.wait_for(client.detect([b"y"] * 100, DetectParams()), 10.0)
-            assert len(seen) == 100 and all(o.error is None for o in outcomes) and client._unsent == 0
+            answered = await asyncio.wait_for(client.detect([b"y"] * 100, DetectParams()), 10.0)
+            assert len(seen) == 100 and len(answered.detected) == 100 and not answered.detected.errors
+            assert client._unsent == 0
             status.write(wire.Load(0, wire.READY, 60, 0.2, 1))
             with pytest.raises(Overloaded, match="behind 60 queued"):
                 await client.detect([b"z"] * 100, DetectParams())
             status.write(wire.Load(0, wire.READY, 0, 100.0, 1))
-            (outcome,) = await asyncio.wait_for(client.detect([b"one"], DetectParams()), 10.0)
-            assert outcome.error is None and len(seen) == 101
+            answered = await asyncio.wait_for(client.detect([b"one"], DetectParams()), 10.0)
+            assert len(answered.detected) == 1 and not answered.detected.errors and len(seen) == 101
             with pytest.raises(Overloaded):  # two are over the budget even on an idle worker
                 await client.detect([b"two"] * 2, DetectParams())
         finally:
@@ -159,7 +161,7 @@ def test_images_an_http_worker_has_yet_to_send_count_for_the_next_request(layout
             with pytest.raises(Overloaded, match="60 images, behind 100 queued"):
                 await client.detect([b"b"] * 60, DetectParams())
             release.set()
-            assert len(await asyncio.wait_for(first, 10.0)) == 100 and client._unsent == 0
+            assert len((await asyncio.wait_for(first, 10.0)).detected) == 100 and client._unsent == 0
         finally:
             await client.close()
             server.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.api.errors import status_for
+from app.api.statuses import status_for
 from app.contracts import DetectParams
 from app.errors import DeviceError, Overloaded, UnsupportedMediaType
 from app.ipc import wire

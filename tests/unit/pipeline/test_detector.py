@@ -86,10 +86,30 @@ def test_runs_are_pipeline_sized_and_device_frames_go_apart(detector):
 
 def test_the_run_shape_must_fit_the_pipeline(detector):
     with pytest.raises(InvalidParameter, match="over the"):
-        Detector(detector.pipeline, replace(detector.shape, max_batch=detector.pipeline.max_batch + 1))
+        detector.reshaped(max_batch=detector.shape.max_batch + 1)
     with pytest.raises(InvalidParameter, match="video decoder"):
-        Detector(detector.pipeline, video_decode="ffmpeg")
-    assert Detector(detector.pipeline, decode="cpu").shape.decode == "opencv"  # the old name, resolved once
+        detector.reshaped(video_decode="ffmpeg")
+    assert detector.reshaped(decode="cpu").shape.decode == "opencv"  # the old name, resolved once
+    assert detector.reshaped(max_wait_ms=1.0).shape == replace(detector.shape, max_wait_ms=1.0)
+
+
+def test_the_detector_answers_for_its_pipeline(detector):
+    """What callers ask of the model (facts, warm-up, memory) they ask the Detector."""
+    assert (detector.backend, detector.precision, detector.device) == ("onnxruntime", "fp32", None)
+    assert (detector.takes_nv12, detector.buckets, detector.max_det) == (False, (), detector.pipeline.max_det)
+    detector.warmup()
+    detector.release_memory()
+
+
+def test_prepared_items_are_not_prepared_again(detector, bus, monkeypatch):
+    """Front ends that prepare in threads of their own hand ``run_prepared`` the results (and
+    the errors standing in for images): the same answers as ``run``, with no second look."""
+    items = [detector.prepare(bus), InvalidImage("unreadable")]
+    monkeypatch.setattr(Detector, "prepare", lambda self, item: pytest.fail("prepared again"))
+    batch = detector.run_prepared(items, detector.params())
+    assert list(batch.errors) == [1] and batch.counts[0] > 0
+    monkeypatch.undo()
+    assert batch.rows.tobytes() == detector.run([bus, InvalidImage("unreadable")]).rows.tobytes()
 
 
 def test_bytes_are_read_once_and_travel_with_their_header(detector, bus, monkeypatch):

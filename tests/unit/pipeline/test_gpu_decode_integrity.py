@@ -17,8 +17,10 @@ import cv2
 import numpy as np
 import pytest
 
+from app.config import MAX_PIXELS
 from app.contracts import DetectParams, EncodedImage, PipelineRun
 from app.errors import InvalidImage
+from app.gpu.decode import Decoders
 from app.gpu.decoded import IN_PLACE, GpuJpegDecoder, cpu_decode
 from app.gpu.memory import align_up
 from app.gpu.pack import bucket_sizes
@@ -159,14 +161,15 @@ def pipeline(monkeypatch):
 
     p = object.__new__(GpuPipeline)
     p.size, p.max_batch, p.buckets, p.host_threads = 640, MAX_BATCH, bucket_sizes(MAX_BATCH), 2
-    p.pad_to_captured = False
+    p.pad_to_captured, p.max_pixels = False, MAX_PIXELS
     p._timeline, p._host_pool, p._pool_lock = None, None, threading.Lock()
     p._torch = types.SimpleNamespace(cuda=types.SimpleNamespace(stream=lambda stream: contextlib.nullcontext()))
     p.graph = Graph()
     p._launch = p.graph
     p.slot = Slot()
     p.decoder = StandInDecoder(lambda: p.slot.staging.dev.mem)
-    p._decoders, p._decode = {"gpu": p.decoder}, "gpu"
+    p._decoders = Decoders(device=0, threads=2)
+    p._decoders.by_name["gpu"], p._decoders.decode = p.decoder, "gpu"
 
     def upload(driver, copies, stream):  # OpenCV's frames of what the GPU refused, H2D into their places
         for dst, src, n in copies:

@@ -12,6 +12,7 @@ import pytest
 
 from app.errors import InvalidParameter
 from app.predict.folder import already_done, list_images
+from tests.references import image_json
 
 CLI = [sys.executable, "-m", "app.cli"]
 
@@ -96,7 +97,7 @@ def test_folder_lines_equal_the_detectors_per_image_results(folder, tmp_path, ar
         params = det.params()
         summary = predict_folder(det, str(folder), out, params, batch=3, coco=coco, save_images=viz)
         images = list_images(str(folder))
-        expected = [r.to_json(img.name, det.names) for img, r in
+        expected = [image_json(r, img.name, det.names) for img, r in
                     zip(images, det.detect([img.path.read_bytes() for img in images], params))]
     assert out.read_text() == "".join(json.dumps(rec) + "\n" for rec in expected)
     assert summary.images == 5 and summary.errors == 2

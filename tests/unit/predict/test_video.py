@@ -14,6 +14,7 @@ import pytest
 from app.boxes import f1, match_pairs
 from app.predict.folder import predict_folder
 from app.runtime import open_detector
+from tests.references import detections_json
 from tests.videos import CLIP_FPS, CLIP_SIZE, decoded_frames, write_clip
 
 CLI = [sys.executable, "-m", "app.cli"]
@@ -58,7 +59,7 @@ def test_each_frame_equals_detect_on_the_frames_opencv_decodes(detector, media, 
     assert [r["time_s"] for r in video] == [round(i / CLIP_FPS, 6) for i in range(12)]
     assert all((r["width"], r["height"]) == CLIP_SIZE for r in video)
     reference = detector.detect(frames, detector.params())
-    assert [r["detections"] for r in video] == [ref.detections.to_json(detector.names) for ref in reference]
+    assert [r["detections"] for r in video] == [detections_json(ref.detections, detector.names) for ref in reference]
     assert sum(len(r["detections"]) for r in video) >= 12  # people in every frame: the comparison has content
     assert [r["image"] for r in records if "frame" not in r] == ["bus.jpg"]  # images as before
     assert (summary.images, summary.videos, summary.errors) == (13, 1, 0)
@@ -149,9 +150,7 @@ def test_cli_predict_on_a_video_and_a_broken_one(media, tmp_path, artifacts_dir)
 
 def with_max_pixels(detector, max_pixels: int):
     """The same pipeline under a run shape with this pixel limit (``RunShape.max_pixels``)."""
-    from app.pipeline.detector import Detector
-
-    return Detector(detector.pipeline, detector.shape, max_pixels=max_pixels)
+    return detector.reshaped(max_pixels=max_pixels)
 
 
 def test_a_video_whose_frames_are_over_the_pixel_limit_is_refused_before_reading(detector, media):

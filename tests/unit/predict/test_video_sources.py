@@ -12,7 +12,6 @@ import pytest
 
 from app.contracts import DeviceNv12, RunShape
 from app.errors import InvalidParameter
-from app.pipeline.detector import Detector
 from app.predict.sources import video_decoder
 from app.runtime import open_detector
 from tests.videos import write_clip
@@ -27,12 +26,12 @@ def detector(artifacts_dir):
 def test_the_cpu_pipeline_reads_with_opencv(detector):
     assert detector.shape.video_decode == "auto"
     assert video_decoder(detector) == "opencv"  # auto: the ONNX Runtime pipeline takes no device frames
-    assert video_decoder(Detector(detector.pipeline, detector.shape, video_decode="opencv")) == "opencv"
-    assert video_decoder(Detector(detector.pipeline, detector.shape, video_decode="cpu")) == "opencv"  # its old name
+    assert video_decoder(detector.reshaped(video_decode="opencv")) == "opencv"
+    assert video_decoder(detector.reshaped(video_decode="cpu")) == "opencv"  # its old name
     with pytest.raises(InvalidParameter, match="NVDEC decoding needs a GPU backend, not onnxruntime"):
-        video_decoder(Detector(detector.pipeline, detector.shape, video_decode="nvdec"))
+        video_decoder(detector.reshaped(video_decode="nvdec"))
     with pytest.raises(InvalidParameter, match="unknown video decoder 'ffmpeg'"):
-        Detector(detector.pipeline, video_decode="ffmpeg")
+        detector.reshaped(video_decode="ffmpeg")
 
 
 def test_auto_reads_with_opencv_even_on_a_pipeline_that_takes_device_frames(monkeypatch):
@@ -40,8 +39,7 @@ def test_auto_reads_with_opencv_even_on_a_pipeline_that_takes_device_frames(monk
     import importlib.util
     import types
 
-    pipeline = types.SimpleNamespace(takes_nv12=True, backend="torch-cuda")
-    gpu_like = types.SimpleNamespace(shape=RunShape(video_decode="auto"), pipeline=pipeline)
+    gpu_like = types.SimpleNamespace(shape=RunShape(video_decode="auto"), takes_nv12=True, backend="torch-cuda")
     assert video_decoder(gpu_like) == "opencv"
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

@@ -19,6 +19,7 @@ from app.predict import stream_source
 from app.predict.folder import predict_folder
 from app.predict.streams import LIVE_BUFFER, StreamRunner, predict_streams, read_source_list
 from app.runtime import open_detector
+from tests.references import detections_json
 from tests.standins import Answers
 from tests.videos import clip_frames, write_clip
 
@@ -65,7 +66,8 @@ def test_files_as_streams_equal_predict_and_share_batches(detector, clips, per_v
 
     def on_frames(frames, answers, track_ids):
         for k, frame in enumerate(frames):
-            got.setdefault(frame.stream.source, []).append((frame.index, answers.detections(k).to_json(detector.names)))
+            got.setdefault(frame.stream.source, []).append(
+                (frame.index, detections_json(answers.detections(k), detector.names)))
 
     runner = RecordingRunner(detector, detector.params(), on_frames, max_wait_ms=200)
     streams = [runner.add(str(c)) for c in clips]
@@ -167,7 +169,7 @@ def test_a_source_of_frames_over_the_pixel_limit_fails_alone(detector, clips, pe
     for k in range(3):
         writer.write(np.full((600, 800, 3), 40 * k, np.uint8))
     writer.release()
-    limited = Detector(detector.pipeline, detector.shape, max_pixels=800 * 600 - 1)  # clips[1] is 640x480: under it
+    limited = detector.reshaped(max_pixels=800 * 600 - 1)  # clips[1] is 640x480: under it
     written: list[str] = []
     summary = predict_streams(limited, [str(big), str(clips[1])], written.append, detector.params())
     lines = [json.loads(line) for line in written]

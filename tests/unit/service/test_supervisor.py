@@ -55,7 +55,7 @@ def test_serve_whose_model_cannot_open_says_why_and_exits_while_its_http_workers
     import subprocess
     import sys
 
-    from app.cli import ExitCode
+    from app.cli.terminal import ExitCode
 
     missing = tmp_path / "missing.pt"
     proc = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--backend", "onnxruntime", "--weights",

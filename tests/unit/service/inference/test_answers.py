@@ -14,6 +14,7 @@ from app.errors import ImageTooLarge
 from app.ipc import answers, wire
 from app.service.inference.answers import answer_frames, answers_of
 from app.service.inference.batcher import Job
+from tests.references import detections_json, outcomes_of
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +35,10 @@ def test_a_batch_answers_what_the_detector_found_with_each_images_waits(detected
         job.admitted_at = start - 0.25
     got = answers_of(jobs, start, batch)
     ((_, body),) = wire.FrameReader().feed(answers.answers_frame(got))
-    outcomes = answers.read_answers(body).outcomes()
+    outcomes = outcomes_of(answers.read_answers(body))
     for o, r in zip(outcomes, batch.results()):
         assert (o.req_id, o.width, o.height) == (5, r.width, r.height)
-        assert o.detections.to_json(det.names) == r.detections.to_json(det.names) != []
+        assert detections_json(o.detections, det.names) == detections_json(r.detections, det.names) != []
         assert o.queue_ms == pytest.approx(250, abs=0.01)
     assert [o.decode_ms for o in outcomes] == [1.5, 2.5]
 
@@ -54,7 +55,8 @@ def test_each_owner_gets_its_share_of_a_batch_in_one_frame(detected):
     assert [owner for owner, _ in frames] == ["a", "b", "c"]
     for owner, data in frames:
         ((_, body),) = wire.FrameReader().feed(data)
-        timings, back = answers.read_results(body)
+        read = answers.read_answers(body)
+        timings, back = read.timings, outcomes_of(read)
         assert timings == {"batch_ms": 3.0}
         assert [o.index for o in back] == [i for i, o in enumerate(owners) if o == owner]
         for o in back:
@@ -62,7 +64,7 @@ def test_each_owner_gets_its_share_of_a_batch_in_one_frame(detected):
             if expected.error is not None:
                 assert type(o.error) is ImageTooLarge and str(o.error) == "too big"
             else:
-                assert o.detections.to_json(det.names) == expected.detections.to_json(det.names) != []
+                assert detections_json(o.detections, det.names) == detections_json(expected.detections, det.names) != []
 
 
 class LocalOwner:

@@ -18,12 +18,13 @@ import pytest
 
 from app.contracts import DetectParams, EncodedImage
 from app.errors import DeviceError, Overloaded, RequestTimeout
-from app.ipc.answers import answers_frame, read_results
+from app.ipc.answers import answers_frame, read_answers
 from app.ipc.ring import Ring, map_ring
 from app.ipc.wire import FrameReader, ImageRef
 from app.pipeline.detector import Detector
 from app.service.inference.batcher import Batcher, Job
 from app.service.inference.metrics import WorkerMetrics
+from tests.references import detections_json, outcomes_of
 from tests.standins import DecodesItself, count_header_reads
 
 
@@ -48,7 +49,8 @@ class Harness:
 
     def _deliver(self, jobs, answers) -> None:
         # Through the wire, as the HTTP worker reads them.
-        timings, outcomes = read_results(FrameReader().feed(answers_frame(answers))[0][1])
+        read = read_answers(FrameReader().feed(answers_frame(answers))[0][1])
+        timings, outcomes = read.timings, outcomes_of(read)
         assert [(o.req_id, o.index) for o in outcomes] == [(j.ref.req_id, j.ref.index) for j in jobs]
         for outcome in outcomes:
             self.answers.put((outcome, timings))
@@ -128,7 +130,7 @@ def test_waiting_images_of_many_requests_run_as_one_batch_and_equal_the_detector
         outcome, timings = by_req[10 + i]
         (direct,) = detector.detect([data], detector.params())
         assert outcome.error is None and (outcome.width, outcome.height) == (direct.width, direct.height)
-        assert outcome.detections.to_json(names) == direct.detections.to_json(names) != []
+        assert detections_json(outcome.detections, names) == detections_json(direct.detections, names) != []
         assert timings["batch_size"] == 3 and outcome.queue_ms > 0 and outcome.decode_ms > 0
     assert h.batcher.load().pending == 0
 
@@ -344,7 +346,8 @@ def test_a_jpeg_that_comes_with_its_header_reaches_a_pipeline_that_decodes_it_un
     assert [(type(x), x.header) for x in pipeline.received] == [(EncodedImage, headers[1]), (EncodedImage, headers[2])]
     for req, data in ((1, bus), (2, zidane)):
         (direct,) = detector.detect([data], detector.params())
-        assert answers[req].detections.to_json(detector.names) == direct.detections.to_json(detector.names) != []
+        assert (detections_json(answers[req].detections, detector.names)
+                == detections_json(direct.detections, detector.names) != [])
 
 
 def test_bytes_without_a_header_are_read_once(harness, detector, bus, monkeypatch):
@@ -369,23 +372,23 @@ def test_warm_up_captures_the_largest_bucket_then_the_others_while_serving(detec
 
     events: list[str] = []
     done = threading.Event()
-    real_warmup = detector.pipeline.warmup
+    real_warmup = detector.warmup
 
-    def recording_warmup(batches=None):
-        events.append(f"pipeline.warmup({batches}) on {threading.current_thread().name}")
+    def recording_warmup(batches=None, *, nv12=False):
+        events.append(f"detector.warmup({batches}) on {threading.current_thread().name}")
         if batches == [2]:
             done.set()
-        return real_warmup(batches)
+        return real_warmup(batches, nv12=nv12)
 
-    detector.pipeline.warmup = recording_warmup
+    detector.warmup = recording_warmup
     try:
         assert warmup(detector, (1,), events.append, buckets=[1, 2, 4]) > 0
         assert done.wait(30)
     finally:
-        del detector.pipeline.warmup
+        del detector.warmup
     main = threading.current_thread().name
     assert events[:2] == ["capturing batch bucket 4, which takes every batch until the smaller ones are captured",
-                          f"pipeline.warmup([4]) on {main}"]
+                          f"detector.warmup([4]) on {main}"]
     assert "warming up batch size 1 (1 of 1)" in events
-    assert [e for e in events if "yolopipe-capture" in e] == ["pipeline.warmup([1]) on yolopipe-capture",
-                                                              "pipeline.warmup([2]) on yolopipe-capture"]
+    assert [e for e in events if "yolopipe-capture" in e] == ["detector.warmup([1]) on yolopipe-capture",
+                                                              "detector.warmup([2]) on yolopipe-capture"]

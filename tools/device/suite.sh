@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# yolopipe on the lent GPU machine, in one call of the device tool (bench/README.md, "On the lent
-# GPU machine": what to carry and what each part writes). Build the carry here first:
-# bash bench/device_carry.sh [video] [wrk].
+# yolopipe on the lent GPU machine, in one call of the device tool (tools/device/README.md: what
+# to carry and what each part writes). Build the carry here first:
+# bash tools/device/run.sh carry [video] [wrk].
 #
-#   bash bench/device.sh PART...          e.g.  bash bench/device.sh setup tests bench
+#   bash tools/device/run.sh PART...      e.g.  bash tools/device/run.sh setup tests bench
 #
 # Parts run in the order given. Each writes under $OUT as it goes (a call cut off keeps what it
 # did), runs under its own timeout, and adds "<log> rc=<status> <seconds> s" to $OUT/parts.txt.
@@ -19,30 +19,27 @@
 #            OpenCV at 32, Ultralytics' best case, more NVDEC streams while real time
 #                                                                → $OUT/streams.json, streams.log
 #   memory   bench/memory_probe.py: issue #30's bursts, 2 rounds  → $OUT/memory-bursts.json, .log
-#   int8     bench/int8_qat.py: PTQ (entropy) vs --qat distillation on the GPU, both against FP32
-#            on the photos                                     → $OUT/int8-qat.json, int8-qat.log
 #   cache    the torch.compile cache, to carry next time as .whlx/torch-cache.tgz → $OUT/torch-cache.tgz
 # Every part but setup runs setup first if this call has not. Knobs (environment): OUT (/tmp/out);
 # <PART>_TIMEOUT seconds (SETUP 120, TESTS 300, BENCH 360, FOLDER 170, HTTP 540, STREAMS 330,
-# STREAMS_TESTS 120, MEMORY 420, INT8 480);
+# STREAMS_TESTS 120, MEMORY 420);
 # <PART>_ARGS more options for its command; TEST_PATHS; FOLDER_ROUNDS (2); SOAK_MINUTES (3),
 # DURATION (20 s a load row); NVDEC_STREAMS (64,128), OPENCV_STREAMS (32), CLIP
 # (.data/video/dance-1080p30.mp4);
-# YOLOPIPE_IMAGES (.data/images); QAT_SECONDS (240), INT8_CALIB (the clip if there, else the
-# photos split) for int8.
+# YOLOPIPE_IMAGES (.data/images).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root
 export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export SITE=${SITE:-/tmp/site}
 export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 YOLO_OFFLINE=1 YOLOPIPE_REAL_GPU=1
 export YOLOPIPE_CACHE_DIR=${YOLOPIPE_CACHE_DIR:-$PWD/.cache} YOLOPIPE_IMAGES=${YOLOPIPE_IMAGES:-$PWD/.data/images}
-usage="usage: bash bench/device.sh PART...   (parts: setup tests bench folder http streams memory int8 cache)"
+usage="usage: bash tools/device/run.sh PART...   (parts: setup tests bench folder http streams memory cache)"
 [ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
 status=0
 ready=0
 
-source bench/device_pack.sh  # pack: all of $OUT as $OUT/0-results.tgz
+source tools/device/pack.sh  # pack: all of $OUT as $OUT/0-results.tgz
 
 part() {  # part NAME TIMEOUT COMMAND...: the command under its timeout, its output in $OUT/NAME.log as it goes
   local name=$1 limit=$2 t0=$SECONDS rc
@@ -77,7 +74,7 @@ setup() {
 }
 
 for name in "$@"; do
-  case "$name" in setup|tests|bench|folder|http|streams|memory|int8|cache) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
+  case "$name" in setup|tests|bench|folder|http|streams|memory|cache) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
 done
 for name in "$@"; do
   [ "$name" = setup ] || [ "$ready" = 1 ] || setup
@@ -90,7 +87,6 @@ for name in "$@"; do
     streams) part streams-tests "${STREAMS_TESTS_TIMEOUT:-120}" python3 -m pytest tests/gpu/test_nvdec.py -v -rs -p no:cacheprovider --durations=10
              part streams "${STREAMS_TIMEOUT:-330}" python3 bench/streams.py --clip "${CLIP:-.data/video/dance-1080p30.mp4}" --nvdec-streams "${NVDEC_STREAMS:-64,128}" --opencv-streams "${OPENCV_STREAMS:-32}" --budget-s $(( ${STREAMS_TIMEOUT:-330} - 45 )) --out "$OUT/streams.json" ${STREAMS_ARGS:-} ;;
     memory)  part memory-bursts "${MEMORY_TIMEOUT:-420}" python3 bench/memory_probe.py --backend auto --rounds "${MEMORY_ROUNDS:-2}" --out "$OUT/memory-bursts.json" ${MEMORY_ARGS:-} ;;
-    int8)    part int8-qat "${INT8_TIMEOUT:-480}" python3 bench/int8_qat.py --images "$YOLOPIPE_IMAGES" --clip "${CLIP:-.data/video/dance-1080p30.mp4}" ${INT8_CALIB:+--calib "$INT8_CALIB"} --qat-seconds "${QAT_SECONDS:-240}" --artifacts-dir /tmp/int8-qat-artifacts --out "$OUT/int8-qat.json" ${INT8_ARGS:-} ;;
     cache)   part cache 60 bash -c 'cd "$YOLOPIPE_CACHE_DIR" && find artifacts -path "*torch-cache*" -type f | tar -czf "$0/torch-cache.tgz" -T - && ls -la "$0/torch-cache.tgz"' "$OUT" ;;
   esac
 done

@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# Build HERE (not on the GPU machine) what bench/device.sh needs carried to the lent GPU machine,
-# whose image lacks some packages and which reaches no package index (bench/README.md, "On the
-# lent GPU machine"). Writes, git-ignored:
+# Build HERE (not on the GPU machine) what tools/device/run.sh needs carried to the lent GPU
+# machine, whose image lacks some packages and which reaches no package index
+# (tools/device/README.md). Writes, git-ignored:
 #   .whlx/site.tar.xz      the packages below, installed for CPython 3.12 (manylinux x86_64) into
-#                          one folder and packed; device.sh setup unpacks it into /tmp/site
-#   .cache/sample/best.pt  the sample weights (device.sh sets YOLOPIPE_CACHE_DIR=.cache)
+#                          one folder and packed; the setup part unpacks it into /tmp/site
+#   .cache/sample/best.pt  the sample weights (suite.sh sets YOLOPIPE_CACHE_DIR=.cache)
 #   .data/images/          the 20 shared photos
 #   .data/video/dance-1080p30.mp4  with "video": the clip of the streams part
 #   .wrk/                  with "wrk": Debian's wrk and LuaJIT, unpacked (the http part's load generator)
 # and prints the size of each and the total with the repository: one device call carries at
 # most 64 MiB (carry: [".whlx", ".cache", ".data"], and ".wrk" for the http part).
 #
-#   bash bench/device_carry.sh [video] [wrk] [extra requirement ...]
+#   bash tools/device/run.sh carry [video] [wrk] [extra requirement ...]
 #
 # Knobs: PYTHON (python3: the pip that downloads), SHARED_DATA (/work/shared/data: photos and
 # clip), XZ_LEVEL (9), WHEELS (where the downloaded wheels are kept for the next build:
 # ~/.cache/yolopipe/carry-wheels).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root
 video=0 wrk=0 extra=()
 for arg in "$@"; do
   case "$arg" in video) video=1 ;; wrk) wrk=1 ;; *) extra+=("$arg") ;; esac
@@ -34,7 +34,7 @@ packages=(
   "fastapi==0.128.0" "annotated-doc==0.0.7" "starlette==0.50.0" "pydantic==2.12.5" "pydantic-core==2.41.5"
   "annotated-types==0.7.0" "typing-inspection==0.4.2" "python-multipart==0.0.20"
   "uvicorn==0.38.0" "httptools==0.9.0" "pydantic-settings==2.16.3" "python-dotenv==1.2.4" "onnxslim==0.1.98"
-  "pycocotools==2.0.10"                # the INT8 report's mAP50 (calibrate, bench/int8_qat.py)
+  "pycocotools==2.0.10"                # the INT8 report's mAP50 (calibrate)
   "nvidia-nvimgcodec-cu13==0.9.0.20"   # GPU JPEG decode
   "pynvvideocodec==2.2.4"              # NVDEC (--video-decode nvdec, tests/gpu/test_nvdec.py)
   # KServe v2 clients (tritonclient.grpc and the part .http shares) and gRPC

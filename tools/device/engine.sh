@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue #34 on the lent GPU machine: the compiled engine, from why it crashed to what it serves.
-#   carry: [".whlx", ".cache", ".data", ".wrk", ".dev"]   (bench/device_carry.sh wrk; .dev: py-spy's wheel)
-#   CODE=$(git rev-parse --short HEAD) PARTS=diag,build,engines bash bench/device_engine.sh
+#   carry: [".whlx", ".cache", ".data", ".wrk", ".dev"]   (run.sh carry wrk; .dev: py-spy's wheel)
+#   CODE=$(git rev-parse --short HEAD) PARTS=diag,build,engines bash tools/device/run.sh engine
 # Parts (in this order, each under its own timeout, each log under $OUT as it goes):
 #   diag     bench/aoti_loading.py: a toy package linked two ways, loaded six ways → aoti-loading.json
 #   build    yolopipe build-engine (timed; prints what it built and its load time) → build-engine.log
@@ -15,11 +15,11 @@
 # yolopipe's cache (weights, artifacts) is /tmp/yolopipe-cache, seeded from .cache, so a later part
 # finds the engine `build` built. All of $OUT is packed into $OUT/0-results.tgz after each part.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root
 export OUT=${OUT:-/tmp/out}
 PARTS=${PARTS:-diag,build,engines}
 mkdir -p "$OUT" /tmp/site
-source bench/device_pack.sh
+source tools/device/pack.sh
 trap pack EXIT
 if [ ! -f /tmp/site/.carried ]; then
   xz -dc .whlx/site.tar.xz | tar -C /tmp/site -xf - && touch /tmp/site/.carried || exit 1

@@ -4,7 +4,7 @@
 # ready, the warm loop; then a fresh start), the engine three ways (bench/torch_engines.py, reusing
 # build-engine's package), and the GPU tests of the engine and of the serving warm-up.
 #   carry: [".whlx/site.tar.xz", ".cache", ".data"]   (.cache: the sample weights)
-#   PARTS=build,startup bash bench/device_startup.sh  # then PARTS=engines,fresh; PARTS=tests; PARTS=fresh-serve
+#   PARTS=build,startup bash tools/device/run.sh startup  # then PARTS=engines,fresh; PARTS=tests; PARTS=fresh-serve
 # yolopipe's cache (weights, artifacts, compiled kernels) lives in /tmp/yolopipe-cache, seeded from
 # .cache: a later call on the still-warm machine finds the engine an earlier call built.
 # Everything goes under $OUT, each log written as it goes, so a cut-off run keeps what it did, and
@@ -18,7 +18,7 @@ CACHE=/tmp/yolopipe-cache
 mkdir -p "$CACHE" && cp -rn .cache/. "$CACHE/"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 YOLO_OFFLINE=1 YOLOPIPE_CACHE_DIR=$CACHE YOLOPIPE_REAL_GPU=1
 want() { [[ ",$PARTS," == *",$1,"* ]]; }
-source "$(dirname "$0")/device_pack.sh"  # pack: all of $OUT as $OUT/0-results.tgz
+source "$(dirname "$0")/pack.sh"  # pack: all of $OUT as $OUT/0-results.tgz
 trap pack EXIT
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; nproc; command -v g++ gcc;
   python3 -c 'import torch; print("torch", torch.__version__)'; } 2>&1 | tee "$OUT/machine.log"

@@ -1,4 +1,4 @@
-# Sourced by bench/device.sh and bench/device_startup.sh. The device tool brings back only the
+# Sourced by suite.sh, engine.sh and startup.sh. The device tool brings back only the
 # first eight files of $OUT (by name): pack puts all of $OUT into $OUT/0-results.tgz, which sorts
 # first, replacing it whole so that a call cut off mid-pack still returns the previous one.
 pack() {

@@ -1,0 +1,51 @@
+"""Readable references of the JSON records yolopipe writes: an image's record as a dict, built
+the way anyone would write it. ``app.records`` writes every record from arrays, without a dict
+per box; tests hold its bytes (and what the service answers) to ``json.dumps`` of these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.contracts import ImageResult
+from app.ipc.answers import Answers
+from app.ipc.wire import Outcome
+from app.types import Detections
+
+
+def detections_json(detections: Detections, names: list[str]) -> list[dict[str, Any]]:
+    """An image's ``detections``: box and score rounded as ``round`` does, the class by id and name."""
+    return [
+        {
+            "box": [round(v, 2) for v in box],
+            "score": round(score, 5),
+            "class_id": cid,
+            "class_name": names[cid] if 0 <= cid < len(names) else str(cid),
+        }
+        for box, score, cid in zip(detections.boxes.tolist(), detections.scores.tolist(),
+                                   detections.class_ids.tolist())
+    ]
+
+
+def image_json(result: ImageResult, image: str, names: list[str]) -> dict[str, Any]:
+    """An image's record: its name and size and detections, or its name and error."""
+    if result.error is not None:
+        return {"image": image, "error": str(result.error)}
+    assert result.detections is not None
+    return {"image": image, "width": result.width, "height": result.height,
+            "detections": detections_json(result.detections, names)}
+
+
+def outcomes_of(answers: Answers) -> list[Outcome]:
+    """A RESULTS frame's answers (``app.ipc.answers.read_answers``) as an object per image, for
+    tests that look at one image at a time (the service reads them as arrays)."""
+    out = []
+    pos = 0
+    for i, (req_id, index, ok, width, height, decode_ms, queue_ms, n) in enumerate(answers.records.tolist()):
+        o = Outcome(req_id, index, width, height, decode_ms=decode_ms, queue_ms=queue_ms, batch=answers.timings)
+        if ok:
+            o.detections = Detections.from_rows(answers.rows[pos : pos + n])
+            pos += n
+        else:
+            o.error = answers.errors[i]
+        out.append(o)
+    return out
