@@ -26,16 +26,12 @@ ranges, + the shift, + the shift's own-range mse, + bias correction; the install
 mixed precision), the same placement in u8 (unfused: the accuracy bound without zero points), and
 the CPU model with bias correction or with the TensorRT model's ranges.
 
-Distillation (issue #29): ``--runs default,qat`` adds ``yolopipe calibrate --qat`` (its PTQ step from
-the default run's caches, then both models distilled against FP32 on the same 84 images; on a GPU
-when torch sees one); ``--qat-args`` passes it more options (``--qat-minutes 4``). The
-libraries' rows run where their packages are importable (``--nncf auto``): the GPU machine has
-neither NNCF nor ModelOpt, so there they are left out and run on the CPU in a separate run.
-``--import name=path`` scores more models in the same run (a model distilled on the GPU, brought
+The libraries' rows run where their packages are importable (``--nncf auto``): the GPU machine
+has neither NNCF nor ModelOpt, so there they are left out and run on the CPU in a separate run.
+``--import name=path`` scores more models in the same run (a model built elsewhere, brought
 back). ``--keep DIR`` copies the yolopipe models out.
 
     python bench/int8_libraries.py --data ../shared/data --modelopt-python /path/to/venv/bin/python --tag=-v2
-    python bench/int8_libraries.py --data .data --runs default,qat --no-candidates --out $OUT --tag=-qat-h200
 """
 
 from __future__ import annotations
@@ -230,8 +226,6 @@ RUNS = {
     "default": ("default options", []),
     "float12": ("--max-float-layers 12", ["--max-float-layers", "12"]),
     "percentile": ("--method percentile", ["--method", "percentile"]),
-    "qat": ("--qat", ["--qat"]),
-    "qat-nofloat": ("--qat --max-float-layers 0", ["--qat", "--max-float-layers", "0"]),
 }
 
 
@@ -240,7 +234,6 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
     ap.add_argument("--modelopt-python", default=None, help="a Python with nvidia-modelopt[onnx] (skipped if none)")
     ap.add_argument("--runs", default="default,float12,percentile", help=f"yolopipe runs, of {', '.join(RUNS)}")
-    ap.add_argument("--qat-args", default="", help="more options for the --qat runs, e.g. '--qat-minutes 4'")
     ap.add_argument("--candidates", action=argparse.BooleanOptionalAction, default=True,
                     help="the TensorRT model's steps and CPU variants from the default run's ranges")
     ap.add_argument("--nncf", choices=("auto", "yes", "no"), default="auto", help="auto: when nncf imports")
@@ -273,8 +266,6 @@ def main() -> None:
     rows, run_info, extra_models = {}, {}, {}
     for key in runs:
         label, extra = RUNS[key]
-        if "--qat" in extra:
-            extra = [*extra, *args.qat_args.split()]
         t0 = time.perf_counter()
         proc = subprocess.run([*cli, *extra], capture_output=True, text=True, check=False)
         seconds = time.perf_counter() - t0
@@ -284,7 +275,7 @@ def main() -> None:
                            "histograms_from_cache": own["cache_hit"], "own_heldout_images": len(own["heldout_images"]),
                            "own_report_f1": {"tensorrt": round(own["f1"], 4), "cpu": round(own["cpu_variant"]["f1"], 4)},
                            "mixed_precision": {t: v["layers"] for t, v in own["mixed_precision"].items()},
-                           "distillation": own.get("qat", {}), "timings_s": own["timings_s"]}
+                           "timings_s": own["timings_s"]}
         suffix = "" if not extra else f" ({label})"
         for name in ("model.int8-cpu.onnx", "model.int8.onnx"):
             kept = work / f"{label.replace(' ', '_').strip('-')}-{name}"

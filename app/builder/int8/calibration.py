@@ -17,10 +17,7 @@
    and the most sensitive reverted, one by one, up to ``max_float_layers``. The gate: the lower
    bound of the F1's 95 % interval ≥ ``min_f1`` for both models; below it the new models are not
    installed (the report is written) unless ``allow_low_accuracy``.
-6. With ``qat`` (``--qat``), before the report: quantization-aware distillation of each model as
-   written (``distill.py``): its weights fine-tuned against the FP32 model's outputs on the
-   calibration images, then scored like the PTQ model (whose figures the report keeps beside).
-7. Install: the models and the report are staged beside their final names and moved into place
+6. Install: the models and the report are staged beside their final names and moved into place
    together (``app.artifacts.int8.install_int8``): a killed calibration installs nothing.
 """
 
@@ -114,8 +111,6 @@ class CalibrationResult:
     cpu_float_layers: list[str] = field(default_factory=list)  # CPU model: Convs whose output stays float
     cpu_sensitivity: list[LayerSensitivity] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
-    distilled: dict = field(default_factory=dict)  # target → DistillResult, with --qat
-    ptq_reports: dict[str, Int8Report] = field(default_factory=dict)  # target → the report before distillation
 
 
 def passes(report: Int8Report, min_f1: float) -> bool:
@@ -182,8 +177,6 @@ def calibrate(
     min_images: int = MIN_CALIBRATION,
     calibration_root: Path | None = None,
     exclude_head_tail: bool = True,
-    qat: bool = False,
-    distill_settings=None,
 ) -> CalibrationResult:
     """Calibrate ``weights`` on ``images`` (a folder of photos and/or videos, or one video) and
     write the INT8 models and the report; see the module docstring for the steps.
@@ -222,13 +215,6 @@ def calibrate(
             f"{len(items)} images and video frames in {images} leave {len(calib_items)} for calibration besides "
             f"{len(held_items)} held out; at least {min_images} are needed, {ADVISED_CALIBRATION}+ advised",
             hint=needed_images_hint(holdout))
-    if qat:
-        from app.builder.int8.distill import MIN_IMAGES as MIN_QAT_IMAGES
-
-        if len(calib_items) < MIN_QAT_IMAGES:
-            raise CalibrationError(
-                f"distillation (--qat) needs at least {MIN_QAT_IMAGES} calibration images; {images} gives "
-                f"{len(calib_items)} besides {len(held_items)} held out", hint=needed_images_hint(holdout))
     if len(calib_items) < ADVISED_CALIBRATION:
         warn(console, f"calibrating on {len(calib_items)} images; {ADVISED_CALIBRATION}+ give steadier ranges "
                       f"({needed_images_hint(holdout)})")
@@ -337,17 +323,6 @@ def calibrate(
         reports[target] = outcomes[target].report
     if outcomes:
         timings["mixed_precision_s"] = time.perf_counter() - t4
-    distilled, ptq_reports = {}, {}
-    if qat:
-        from app.builder.int8.distill import DistillSettings, distill_files
-
-        t5 = time.perf_counter()
-        train = [image for _, image, _ in letterboxed(calib_used, imgsz, console)]
-        distilled = distill_files(temps, model, train, distill_settings or DistillSettings(), console)
-        del train
-        for target, path in temps.items():
-            ptq_reports[target], reports[target] = reports[target], evaluate(target, path)
-        timings["distillation_s"] = time.perf_counter() - t5
     report, cpu_report = reports["tensorrt"], reports["cpu"]
     tmp_trt, tmp_cpu, final_trt, final_cpu = temps["tensorrt"], temps["cpu"], finals["tensorrt"], finals["cpu"]
     float_layers = outcomes["tensorrt"].layers if "tensorrt" in outcomes else []
@@ -389,9 +364,6 @@ def calibrate(
         "ranges": {target: str(path) for target, path in ranges_paths.items()},
         "tensorrt_shifted_activations": len(shifted),
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
-        "qat": {target: {**r.to_json(), "ptq_f1": round(ptq_reports[target].f1, 4),
-                         "ptq_f1_ci95": [round(v, 4) for v in ptq_reports[target].f1_ci95],
-                         "ptq_map50": ptq_reports[target].map50} for target, r in distilled.items()},
         **report.to_json(),
         "cpu_variant": cpu_report.to_json(),
     }
@@ -409,5 +381,5 @@ def calibrate(
         installed=installed, float_layers=float_layers, cpu_float_layers=cpu_float,
         cpu_sensitivity=outcomes["cpu"].sensitivity if "cpu" in outcomes else [], calibration_images=[i.name for i in calib_used],
         heldout_images=heldout.names, cache_path=cache_path, cache_hit=cache_hit, sensitivity=sensitivity,
-        timings_s=timings, distilled=distilled, ptq_reports=ptq_reports,
+        timings_s=timings,
     )

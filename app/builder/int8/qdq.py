@@ -11,7 +11,7 @@ Two models come from the same ranges:
   (onnx-tensorrt#850, onnxruntime#14229). ``calibration.py`` then quantizes its one-sided
   activations shifted (``shift.py``) and corrects its biases (``bias.py``).
 * ``target="cpu"``: u8 asymmetric activations (ORT's fast kernels; s8 symmetric Q/DQ runs
-  ~1.3x slower than FP32 on a CPU), s8 per-channel weights in 7 bits (``CPU_WEIGHT_RANGE``, below),
+  ~1.3x slower than FP32 on a CPU), s8 per-channel weights in 7 bits (``CPU_REDUCE_RANGE``, below),
   Q/DQ on the inputs and outputs of
   the same ops, so that ORT fuses QLinearConv, QLinearAdd and QLinearConcat. Not on SiLU's
   Sigmoid and Mul nor on Split: quantizing them adds roundings, and the Convs kept float read
@@ -31,9 +31,9 @@ from app.builder.int8.graph import CPU_OP_TYPES, TENSORRT_OP_TYPES
 TARGETS = ("tensorrt", "cpu")
 # The CPU model's s8 weights span ±64, not ±127 (ORT's ``reduce_range``): on an x86 CPU without
 # VNNI, ORT's u8×s8 kernel sums pairs of products in int16 (VPMADDUBSW) and saturates where
-# 255·127·2 overflows it; with ±64 no pair can (255·64·2 < 32767). Measured on an AVX2-only CPU:
-# F1 vs FP32 0.858 with ±127, 0.964 with ±64 (bench/results/2026-12-02-int8-cpu-saturation.json);
-# with VNNI both run exact.
+# 255·127·2 overflows it; with ±64 no pair can (255·64·2 < 32767). Measured by hand on an AVX2-only
+# CPU, no result file (calibration/README.md, "The CPU model's weights"): one ±127 model's F1 vs
+# FP32 0.858 fused, 0.964 unfused; with VNNI both run exact.
 CPU_REDUCE_RANGE = True
 
 
@@ -87,11 +87,10 @@ def quantize_options(target: str) -> dict:
 
 
 def write_qdq_model(onnx_path: Path, out_path: Path, ranges_path: Path, method: str, *, target: str,
-                    float_nodes: Sequence[str] = (), nodes_to_quantize: Sequence[str] | None = None) -> Path:
+                    float_nodes: Sequence[str] = ()) -> Path:
     """Write the ``target`` Q/DQ model from the ranges in ``ranges_path`` (an ORT calibration cache).
 
-    ``float_nodes`` stay float (the head tail, the head's last Convs, mixed-precision layers);
-    ``nodes_to_quantize`` limits quantization to those nodes (the per-layer sensitivity study).
+    ``float_nodes`` stay float (the head tail, the head's last Convs, mixed-precision layers).
     """
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
 
@@ -105,7 +104,6 @@ def write_qdq_model(onnx_path: Path, out_path: Path, ranges_path: Path, method: 
             quant_format=QuantFormat.QDQ,
             per_channel=True,
             nodes_to_exclude=list(float_nodes),
-            nodes_to_quantize=list(nodes_to_quantize) if nodes_to_quantize else None,
             calibrate_method=ort_method,
             calibration_cache_path=str(ranges_path),
             **quantize_options(target),
