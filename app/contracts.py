@@ -198,25 +198,6 @@ class DetectedBatch:
                    timings or {})
 
     @classmethod
-    def of(cls, results: Sequence[Any], timings: dict[str, float] | None = None) -> DetectedBatch:
-        """From per-image answers with ``width``, ``height``, ``detections`` and ``error``
-        (``ImageResult``): the same values as arrays."""
-        n = len(results)
-        widths, heights, counts = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
-        parts, errors = [], {}
-        for i, r in enumerate(results):
-            if r.error is not None:
-                errors[i] = r.error
-                continue
-            det = r.detections if r.detections is not None else Detections.empty()
-            part = np.empty((len(det), 6), np.float32)
-            part[:, :4], part[:, 4], part[:, 5] = det.boxes, det.scores, det.class_ids
-            parts.append(part)
-            widths[i], heights[i], counts[i] = r.width, r.height, len(det)
-        rows = np.concatenate(parts) if parts else np.zeros((0, 6), np.float32)
-        return cls(widths, heights, counts, rows, errors, timings or {})
-
-    @classmethod
     def concat(cls, parts: Sequence[DetectedBatch]) -> DetectedBatch:
         """The images of ``parts``, one part after another (timings: the first part's)."""
         if not parts:

@@ -1,8 +1,8 @@
 """Every JSON record yolopipe writes about detections, from a ``DetectedBatch``'s arrays: an
 image's line (``predict`` on folders, ``predict --ray``), a video frame's line, a stream's event
 (``predict`` on streams, ``/v1/streams``) and ``/v1``'s answers. One formatter, byte for byte
-what ``json.dumps`` gives for the record as a dict (``ImageResult.to_json``, the readable
-reference, plus the fields around it), without a dict per box or a ``json.dumps`` per image (the
+what ``json.dumps`` gives for the record as a dict (``tests/references.py`` builds it the readable
+way, plus the fields around it), without a dict per box or a ``json.dumps`` per image (the
 folder path's biggest holder of the GIL after reading, issue #16).
 
 A record is ``{HEAD, "width": W, "height": H, "detections": [...], TAIL}`` or, for an image that

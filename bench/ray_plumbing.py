@@ -42,21 +42,22 @@ if __package__ in (None, ""):  # `python bench/ray_plumbing.py`: make the repo i
 import numpy as np
 
 from app.benchmark.machine import PACKAGES, machine_info, versions
-from app.contracts import DetectedBatch, ImageResult
+from app.contracts import DetectedBatch
 from app.distributed.actor import DetectorActor, read_batch
-from app.types import Detections
 
 SHARED_IMAGES = REPO.parent / "shared" / "data" / "images"
 NAMES = ["Normal", "Fall"]
 
 
-def canned_result(boxes: int) -> ImageResult:
+def canned_result(boxes: int) -> DetectedBatch:
+    """One 640x480 image's answer with ``boxes`` boxes, as the detector gives it: arrays."""
     rng = np.random.default_rng(0)
     xy = rng.uniform(0, 500, (boxes, 2)).astype(np.float32)
     wh = rng.uniform(10, 140, (boxes, 2)).astype(np.float32)
-    dets = Detections(np.hstack([xy, xy + wh]), np.sort(rng.uniform(0.25, 1, boxes).astype(np.float32))[::-1],
-                      rng.integers(0, len(NAMES), boxes).astype(np.int32))
-    return ImageResult(width=640, height=480, detections=dets)
+    scores = np.sort(rng.uniform(0.25, 1, boxes).astype(np.float32))[::-1]
+    class_ids = rng.integers(0, len(NAMES), boxes).astype(np.float32)
+    rows = np.column_stack([xy, xy + wh, scores, class_ids]).astype(np.float32)
+    return DetectedBatch(np.array([640]), np.array([480]), np.array([boxes]), rows)
 
 
 class CannedDetector:
@@ -67,7 +68,7 @@ class CannedDetector:
         self.result = canned_result(boxes)
 
     def run(self, items, params=None):
-        return DetectedBatch.of([self.result] * len(items))
+        return self.result.take([0] * len(items))
 
 
 class CannedActor(DetectorActor):

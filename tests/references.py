@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.contracts import ImageResult
+import numpy as np
+
+from app.contracts import DetectedBatch, ImageResult
 from app.ipc.answers import Answers
 from app.ipc.wire import Outcome
 from app.types import Detections
@@ -33,6 +35,24 @@ def image_json(result: ImageResult, image: str, names: list[str]) -> dict[str, A
     assert result.detections is not None
     return {"image": image, "width": result.width, "height": result.height,
             "detections": detections_json(result.detections, names)}
+
+
+def detected_batch(results: list[ImageResult], timings: dict[str, float] | None = None) -> DetectedBatch:
+    """Per-image answers (``ImageResult``) as the detector's arrays, image by image."""
+    n = len(results)
+    widths, heights, counts = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    parts, errors = [], {}
+    for i, r in enumerate(results):
+        if r.error is not None:
+            errors[i] = r.error
+            continue
+        det = r.detections if r.detections is not None else Detections.empty()
+        part = np.empty((len(det), 6), np.float32)
+        part[:, :4], part[:, 4], part[:, 5] = det.boxes, det.scores, det.class_ids
+        parts.append(part)
+        widths[i], heights[i], counts[i] = r.width, r.height, len(det)
+    rows = np.concatenate(parts) if parts else np.zeros((0, 6), np.float32)
+    return DetectedBatch(widths, heights, counts, rows, errors, timings or {})
 
 
 def outcomes_of(answers: Answers) -> list[Outcome]:

@@ -1,5 +1,5 @@
 """Every JSON record (``app.records``) is byte for byte what ``json.dumps`` gives for the record as
-a dict built the readable way: ``ImageResult.to_json`` of each image (``DetectedBatch.results``),
+a dict built the readable way: ``tests/references.py``'s ``image_json`` of each image,
 with a video frame's and a stream event's fields around it, track ids added to each detection,
 and for ``/v1`` the compact form Starlette's ``JSONResponse`` writes."""
 
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from starlette.responses import JSONResponse
 
-from app.contracts import DetectedBatch, ImageResult
+from app.contracts import ImageResult
 from app.errors import ImageTooLarge, InvalidImage
 from app.records import HTTP, LINES, frame_lines, image_lines, records
 from app.types import Detections
-from tests.references import image_json
+from tests.references import detected_batch, image_json
 
 NAMES = ["Normal", "Fall"]
 IMAGE_NAMES = ["a.jpg", "sub/ü ñ 雪.jpg", 'q"uote\\back\tslash.jpg', "emoji 🙂.png", "\x01ctl.jpg"]
@@ -61,12 +61,12 @@ def class_names_for(seed: int) -> list[str]:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_image_lines_equal_json_dumps_of_to_json(seed):
+def test_image_lines_equal_json_dumps_of_the_readable_record(seed):
     rng = np.random.default_rng(seed)
     results = random_results(rng)
     names = [f"{i}-{IMAGE_NAMES[i % 5]}" for i in range(len(results))]
     class_names = class_names_for(seed)
-    batch = DetectedBatch.of(results)
+    batch = detected_batch(results)
     assert image_lines(names, batch, class_names) == [json.dumps(image_json(r, n, class_names))
                                                      for n, r in zip(names, results)]
 
@@ -87,7 +87,7 @@ def test_frame_lines_equal_json_dumps_of_the_frame_record(seed):
         rec = with_ids(image_json(r, "cam/ü.mp4", class_names), track)
         expected.append(json.dumps({"image": "cam/ü.mp4", "frame": index, "time_s": time_s,
                                     **{k: v for k, v in rec.items() if k != "image"}}))
-    assert frame_lines("cam/ü.mp4", frames, DetectedBatch.of(results), class_names, ids) == expected
+    assert frame_lines("cam/ü.mp4", frames, detected_batch(results), class_names, ids) == expected
 
 
 def test_stream_events_equal_json_dumps_of_the_event():
@@ -105,7 +105,7 @@ def test_stream_events_equal_json_dumps_of_the_event():
         rec.pop("image")
         expected.append(json.dumps({**fields, **rec, **latency}))
     track_ids = [[k] * len(r.detections) if r.detections is not None else None for k, r in enumerate(results)]
-    assert records(heads, DetectedBatch.of(results), NAMES, tails=tails, track_ids=track_ids) == expected
+    assert records(heads, detected_batch(results), NAMES, tails=tails, track_ids=track_ids) == expected
 
 
 def test_http_records_equal_what_json_response_renders():
@@ -115,7 +115,7 @@ def test_http_records_equal_what_json_response_renders():
     results = random_results(rng, 20)
     names = [IMAGE_NAMES[i % 5] for i in range(len(results))]
     timings = [{"decode_ms": 1.25, "batch_size": 3.0, "total_ms": float(i)} for i in range(len(results))]
-    got = records([HTTP.fields(image=n) for n in names], DetectedBatch.of(results), NAMES,
+    got = records([HTTP.fields(image=n) for n in names], detected_batch(results), NAMES,
                   tails=[HTTP.fields(timings=t) if r.error is None else "" for t, r in zip(timings, results)],
                   style=HTTP, error_fields=lambda e: {"status": 400, "error": {"code": e.code, "message": str(e)}})
     for line, name, result, t in zip(got, names, results, timings):
@@ -131,7 +131,7 @@ def test_edge_values_keep_their_json_spelling():
     rows = np.array([[-0.0, 0.0, 640, 639.995, 1e-05, 0], [0.004, 1.005, 2.675, 100.0, 3.2e-05, 1],
                      [-1e-3, 5e-3, 0.125, 0.375, 0.999995, 1], [7e3, 7e3, 9e3, 9e3, 1.0, 0]], np.float32)
     result = ImageResult(640, 640, Detections.from_rows(rows))
-    got = image_lines(["x.jpg"], DetectedBatch.of([result]), NAMES)
+    got = image_lines(["x.jpg"], detected_batch([result]), NAMES)
     assert got == [json.dumps(image_json(result, "x.jpg", NAMES))]
     assert json.loads(got[0])["detections"][0]["score"] == 1e-05
 
@@ -143,15 +143,15 @@ def test_non_finite_values_are_written_as_json_dumps_writes_them():
     results = [ImageResult(640, 480, Detections.from_rows(rows)), ImageResult(error=InvalidImage("bad")),
                ImageResult(640, 480, Detections.empty())]
     names = ["n.jpg", "e.jpg", "z.jpg"]
-    batch = DetectedBatch.of(results)
+    batch = detected_batch(results)
     assert image_lines(names, batch, NAMES) == [json.dumps(image_json(r, n, NAMES)) for n, r in zip(names, results)]
     with pytest.raises(ValueError):
         JSONResponse(image_json(results[0], "n.jpg", NAMES))
     with pytest.raises(ValueError):
-        records([HTTP.fields(image="n.jpg")], DetectedBatch.of(results[:1]), NAMES, style=HTTP)
+        records([HTTP.fields(image="n.jpg")], detected_batch(results[:1]), NAMES, style=HTTP)
 
 
 def test_nothing_to_write():
-    assert image_lines([], DetectedBatch.of([]), NAMES) == []
-    only_error = DetectedBatch.of([ImageResult(error=InvalidImage("empty image"))])
+    assert image_lines([], detected_batch([]), NAMES) == []
+    only_error = detected_batch([ImageResult(error=InvalidImage("empty image"))])
     assert image_lines(["e.jpg"], only_error, NAMES) == ['{"image": "e.jpg", "error": "empty image"}']

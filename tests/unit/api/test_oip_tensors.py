@@ -28,9 +28,10 @@ from app.api.oip.tensors import (
     split_bytes_tensor,
 )
 from app.api.statuses import status_for
-from app.contracts import DetectedBatch, ImageResult
+from app.contracts import ImageResult
 from app.errors import BadRequest, ImageTooLarge, InvalidParameter, UnsupportedMediaType
 from app.types import Detections
+from tests.references import detected_batch
 
 CLIENT_ERRORS = (InvalidParameter, BadRequest, ImageTooLarge)
 
@@ -166,14 +167,14 @@ def test_decompression_is_bounded():
 def test_outputs_are_zero_padded_to_the_largest_count_and_read_back_by_tritonclient():
     two = Detections(np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.float32), np.array([0.9, 0.5], np.float32),
                      np.array([1, 0], np.int32))
-    tensors = output_tensors(DetectedBatch.of([ImageResult(9, 9, two), ImageResult(9, 9, Detections.empty())]))
+    tensors = output_tensors(detected_batch([ImageResult(9, 9, two), ImageResult(9, 9, Detections.empty())]))
     assert tensors["num_dets"].tolist() == [[2], [0]]
     assert tensors["det_boxes"].tolist() == [[[1, 2, 3, 4], [5, 6, 7, 8]], [[0, 0, 0, 0], [0, 0, 0, 0]]]
     assert tensors["det_scores"].tolist() == [[pytest.approx(0.9), 0.5], [0, 0]]
     assert tensors["det_classes"].tolist() == [[1, 0], [0, 0]]
-    empty = output_tensors(DetectedBatch.of([ImageResult(9, 9, Detections.empty())]))
+    empty = output_tensors(detected_batch([ImageResult(9, 9, Detections.empty())]))
     assert empty["det_boxes"].shape == (1, 1, 4) and not empty["det_boxes"].any()  # K is at least 1
-    later = output_tensors(DetectedBatch.of([ImageResult(9, 9, Detections.empty()), ImageResult(9, 9, two)]))
+    later = output_tensors(detected_batch([ImageResult(9, 9, Detections.empty()), ImageResult(9, 9, two)]))
     assert later["num_dets"].tolist() == [[0], [2]] and later["det_boxes"][1].tolist() == [[1, 2, 3, 4], [5, 6, 7, 8]]
     assert later["det_classes"].tolist() == [[0, 0], [1, 0]] and not later["det_scores"][0].any()
 

@@ -10,14 +10,14 @@ import pytest
 
 pa = pytest.importorskip("pyarrow")
 
-from app.contracts import DetectedBatch, ImageResult
+from app.contracts import ImageResult
 from app.distributed.actor import RECORD_COLUMNS, record_table
 from app.distributed.job import BATCHES_PER_BLOCK, BLOCKS_PER_ACTOR, block_size, write_records
 from app.distributed.output import open_sink
 from app.errors import InvalidImage
 from app.predict.folder import FolderSummary
 from app.types import Detections
-from tests.references import image_json
+from tests.references import detected_batch, image_json
 
 NAMES = ["Normal", "Fall"]
 
@@ -40,14 +40,14 @@ def test_blocks_hold_several_whole_batches_but_every_actor_gets_a_few():
 
 def test_retried_images_are_written_once_and_counted_once(tmp_path):
     first = record_table(["a.jpg", "b.jpg", "bad.png"],
-                         DetectedBatch.of([result(2), result(0), ImageResult(error=InvalidImage("cut"))]), NAMES)
-    retried = record_table(["b.jpg", "c.jpg"], DetectedBatch.of([result(0), result(3)]), NAMES)  # b.jpg came back twice
+                         detected_batch([result(2), result(0), ImageResult(error=InvalidImage("cut"))]), NAMES)
+    retried = record_table(["b.jpg", "c.jpg"], detected_batch([result(0), result(3)]), NAMES)  # b.jpg came back twice
     assert first.column_names == list(RECORD_COLUMNS)
     out = tmp_path / "p.jsonl"
     sink = open_sink(out, "jsonl", resume=False)
     summary, progress = FolderSummary(), []
     seen = {"old.jpg"}  # resume: written by an earlier run
-    earlier = record_table(["old.jpg"], DetectedBatch.of([result(1)]), NAMES)
+    earlier = record_table(["old.jpg"], detected_batch([result(1)]), NAMES)
     write_records(iter([first, earlier, retried]), sink, seen, summary, 4, lambda n, t: progress.append((n, t)))
     sink.close()
     records = [json.loads(line) for line in out.read_text().splitlines()]

@@ -8,7 +8,7 @@ import pytest
 from app.api.statuses import status_for
 from app.errors import ImageTooLarge
 from app.ipc import answers, wire
-from tests.references import detections_json
+from tests.references import detected_batch, detections_json
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +63,8 @@ def test_a_requests_answers_come_back_in_its_order_from_several_batches(detected
 def test_answers_read_back_as_the_detectors_arrays(detected):
     """``Answers.detected``: a RESULTS frame read back is the batch ``Detector.run`` answered."""
     det, results = detected
-    from app.contracts import DetectedBatch
 
-    batch = DetectedBatch.of([*results, type(results[0])(error=ImageTooLarge("too big"))])
+    batch = detected_batch([*results, type(results[0])(error=ImageTooLarge("too big"))])
     outcomes = [wire.Outcome(1, i, r.width, r.height, r.detections, error=r.error) for i, r in enumerate(batch.results())]
     ((_, body),) = wire.FrameReader().feed(answers.results(outcomes))
     back = answers.read_answers(body).detected()

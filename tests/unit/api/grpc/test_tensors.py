@@ -11,9 +11,10 @@ import pytest
 from app.api.grpc import messages
 from app.api.grpc.tensors import infer_response, parameter_values, read_request
 from app.api.oip.tensors import join_bytes_tensor, output_tensors, parse_infer_request
-from app.contracts import DetectedBatch, ImageResult
+from app.contracts import ImageResult
 from app.errors import ImageTooLarge, InvalidParameter, SharedMemoryError
 from app.types import Detections
+from tests.references import detected_batch
 
 IMAGES = [b"\xff\xd8first image", b"", b"\x89PNG third"]
 
@@ -111,7 +112,7 @@ def test_the_response_reads_back_in_tritonclient():
     boxes = np.array([[1, 2, 30, 40], [5, 6, 70, 80]], np.float32)
     detections = [Detections(boxes, np.array([0.9, 0.5], np.float32), np.array([1, 0], np.int32)),
                   Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int32))]
-    tensors = output_tensors(DetectedBatch.of([ImageResult(90, 90, d) for d in detections]))
+    tensors = output_tensors(detected_batch([ImageResult(90, 90, d) for d in detections]))
     wanted = ["det_boxes", "num_dets", "det_classes", "det_scores"]
     response = infer_response("sample", "id-3", tensors, wanted, in_regions={"det_classes"})
     result = grpc_client.InferResult(service_pb2.ModelInferResponse.FromString(response.SerializeToString()))
