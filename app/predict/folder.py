@@ -245,7 +245,7 @@ def predict_folder(
     def detect_chunk(chunk: list[tuple[SourceImage, Any]]) -> tuple[list[SourceImage], DetectedBatch, list[str]]:
         """In a batch thread: the detector on the batch's images, then its JSON lines."""
         files = [img for img, _ in chunk]
-        answers = detector.run([x for _, x in chunk], params)
+        answers = detector.run_prepared([x for _, x in chunk], params)  # the readers prepared them
         return files, answers, image_lines([img.name for img in files], answers, names)
 
     chunks = _batches(detector, todo, batch, workers, ahead_batches=in_flight + 2)

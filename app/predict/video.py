@@ -25,7 +25,7 @@ from app.contracts import DetectedBatch, DetectParams, DeviceNv12, ImageResult
 from app.errors import InvalidImage, InvalidParameter
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
-from app.predict.sources import capture_fps, check_frame, open_source, video_decoder
+from app.predict.sources import capture_fps, check_frame, open_opencv, open_source, video_decoder
 from app.records import LINES, error_line, frame_lines
 
 # Ultralytics' VID_FORMATS: what it reads as video.
@@ -87,10 +87,10 @@ def frames_to_read(path: Path, *, vid_stride: int = 1, start: int = 0) -> int | 
     """How many frames ``read_frames`` will give, from the frame count the container reports, for
     a progress bar: an estimate for some containers; None when it reports none; 0 when nothing
     opens the file (the video is then one error line)."""
-    cap = cv2.VideoCapture(str(path), cv2.CAP_FFMPEG)
+    cap = open_opencv(str(path))
+    if cap is None:
+        return 0
     try:
-        if not cap.isOpened():
-            return 0
         count = cap.get(cv2.CAP_PROP_FRAME_COUNT)
     finally:
         cap.release()

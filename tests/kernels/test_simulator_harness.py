@@ -1,7 +1,8 @@
 """The CUDA simulator as the kernel tests use it (tests/conftest.py makes its shared arrays atomic).
 
-Without that, threads that reach a ``cuda.shared.array`` line together each got their own array
-in about one trial in seven here, and a kernel thread once read another's garbage in CI.
+Without that, threads that reach a ``cuda.shared.array`` line together can each get their own
+array (the first test below then fails), and a kernel thread once read such a private copy's
+garbage in CI.
 """
 
 from __future__ import annotations
