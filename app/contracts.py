@@ -279,9 +279,11 @@ class Pipeline(Protocol):
         """At most ``max_batch`` images; a per-image error (e.g. a corrupt JPEG) stands in its place.
         Safe to call from ``in_flight`` threads at once."""
 
-    def warmup(self, batches: Sequence[int] | None = None, *, nv12: bool = False) -> None:
+    def warmup(self, batches: Sequence[int] | None = None, *, nv12: bool = False,
+               frame_size: tuple[int, int] | None = None) -> None:
         """Do now the one-time work of these batch sizes (all by default), not on first use:
-        the GPU pipeline captures their CUDA graphs (``nv12``: those of device NV12 batches);
+        the GPU pipeline captures their CUDA graphs (``nv12``: those of device NV12 batches,
+        after making room for a batch of NV12 frames of ``frame_size``, height and width);
         a CPU pipeline has nothing to do."""
 
     def release_memory(self) -> None:

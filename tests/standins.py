@@ -44,7 +44,7 @@ class DecodesItself:
             out[i] = answer
         return PipelineRun(out, run.timings)
 
-    def warmup(self, batches=None, *, nv12: bool = False) -> None:
+    def warmup(self, batches=None, *, nv12: bool = False, frame_size=None) -> None:
         """Nothing to prepare."""
 
     def release_memory(self) -> None:
@@ -88,6 +88,7 @@ class Answers:
         self.max_batch, self.max_det, self.in_flight = max_batch, 300, in_flight
         self.per_batch_s, self.takes_nv12 = per_batch_s, takes_nv12
         self.batches: list[int] = []
+        self.warmups: list[tuple[bool, tuple[int, int] | None]] = []  # (nv12, frame_size) of each warmup
 
     def run(self, images, params):
         import time
@@ -102,8 +103,9 @@ class Answers:
         sizes = [(x.height, x.width) if isinstance(x, DeviceNv12) else x.shape[:2] for x in images]
         return PipelineRun([(np.zeros((0, 6), np.float32), letterbox_params(h, w, self.meta.imgsz)) for h, w in sizes])
 
-    def warmup(self, batches=None, *, nv12: bool = False) -> None:
-        """Nothing to prepare."""
+    def warmup(self, batches=None, *, nv12: bool = False, frame_size=None) -> None:
+        """Nothing to prepare: noted."""
+        self.warmups.append((nv12, frame_size))
 
     def close(self) -> None:
         """Nothing to free."""

@@ -44,11 +44,23 @@ log = logging.getLogger(__name__)
 
 WARMUP_RUNS = 2  # eager runs per bucket before capture (kernel loading, cuDNN autotune, compile)
 STAGES = ("preprocess", "engine", "nms", "d2h")
+CAPTURE_TRIES = 3  # a capture invalidated by CUDA work outside the device's gate, tried again
+
+
+def invalidated(exc: BaseException) -> bool:
+    """Whether ``exc`` says a stream capture was invalidated or cut short (by other CUDA work)."""
+    text = str(exc)
+    return "StreamCapture" in text or "already recording" in text or ("capture" in text.lower() and "invalid" in text)
 
 
 def graph_key(batch: int, nv12: bool = False) -> int | tuple[str, int]:
     """A slot's graphs by bucket; the NV12 batches' graphs apart from the images' ones."""
     return ("nv12", batch) if nv12 else batch
+
+
+def key_parts(key: int | tuple[str, int]) -> tuple[int, bool]:
+    """``graph_key``'s bucket and whether it is an NV12 batches' graph."""
+    return (key[1], True) if isinstance(key, tuple) else (key, False)
 
 
 class CaptureThread:
@@ -167,30 +179,53 @@ class GraphBuilder:
         return captured
 
     def _capture(self, slot: BatchSlot, batch: int, raw_exec: bool, nv12: bool = False) -> CapturedBatch:
-        torch = self._torch
-        stream = self.compute.torch
-        try:
-            if nv12:
-                clear_nv12_params(slot.staging)
-            with torch.cuda.stream(stream):
-                for _ in range(WARMUP_RUNS):
-                    self._all(slot, batch, nv12)
-            stream.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            # NVDEC readers decode on threads of their own, outside the pipeline's gate: their CUDA
-            # calls (none on this stream) must not invalidate an NV12 batch's capture.
-            mode = "thread_local" if nv12 else "global"
-            with torch.cuda.graph(graph, pool=self._live_pool(), stream=stream, capture_error_mode=mode):
-                head = self._all(slot, batch, nv12)
-            stream.synchronize()
-        except YolopipeError:
-            raise
-        except Exception as exc:
-            raise DeviceError(
-                f"capturing the CUDA graph of batch {batch} failed: {type(exc).__name__}: {exc}"
-            ) from exc
+        """The bucket's graph; a capture something outside the device's gate invalidated (a native
+        thread of a library, such as a threaded NVDEC reader's) is tried again, in a fresh pool."""
+        for attempt in range(1, CAPTURE_TRIES + 1):
+            try:
+                graph, head = self._capture_once(slot, batch, nv12)
+                break
+            except YolopipeError:
+                raise
+            except Exception as exc:
+                self._abandon_pool()
+                if attempt < CAPTURE_TRIES and invalidated(exc):
+                    log.warning("GPU pipeline: the capture of batch %d was invalidated by other CUDA work (%s); "
+                                "capturing it again", batch, exc)
+                    continue
+                raise DeviceError(
+                    f"capturing the CUDA graph of batch {batch} failed: {type(exc).__name__}: {exc}"
+                ) from exc
         graph_exec = self._graph_exec(graph) if raw_exec else None
         return CapturedBatch(batch=batch, graph=graph, head=head, graph_exec=graph_exec)
+
+    def _capture_once(self, slot: BatchSlot, batch: int, nv12: bool):
+        torch = self._torch
+        stream = self.compute.torch
+        if nv12:
+            clear_nv12_params(slot.staging)
+        with torch.cuda.stream(stream):
+            for _ in range(WARMUP_RUNS):
+                self._all(slot, batch, nv12)
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: another thread's CUDA call never fails because of this capture; the gate
+        # keeps every thread that knows of it (pipelines, NVDEC readers) quiet meanwhile.
+        with torch.cuda.graph(graph, pool=self._live_pool(), stream=stream, capture_error_mode="thread_local"):
+            head = self._all(slot, batch, nv12)
+        stream.synchronize()
+        return graph, head
+
+    def _abandon_pool(self) -> None:
+        """After a failed capture: torch may still count its pool as being recorded into (its
+        end of capture raised before it said so), and the next capture into it would fail with
+        "already recording". End that recording (not the pool: graphs captured before hold it),
+        and capture into a new pool from now on."""
+        pool, self.pool = self.pool, None
+        end = getattr(getattr(self._torch, "_C", None), "_cuda_endAllocateToPool", None)
+        if pool is not None and end is not None:
+            with contextlib.suppress(Exception):  # nothing was left recording
+                end(self.compute.device, pool)
 
     @staticmethod
     def _graph_exec(graph) -> ctypes.c_void_p | None:

@@ -1,14 +1,30 @@
-"""Many batches at once, or one CUDA-graph capture with nothing else running.
+"""Many batches at once, or one CUDA-graph capture with nothing else running on its device.
 
-A capture (``torch.cuda.graph``, global capture mode) must see no CUDA call from any other
-thread, and it calls ``engine.forward``, which is never called concurrently. Runs hold the
-gate ``shared``; a capture takes it ``exclusive``.
+A capture must see no CUDA call from any other thread on the same device: an implicit
+synchronisation there (a context or stream synchronise, a free, NVDEC's own calls) invalidates
+it whatever its capture mode (``thread_local`` included: the invalidation is device-wide), and
+a capture calls ``engine.forward``, which is never called concurrently. So each device has one
+gate for the whole process (``device_gate``): every GPU pipeline on the device holds it
+``shared`` for a batch, and so does every NVDEC reader for each of its CUDA calls (opening,
+decoding, copying out, closing: ``app.gpu.nvdec``); a capture takes it ``exclusive``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+
+_GATES: dict[int, Gate] = {}
+_GATES_LOCK = threading.Lock()
+
+
+def device_gate(device: int) -> Gate:
+    """The process's one gate of CUDA device ``device`` (see the module docstring)."""
+    with _GATES_LOCK:
+        gate = _GATES.get(int(device))
+        if gate is None:
+            gate = _GATES[int(device)] = Gate()
+        return gate
 
 
 class Gate:
@@ -24,6 +40,11 @@ class Gate:
         self._shared = 0
         self._exclusive = False
         self._waiting = 0
+
+    @property
+    def held_exclusive(self) -> bool:
+        """Whether a capture holds it now (what tests of its holders look at)."""
+        return self._exclusive
 
     def acquire_shared(self) -> None:
         with self._cond:

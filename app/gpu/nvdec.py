@@ -12,16 +12,23 @@ A decoded frame is a torch view (``torch.from_dlpack``) of shape ``[H * 3 / 2, W
 plane, then the interleaved UV plane. The decoder may reuse a frame's surface for a later one,
 so a batch of frames is valid until the next batch is asked for: ``own_copies`` makes them the
 caller's, one device-to-device copy each on the reader's stream and one synchronize a batch.
+
+Every CUDA call here (opening, each decode call and its frames' conversion, the copies, closing)
+holds the device's gate shared (``app.gpu.gate.device_gate``): a GPU pipeline's CUDA-graph
+capture, which takes it exclusively, is never invalidated by a reader's work on the same device.
+PyNvVideoCodec's ``ThreadedDecoder`` also decodes on a native thread of its own, outside the
+gate: a capture it invalidates is tried again (``app.gpu.capture``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from app.config import NVDEC_READERS as READERS  # file readers: SimpleDecoder, ThreadedDecoder
 from app.errors import BackendUnavailable, InvalidImage
+from app.gpu.gate import device_gate
 
 OTHER_SURFACES = ("P016", "P010", "YUV444", "NV16", "P216")  # NVDEC's layouts other than NV12
 CODECS = {"h264": "H264", "avc1": "H264", "hevc": "HEVC", "hev1": "HEVC", "hvc1": "HEVC", "h265": "HEVC",
@@ -85,7 +92,19 @@ class NvdecReader:
             raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
         self.source, self.gpu_id, self.batch, self.reader = source, gpu_id, batch, reader
         self._packets = packets
+        self._gate = device_gate(gpu_id)
         nvc = _nvc()
+        with self._gate.shared():
+            self._open(nvc, source, gpu_id, batch, reader, packets, codec)
+        self.fps, self.shown = 0.0, (0, 0)  # shown: the picture's (height, width) when the stream says
+        if packets is None:
+            metadata = self._decoder.get_stream_metadata()
+            # Fields not every version names: read what is there.
+            self.fps = float(getattr(metadata, "average_fps", 0.0) or 0.0)
+            self.shown = (int(getattr(metadata, "height", 0) or 0), int(getattr(metadata, "width", 0) or 0))
+        self._index = 0
+
+    def _open(self, nvc: Any, source: str, gpu_id: int, batch: int, reader: str, packets: Any, codec: str) -> None:
         self._cuda = _Cuda(gpu_id)
         cuda = {"cuda_context": self._cuda.context, "cuda_stream": self._cuda.stream.cuda_stream}
         try:
@@ -108,13 +127,6 @@ class NvdecReader:
         except Exception as exc:  # noqa: BLE001 - the binding raises plain RuntimeErrors for bad input
             self._cuda.release()
             raise InvalidImage(f"NVDEC cannot open {source!r}: {exc}") from None
-        self.fps, self.shown = 0.0, (0, 0)  # shown: the picture's (height, width) when the stream says
-        if packets is None:
-            metadata = self._decoder.get_stream_metadata()
-            # Fields not every version names: read what is there.
-            self.fps = float(getattr(metadata, "average_fps", 0.0) or 0.0)
-            self.shown = (int(getattr(metadata, "height", 0) or 0), int(getattr(metadata, "width", 0) or 0))
-        self._index = 0
 
     @property
     def stream(self) -> Any:
@@ -124,9 +136,13 @@ class NvdecReader:
     def batches(self) -> Iterator[list[Nv12Frame]]:
         """The frames in presentation order, a decode call's worth at a time; each batch valid
         until the next one is asked for."""
-        for decoded in self._packet_batches() if self._packets is not None else self._file_batches():
-            if decoded:
-                yield [self._frame(f) for f in decoded]
+        calls = self._packet_calls() if self._packets is not None else self._file_calls()
+        for call in calls:
+            with self._gate.shared():  # the decode call and its frames' DLPack views
+                decoded = call()
+                frames = [self._frame(f) for f in decoded] if decoded else []
+            if frames:
+                yield frames
 
     def frames(self) -> Iterator[Nv12Frame]:
         """Every frame in presentation order; each one valid until the next batch is decoded."""
@@ -147,11 +163,22 @@ class NvdecReader:
         self._index += 1
         return Nv12Frame(self._index - 1, min(height, rows) or rows, min(width, cols) or cols, planes)
 
-    def _file_batches(self) -> Iterator[list[Any]]:
-        while frames := self._decoder.get_batch_frames(self.batch):
-            yield frames
+    def _file_calls(self) -> Iterator[Callable[[], list[Any]]]:
+        """A file's decode calls, each made by the caller (under the gate), until one gives no frame."""
+        ended = False
 
-    def _packet_batches(self) -> Iterator[list[Any]]:
+        def call() -> list[Any]:
+            nonlocal ended
+            frames = self._decoder.get_batch_frames(self.batch)
+            ended = not frames
+            return frames
+
+        while not ended:
+            yield call
+
+    def _packet_calls(self) -> Iterator[Callable[[], list[Any]]]:
+        """A URL's decode calls: one per packet (the demuxer reads it here, outside the gate), then
+        an empty packet, after which the decoder flushes."""
         import numpy as np
 
         nvc = _nvc()
@@ -160,13 +187,14 @@ class NvdecReader:
             buf = np.frombuffer(data, np.uint8)  # kept alive through the call: the packet points into it
             packet = nvc.PacketData()
             packet.bsl_data, packet.bsl = int(buf.ctypes.data), int(buf.size)
-            yield self._decoder.Decode(packet)
-        yield self._decoder.Decode(nvc.PacketData())  # an empty packet: the end, the decoder flushes
+            yield lambda packet=packet, buf=buf: self._decoder.Decode(packet)
+        yield lambda: self._decoder.Decode(nvc.PacketData())
 
     def close(self) -> None:
         if self._decoder is not None:
-            self._decoder = None  # the binding frees its decoder with the object
-            self._cuda.release()
+            with self._gate.shared():
+                self._decoder = None  # the binding frees its decoder with the object
+                self._cuda.release()
 
 
 def own_copies(frames: list[Nv12Frame], stream: Any) -> list[Any]:
@@ -177,7 +205,7 @@ def own_copies(frames: list[Nv12Frame], stream: Any) -> list[Any]:
 
     if not frames:
         return []
-    with torch.cuda.stream(stream):
+    with device_gate(frames[0].planes.device.index or 0).shared(), torch.cuda.stream(stream):
         shapes = {tuple(f.planes.shape) for f in frames}
         if len(shapes) == 1:  # the usual case: one block, a view per frame
             block = torch.empty((len(frames), *shapes.pop()), dtype=torch.uint8, device=frames[0].planes.device)
@@ -186,7 +214,7 @@ def own_copies(frames: list[Nv12Frame], stream: Any) -> list[Any]:
             copies = [torch.empty(f.planes.shape, dtype=torch.uint8, device=f.planes.device) for f in frames]
         for copy, frame in zip(copies, frames):
             copy.copy_(frame.planes, non_blocking=True)
-    stream.synchronize()
+        stream.synchronize()
     return copies
 
 

@@ -80,6 +80,19 @@ class BatchSlot:
         self.staging.free()
         self.staging = new_staging(self.max_batch, capacity, self.device)
 
+    def has(self, capacity: int, keys: Sequence[int | tuple[str, int]]) -> bool:
+        """Whether its staging holds ``capacity`` bytes and it has the graphs of ``keys``."""
+        return self.staging.capacity >= capacity and all(self.graphs.get(key) is not None for key in keys)
+
+    def make_room(self, capacity: int) -> list[int | tuple[str, int]]:
+        """Staging of at least ``capacity`` bytes; the keys of the graphs that growing it dropped
+        (to capture again: a new address; its driver calls are to attach again)."""
+        if self.staging.capacity >= capacity:
+            return []
+        dropped = list(self.graphs.by_batch)
+        self.resize_staging(capacity)
+        return dropped
+
     def free(self) -> None:
         with contextlib.suppress(Exception):
             self.done.synchronize()

@@ -33,7 +33,8 @@ class CpuPipeline:
         self.max_det = max_det
         self._engine = backend
 
-    def warmup(self, batches: Sequence[int] | None = None, *, nv12: bool = False) -> None:
+    def warmup(self, batches: Sequence[int] | None = None, *, nv12: bool = False,
+               frame_size: tuple[int, int] | None = None) -> None:
         """Nothing to prepare ahead: ONNX Runtime plans a shape on its first run."""
 
     def run(self, images: Sequence[PipelineInput], params: DetectParams) -> PipelineRun:

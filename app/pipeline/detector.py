@@ -210,10 +210,16 @@ class Detector:
         return run_overlapped(lambda items: self.run(items, params), batches, self.shape.in_flight)
 
     # --- the pipeline's resources -------------------------------------------------------
-    def warmup(self, batches: Sequence[int] | None = None, *, nv12: bool = False) -> None:
+    def warmup(self, batches: Sequence[int] | None = None, *, nv12: bool = False,
+               frame_size: tuple[int, int] | None = None) -> None:
         """Do now the one-time work of these batch sizes (all buckets by default), not on first
-        use: a GPU pipeline captures their CUDA graphs (``nv12``: those of device NV12 batches)."""
-        self.pipeline.warmup(batches, nv12=nv12)
+        use: a GPU pipeline captures their CUDA graphs (``nv12``: those of device NV12 batches),
+        and with ``frame_size`` (the height, width of NV12 frames to come) first makes room for
+        a batch of them, so that no batch of such frames captures anything later."""
+        if frame_size is None:
+            self.pipeline.warmup(batches, nv12=nv12)
+        else:
+            self.pipeline.warmup(batches, nv12=nv12, frame_size=frame_size)
 
     def release_memory(self) -> None:
         """Give back what batches left cached (``Pipeline.release_memory``); safe at any time."""

@@ -1,35 +1,22 @@
 """The GPU request path: images → boxes, with the stages of consecutive batches overlapped.
 
-One batch, stage by stage (the module that does each):
+One batch: (1) **decode** (``app.gpu.decode``): each JPEG decoded on the GPU straight into its
+planned place in the slot's device staging (nvImageCodec by default), or by OpenCV in the host
+threads; a JPEG joins the batch only as its decoder reported it decoded; (2) **staging**
+(``app.gpu.pack``): the params header and the frames into the slot's pinned staging; (3)
+**upload**: one H2D copy on the copy stream; (4) **graph** (``app.gpu.capture``): letterbox →
+engine → NMS → D2H of the rows, one launch on the compute stream; (5) **unpack**
+(``app.gpu.slot``): rows per image. Device NV12 frames (NVDEC's) take steps 1-2 from
+``app.gpu.nv12_input``: device-to-device copies into the staging, then the bucket's NV12 graph.
 
-1. **decode** (``app.gpu.decode``): each JPEG's place in the slot's device staging is planned
-   from its header (the one its first reader parsed, ``EncodedImage``; a JPEG whose bytes cannot
-   decode whole is OpenCV's error here), zeroed, then it is decoded there on the decoder's own
-   stream (nvImageCodec by default), or by OpenCV in the host threads (``decode="opencv"``); a
-   JPEG joins the batch only as its decoder reported it decoded; frames are taken as they are;
-2. **staging** (``app.gpu.pack``): an event on the decoder's stream after the batch's decode,
-   then the params header and the frames into the slot's pinned staging;
-3. **upload**: one H2D copy of ``[header | frames]`` on the copy stream, then an event;
-4. **graph** (``app.gpu.capture``): letterbox → engine → NMS → D2H of the rows, one graph
-   launch on the compute stream once both events have fired, then the slot's ``done`` event;
-5. **unpack** (``app.gpu.slot``): rows per image, once ``done`` has fired.
-
-Device NV12 frames (NVDEC's) take steps 1-2 from ``app.gpu.nv12_input``: copies device to
-device into the slot's staging, then the bucket's NV12 graph.
-
-``run`` is thread-safe and takes one of ``in_flight`` batch slots (``app.gpu.slot``) for the
-whole batch, so up to ``in_flight`` threads calling it keep that many batches in flight: while
+``run`` is thread-safe and takes one of ``in_flight`` batch slots for the whole batch, so while
 batch N's graph runs, batch N+1 is decoded and uploaded into its own slot and batch N−1's rows
-are unpacked from theirs. Every wait releases the GIL (nvImageCodec, NumPy copies, the event
-wait), so the compute stream is fed as long as the host work of a batch takes less time than
-its graph. ``app.pipeline.overlap`` drives a stream of batches that way (folder inference,
-the benchmark); ``in_flight`` says how many are worth having in flight.
-
-Graph launches are made straight through the CUDA driver (``app.gpu.driver.RawDispatch``;
-``Tensor.copy_`` + ``CUDAGraph.replay()`` if that is unavailable). Captures run with the gate
-held exclusively (``app.gpu.gate``): no other thread makes CUDA calls while one is captured;
-and every capture runs on the one capture thread of ``app.gpu.capture`` (the same kernels in
-every graph of a bucket, whichever thread asked: the same answer in any slot).
+are unpacked from theirs (``app.pipeline.overlap`` drives a stream of batches that way). Every
+wait releases the GIL. Graph launches go straight through the CUDA driver
+(``app.gpu.driver.RawDispatch``; ``CUDAGraph.replay()`` if that is unavailable). A capture
+holds the device's gate exclusively (``app.gpu.gate``: no CUDA call from any other thread on
+the device meanwhile, NVDEC readers included) and runs on the one capture thread of
+``app.gpu.capture`` (the same kernels in every graph of a bucket: the same answer in any slot).
 """
 
 from __future__ import annotations
@@ -49,11 +36,11 @@ from app.config import MAX_DET
 from app.contracts import DetectParams, DeviceEngine, DeviceNv12, EncodedImage, PipelineInput, PipelineRun, RunShape
 from app.errors import DeviceError, InvalidParameter, YolopipeError
 from app.gpu import nv12_input, pack
-from app.gpu.capture import GraphBuilder, graph_key
+from app.gpu.capture import GraphBuilder, graph_key, key_parts
 from app.gpu.decode import Decoders, split_jpegs
 from app.gpu.decoded import decoded_size
 from app.gpu.dispatch import Dispatcher
-from app.gpu.gate import Gate
+from app.gpu.gate import device_gate
 from app.gpu.memory import CapturedBatch, InputBuffer, StreamPair
 from app.gpu.slot import BatchSlot, shrink_staging
 from app.gpu.timeline import Timeline
@@ -107,7 +94,7 @@ class GpuPipeline:
         self.host_threads = int(host_threads or min(16, os.cpu_count() or 1))
         self.last_launch_path = ""  # "driver" | "torch": how the last batch was dispatched
         self.pad_to_captured = pad_to_captured  # see _bucket_to_run
-        self._gate = Gate()
+        self._gate = device_gate(self.device)  # one per device: NVDEC readers hold it too
         self._closed = False
         self._host_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
@@ -190,15 +177,29 @@ class GpuPipeline:
         captured = (lambda b: slot.graphs.get(graph_key(b, nv12)) is not None) if self.pad_to_captured else None
         return pack.bucket_to_run(self.buckets, n, captured)
 
-    def warmup(self, batches: Sequence[int] | None = None, *, profile: bool = False, nv12: bool = False) -> None:
+    def warmup(self, batches: Sequence[int] | None = None, *, profile: bool = False, nv12: bool = False,
+               frame_size: tuple[int, int] | None = None) -> None:
         """Capture the graphs of the buckets of ``batches`` (all by default) on every slot now;
-        ``nv12``: those of device NV12 batches instead of images'."""
+        ``nv12``: those of device NV12 batches instead of images'. ``frame_size``: the (height,
+        width) of NV12 frames to come: each slot's staging first makes room for a batch of them
+        as large as the largest bucket (its dropped graphs captured again), so that no batch grows it, and captures, while
+        NVDEC readers are busy. When all of that is done already, nothing waits for the gate."""
         if self._closed:
             raise DeviceError("the GPU pipeline was closed")
+        sizes = sorted({pack.bucket_for(self.buckets, b) for b in (batches or self.buckets)})
+        room = nv12_input.staging_for(self.slots[0].staging.header_bytes, sizes[-1], *frame_size) if frame_size else 0
+        keys = [graph_key(b, nv12) for b in sizes]
+        if not profile and all(slot.has(room, keys) for slot in self.slots):
+            return
         with self._exclusive():
             for slot in self.slots:
-                for b in sorted({pack.bucket_for(self.buckets, b) for b in (batches or self.buckets)}):
-                    self.graphs.captured(slot, b, profile=profile, raw_exec=slot.dispatch is not None, nv12=nv12)
+                dropped = slot.make_room(room)
+                if dropped:
+                    self.dispatcher.attach(slot)
+                for key in dict.fromkeys([*dropped, *keys]):
+                    batch, is_nv12 = key_parts(key)
+                    self.graphs.captured(slot, batch, profile=profile and key in keys, raw_exec=slot.dispatch is not None,
+                                         nv12=is_nv12)
 
     # ---------------------------------------------------------------------- timeline
     def start_timeline(self) -> Timeline:

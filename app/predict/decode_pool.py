@@ -14,7 +14,9 @@ captures given to it (a new one goes to the worker with the fewest) and loops ov
 
 then sleeps until the next frame is due or, with a stream waiting for room, ``POLL_S``.
 
-The stream's own thread opens the capture, hands it over (``read``) and waits until it ends, the
+The stream's own thread opens the capture, hands it over (``read``: first ``prepare(cap)``, where
+the runner makes the GPU pipeline ready for the capture's frame size, so that no graph is
+captured while the pool decodes) and waits until it ends, the
 stream is stopped or the capture fails; it then closes, reconnects or ends as it does for
 captures it reads itself (``app.predict.stream_source``). A capture here is anything with
 ``read(count) -> [frames]`` ([] at its end): ``app.predict.sources.NvdecCapture``.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 AHEAD = 8  # frames decoded before they are due, per stream read at its rate
@@ -149,15 +152,18 @@ class _Worker:
 
 class DecodePool:
     """``workers`` threads reading the captures of many streams (see the module docstring);
-    ``on_device``: a context manager each worker runs in (the GPU's device made current)."""
+    ``on_device``: a context manager each worker runs in (the GPU's device made current);
+    ``prepare(cap)``: called on a stream's thread before its capture is read."""
 
-    def __init__(self, workers: int, *, batch: int = 8, on_device: Any = None) -> None:
+    def __init__(self, workers: int, *, batch: int = 8, on_device: Any = None,
+                 prepare: Callable[[Any], None] | None = None) -> None:
         import contextlib
 
         if workers < 1:
             raise ValueError(f"a decode pool needs at least one worker, got {workers}")
         self.size, self.batch = workers, batch
         self._on_device = on_device or contextlib.nullcontext
+        self._prepare = prepare
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -165,7 +171,10 @@ class DecodePool:
     def read(self, stream: Any, cap: Any, index: int) -> int:
         """Read ``cap``'s frames into ``stream`` from frame ``index`` on, until it ends or the
         stream stops (called on the stream's own thread, which waits); the next frame's index.
-        A failure of the reading (a frame over the pixel limit, a decode error) is raised here."""
+        A failure of the reading (a frame over the pixel limit, a decode error) or of ``prepare``
+        is raised here."""
+        if self._prepare is not None:
+            self._prepare(cap)
         reading = _Reading(stream, cap, index, self.batch)
         with self._lock:
             if self._closed:

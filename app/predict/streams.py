@@ -113,7 +113,11 @@ class StreamRunner:
 
             return torch.cuda.device(device)
 
-        return DecodePool(nvdec_threads(decoder_engines(device)), on_device=on_device)
+        def prepare(cap) -> None:  # room for a batch of its frames before they come (no capture then)
+            if cap.height and cap.width:
+                self.detector.warmup(nv12=True, frame_size=(cap.height, cap.width))
+
+        return DecodePool(nvdec_threads(decoder_engines(device)), on_device=on_device, prepare=prepare)
 
     # --- control (any thread) ---------------------------------------------------------
     def add(self, source: str, *, stream_id: str | None = None, vid_stride: int = 1, realtime: bool = False,

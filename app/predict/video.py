@@ -216,6 +216,7 @@ def predict_video(
         write(error_line(LINES.fields(image=name), summary.error))
         return summary
     fps = capture_fps(cap)
+    size = (int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT) or 0), int(cap.get(cv2.CAP_PROP_FRAME_WIDTH) or 0))
     cap.release()
     tracker = None
     if track:
@@ -224,8 +225,9 @@ def predict_video(
         tracker = StreamTracker((fps or 30.0) / vid_stride)
     writer = AnnotatedVideo(save_to, fps / vid_stride if fps else 0.0) if annotate and save_to else None
     decoder = "opencv" if writer is not None else video_decoder(detector)
-    if decoder == "nvdec":  # capture the NV12 graphs now: no capture while the reader uses the GPU
-        detector.warmup(nv12=True)
+    if decoder == "nvdec":  # room and graphs for its batches now: no capture while the reader uses the GPU
+        detector.warmup(range(1, min(batch, detector.shape.max_batch) + 1), nv12=True,
+                        frame_size=size if all(size) else None)
     frames = prefetch(_chunks(read_frames(path, max_pixels=max_pixels, vid_stride=vid_stride, start=start,
                                           decoder=decoder, device=detector.device or 0), batch), depth=3)
 

@@ -2,8 +2,10 @@
 the GPU pipeline, against OpenCV's decode of the same file through the same pipeline.
 
 Needs a CUDA GPU, ``pynvvideocodec`` and an H.264 clip (PyNvVideoCodec decodes H.264, HEVC and
-AV1, not the MPEG-4 Part 2 OpenCV writes): ``YOLOPIPE_NVDEC_CLIP``, else the test clip
-re-encoded by Debian's ffmpeg where there is one. At most ``CLIP_FRAMES`` of its frames are
+AV1, not the MPEG-4 Part 2 OpenCV writes): ``YOLOPIPE_NVDEC_CLIP``, else the shared 1080p30 clip
+where it is (``CLIPS``: carried to the GPU machine as ``.data/video``, or the shared data beside
+the checkout), else the test clip re-encoded by Debian's ffmpeg where there is one; the skip
+says which were looked for. At most ``CLIP_FRAMES`` of its frames are
 compared. The pipeline is the sample model's fp32 one (eager torch-cuda, batch 8, no
 torch.compile), this module's own (``pipe``), not the session's ``pipe32``: these tests grow
 its staging to 1080p batches, capture NV12 and image graphs of every bucket and run it from
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +49,8 @@ pytestmark = pytest.mark.requires_gpu("PyNvVideoCodec")
 
 SIZE = 640
 CLIP_FRAMES = 48
+ROOT = Path(__file__).resolve().parents[2]
+CLIPS = (ROOT / ".data/video/dance-1080p30.mp4", ROOT.parent / "shared/data/video/dance-1080p30.mp4")
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +65,11 @@ def pipe(gpu, sample_model_dir, meta):
 def clip(tmp_path_factory, assets_dir) -> Path:
     if os.environ.get("YOLOPIPE_NVDEC_CLIP"):
         return Path(os.environ["YOLOPIPE_NVDEC_CLIP"])
+    if found := [path for path in CLIPS if path.is_file()]:
+        return found[0]
     if ffmpeg() is None:
-        pytest.skip("no H.264 clip: set YOLOPIPE_NVDEC_CLIP (there is no ffmpeg here to make one)")
+        pytest.skip(f"no H.264 clip: set YOLOPIPE_NVDEC_CLIP (none at {', '.join(map(str, CLIPS))}, and there "
+                    "is no ffmpeg here to make one)")
     root = tmp_path_factory.mktemp("nvdec")
     return write_h264(root / "clip.mp4", write_clip(root / "clip.avi", assets_dir, 12))
 
@@ -199,3 +207,48 @@ def test_predict_video_and_streams_by_nvdec_equal_opencv(gpu, pipe, clip, caplog
         cb = np.array([d["class_id"] for d in b["detections"]], int)
         tp, n_a, n_b = tp + len(match_pairs(ba, ca, bb, cb)), n_a + len(ca), n_b + len(cb)
     assert n_a >= len(key) and f1(tp, n_a, n_b) == 1.0, (f1(tp, n_a, n_b), tp, n_a, n_b)
+
+
+def test_buckets_captured_while_nvdec_threads_decode(gpu, pipe, clip):
+    """Issue #36's failure: NVDEC readers decode (and copy their frames out) on four threads
+    while every bucket's NV12 and image graphs are captured again, three times over (each larger
+    frame size grows the staging: new addresses); no capture fails, the readers read on, and
+    the graphs captured then answer as the ones before them did."""
+    params = DetectParams(conf=gpu.CONF, iou=gpu.IOU)
+    frames = nvdec_frames(clip, 8)
+    before = pipe.run(frames, params).images
+    stop, decoded, errors = threading.Event(), [0], []
+
+    def decode() -> None:
+        try:
+            while not stop.is_set():
+                cap = NvdecCapture(str(clip))
+                try:
+                    while not stop.is_set() and cap.grab():
+                        decoded[0] += 1
+                finally:
+                    cap.release()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=decode, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        while decoded[0] < 16:  # the readers are decoding
+            assert not errors, errors
+            threading.Event().wait(0.01)
+        start = decoded[0]
+        for height, width in ((1088, 1920), (1440, 2560), (2160, 3840)):
+            pipe.warmup(nv12=True, frame_size=(height, width))  # grows every slot: all its graphs again
+            pipe.warmup()
+        during = decoded[0] - start
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert not errors, errors
+    assert during > 0  # they decoded while the graphs were captured
+    after = pipe.run(frames, params).images
+    for (rows_a, _), (rows_b, _) in zip(before, after):
+        np.testing.assert_array_equal(rows_a, rows_b)

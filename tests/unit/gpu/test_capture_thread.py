@@ -48,7 +48,8 @@ class Builder(GraphBuilder):
 
     def __init__(self, engine, slots, context=contextlib.nullcontext) -> None:
         super().__init__(engine, types.SimpleNamespace(bucket=lambda batch: ("input", None)),
-                         types.SimpleNamespace(torch=types.SimpleNamespace(synchronize=lambda: None), numba=None),
+                         types.SimpleNamespace(torch=types.SimpleNamespace(synchronize=lambda: None), numba=None,
+                                               device=0),
                          slots, context=context)
         self._torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
             stream=lambda stream: contextlib.nullcontext(), graph_pool_handle=object,
@@ -121,3 +122,69 @@ def test_each_capture_runs_in_the_pipelines_device_context_on_the_capture_thread
         b.close()
     with pytest.raises(DeviceError, match="capture thread is gone"):
         b.captured(slots[0], 4, profile=False, raw_exec=False)
+
+
+INVALIDATED = ("CUDA error: operation failed due to a previous error during capture "
+               "(cudaErrorStreamCaptureInvalidated)")  # what the H200 said while NVDEC readers decoded
+
+
+class Invalidated(Builder):
+    """A builder whose first ``failures`` captures end in ``error``, as the driver's end of an
+    invalidated capture does; it notes each capture's pool and mode, and the pools whose
+    recording torch was told to end."""
+
+    def __init__(self, failures: int, error: str = INVALIDATED) -> None:
+        super().__init__(PerThreadKernels(), [types.SimpleNamespace(index=0, graphs=CapturedGraphs())])
+        self.left, self.error = failures, error
+        self.captures: list[tuple[object, str]] = []
+        self.ended: list[object] = []
+        pools = itertools.count()
+
+        @contextlib.contextmanager
+        def graph(graph, pool=None, stream=None, capture_error_mode=None):
+            self.captures.append((pool, capture_error_mode))
+            yield
+            if self.left > 0:
+                self.left -= 1
+                raise RuntimeError(self.error)
+
+        self._torch.cuda.graph = graph
+        self._torch.cuda.graph_pool_handle = lambda: next(pools)
+        self._torch._C = types.SimpleNamespace(_cuda_endAllocateToPool=lambda device, pool: self.ended.append(pool))
+
+
+def test_an_invalidated_capture_is_captured_again_in_a_fresh_pool():
+    b = Invalidated(failures=1)
+    try:
+        b.captured(b.slots[0], 4, profile=False, raw_exec=False)
+        assert b.slots[0].graphs.get(4) is not None
+        # The failed capture's pool had its recording ended (torch would refuse the next capture
+        # into it: "already recording"); the second capture went into a new pool.
+        assert b.captures == [(0, "thread_local"), (1, "thread_local")]
+        assert b.ended == [0]
+    finally:
+        b.close()
+
+
+def test_a_capture_invalidated_every_time_is_a_device_error_after_its_tries():
+    from app.gpu.capture import CAPTURE_TRIES
+
+    b = Invalidated(failures=99)
+    try:
+        with pytest.raises(DeviceError, match="capturing the CUDA graph of batch 2 failed: .*Invalidated"):
+            b.captured(b.slots[0], 2, profile=False, raw_exec=False)
+        assert len(b.captures) == CAPTURE_TRIES and b.slots[0].graphs.get(2) is None
+    finally:
+        b.close()
+
+
+def test_a_capture_that_fails_otherwise_is_not_tried_again():
+    b = Invalidated(failures=1, error="CUDA error: out of memory")
+    try:
+        with pytest.raises(DeviceError, match="out of memory"):
+            b.captured(b.slots[0], 2, profile=False, raw_exec=False)
+        assert len(b.captures) == 1 and b.ended == [0]
+        b.captured(b.slots[0], 2, profile=False, raw_exec=False)  # the next capture, in a new pool
+        assert b.captures[-1] == (1, "thread_local")
+    finally:
+        b.close()

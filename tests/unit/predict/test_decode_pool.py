@@ -147,3 +147,36 @@ def test_a_removed_stream_gets_its_capture_back(nvdec_runner):
     runner.stop()
     thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def test_each_stream_makes_room_for_its_frames_before_the_pool_reads_them(nvdec_runner):
+    """The runner captures the NV12 graphs before any reader starts, and before a stream's
+    frames are read has the pipeline make room for a batch of them (so that no batch grows the
+    staging, and captures, while the pool decodes); a stream whose preparation fails fails alone."""
+    caps, make = nvdec_runner
+    answers = Answers(takes_nv12=True)
+
+    class Checked(FakeNvdec):
+        def read(self, count):
+            assert (True, (self.height, self.width)) in answers.warmups, answers.warmups
+            return super().read(count)
+
+    caps["a"], caps["b"] = Checked(12), Checked(12)
+    caps["b"].width, caps["b"].height = 80, 60
+    runner = make(answers, lambda *a: None, max_streams=3)
+    assert answers.warmups == [(True, None)]  # at start, before any stream
+    a, b = runner.add("a"), runner.add("b")
+    runner.run(until_done=True)
+    assert a.state == b.state == "ended" and a.stats.frames_done == b.stats.frames_done == 12
+    assert sorted(answers.warmups[1:]) == [(True, (48, 64)), (True, (60, 80))]
+
+    def refused(batches=None, *, nv12=False, frame_size=None):
+        if frame_size is not None:
+            raise RuntimeError("no room on the device")
+
+    answers.warmup = refused
+    caps["c"] = FakeNvdec(12)
+    runner = make(answers, lambda *a: None, max_streams=1)
+    c = runner.add("c")
+    runner.run(until_done=True)
+    assert c.state == "failed" and "no room on the device" in c.error and caps["c"].calls == []
