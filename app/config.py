@@ -20,7 +20,7 @@ DecodeName = Literal["gpu", "nvimgcodec", "nvjpeg", "opencv"]  # GPU backends' J
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DECODERS: tuple[str, ...] = get_args(DecodeName)
-VideoDecodeName = Literal["auto", "nvdec", "opencv"]  # videos and streams; auto: OpenCV (app.predict.sources)
+VideoDecodeName = Literal["auto", "nvdec", "opencv"]  # videos and streams; auto: NVDEC on a GPU, else OpenCV (app.predict.sources)
 VIDEO_DECODERS: tuple[str, ...] = get_args(VideoDecodeName)
 # Old spellings still accepted, each resolved here only (``decoder_name``): ``cpu`` was the JPEG
 # decoders' name for OpenCV, the decoder the video decoders call ``opencv``.

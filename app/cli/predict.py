@@ -108,9 +108,9 @@ def predict(
                                                                           "part files) [default: from --out's suffix].")] = None,
     vid_stride: Annotated[int, typer.Option(help="Videos and streams: detect on every N-th frame.", min=1)] = 1,
     track: Annotated[bool, typer.Option(help="Videos and streams: a ByteTrack id per detection (track_id).")] = False,
-    video_decode: Annotated[str, typer.Option(help="Videos and streams: auto | nvdec | opencv (auto: OpenCV; nvdec: "
-                                                   "NVDEC on a GPU backend, needs PyNvVideoCodec; not yet verified "
-                                                   "end to end).")] = "auto",
+    video_decode: Annotated[str, typer.Option(help="Videos and streams: auto | nvdec | opencv (auto: NVDEC on a GPU "
+                                                   "backend with PyNvVideoCodec installed, else OpenCV; nvdec: NVDEC "
+                                                   "or an error).")] = "auto",
     verbose: Annotated[bool, typer.Option("--verbose", help="Print each start-up step with its time, once, when the "
                                                             "first results are written.")] = False,
 ) -> None:

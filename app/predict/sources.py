@@ -4,10 +4,10 @@ the GPU, behind one capture interface (``grab``, ``retrieve``, ``release``, as
 both the same way and give the same frame indices, times and sizes.
 
 Which decoder is resolved once, in ``video_decoder``: the detector's ``RunShape.video_decode`` (``auto`` |
-``nvdec`` | ``opencv``, ``app.config.VIDEO_DECODERS``); ``auto`` is OpenCV for now: NVDEC's
-kernel and pipeline runs passed on the H200, but its end-to-end comparisons with OpenCV's
-frames did not (bench/results/2026-12-01-nvidia-h200-session2-README.md), so NVDEC is asked
-for by name (``nvdec``: a GPU pipeline with PyNvVideoCodec installed). With NVDEC a
+``nvdec`` | ``opencv``, ``app.config.VIDEO_DECODERS``); ``auto`` is NVDEC where it can be (a GPU
+pipeline, PyNvVideoCodec installed: on the H200 its frames give the model the very input
+OpenCV's give, ``tests/gpu/test_nvdec.py``), else OpenCV; ``nvdec`` asked for by name where it
+cannot be is an error. With NVDEC a
 frame is a ``DeviceNv12`` that never touches the host; a file NVDEC cannot open or decode (a
 codec it lacks) is read by OpenCV instead, so one such source never stops the others, and so
 are live URLs (see ``open_source``).
@@ -36,6 +36,21 @@ log = logging.getLogger(__name__)
 # stream's open until its timeout. Read by OpenCV at each open; set before any thread opens one.
 os.environ.setdefault("OPENCV_FFMPEG_IS_THREAD_SAFE", "1")
 
+
+
+def quiet_opencv() -> None:
+    """OpenCV's warnings off, its errors kept, unless the user chose a level (``OPENCV_LOG_LEVEL``):
+    its FFmpeg backend warns at every capture that ``OPENCV_FFMPEG_IS_THREAD_SAFE`` is set,
+    which yolopipe sets on purpose (above), and a normal video or stream prints nothing."""
+    if "OPENCV_LOG_LEVEL" in os.environ:
+        return
+    import cv2
+
+    levels = getattr(getattr(cv2, "utils", None), "logging", None)
+    if levels is not None and levels.getLogLevel() > levels.LOG_LEVEL_ERROR:
+        levels.setLogLevel(levels.LOG_LEVEL_ERROR)
+
+
 LIVE_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "udp://", "tcp://", "srt://")
 
 
@@ -49,9 +64,9 @@ def video_decoder(detector: Detector) -> str:
     takes_nv12 = detector.takes_nv12
     if choice == "opencv":
         return "opencv"
-    if choice == "auto":
-        return "opencv"
     installed = importlib.util.find_spec("PyNvVideoCodec") is not None
+    if choice == "auto":
+        return "nvdec" if takes_nv12 and installed else "opencv"
     if not takes_nv12:
         raise InvalidParameter(f"NVDEC decoding needs a GPU backend, not {detector.backend}")
     if not installed:
@@ -64,6 +79,7 @@ def open_opencv(source: str, *, timeout_ms: int | None = None, threads: int | No
     FFmpeg's decoding threads for it (OpenCV's default: one per core)."""
     import cv2
 
+    quiet_opencv()
     params = []
     if timeout_ms is not None:
         params += [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
@@ -150,6 +166,7 @@ class RawPackets:
     def __init__(self, source: str, *, timeout_ms: int | None = None) -> None:
         import cv2
 
+        quiet_opencv()
         params = [cv2.CAP_PROP_FORMAT, -1]
         if timeout_ms is not None:
             params += [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]

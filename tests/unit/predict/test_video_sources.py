@@ -5,6 +5,7 @@ itself runs on a GPU only: tests/gpu/test_nvdec.py."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -34,19 +35,44 @@ def test_the_cpu_pipeline_reads_with_opencv(detector):
         detector.reshaped(video_decode="ffmpeg")
 
 
-def test_auto_reads_with_opencv_even_on_a_pipeline_that_takes_device_frames(monkeypatch):
-    """NVDEC is asked for by name until its end-to-end GPU comparisons pass (see app.predict.sources)."""
+def test_auto_reads_with_nvdec_on_a_pipeline_that_takes_device_frames_when_pynvvideocodec_is_there(monkeypatch):
+    """auto: NVDEC where it can be (a GPU pipeline, PyNvVideoCodec importable), else OpenCV."""
     import importlib.util
     import types
 
-    gpu_like = types.SimpleNamespace(shape=RunShape(video_decode="auto"), takes_nv12=True, backend="torch-cuda")
-    assert video_decoder(gpu_like) == "opencv"
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "PyNvVideoCodec" else real_find_spec(name, *a))
+    gpu_like = types.SimpleNamespace(shape=RunShape(video_decode="auto"), takes_nv12=True, backend="torch-cuda")
+    assert video_decoder(gpu_like) == "opencv"  # not installed
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name == "PyNvVideoCodec" else real_find_spec(name, *a))
-    assert video_decoder(gpu_like) == "opencv"
-    gpu_like.shape = RunShape(video_decode="nvdec")
     assert video_decoder(gpu_like) == "nvdec"
+    cpu_like = types.SimpleNamespace(shape=RunShape(video_decode="auto"), takes_nv12=False, backend="onnxruntime")
+    assert video_decoder(cpu_like) == "opencv"  # installed, but the pipeline takes no device frames
+    gpu_like.shape = RunShape(video_decode="opencv")
+    assert video_decoder(gpu_like) == "opencv"
+
+
+def test_opening_videos_prints_no_opencv_warning(tmp_path, assets_dir):
+    """OpenCV warns at every FFmpeg capture that OPENCV_FFMPEG_IS_THREAD_SAFE (set by yolopipe on
+    purpose) is set: a normal video, opened the ways videos and streams are, prints nothing."""
+    clip = write_clip(tmp_path / "clip.avi", assets_dir, 2)
+    code = ("import sys; from app.predict.sources import open_opencv, open_source, RawPackets\n"
+            "for _ in range(3):\n"
+            "    open_opencv(sys.argv[1], timeout_ms=5000, threads=1).release()\n"
+            "    open_source(sys.argv[1], 'opencv', max_pixels=10**8).release()\n"
+            "    RawPackets(sys.argv[1]).release()\n"
+            "print('opened')\n")
+    env = {k: v for k, v in os.environ.items() if k != "OPENCV_LOG_LEVEL"}
+    out = subprocess.run([sys.executable, "-c", code, str(clip)], capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "opened", out.stderr
+    assert "WARN" not in out.stderr and "OPENCV_FFMPEG" not in out.stderr, out.stderr
+    # The warning it hides is real: OpenCV alone, with the same environment variable, prints it.
+    bare = ("import os, sys; os.environ['OPENCV_FFMPEG_IS_THREAD_SAFE'] = '1'; import cv2\n"
+            "cv2.VideoCapture(sys.argv[1], cv2.CAP_FFMPEG).release()\n")
+    out = subprocess.run([sys.executable, "-c", bare, str(clip)], capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert "OPENCV_FFMPEG_IS_THREAD_SAFE" in out.stderr
 
 
 def test_device_frames_are_refused_by_the_cpu_pipeline(detector):
