@@ -26,7 +26,8 @@ that would start after ``--budget-s`` is skipped and named in the file's ``skipp
   decoder of ``--video-decode``.
 
 Rows: ``system``, ``input: "streams"``, ``streams``, ``width``, ``height``, ``source_fps``,
-``realtime``, ``decoder``, ``fps`` (frames processed per second over all streams),
+``realtime``, ``limit`` (a paced row not in real time: the stage that held it back, ``decode``
+or ``model``), ``decoder``, ``fps`` (frames processed per second over all streams),
 ``p99_latency_ms``, ``dropped_pct``, and what each mode adds. On the GPU machine:
 ``bash tools/device/run.sh streams`` (tools/device/README.md). A CPU smoke run:
 
@@ -119,17 +120,31 @@ def runner_row(detector, clip: Path, n: int, *, realtime: bool, source_fps: floa
     p99 = float(np.percentile(latencies, 99)) if latencies.size else None
     dropped_pct = 100.0 * dropped / seen if seen else 0.0
     failed = [s for s in streams if s.state == "failed"]
+    realtime_row = realtime and not failed and is_realtime(read_fps, p99, dropped_pct, source_fps)
     return {
         "system": system, "streams": n, "mode": "realtime" if realtime else "as_fast_as_possible",
         "decoder": runner.decoder, "track": track,
-        "realtime": realtime and not failed and is_realtime(read_fps, p99, dropped_pct, source_fps),
+        "realtime": realtime_row,
+        "limit": None if realtime_row or not realtime else limiting_stage(read_fps, source_fps, failed),
         "fps": round(done[0] / wall, 1), "p99_latency_ms": round(p99, 2) if p99 is not None else None,
         "p50_latency_ms": round(float(np.percentile(latencies, 50)), 2) if latencies.size else None,
         "dropped_pct": round(dropped_pct, 3), "frames": done[0], "wall_s": round(wall, 2),
         "min_stream_read_fps": round(min(read_fps), 2) if read_fps else None,
         "failed_streams": len(failed), "errors": sorted({str(s.error) for s in failed})[:3],
         "decode_threads": runner.pool.size if runner.pool is not None else runner.decode_threads,
+        "reader": os.environ.get("YOLOPIPE_NVDEC_READER", "simple") if runner.decoder == "nvdec" else None,
     }
+
+
+def limiting_stage(read_fps: list[float], source_fps: float, failed: list) -> str:
+    """Which stage kept a paced row from real time: ``failed`` (a stream failed), ``decode`` (a
+    stream was read slower than its rate: its reader fell behind), else ``model`` (frames were
+    read in time, but batches did not keep up: latency or drops)."""
+    if failed:
+        return "failed"
+    if read_fps and min(read_fps) < RATE_SHARE * source_fps:
+        return "decode"
+    return "model"
 
 
 class LetterboxOnly:
@@ -324,7 +339,7 @@ def main() -> None:
                     help=f"comma-separated, run in this order: {', '.join(MODES)}")
     ap.add_argument("--nvdec-streams", default="64,128", help="nvdec: the counts tried")
     ap.add_argument("--nvdec-more", default="160,192,224,256", help="nvdec_max: each while the last nvdec count held real time")
-    ap.add_argument("--opencv-streams", default="32")
+    ap.add_argument("--opencv-streams", default="16")
     ap.add_argument("--ceiling-streams", type=int, default=128)
     ap.add_argument("--ceiling-threads", default="0", help="ceiling: decode pool sizes (0: the default)")
     ap.add_argument("--ceiling-readers", default="simple", help="ceiling: simple, threaded")

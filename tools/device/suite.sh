@@ -9,22 +9,25 @@
 # did), runs under its own timeout, and adds "<log> rc=<status> <seconds> s" to $OUT/parts.txt.
 # After each part all of $OUT is packed into $OUT/0-results.tgz: the device tool returns only the
 # first eight files of $OUT by name, and that one sorts first.
-#   setup    unpack .whlx/site.tar.xz into /tmp/site (SITE; once per machine); $OUT/machine.json
+#   setup    unpack .whlx/site.tar.xz into /tmp/site (SITE; once per machine); seed yolopipe's cache
+#            (YOLOPIPE_CACHE_DIR, /tmp/yolopipe-cache: kept while the machine is warm) from .cache;
+#            $OUT/machine.json
+#   build    yolopipe build-engine --weights sample (what bench, streams and the tests then load) → $OUT/build.log
 #   tests    pytest tests/kernels tests/gpu tests/tensorrt -v    → $OUT/gpu-tests.log
+#   nvdec    pytest tests/gpu/test_nvdec.py on the clip (YOLOPIPE_NVDEC_CLIP=$CLIP) → $OUT/nvdec-tests.log
 #   bench    yolopipe bench                                      → $OUT/bench.json, bench.log
 #   folder   bench/folder_plumbing.py --real                     → $OUT/folder-plumbing.json, .log
 #   http     bench/http_load.py: load, soak, kill, sigterm, naive → $OUT/http-full.json, .log
-#   streams  pytest tests/gpu/test_nvdec.py                      → $OUT/streams-tests.log
-#            then bench/streams.py: NVDEC+letterbox ceiling, paced NVDEC at 64 and 128 streams,
-#            OpenCV at 32, Ultralytics' best case, more NVDEC streams while real time
+#   streams  bench/streams.py: NVDEC+letterbox ceiling, paced NVDEC at 64 and 128 streams,
+#            OpenCV at 16, Ultralytics' best case, more NVDEC streams while real time, fidelity
 #                                                                → $OUT/streams.json, streams.log
 #   memory   bench/memory_probe.py: issue #30's bursts, 2 rounds  → $OUT/memory-bursts.json, .log
 #   cache    the torch.compile cache, to carry next time as .whlx/torch-cache.tgz → $OUT/torch-cache.tgz
 # Every part but setup runs setup first if this call has not. Knobs (environment): OUT (/tmp/out);
-# <PART>_TIMEOUT seconds (SETUP 120, TESTS 300, BENCH 360, FOLDER 170, HTTP 540, STREAMS 330,
-# STREAMS_TESTS 120, MEMORY 420);
+# <PART>_TIMEOUT seconds (SETUP 120, BUILD 420, TESTS 300, NVDEC 180, BENCH 360, FOLDER 170, HTTP 540,
+# STREAMS 330, MEMORY 420);
 # <PART>_ARGS more options for its command; TEST_PATHS; FOLDER_ROUNDS (2); SOAK_MINUTES (3),
-# DURATION (20 s a load row); NVDEC_STREAMS (64,128), OPENCV_STREAMS (32), CLIP
+# DURATION (20 s a load row); NVDEC_STREAMS (64,128), OPENCV_STREAMS (16), CLIP
 # (.data/video/dance-1080p30.mp4);
 # YOLOPIPE_IMAGES (.data/images).
 set -uo pipefail
@@ -33,8 +36,9 @@ export OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export SITE=${SITE:-/tmp/site}
 export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 YOLO_OFFLINE=1 YOLOPIPE_REAL_GPU=1
-export YOLOPIPE_CACHE_DIR=${YOLOPIPE_CACHE_DIR:-$PWD/.cache} YOLOPIPE_IMAGES=${YOLOPIPE_IMAGES:-$PWD/.data/images}
-usage="usage: bash tools/device/run.sh PART...   (parts: setup tests bench folder http streams memory cache)"
+export YOLOPIPE_CACHE_DIR=${YOLOPIPE_CACHE_DIR:-/tmp/yolopipe-cache} YOLOPIPE_IMAGES=${YOLOPIPE_IMAGES:-$PWD/.data/images}
+export CLIP=${CLIP:-$PWD/.data/video/dance-1080p30.mp4}
+usage="usage: bash tools/device/run.sh PART...   (parts: setup build tests nvdec bench folder http streams memory cache)"
 [ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
 status=0
 ready=0
@@ -60,7 +64,8 @@ unpack() {  # the carried packages into $SITE, unless a warm machine has this ve
     rm -rf "$SITE" && mkdir -p "$SITE" && xz -dc .whlx/site.tar.xz | tar -C "$SITE" -xf - || return 1
     echo "$stamp" > "$SITE/.carried"
   fi
-  if [ -f .whlx/torch-cache.tgz ]; then mkdir -p "$YOLOPIPE_CACHE_DIR" && tar -C "$YOLOPIPE_CACHE_DIR" -xzf .whlx/torch-cache.tgz; fi
+  mkdir -p "$YOLOPIPE_CACHE_DIR" && cp -rn .cache/. "$YOLOPIPE_CACHE_DIR/"  # the weights; built engines stay
+  if [ -f .whlx/torch-cache.tgz ]; then tar -C "$YOLOPIPE_CACHE_DIR" -xzf .whlx/torch-cache.tgz; fi
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
   python3 -c "import json; from app.benchmark.machine import PACKAGES, machine_info, versions
 carried = ('pynvvideocodec', 'tritonclient', 'grpcio', 'protobuf', 'pydantic')
@@ -74,18 +79,19 @@ setup() {
 }
 
 for name in "$@"; do
-  case "$name" in setup|tests|bench|folder|http|streams|memory|cache) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
+  case "$name" in setup|build|tests|nvdec|bench|folder|http|streams|memory|cache) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
 done
 for name in "$@"; do
   [ "$name" = setup ] || [ "$ready" = 1 ] || setup
   case "$name" in
     setup)   setup ;;
+    build)   part build "${BUILD_TIMEOUT:-420}" /usr/bin/time -f "build-engine: %e s wall" python3 -m app.cli build-engine --weights sample ;;
+    nvdec)   YOLOPIPE_NVDEC_CLIP=$CLIP part nvdec-tests "${NVDEC_TIMEOUT:-180}" python3 -m pytest tests/gpu/test_nvdec.py -v -rs -p no:cacheprovider --durations=10 ;;
     tests)   part gpu-tests "${TESTS_TIMEOUT:-300}" python3 -m pytest ${TEST_PATHS:-tests/kernels tests/gpu tests/tensorrt} -v -rs -p no:cacheprovider --durations=15 ${TESTS_ARGS:-} ;;
     bench)   part bench "${BENCH_TIMEOUT:-360}" python3 -m app.benchmark --images "$YOLOPIPE_IMAGES" --out "$OUT/bench.json" ${BENCH_ARGS:-} ;;
     folder)  part folder-plumbing "${FOLDER_TIMEOUT:-170}" python3 bench/folder_plumbing.py --real --images "$YOLOPIPE_IMAGES" --rounds "${FOLDER_ROUNDS:-2}" --out "$OUT/folder-plumbing.json" ${FOLDER_ARGS:-} ;;
     http)    part http-full "${HTTP_TIMEOUT:-540}" python3 bench/http_load.py --images "$YOLOPIPE_IMAGES" --parts load,soak,kill,sigterm --clients 64,256 --naive-clients 64 --naive-workers 4 --gpus 0 --duration "${DURATION:-20}" --warmup 3 --soak-minutes "${SOAK_MINUTES:-3}" --sample-s 5 --out "$OUT/http-full.json" ${HTTP_ARGS:-} ;;
-    streams) part streams-tests "${STREAMS_TESTS_TIMEOUT:-120}" python3 -m pytest tests/gpu/test_nvdec.py -v -rs -p no:cacheprovider --durations=10
-             part streams "${STREAMS_TIMEOUT:-330}" python3 bench/streams.py --clip "${CLIP:-.data/video/dance-1080p30.mp4}" --nvdec-streams "${NVDEC_STREAMS:-64,128}" --opencv-streams "${OPENCV_STREAMS:-32}" --budget-s $(( ${STREAMS_TIMEOUT:-330} - 45 )) --out "$OUT/streams.json" ${STREAMS_ARGS:-} ;;
+    streams) part streams "${STREAMS_TIMEOUT:-330}" python3 bench/streams.py --clip "$CLIP" --nvdec-streams "${NVDEC_STREAMS:-64,128}" --opencv-streams "${OPENCV_STREAMS:-16}" --budget-s $(( ${STREAMS_TIMEOUT:-330} - 45 )) --out "$OUT/streams.json" ${STREAMS_ARGS:-} ;;
     memory)  part memory-bursts "${MEMORY_TIMEOUT:-420}" python3 bench/memory_probe.py --backend auto --rounds "${MEMORY_ROUNDS:-2}" --out "$OUT/memory-bursts.json" ${MEMORY_ARGS:-} ;;
     cache)   part cache 60 bash -c 'cd "$YOLOPIPE_CACHE_DIR" && find artifacts -path "*torch-cache*" -type f | tar -czf "$0/torch-cache.tgz" -T - && ls -la "$0/torch-cache.tgz"' "$OUT" ;;
   esac
