@@ -8,8 +8,9 @@ that would start after ``--budget-s`` is skipped and named in the file's ``skipp
 
 * ``ceiling``: NVDEC + the NV12 letterbox alone (no model): ``--ceiling-streams`` files read as
   fast as possible through the runner's decode pool, for each pool size of ``--ceiling-threads``
-  (``YOLOPIPE_NVDEC_THREADS``; 0: the default) and file reader of ``--ceiling-readers``
-  (``YOLOPIPE_NVDEC_READER``).
+  (``YOLOPIPE_NVDEC_THREADS``; 0: the default), file reader of ``--ceiling-readers``
+  (``YOLOPIPE_NVDEC_READER``) and decode call size of ``--ceiling-batches``; with
+  ``--no-compile`` no engine is built first (the model is not used).
 * ``gil``: how much of its rate a pure-Python thread keeps while ``--gil-threads`` threads decode
   with NVDEC (a decode call that holds the GIL stops it while it runs).
 * ``nvdec``: every copy played at the clip's rate through NVDEC at each count of
@@ -93,9 +94,10 @@ def environment(**values: str | None):
 
 
 def runner_row(detector, clip: Path, n: int, *, realtime: bool, source_fps: float, max_wait_ms: float,
-               track: bool = False, detect=None, system: str = "yolopipe") -> dict:
+               track: bool = False, detect=None, system: str = "yolopipe", decode_batch: int | None = None) -> dict:
     """N copies of ``clip`` through one ``StreamRunner``; ``detect`` (a callable taking a batch of
-    frames) replaces the model after the runner chose its decoder as for the detector."""
+    frames) replaces the model after the runner chose its decoder as for the detector;
+    ``decode_batch``: the frames one NVDEC decode call asks for (the decode pool's, 8)."""
     from app.predict.streams import StreamRunner
 
     lock = threading.Lock()
@@ -109,6 +111,8 @@ def runner_row(detector, clip: Path, n: int, *, realtime: bool, source_fps: floa
                           track=track)
     if detect is not None:
         runner._detect_frames = detect  # the decode path alone: no model after the letterbox
+    if decode_batch and runner.pool is not None:
+        runner.pool.batch = decode_batch
     t0 = time.perf_counter()
     streams = [runner.add(str(clip), realtime=realtime) for _ in range(n)]
     runner.run(until_done=True)
@@ -133,6 +137,8 @@ def runner_row(detector, clip: Path, n: int, *, realtime: bool, source_fps: floa
         "failed_streams": len(failed), "errors": sorted({str(s.error) for s in failed})[:3],
         "decode_threads": runner.pool.size if runner.pool is not None else runner.decode_threads,
         "reader": os.environ.get("YOLOPIPE_NVDEC_READER", "simple") if runner.decoder == "nvdec" else None,
+        "decode_batch": runner.pool.batch if runner.pool is not None else None,
+        "switch_interval_s": sys.getswitchinterval(),
     }
 
 
@@ -343,6 +349,11 @@ def main() -> None:
     ap.add_argument("--ceiling-streams", type=int, default=128)
     ap.add_argument("--ceiling-threads", default="0", help="ceiling: decode pool sizes (0: the default)")
     ap.add_argument("--ceiling-readers", default="simple", help="ceiling: simple, threaded")
+    ap.add_argument("--ceiling-batches", default="8", help="ceiling: frames per NVDEC decode call")
+    ap.add_argument("--switch-interval", type=float, default=0.0,
+                    help="the interpreter's thread switch interval for the run, in s (0: Python's, 0.005)")
+    ap.add_argument("--no-compile", dest="compile", action="store_false",
+                    help="the eager model (no engine build): for runs that measure decoding alone")
     ap.add_argument("--gil-threads", type=int, default=4)
     ap.add_argument("--ultralytics-streams", type=int, default=128, help="when no count was real time")
     ap.add_argument("--ultralytics-seconds", type=float, default=15.0)
@@ -379,8 +390,10 @@ def main() -> None:
     width, height, source_fps, frames_per_clip = clip_facts(args.clip)
     run = Run(args, {"input": "streams", "width": width, "height": height, "source_fps": round(source_fps, 3)})
     t_open = time.monotonic()
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     detector = open_detector(args.weights, backend=args.backend, precision=args.precision, imgsz=args.imgsz,
-                             max_batch=args.max_batch)
+                             max_batch=args.max_batch, compile=args.compile)
     info = detector.info()
     gpu = info["backend"] != "onnxruntime"
     device = detector.device or 0
@@ -408,13 +421,15 @@ def main() -> None:
     def ceiling() -> None:
         for reader in args.ceiling_readers.split(","):
             for threads in [int(t) for t in args.ceiling_threads.split(",")]:
-                if not run.fits(f"ceiling {reader} {threads}", clip_s):
-                    return
-                with environment(YOLOPIPE_NVDEC_THREADS=str(threads) if threads else None, YOLOPIPE_NVDEC_READER=reader):
-                    run.guarded(runner_row, reading["nvdec"], args.clip, args.ceiling_streams, realtime=False,
-                                source_fps=source_fps, max_wait_ms=max_wait, system="yolopipe-nvdec-letterbox",
-                                detect=LetterboxOnly(device, args.imgsz, args.max_batch),
-                                extra={"reader": reader, "note": "NVDEC + NV12 letterbox only, no model"})
+                for batch in [int(b) for b in args.ceiling_batches.split(",")]:
+                    if not run.fits(f"ceiling {reader} {threads} {batch}", clip_s):
+                        return
+                    with environment(YOLOPIPE_NVDEC_THREADS=str(threads) if threads else None,
+                                     YOLOPIPE_NVDEC_READER=reader):
+                        run.guarded(runner_row, reading["nvdec"], args.clip, args.ceiling_streams, realtime=False,
+                                    source_fps=source_fps, max_wait_ms=max_wait, system="yolopipe-nvdec-letterbox",
+                                    detect=LetterboxOnly(device, args.imgsz, args.max_batch), decode_batch=batch,
+                                    extra={"reader": reader, "note": "NVDEC + NV12 letterbox only, no model"})
 
     def counts(decoder: str, listed: str) -> None:
         for n in [int(c) for c in listed.split(",") if c]:

@@ -21,6 +21,7 @@ the same engine on the same input).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -183,16 +184,18 @@ def test_predict_video_and_streams_by_nvdec_equal_opencv(gpu, pipe, clip, caplog
     assert video_decoder(nvdec) == "nvdec" and video_decoder(opencv) == "opencv"
     params = DetectParams(conf=gpu.CONF, iou=gpu.IOU)
     total = len(decoded_frames(clip))
-    lines: dict[str, list] = {"nvdec": [], "opencv": []}
+    lines: dict[str, list] = {"nvdec": [], "opencv": []}  # each frame's JSON line, read back
     for name, det in (("nvdec", nvdec), ("opencv", opencv)):
-        summary = predict_video(det, clip, "clip.mp4", lines[name].append, params, batch=4, vid_stride=4)
+        summary = predict_video(det, clip, "clip.mp4", lambda line, name=name: lines[name].append(json.loads(line)),
+                                params, batch=4, vid_stride=4)
         assert summary.frames == len(range(0, total, 4)) and summary.error is None, (name, summary, total)
     key = [(r["frame"], r["time_s"], r["width"], r["height"]) for r in lines["opencv"]]
     assert [(r["frame"], r["time_s"], r["width"], r["height"]) for r in lines["nvdec"]] == key
     assert key[1][0] == 4 and key[1][1] > 0
     events: dict[str, list] = {"nvdec": [], "opencv": []}
     for name, det in (("nvdec", nvdec), ("opencv", opencv)):
-        summary = predict_streams(det, [str(clip), str(clip)], events[name].append, params, vid_stride=8)
+        summary = predict_streams(det, [str(clip), str(clip)], lambda line, name=name: events[name].append(json.loads(line)),
+                                  params, vid_stride=8)
         assert summary.frames == 2 * len(range(0, total, 8)) and not summary.failed, (name, summary, total)
     assert not [r.message for r in caplog.records if "NVDEC cannot read" in r.message]  # no source fell back
     for decoded in events.values():
