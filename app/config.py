@@ -56,7 +56,7 @@ MAX_SHM_REGIONS = 256  # shared-memory regions registered at once (the whole ser
 
 
 # --- NVDEC streams (app.predict.decode_pool): decoder threads of a stream runner --------------
-NVDEC_THREADS_PER_ENGINE = 1  # more threads decoded less on the H200 (7, 14, 28: bench/results, 2026-12-03 streams)
+NVDEC_THREADS_PER_ENGINE = 1  # more decoded less on the H200 (bench/results/2026-12-03-nvidia-h200-issue36-README.md)
 NVDEC_THREADS_UNKNOWN = 8  # when the GPU does not say how many engines it has
 
 

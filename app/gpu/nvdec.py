@@ -97,11 +97,13 @@ class NvdecReader:
         with self._gate.shared():
             self._open(nvc, source, gpu_id, batch, reader, packets, codec)
         self.fps, self.shown = 0.0, (0, 0)  # shown: the picture's (height, width) when the stream says
+        self.frame_count = 0  # a file's frames as its decoder counts them (0: it does not say)
         if packets is None:
             metadata = self._decoder.get_stream_metadata()
             # Fields not every version names: read what is there.
             self.fps = float(getattr(metadata, "average_fps", 0.0) or 0.0)
             self.shown = (int(getattr(metadata, "height", 0) or 0), int(getattr(metadata, "width", 0) or 0))
+            self.frame_count = int(getattr(metadata, "num_frames", 0) or 0)
         self._index = 0
 
     def _open(self, nvc: Any, source: str, gpu_id: int, batch: int, reader: str, packets: Any, codec: str) -> None:
@@ -164,12 +166,16 @@ class NvdecReader:
         return Nv12Frame(self._index - 1, min(height, rows) or rows, min(width, cols) or cols, planes)
 
     def _file_calls(self) -> Iterator[Callable[[], list[Any]]]:
-        """A file's decode calls, each made by the caller (under the gate), until one gives no frame."""
-        ended = False
+        """A file's decode calls, each made by the caller (under the gate), until one gives no
+        frame. None asks past the file's last frame when its decoder counts them: SimpleDecoder
+        returns none there, and prints a warning for each frame asked for ("INVALID INDEX")."""
+        ended, given = False, 0
 
         def call() -> list[Any]:
-            nonlocal ended
-            frames = self._decoder.get_batch_frames(self.batch)
+            nonlocal ended, given
+            want = min(self.batch, self.frame_count - given) if self.frame_count else self.batch
+            frames = self._decoder.get_batch_frames(want) if want > 0 else []
+            given += len(frames)
             ended = not frames
             return frames
 

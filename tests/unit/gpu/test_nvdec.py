@@ -40,17 +40,24 @@ class Device:
             self.inside_capture.append(what)
 
 
-def stand_in_codec(device: Device, frames_per_file: int) -> types.SimpleNamespace:
+def stand_in_codec(device: Device, frames_per_file: int, *, counted: bool = True) -> types.SimpleNamespace:
+    """PyNvVideoCodec's file decoder, ``frames_per_file`` frames, which says how many (``counted``)
+    as its stream metadata does, and notes each call's ask (``asked``)."""
+
+    asked: list[int] = []
+
     class SimpleDecoder:
         def __init__(self, source, **kwargs) -> None:
             device.call("open")
             self.left = frames_per_file
 
         def get_stream_metadata(self):
-            return types.SimpleNamespace(average_fps=30.0, height=48, width=64)
+            return types.SimpleNamespace(average_fps=30.0, height=48, width=64,
+                                         num_frames=frames_per_file if counted else 0)
 
         def get_batch_frames(self, n):
             device.call("decode")
+            asked.append(n)
             n = min(n, self.left)
             self.left -= n
             return [np.zeros((72, 64), np.uint8) for _ in range(n)]  # NV12 planes; DLPack-able as torch's are
@@ -58,7 +65,7 @@ def stand_in_codec(device: Device, frames_per_file: int) -> types.SimpleNamespac
         def __del__(self) -> None:
             device.call("close")
 
-    return types.SimpleNamespace(SimpleDecoder=SimpleDecoder, ThreadedDecoder=SimpleDecoder,
+    return types.SimpleNamespace(SimpleDecoder=SimpleDecoder, ThreadedDecoder=SimpleDecoder, asked=asked,
                                  OutputColorType=types.SimpleNamespace(NATIVE=0))
 
 
@@ -132,3 +139,19 @@ def test_the_stand_in_sees_calls_inside_a_capture(device):
 def test_one_gate_per_device_for_the_whole_process():
     assert device_gate(0) is device_gate(0)
     assert device_gate(1) is not device_gate(0)
+
+
+@pytest.mark.parametrize("counted", [True, False])
+def test_a_file_is_never_asked_for_frames_past_its_end(monkeypatch, counted):
+    """SimpleDecoder prints "[WARN ] INVALID INDEX n" for every frame asked for past a file's end
+    (on the H200, four lines at the end of every stream of the clip): with the count its metadata
+    gives, the last call asks for what is left and none follows; without one, it asks until a
+    call gives nothing, as before."""
+    pytest.importorskip("torch")
+    codec = stand_in_codec(Device(device_gate(0)), 20, counted=counted)
+    monkeypatch.setattr(nvdec, "_Cuda", StandInCuda)
+    monkeypatch.setattr(nvdec, "_nvc", lambda: codec)
+    reader = nvdec.NvdecReader("clip.mp4", batch=8)
+    assert sum(len(batch) for batch in reader.batches()) == 20
+    reader.close()
+    assert codec.asked == ([8, 8, 4] if counted else [8, 8, 8, 8])
