@@ -181,14 +181,14 @@ class GpuPipeline:
                frame_size: tuple[int, int] | None = None) -> None:
         """Capture the graphs of the buckets of ``batches`` (all by default) on every slot now;
         ``nv12``: those of device NV12 batches instead of images'. ``frame_size``: the (height,
-        width) of NV12 frames to come: each slot's staging first makes room for a batch of them
-        as large as the largest bucket (its dropped graphs captured again), so that no batch grows it, and captures, while
-        NVDEC readers are busy. When all of that is done already, nothing waits for the gate."""
+        width) of NV12 frames to come: each slot first makes room for the largest bucket of them
+        (its dropped graphs captured again), so that no batch grows it, and captures, while NVDEC
+        readers are busy. When all of that is done already, nothing waits for the gate."""
         if self._closed:
             raise DeviceError("the GPU pipeline was closed")
         sizes = sorted({pack.bucket_for(self.buckets, b) for b in (batches or self.buckets)})
-        room = nv12_input.staging_for(self.slots[0].staging.header_bytes, sizes[-1], *frame_size) if frame_size else 0
-        keys = [graph_key(b, nv12) for b in sizes]
+        header, keys = self.slots[0].staging.header_bytes, [graph_key(b, nv12) for b in sizes]
+        room = nv12_input.staging_for(header, self.max_batch, sizes[-1], *frame_size) if frame_size else 0
         if not profile and all(slot.has(room, keys) for slot in self.slots):
             return
         with self._exclusive():

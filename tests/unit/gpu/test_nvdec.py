@@ -103,7 +103,7 @@ def captures_while_readers_decode(device: Device, reader, threads: int = 4, capt
         w.start()
     for _ in range(captures):
         with device.gate.exclusive():  # what GpuPipeline's capture holds
-            time.sleep(0.0002)
+            time.sleep(0.0005)
         time.sleep(0.0002)
     stop.set()
     for w in workers:
@@ -120,7 +120,7 @@ def test_no_nvdec_call_lands_inside_a_capture(device):
         return frames
 
     frames = captures_while_readers_decode(device, read_a_file)
-    assert frames > 0 and device.calls > 100
+    assert frames > 0 and device.calls > 20
     assert device.inside_capture == []
 
 

@@ -82,7 +82,7 @@ def test_room_for_a_batch_of_frames_captures_the_dropped_graphs_again_inside_the
     GpuPipeline.warmup(pipe, nv12=True)
     before = len(captured)
     GpuPipeline.warmup(pipe, nv12=True, frame_size=(1080, 1920))
-    room = staging_for(HEADER, 8, 1080, 1920)
+    room = staging_for(HEADER, 8, 8, 1080, 1920)
     assert room > 10_000_000 and all(slot.staging.capacity == room for slot in pipe.slots)
     again = captured[before:]
     assert sorted(again) == sorted((s, b, nv12) for s in (0, 1) for b in (1, 2, 4, 8) for nv12 in (False, True))
@@ -96,17 +96,19 @@ def test_room_for_a_batch_of_frames_captures_the_dropped_graphs_again_inside_the
 def test_a_video_read_in_batches_of_4_makes_room_for_4_frames():
     pipe, captured, _, _ = pipeline(capacity=1000)
     GpuPipeline.warmup(pipe, range(1, 5), nv12=True, frame_size=(2160, 3840))
-    assert all(slot.staging.capacity == staging_for(HEADER, 4, 2160, 3840) for slot in pipe.slots)
+    assert all(slot.staging.capacity == staging_for(HEADER, 8, 4, 2160, 3840) for slot in pipe.slots)
     assert sorted({b for _, b, _ in captured}) == [1, 2, 4]
 
 
 @pytest.mark.parametrize(("height", "width", "coded_rows"), [(1080, 1920, 1088), (720, 1280, 720), (481, 641, 496)])
-def test_the_room_holds_a_full_batch_of_nvdec_frames(height, width, coded_rows):
+@pytest.mark.parametrize("count", [8, 3])
+def test_the_room_holds_a_batch_of_nvdec_frames(height, width, coded_rows, count):
     """NVDEC's frames as the readers hand them over (``own_copies``: rows of the coded height, no
-    padding) planned into the staging take no more than ``staging_for`` says."""
+    padding), ``count`` of them planned into the staging of a slot of 8, take no more than
+    ``staging_for`` says (the params of all 8 come first, whatever the batch)."""
     cols = width + width % 2
     layout = Nv12Layout(coded_rows * 3 // 2, cols, cols)
     colour = swscale_constants(1, False)
-    frames = [(i, np.zeros(1), layout, height, width, colour) for i in range(8)]
+    frames = [(i, np.zeros(1), layout, height, width, colour) for i in range(count)]
     plan = plan_nv12(HEADER, 8, 640, frames)
-    assert plan.end - HEADER <= staging_for(HEADER, 8, height, width)
+    assert plan.end - HEADER <= staging_for(HEADER, 8, count, height, width)
