@@ -116,7 +116,7 @@ class StandInPipeline:
         self._slots = threading.BoundedSemaphore(slots)
         self._host_work = host_work
 
-    def warmup(self, batches=None, *, nv12: bool = False) -> None:
+    def warmup(self, batches=None, *, nv12: bool = False, frame_size=None) -> None:
         """Nothing to capture."""
 
     def run(self, images, params: DetectParams) -> PipelineRun:

@@ -92,7 +92,7 @@ class EmulatedDevice:
                    "slot": 0.0, "raw_launch": 1.0}
         return PipelineRun(out, timings)
 
-    def warmup(self, batches=None, *, nv12: bool = False) -> None:
+    def warmup(self, batches=None, *, nv12: bool = False, frame_size=None) -> None:
         pass
 
     def release_memory(self) -> None:

@@ -138,13 +138,7 @@ class NvdecReader:
     def batches(self) -> Iterator[list[Nv12Frame]]:
         """The frames in presentation order, a decode call's worth at a time; each batch valid
         until the next one is asked for."""
-        calls = self._packet_calls() if self._packets is not None else self._file_calls()
-        for call in calls:
-            with self._gate.shared():  # the decode call and its frames' DLPack views
-                decoded = call()
-                frames = [self._frame(f) for f in decoded] if decoded else []
-            if frames:
-                yield frames
+        yield from self._packet_batches() if self._packets is not None else self._file_batches()
 
     def frames(self) -> Iterator[Nv12Frame]:
         """Every frame in presentation order; each one valid until the next batch is decoded."""
@@ -165,26 +159,27 @@ class NvdecReader:
         self._index += 1
         return Nv12Frame(self._index - 1, min(height, rows) or rows, min(width, cols) or cols, planes)
 
-    def _file_calls(self) -> Iterator[Callable[[], list[Any]]]:
-        """A file's decode calls, each made by the caller (under the gate), until one gives no
-        frame. None asks past the file's last frame when its decoder counts them: SimpleDecoder
-        returns none there, and prints a warning for each frame asked for ("INVALID INDEX")."""
-        ended, given = False, 0
+    def _decoded(self, decode: Callable[[Any], list[Any]], arg: Any) -> list[Nv12Frame]:
+        """One decode call, ``decode(arg)``, and its frames' DLPack views, under the device's gate."""
+        with self._gate.shared():
+            return [self._frame(f) for f in decode(arg) or []]
 
-        def call() -> list[Any]:
-            nonlocal ended, given
+    def _file_batches(self) -> Iterator[list[Nv12Frame]]:
+        """Until a call gives no frame. None asks past the file's last frame when its decoder
+        counts them: SimpleDecoder returns none there, and prints a warning for each frame
+        asked for ("INVALID INDEX")."""
+        given = 0
+        while not self.frame_count or given < self.frame_count:
             want = min(self.batch, self.frame_count - given) if self.frame_count else self.batch
-            frames = self._decoder.get_batch_frames(want) if want > 0 else []
+            frames = self._decoded(self._decoder.get_batch_frames, want)
+            if not frames:
+                return
             given += len(frames)
-            ended = not frames
-            return frames
+            yield frames
 
-        while not ended:
-            yield call
-
-    def _packet_calls(self) -> Iterator[Callable[[], list[Any]]]:
-        """A URL's decode calls: one per packet (the demuxer reads it here, outside the gate), then
-        an empty packet, after which the decoder flushes."""
+    def _packet_batches(self) -> Iterator[list[Nv12Frame]]:
+        """A URL's frames: a decode call per packet (the demuxer reads it here, outside the
+        gate), then an empty packet, after which the decoder flushes."""
         import numpy as np
 
         nvc = _nvc()
@@ -193,8 +188,10 @@ class NvdecReader:
             buf = np.frombuffer(data, np.uint8)  # kept alive through the call: the packet points into it
             packet = nvc.PacketData()
             packet.bsl_data, packet.bsl = int(buf.ctypes.data), int(buf.size)
-            yield lambda packet=packet, buf=buf: self._decoder.Decode(packet)
-        yield lambda: self._decoder.Decode(nvc.PacketData())
+            if frames := self._decoded(self._decoder.Decode, packet):
+                yield frames
+        if frames := self._decoded(self._decoder.Decode, nvc.PacketData()):
+            yield frames
 
     def close(self) -> None:
         if self._decoder is not None:

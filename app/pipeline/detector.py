@@ -216,10 +216,7 @@ class Detector:
         use: a GPU pipeline captures their CUDA graphs (``nv12``: those of device NV12 batches),
         and with ``frame_size`` (the height, width of NV12 frames to come) first makes room for
         a batch of them, so that no batch of such frames captures anything later."""
-        if frame_size is None:
-            self.pipeline.warmup(batches, nv12=nv12)
-        else:
-            self.pipeline.warmup(batches, nv12=nv12, frame_size=frame_size)
+        self.pipeline.warmup(batches, nv12=nv12, frame_size=frame_size)
 
     def release_memory(self) -> None:
         """Give back what batches left cached (``Pipeline.release_memory``); safe at any time."""
