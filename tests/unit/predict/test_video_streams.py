@@ -20,6 +20,7 @@ from app.predict.folder import predict_folder
 from app.predict.streams import LIVE_BUFFER, StreamRunner, predict_streams, read_source_list
 from app.runtime import open_detector
 from tests.references import detections_json
+from tests.stalls import StallWatch
 from tests.standins import Answers
 from tests.videos import clip_frames, write_clip
 
@@ -199,13 +200,16 @@ def test_paced_streams_keep_their_source_rate(clip30):
     detector = Detector(answers)
     runner = StreamRunner(detector, detector.params(), lambda *a: None, max_streams=4)
     t0 = time.monotonic()
-    streams = [runner.add(str(clip30), realtime=True) for _ in range(4)]
-    runner.run(until_done=True)
+    with StallWatch() as watch:
+        streams = [runner.add(str(clip30), realtime=True) for _ in range(4)]
+        runner.run(until_done=True)
     wall = time.monotonic() - t0
     assert [s.state for s in streams] == ["ended"] * 4
     for s in streams:
         assert s.fps == 30.0 and s.stats.frames_read == 45
-        assert s.stats.frames_done == 45 and s.stats.dropped == 0, s.snapshot()
+        assert s.stats.frames_done + s.stats.dropped == 45, s.snapshot()
+        # a drop only where this process went a frame's time without running (a loaded machine)
+        assert s.stats.dropped == 0 or watch.longest_s >= 1 / 30.0, (s.snapshot(), watch.longest_s)
     assert 45 / 30.0 <= wall < 45 / 30.0 / 0.85 + 1.0, wall  # paced: not faster than the source, not far behind
 
 
