@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 os.environ.setdefault("OPENCV_FFMPEG_IS_THREAD_SAFE", "1")
 
 
-
 def quiet_opencv() -> None:
     """OpenCV's warnings off, its errors kept, unless the user chose a level (``OPENCV_LOG_LEVEL``):
     its FFmpeg backend warns at every capture that ``OPENCV_FFMPEG_IS_THREAD_SAFE`` is set,
