@@ -54,6 +54,11 @@ def calibrate(
     min_f1: Annotated[float, typer.Option(help="Accuracy gate: the lower bound of INT8-vs-FP32 F1's 95 % interval "
                                                "(IoU 0.5) on the held-out images.")] = 0.90,
     allow_low_accuracy: Annotated[bool, typer.Option(help="Install the models even below --min-f1.")] = False,
+    distill: Annotated[str, typer.Option(help="Quantization-aware distillation after PTQ: each model's weights "
+                                              "fine-tuned against FP32's outputs on the calibration images, kept "
+                                              "only if the held-out agreement is better. auto: on a CUDA GPU | "
+                                              "on (a CPU takes long) | off.")] = "auto",
+    distill_minutes: Annotated[float, typer.Option(help="Distillation's time limit, both models together.")] = 4.0,
 ) -> None:
     """Calibrate INT8, with an accuracy report.
 
@@ -63,14 +68,22 @@ def calibrate(
     """
     from app.builder.int8 import DEFAULT_METHOD, METHODS
     from app.builder.int8 import calibrate as run_calibration
+    from app.builder.int8.distill import DistillSettings
+    from app.builder.int8.qat import MODES
     from app.config import check_choice
 
-    check_choice("calibration method", method or DEFAULT_METHOD, METHODS)  # a usage error, before any work
+    check_choice("calibration method", method or DEFAULT_METHOD, METHODS)  # usage errors, before any work
+    check_choice("--distill", distill, MODES)
+    if not distill_minutes > 0:
+        from app.errors import InvalidParameter
+
+        raise InvalidParameter(f"--distill-minutes must be positive, got {distill_minutes}")
     result = run_calibration(
         weights, images, num_images=num_images, method=method or DEFAULT_METHOD, imgsz=imgsz,
         artifacts_dir=artifacts_dir, min_f1=min_f1, allow_low_accuracy=allow_low_accuracy, console=console,
         heldout_images=heldout_images, holdout=holdout, frames_per_video=frames_per_video,
-        max_float_layers=max_float_layers, target_f1=target_f1,
+        max_float_layers=max_float_layers, target_f1=target_f1, distill=distill,
+        distill_settings=DistillSettings(time_limit_s=distill_minutes * 60),
     )
     for path in (result.tensorrt_qdq_path, result.cpu_qdq_path, result.report_path):
         console.print(f"wrote {path}", highlight=False)

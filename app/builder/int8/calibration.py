@@ -17,7 +17,10 @@
    and the most sensitive reverted, one by one, up to ``max_float_layers``. The gate: the lower
    bound of the F1's 95 % interval ≥ ``min_f1`` for both models; below it the new models are not
    installed (the report is written) unless ``allow_low_accuracy``.
-6. Install: the models and the report are staged beside their final names and moved into place
+6. Distillation (``qat.py``; by default where there is a CUDA GPU): each model's weights
+   fine-tuned against the FP32 model's outputs on the calibration images (``distill.py``), scored
+   like the PTQ model, and kept only if it agrees better with FP32; the report has both.
+7. Install: the models and the report are staged beside their final names and moved into place
    together (``app.artifacts.int8.install_int8``): a killed calibration installs nothing.
 """
 
@@ -57,6 +60,7 @@ from app.builder.int8.images import (
     warn,
 )
 from app.builder.int8.mixed import PLACEMENT_VERSION, Outcome, accuracy_control, sensitivity_key
+from app.builder.int8.qat import distill_and_keep_better, plan
 from app.builder.int8.qdq import TARGETS, write_qdq_model
 from app.builder.int8.report import HeldOut, Int8Report, detect, print_report, save_report, summarize
 from app.builder.int8.sensitivity import (
@@ -111,6 +115,7 @@ class CalibrationResult:
     cpu_float_layers: list[str] = field(default_factory=list)  # CPU model: Convs whose output stays float
     cpu_sensitivity: list[LayerSensitivity] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
+    distillation: dict = field(default_factory=dict)  # target → qat.DistillOutcome, when it ran
 
 
 def passes(report: Int8Report, min_f1: float) -> bool:
@@ -177,6 +182,8 @@ def calibrate(
     min_images: int = MIN_CALIBRATION,
     calibration_root: Path | None = None,
     exclude_head_tail: bool = True,
+    distill: str = "auto",
+    distill_settings=None,
 ) -> CalibrationResult:
     """Calibrate ``weights`` on ``images`` (a folder of photos and/or videos, or one video) and
     write the INT8 models and the report; see the module docstring for the steps.
@@ -184,7 +191,8 @@ def calibrate(
     ``heldout_images``: a separate folder for the report (then ``images`` is all calibration).
     ``holdout``: images held out of ``images`` otherwise. ``frames_per_video``: frames sampled
     from each video. ``max_float_layers``: the cap of mixed precision (0: off); it runs for a model
-    below the gate or below ``target_f1``.
+    below the gate or below ``target_f1``. ``distill``: auto | on | off (``qat.plan``);
+    ``distill_settings``: a ``distill.DistillSettings``.
     Raises ``CalibrationError`` for unusable inputs and for a failed gate (see ``passes``).
     """
     from rich.console import Console
@@ -215,6 +223,7 @@ def calibrate(
             f"{len(items)} images and video frames in {images} leave {len(calib_items)} for calibration besides "
             f"{len(held_items)} held out; at least {min_images} are needed, {ADVISED_CALIBRATION}+ advised",
             hint=needed_images_hint(holdout))
+    distill_plan = plan(distill, len(calib_items))  # a usage error before any work
     if len(calib_items) < ADVISED_CALIBRATION:
         warn(console, f"calibrating on {len(calib_items)} images; {ADVISED_CALIBRATION}+ give steadier ranges "
                       f"({needed_images_hint(holdout)})")
@@ -323,6 +332,19 @@ def calibrate(
         reports[target] = outcomes[target].report
     if outcomes:
         timings["mixed_precision_s"] = time.perf_counter() - t4
+    distilled = {}
+    if distill_plan.run:
+        from dataclasses import replace
+
+        from app.builder.int8.distill import DistillSettings
+
+        t5 = time.perf_counter()
+        train = [image for _, image, _ in letterboxed(calib_used, imgsz, console)]
+        settings = replace(distill_settings or DistillSettings(), device=distill_plan.device)
+        distilled = distill_and_keep_better(temps, model, train, reports, evaluate, settings, console,
+                                            required=distill == "on")
+        del train
+        timings["distillation_s"] = time.perf_counter() - t5
     report, cpu_report = reports["tensorrt"], reports["cpu"]
     tmp_trt, tmp_cpu, final_trt, final_cpu = temps["tensorrt"], temps["cpu"], finals["tensorrt"], finals["cpu"]
     float_layers = outcomes["tensorrt"].layers if "tensorrt" in outcomes else []
@@ -364,6 +386,8 @@ def calibrate(
         "ranges": {target: str(path) for target, path in ranges_paths.items()},
         "tensorrt_shifted_activations": len(shifted),
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
+        "distillation": {"mode": distill, "ran": distill_plan.run, "why": distill_plan.why,
+                         "models": {target: o.to_json() for target, o in distilled.items()}},
         **report.to_json(),
         "cpu_variant": cpu_report.to_json(),
     }
@@ -381,5 +405,5 @@ def calibrate(
         installed=installed, float_layers=float_layers, cpu_float_layers=cpu_float,
         cpu_sensitivity=outcomes["cpu"].sensitivity if "cpu" in outcomes else [], calibration_images=[i.name for i in calib_used],
         heldout_images=heldout.names, cache_path=cache_path, cache_hit=cache_hit, sensitivity=sensitivity,
-        timings_s=timings,
+        timings_s=timings, distillation=distilled,
     )

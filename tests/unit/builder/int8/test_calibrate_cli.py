@@ -123,3 +123,33 @@ def test_a_killed_calibration_installs_nothing(root, tmp_path, assets_dir):
     from app.artifacts.int8 import int8_cpu_model_path
 
     assert sha256(int8_cpu_model_path(d)) == before["model.int8-cpu.onnx"]  # a reader finds the earlier install
+
+
+def test_distillation_on_installs_the_model_its_report_says_it_kept(root, tmp_path, assets_dir):
+    """``--distill on`` on the CPU: both models distilled for a few seconds, each scored against the
+    PTQ model on the held-out images; the report names the one installed, and the installed
+    model's figures are that one's."""
+    proc = run("--images", str(photos(tmp_path / "photos", 40, assets_dir, seed=2)), "--artifacts-dir", str(root),
+               "--holdout", "8", "--distill", "on", "--distill-minutes", "0.1", cwd=tmp_path)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    report = json.loads((model_dir(root) / "int8_report.json").read_text())
+    distillation = report["distillation"]
+    assert distillation["ran"] and distillation["mode"] == "on" and set(distillation["models"]) == {"tensorrt", "cpu"}
+    installed = {"tensorrt": report, "cpu": report["cpu_variant"]}
+    for target, outcome in distillation["models"].items():
+        assert outcome["kept"] in ("distilled", "ptq")
+        assert outcome["training"]["device"] == "cpu" and outcome["training"]["steps"] > 0
+        kept = outcome[outcome["kept"]]
+        assert round(installed[target]["f1"], 4) == kept["f1"]
+        assert installed[target]["mean_score_drift"] == pytest.approx(kept["mean_score_drift"], abs=1e-5)
+        assert f"{target} model: distilled" in " ".join(proc.stderr.split())
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (("--distill", "sometimes"), "unknown --distill 'sometimes'; choose one of auto, on, off"),
+    (("--distill-minutes", "0"), "--distill-minutes must be positive, got 0.0"),
+])
+def test_bad_distillation_options_are_usage_errors(tmp_path, args, said):
+    proc = run("--images", str(tmp_path), *args, cwd=tmp_path, timeout=120)
+    assert proc.returncode == ExitCode.USAGE, proc.stderr
+    assert said in " ".join(proc.stderr.split())
