@@ -18,6 +18,7 @@ scikit-image's images come from its wheel (``pip download --no-deps scikit-image
 installed) when scikit-image is not importable. Deterministic: the same files every run.
 
     python bench/int8_heldout.py --data ../shared/data --out /tmp/int8-sets
+    python bench/int8_heldout.py --data ../shared/data --calibration-only .data/int8-calibration  # to carry
 """
 
 from __future__ import annotations
@@ -116,13 +117,23 @@ def read_frames(path: Path, indices: list[int]) -> dict[int, np.ndarray]:
     return out
 
 
-def make_calibration(data: Path, out: Path) -> Path:
-    """The issue's 84 images: the 20 photos and every 3rd frame of dance.avi (64 frames)."""
+def make_calibration(data: Path, out: Path, max_side: int | None = None) -> Path:
+    """The issue's 84 images: the 20 photos and every 3rd frame of dance.avi (64 frames).
+
+    ``max_side``: the frames shrunk to it (INTER_AREA) and written as JPEG quality 93, the set
+    small enough to carry to the GPU machine (6 MB at 640, the model's input side, against 63 MB
+    of PNGs); the photos stay as they are."""
     out.mkdir(parents=True, exist_ok=True)
     for photo in sorted((data / "images").glob("*.jpg")):
         (out / photo.name).write_bytes(photo.read_bytes())
     for index, frame in read_frames(data / "video" / "dance.avi", list(range(0, 192, 3))).items():
-        cv2.imwrite(str(out / f"dance_{index:03d}.png"), frame)
+        if max_side is None:
+            cv2.imwrite(str(out / f"dance_{index:03d}.png"), frame)
+            continue
+        h, w = frame.shape[:2]
+        f = max_side / max(h, w)
+        small = cv2.resize(frame, (round(w * f), round(h * f)), interpolation=cv2.INTER_AREA) if f < 1 else frame
+        cv2.imwrite(str(out / f"dance_{index:03d}.jpg"), small, [cv2.IMWRITE_JPEG_QUALITY, 93])
     return out
 
 
@@ -156,8 +167,17 @@ def make_heldout(data: Path, out: Path, cache: Path) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, default=None, help="writes calibration/ and heldout/ here")
+    ap.add_argument("--calibration-only", type=Path, default=None, metavar="DIR",
+                    help="only the calibration set, into DIR, its frames at --max-side (tools/device/carry.sh int8)")
+    ap.add_argument("--max-side", type=int, default=640)
     args = ap.parse_args()
+    if args.calibration_only:
+        calib = make_calibration(args.data, args.calibration_only, args.max_side)
+        print(f"{calib}: {len(list(calib.iterdir()))} images")
+        return
+    if args.out is None:
+        ap.error("give --out or --calibration-only")
     calib = make_calibration(args.data, args.out / "calibration")
     held = make_heldout(args.data, args.out / "heldout", args.out / "cache")
     print(f"{calib}: {len(list(calib.iterdir()))} images; {held}: {len(list(held.iterdir()))} images")

@@ -29,9 +29,14 @@ the CPU model with bias correction or with the TensorRT model's ranges.
 The libraries' rows run where their packages are importable (``--nncf auto``): the GPU machine
 has neither NNCF nor ModelOpt, so there they are left out and run on the CPU in a separate run.
 ``--import name=path`` scores more models in the same run (a model built elsewhere, brought
-back). ``--keep DIR`` copies the yolopipe models out.
+back; a ``*.packed.onnx`` from ``bench/int8_transport.py`` is unpacked first). ``--calibration
+DIR`` calibrates on a given folder (issue #39: the set the GPU run distilled on, whose models
+are imported). ``--keep DIR`` copies the yolopipe models out.
 
     python bench/int8_libraries.py --data ../shared/data --modelopt-python /path/to/venv/bin/python --tag=-v2
+    python bench/int8_libraries.py --data ../shared/data --calibration .data/int8-calibration --runs default \
+        --no-candidates --modelopt-python /path/to/venv/bin/python \
+        --import "distilled model.int8.onnx (H200)=models/distilled-model.int8.packed.onnx" ... --tag=-issue39
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from app.builder.int8.report import detect, summarize
 from app.imaging.letterbox import to_input
 from bench.int8_cpu_latency import interleaved_latency
 from bench.int8_heldout import make_calibration, make_heldout
+from bench.int8_transport import unpack
 
 
 def batch1(src: Path, dst: Path) -> Path:
@@ -239,6 +245,9 @@ def main() -> None:
     ap.add_argument("--nncf", choices=("auto", "yes", "no"), default="auto", help="auto: when nncf imports")
     ap.add_argument("--import", dest="imports", action="append", default=[], metavar="NAME=PATH",
                     help="another model to score in the same run")
+    ap.add_argument("--calibration", type=Path, default=None,
+                    help="calibrate every model on this folder instead of making the 84 images from --data (the "
+                         "set a GPU run used: bench/int8_heldout.py --calibration-only)")
     ap.add_argument("--photo-cache", type=Path, default=None,
                     help="holds skimage/*.png for the held-out set (bench/int8_heldout.py), where pip cannot fetch")
     ap.add_argument("--keep", type=Path, default=None, help="copy the yolopipe models here")
@@ -251,7 +260,7 @@ def main() -> None:
     if runs[:1] != ["default"] or any(r not in RUNS for r in runs):
         ap.error(f"--runs starts with default and names runs of {', '.join(RUNS)}")
     work = args.work or Path(tempfile.mkdtemp(prefix="yolopipe-int8-libs-"))
-    calib_dir = make_calibration(args.data, work / "calibration")
+    calib_dir = args.calibration or make_calibration(args.data, work / "calibration")
     held_dir = make_heldout(args.data, work / "heldout", args.photo_cache or work / "cache")
     load_before = os.getloadavg()
 
@@ -287,9 +296,13 @@ def main() -> None:
             rows[title + suffix] = {"path": kept, "calibration_s": seconds}
         if not extra and args.candidates:  # before the next run replaces the report and its ranges
             extra_models = candidates(private, work, calib_dir)
-    for spec in args.imports:
+    for k, spec in enumerate(args.imports):
         name, _, path = spec.partition("=")
-        rows[name] = {"path": Path(path), "calibration_s": None}
+        path = Path(path)
+        if path.name.endswith(".packed.onnx"):  # brought back from the GPU machine (bench/int8_transport.py)
+            unpack(path, work / f"import{k}-{path.name.replace('.packed', '')}")
+            path = work / f"import{k}-{path.name.replace('.packed', '')}"
+        rows[name] = {"path": path, "calibration_s": None}
 
     fp32 = private / "model.onnx"
     fp32_b1 = batch1(fp32, work / "model-b1.onnx")
@@ -319,7 +332,7 @@ def main() -> None:
     fp32_ms = latency["fp32"]["median_ms"]
     result = {
         "bench": "int8-libraries",
-        "issues": [20, 29],
+        "issues": [20, 29, 39],
         "date": dt.date.today().isoformat(),
         "machine": {**machine_info(), "load_average_at_start": [round(v, 2) for v in load_before],
                     "cpu_flags": cpu_flags(),
@@ -330,7 +343,8 @@ def main() -> None:
         "modelopt": subprocess.run([args.modelopt_python, "-c", "import modelopt; print(modelopt.__version__)"],
                                    capture_output=True, text=True, check=False).stdout.strip() if args.modelopt_python else None,
         "model": "sample (YOLOv8s-size, 2 classes), imgsz 640",
-        "calibration_set": "84 images: the 20 photos of images/ + every 3rd frame of dance.avi (64 frames)",
+        "calibration_set": "84 images: the 20 photos of images/ + every 3rd frame of dance.avi (64 frames)"
+                           + (f", from {args.calibration}" if args.calibration else ""),
         "heldout_set": f"{len(heldout)} images of another distribution (bench/int8_heldout.py), "
                        f"{rows[next(iter(rows))]['heldout']['fp32_boxes']} FP32 boxes at conf 0.25",
         "yolopipe_command": "yolopipe calibrate --images <84 images> with default options, then the other runs "
@@ -338,8 +352,8 @@ def main() -> None:
         "yolopipe_runs": run_info,
         "libraries_left_out": [name for name, present in (("nncf", has_nncf), ("modelopt", bool(args.modelopt_python)))
                                if not present],
-        "goal": "issue 29: F1 >= 0.98 (mAP50 within 0.5 points) vs FP32 on the other distribution for both yolopipe "
-                "models; CPU model <= 0.7x FP32",
+        "goal": "issue 39: F1 >= 0.98 vs FP32 on the other distribution for both yolopipe models; CPU model <= 0.7x "
+                "FP32",
         "rows": [{"model": name, "calibration_s": None if row["calibration_s"] is None else round(row["calibration_s"], 1),
                   **row["heldout"],
                   "latency_ms": latency[name]["median_ms"], "latency_over_fp32": round(latency[name]["median_ms"] /
