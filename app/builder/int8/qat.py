@@ -105,15 +105,17 @@ def distill_and_keep_better(paths: dict[str, Path], fp32_model, train: Sequence[
             if console is not None:
                 console.print(f"[bold yellow]warning:[/bold yellow] {target} model not distilled: {e}", highlight=False)
             continue
-        candidate = path.with_name(path.name + ".distilled")
-        onnx.save(trained, str(candidate))
+        keep, scored = False, reports[target]
+        if result.kept_step > 0:  # else no check beat the start: the PTQ weights, bit for bit
+            candidate = path.with_name(path.name + ".distilled")
+            onnx.save(trained, str(candidate))
+            scored = evaluate(target, candidate)
+            keep = better(scored, reports[target])
+            if keep:
+                candidate.replace(path)
+            else:
+                candidate.unlink()
         del trained
-        scored = evaluate(target, candidate)
-        keep = better(scored, reports[target])
-        if keep:
-            candidate.replace(path)
-        else:
-            candidate.unlink()
         outcomes[target] = DistillOutcome(ptq=reports[target], distilled=scored, kept="distilled" if keep else "ptq",
                                           training={**result.to_json(), "wall_s": round(time.perf_counter() - t0, 2)})
         if keep:

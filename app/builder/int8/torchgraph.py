@@ -130,6 +130,37 @@ class QdqGraph:
                                            else INT_RANGES[_type_name(self.inits[source])])
                 self.params[source] = torch.nn.Parameter(torch.from_numpy(np.array(value, np.float32)).to(self.device))
         self.fused = self._fusable(list(graph.node))
+        self.all_nodes = list(graph.node)
+        self.shifted = self._shifted_convs(producer)
+
+    def _shifted_convs(self, producer: dict) -> dict[str, tuple[float, object]]:
+        """Trainable Convs that read a shifted activation (``shift.py``): ``{name: (s, ΣW at the start)}``.
+
+        Their bias holds ``s·ΣW`` of the quantized weights the file was written with; as the
+        weights learn, the forward adds ``s·(ΣW - ΣW at the start)`` per output channel, and
+        ``write_back`` writes the bias with it, so the shift stays exact in float."""
+        import torch
+        from onnx import numpy_helper
+
+        out = {}
+        for node in self.nodes:
+            if node.op_type != "Conv" or len(node.input) < 3 or node.input[2] not in self.params:
+                continue
+            source = producer.get(node.input[0])
+            while source is not None and source.op_type in ("DequantizeLinear", "Pad", "QuantizeLinear"):
+                source = producer.get(source.input[0])
+            if (source is None or source.op_type != "Sub" or source.input[1] not in self.inits
+                    or not source.output[0].endswith("_shifted")):  # shift.py's Sub(x, s) → "{x}_shifted"
+                continue
+            shift = float(numpy_helper.to_array(self.inits[source.input[1]]).reshape(-1)[0])
+            with torch.no_grad():
+                out[node.name] = (shift, self._value(node.input[1]).sum(dim=(1, 2, 3)))
+        return out
+
+    def _value(self, name: str):
+        """A tensor computed from initializers and parameters alone (a Conv's quantized weight), as
+        the fused forward computes it."""
+        return self._run(self._needed(self.all_nodes, {name}), {}, fused=True)[name]
 
     def _fusable(self, all_nodes: list) -> dict[str, list[str]]:
         """Q nodes read only by DQs of the same scale and zero point: ``{Q name: the DQs' outputs}``,
@@ -183,7 +214,10 @@ class QdqGraph:
     def __call__(self, x, *, fused: bool = True) -> list:
         """The ``outputs`` for the model input ``x``; ``fused``: each Q→DQ pair as one fake-quantize
         op (the same numbers as the two nodes, less memory and time for the gradient)."""
-        values = {self.input_name: x}
+        values = self._run(self.nodes, {self.input_name: x}, fused=fused)
+        return [values[name] for name in self.outputs]
+
+    def _run(self, nodes: list, values: dict, *, fused: bool) -> dict:
         skip = {name for outs in self.fused.values() for name in outs} if fused else set()
 
         def get(name: str):
@@ -193,7 +227,7 @@ class QdqGraph:
                 return self.params[name]
             return self.const(name)
 
-        for node in self.nodes:
+        for node in nodes:
             if node.output[0] in skip:
                 continue
             if fused and node.name in self.fused:
@@ -204,7 +238,7 @@ class QdqGraph:
             result = self.run_node(node, get)
             for name, value in zip(node.output, result if isinstance(result, (list, tuple)) else [result]):
                 values[name] = value
-        return [values[name] for name in self.outputs]
+        return values
 
     def fake_quant(self, q, get):
         """``DQ(Q(x))`` of a Q node in one op (torch's ``fake_quantize_*``: the gradient passes
@@ -249,6 +283,9 @@ class QdqGraph:
             pads = list(a.get("pads", [0] * 4))
             if pads[:2] != pads[2:]:
                 x, pads = F.pad(x, [pads[1], pads[3], pads[0], pads[2]]), [0, 0, 0, 0]
+            if b is not None and node.name in self.shifted:  # the shift's bias term follows the learned weights
+                shift, start = self.shifted[node.name]
+                b = b + shift * (w.sum(dim=(1, 2, 3)) - start)
             return F.conv2d(x, w, b, stride=tuple(a.get("strides", [1, 1])), padding=tuple(pads[:2]),
                             dilation=tuple(a.get("dilations", [1, 1])), groups=a.get("group", 1))
         if op == "Sigmoid":
@@ -342,8 +379,17 @@ class QdqGraph:
         for n in self.model.graph.node:
             for name in n.input:
                 consumers.setdefault(name, []).append(n)
+        import torch
+
+        biases = {}
+        with torch.no_grad():
+            for conv in self.nodes:
+                if conv.name in self.shifted:
+                    shift, start = self.shifted[conv.name]
+                    biases[conv.input[2]] = self.params[conv.input[2]] + shift * (
+                        self._value(conv.input[1]).sum(dim=(1, 2, 3)) - start)
         for name, param in self.params.items():
-            value = param.detach().cpu().numpy().astype(np.float32)
+            value = biases.get(name, param).detach().cpu().numpy().astype(np.float32)
             old = numpy_helper.to_array(inits[name])
             if name in self.latent:
                 dq = next(c for c in consumers[name] if c.op_type == "DequantizeLinear")
