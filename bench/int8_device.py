@@ -99,10 +99,16 @@ def main() -> None:
                       for k, v in runs.items() if "error" not in v}, indent=1))
 
 
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def write_summary(path: Path, args, runs: dict, models: Path) -> None:
     result = {
         "bench": "int8-device", "issue": 39, "date": dt.date.today().isoformat(), "commit": args.commit or git_commit(),
-        "machine": machine_info(gpu=True), "versions": versions(PACKAGES),
+        "machine": machine_info(gpu=_has_gpu()), "versions": versions(PACKAGES),
         "calibration_set": f"{args.images}: 84 images (bench/int8_heldout.py --calibration-only: the 20 photos and "
                            "every 3rd frame of dance.avi at 640 pixels); each run holds 42 out for its own report",
         "runs": runs,
