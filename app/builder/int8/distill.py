@@ -347,7 +347,7 @@ class _Loop:
             self.student.clip_weights()
             self.losses.append(float(loss.detach()))
             self.step += 1
-            if self.step == min(3, settings.steps) and not said:  # past the first steps' warm-up: how long
+            if self.step == min(10, settings.steps) and not said:  # past the first steps (cuDNN tunes the first): how long
                 per_step = (time.perf_counter() - t0) / self.step
                 expected = min(settings.steps * per_step, limit or math.inf)
                 progress.total = max(self.step, min(settings.steps, int(expected / per_step)))
