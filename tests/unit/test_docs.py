@@ -37,7 +37,10 @@ def script_options(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
-            found.update(a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--"))
+            names = [a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--")]
+            found.update(names)
+            if any(getattr(k.value, "attr", "") == "BooleanOptionalAction" for k in node.keywords if k.arg == "action"):
+                found.update(f"--no-{name[2:]}" for name in names)  # argparse adds the negative form
     return found
 
 
