@@ -30,7 +30,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.benchmark.machine import PACKAGES, machine_info, versions
+from app.benchmark.machine import machine_info, versions
 from bench.int8_transport import pack
 
 RUNS = (("distilled", []), ("ptq", ["--distill", "off"]))  # the default first: its wall time is a first run's
@@ -64,6 +64,7 @@ def main() -> None:
                    check=True)  # not timed: a user's export is its own step
     model_dir = next(work.glob("*/imgsz640"))
     summary = args.out / "int8-device.json"
+    machine = {"machine": machine_info(gpu=_has_gpu()), "versions": versions()}  # once: nvidia-smi, imports
     runs = json.loads(summary.read_text())["runs"] if summary.is_file() else {}
     for label, extra in RUNS:
         if label not in wanted:
@@ -76,7 +77,7 @@ def main() -> None:
         if proc.returncode not in (0, 1):  # 1: the gate refused; the report is still written
             runs[label] = {"command": ["yolopipe", *cli[3:], *extra], "exit_status": proc.returncode,
                            "wall_s": round(wall, 1), "error": proc.stderr[-2000:]}
-            write_summary(summary, args, runs, models)
+            write_summary(summary, args, machine, runs, models)
             continue
         report = json.loads((model_dir / "int8_report.json").read_text())
         shutil.copyfile(model_dir / "int8_report.json", args.out / f"int8-{label}-report.json")
@@ -91,7 +92,7 @@ def main() -> None:
         }
         shutil.copyfile(model_dir / "model.int8-cpu.onnx", models / f"{label}-model.int8-cpu.onnx")
         pack(model_dir / "model.int8.onnx", models / f"{label}-model.int8.packed.onnx")
-        write_summary(summary, args, runs, models)  # after each run: a call cut off keeps what it did
+        write_summary(summary, args, machine, runs, models)  # after each run: a call cut off keeps what it did
     print(json.dumps({k: {"wall_s": v["wall_s"], "exit": v["exit_status"], "own": v["own_report"],
                           "distillation": {t: {"kept": m["kept"], "ptq": m["ptq"]["f1"], "distilled": m["distilled"]["f1"],
                                                "steps": m["training"]["steps"], "s": m["training"]["seconds"]}
@@ -105,10 +106,10 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def write_summary(path: Path, args, runs: dict, models: Path) -> None:
+def write_summary(path: Path, args, machine: dict, runs: dict, models: Path) -> None:
     result = {
         "bench": "int8-device", "issue": 39, "date": dt.date.today().isoformat(), "commit": args.commit or git_commit(),
-        "machine": machine_info(gpu=_has_gpu()), "versions": versions(PACKAGES),
+        **machine,
         "calibration_set": f"{args.images}: 84 images (bench/int8_heldout.py --calibration-only: the 20 photos and "
                            "every 3rd frame of dance.avi at 640 pixels); each run holds 42 out for its own report",
         "runs": runs,

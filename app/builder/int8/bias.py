@@ -20,22 +20,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from app.builder.int8.shift import conv_input_chain
+
 IMAGES = 16  # calibration images, spread over the set
 
 
 def _float_source(producer: dict, conv) -> str | None:
     """The float tensor a quantized Conv's input was quantized from: DQ ← [Pad] ← Q ← [Sub] ← x."""
-    node = producer.get(conv.input[0])
-    if node is None or node.op_type != "DequantizeLinear":
+    q, sub = conv_input_chain(producer, conv)
+    if q is None:
         return None
-    node = producer.get(node.input[0])
-    if node is not None and node.op_type == "Pad":
-        node = producer.get(node.input[0])
-    if node is None or node.op_type != "QuantizeLinear":
-        return None
-    src = node.input[0]
-    shift = producer.get(src)
-    return shift.input[0] if shift is not None and shift.op_type == "Sub" and src.endswith("_shifted") else src
+    return sub.input[0] if sub is not None else q.input[0]
 
 
 def _channel_means(session, outputs: list[str], batches: Sequence[np.ndarray]) -> dict[str, np.ndarray]:

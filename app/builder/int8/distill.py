@@ -104,11 +104,12 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def head_pairs(fp32_model) -> list[tuple[str, str]]:
+def head_pairs(fp32_model, tail: list[str] | None = None) -> list[tuple[str, str]]:
     """``(box distributions, class logits)`` output tensors per pyramid level, from the head's last
     Convs: a Conv whose output reaches the tail's Softmax (DFL) is a box one, one that reaches a
-    Sigmoid a class one; levels pair up in the graph's order of each kind."""
-    tail = graph.head_tail_nodes(fp32_model)
+    Sigmoid a class one; levels pair up in the graph's order of each kind. ``tail``: the head
+    tail's nodes, when the caller has them (``graph.head_tail_nodes`` runs shape inference)."""
+    tail = graph.head_tail_nodes(fp32_model) if tail is None else tail
     convs = graph.head_output_convs(fp32_model, tail)
     nodes = {n.name: n for n in fp32_model.graph.node}
     consumers: dict[str, list] = {}
@@ -242,10 +243,10 @@ def distill(qdq_model, fp32_model, images: Sequence[np.ndarray], settings: Disti
         # FP32 convolutions, not TF32: the student's roundings are then those of the file run in FP32.
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(settings.seed)
-    pairs = head_pairs(fp32_model)
+    tail = graph.head_tail_nodes(fp32_model)
+    pairs = head_pairs(fp32_model, tail)
     outputs = [name for pair in pairs for name in pair]
-    tail = set(graph.head_tail_nodes(fp32_model))
-    trainable = [n.name for n in qdq_model.graph.node if n.op_type == "Conv" and n.name not in tail]
+    trainable = [n.name for n in qdq_model.graph.node if n.op_type == "Conv" and n.name not in set(tail)]
     teacher = QdqGraph(fp32_model, outputs, device=device)
     student = QdqGraph(qdq_model, outputs, trainable=trainable, init_weights=fp32_weights or float_weights(fp32_model),
                        device=device)
@@ -265,7 +266,7 @@ def distill(qdq_model, fp32_model, images: Sequence[np.ndarray], settings: Disti
     loop = _Loop(student, teacher, batches, settings, len(pairs), eval_loss, before)
     progress = _Progress(console, f"distilling ({label})", settings.steps)
     try:
-        loop.run(progress, label, device)
+        loop.run(progress, label)
     finally:
         progress.close()
     after = loop.finish()
@@ -320,7 +321,7 @@ class _Loop:
             self.backoffs += 1
             self.optimizer = self.torch.optim.Adam(self.groups, lr=self.settings.lr)
 
-    def run(self, progress, label: str, device: str) -> None:
+    def run(self, progress, label: str) -> None:
         settings, limit = self.settings, self.settings.time_limit_s
         t0 = time.perf_counter()
         checks = self.checks_per_run
@@ -352,7 +353,7 @@ class _Loop:
                 expected = min(settings.steps * per_step, limit or math.inf)
                 progress.total = max(self.step, min(settings.steps, int(expected / per_step)))
                 progress.say(f"{label} model: {progress.total} distillation steps of {self.batches.crop}-pixel "
-                             f"batches of {settings.batch} on {device}, about {expected / 60:.1f} min"
+                             f"batches of {settings.batch} on {settings.device}, about {expected / 60:.1f} min"
                              + (f" (time limit {limit / 60:.1f} min)" if limit else ""))
                 said = True
             progress.advance(self.step)
@@ -382,7 +383,7 @@ class _Progress:
     """A progress bar with a time estimate (rich), or nothing without a console."""
 
     def __init__(self, console, label: str, total: int) -> None:
-        self.console, self.total, self._bar, self._task, self.label = console, total, None, None, label
+        self.total, self._bar, self._task = total, None, None
         if console is not None:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 

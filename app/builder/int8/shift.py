@@ -39,6 +39,21 @@ def shift_of(lo: float, hi: float) -> tuple[float, float, int] | None:
     return scale, k * scale, k
 
 
+def conv_input_chain(producer: dict, conv) -> tuple[object | None, object | None]:
+    """``(Q, Sub)`` behind a quantized Conv's input, ``DQ ← [Pad] ← Q ← [Sub(x, s)]``, as written
+    above: the Q node (None if the input is not quantized) and the shift's Sub (None if unshifted)."""
+    node = producer.get(conv.input[0])
+    if node is None or node.op_type != "DequantizeLinear":
+        return None, None
+    node = producer.get(node.input[0])
+    if node is not None and node.op_type == "Pad":
+        node = producer.get(node.input[0])
+    if node is None or node.op_type != "QuantizeLinear":
+        return None, None
+    sub = producer.get(node.input[0])
+    return node, sub if sub is not None and sub.op_type == "Sub" and node.input[0].endswith("_shifted") else None
+
+
 def _quantized_weight(model, producer: dict, inits: dict, conv) -> np.ndarray | None:
     """The Conv's weight as the engine sees it: DQ(Q(W)) (or DQ of an int8 initializer)."""
     from onnx import numpy_helper

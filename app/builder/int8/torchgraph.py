@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from app.builder.int8.shift import conv_input_chain
 from app.errors import CalibrationError
 
 WEIGHT_RANGE = (-127, 127)  # the TensorRT model's float weights stay within ±127 steps of their Q (no -128)
@@ -131,6 +132,7 @@ class QdqGraph:
                 self.params[source] = torch.nn.Parameter(torch.from_numpy(np.array(value, np.float32)).to(self.device))
         self.fused = self._fusable(list(graph.node))
         self.all_nodes = list(graph.node)
+        self._weight_bounds: list | None = None  # clip_weights': (weight, its ±127-step bound)
         self.shifted = self._shifted_convs(producer)
 
     def _shifted_convs(self, producer: dict) -> dict[str, tuple[float, object]]:
@@ -146,13 +148,10 @@ class QdqGraph:
         for node in self.nodes:
             if node.op_type != "Conv" or len(node.input) < 3 or node.input[2] not in self.params:
                 continue
-            source = producer.get(node.input[0])
-            while source is not None and source.op_type in ("DequantizeLinear", "Pad", "QuantizeLinear"):
-                source = producer.get(source.input[0])
-            if (source is None or source.op_type != "Sub" or source.input[1] not in self.inits
-                    or not source.output[0].endswith("_shifted")):  # shift.py's Sub(x, s) → "{x}_shifted"
+            _, sub = conv_input_chain(producer, node)
+            if sub is None or sub.input[1] not in self.inits:
                 continue
-            shift = float(numpy_helper.to_array(self.inits[source.input[1]]).reshape(-1)[0])
+            shift = float(numpy_helper.to_array(self.inits[sub.input[1]]).reshape(-1)[0])
             with torch.no_grad():
                 out[node.name] = (shift, self._value(node.input[1]).sum(dim=(1, 2, 3)))
         return out
@@ -193,9 +192,6 @@ class QdqGraph:
 
     def parameters(self) -> list:
         return list(self.params.values())
-
-    def named_parameters(self) -> dict:
-        return dict(self.params)
 
     def const(self, name: str):
         import torch
@@ -358,14 +354,18 @@ class QdqGraph:
         the torch model rounds to is then what ONNX Runtime and TensorRT round to)."""
         import torch
 
-        with torch.no_grad():
+        if self._weight_bounds is None:  # the scales never change: the bounds are found once
+            self._weight_bounds = []
             for node in self.nodes:
                 if node.op_type == "QuantizeLinear" and node.input[0] in self.params and node.input[1] in self.inits:
                     scale = self.const(node.input[1])
                     if scale.ndim:
                         w = self.params[node.input[0]]
-                        bound = _per_axis(scale, _attrs(node).get("axis", 1), w.ndim) * WEIGHT_RANGE[1]
-                        w.copy_(torch.maximum(torch.minimum(w, bound), -bound))
+                        self._weight_bounds.append((w, _per_axis(scale, _attrs(node).get("axis", 1), w.ndim)
+                                                    * WEIGHT_RANGE[1]))
+        with torch.no_grad():
+            for w, bound in self._weight_bounds:
+                w.copy_(torch.maximum(torch.minimum(w, bound), -bound))
 
     def write_back(self):
         """A copy of the ONNX model holding the learned weights and biases (latents as their integers)."""
