@@ -24,7 +24,8 @@ failed, ``{HEAD, "error": ..., TAIL}``: ``HEAD`` names what the record is about 
 ``tests/unit/test_records.py`` compares the two on varied and adversarial records.
 
 Around the lines: ``CocoDocument`` (``predict --coco``), written from the same arrays with the
-same rounding; and ``read_written``, what an output file already holds (``--resume``), read once.
+same rounding; ``read_written``, what an output file already holds (``--resume``), read once;
+and ``FolderSummary``, the counts a run over files reports (``predict`` and ``predict --ray``).
 """
 
 from __future__ import annotations
@@ -213,3 +214,14 @@ def read_written(out: Path) -> Written:
             written.frames[name] = max(frame, written.frames.get(name, -1))
     return written
 
+
+@dataclass
+class FolderSummary:
+    """What a run over files wrote (``predict``, ``predict --ray``)."""
+
+    images: int = 0  # JSON lines written: images and video frames
+    videos: int = 0
+    errors: int = 0
+    detections: int = 0
+    skipped: int = 0
+    error_files: list[str] = field(default_factory=list)
