@@ -20,6 +20,9 @@ the driver writes each image once however often it was run (``write_records``). 
 actor runs its constructor again with the same arguments: small values, plus the shipped model
 folder's object (``app.distributed.actor``), all owned by the driver and kept on its node until
 the job ends, so a worker node's death loses none of them.
+
+Ray's own output stays off the user's terminal (``quiet_ray``): its log lines go to the session's
+log files (``/tmp/ray/session_latest/logs``), where ``_job_error``'s hint points.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from typing import Any
 from app.artifacts.exports import load_export
 from app.contracts import RunShape, make_params
 from app.distributed.actor import DetectorActor, read_batch
+from app.distributed.console import core_log_to, quiet_ray_data
 from app.distributed.output import done_images, open_sink, resolve_format
 from app.distributed.sources import ImageSource, open_source
 from app.errors import BackendUnavailable, InvalidParameter, YolopipeError
@@ -84,7 +88,8 @@ def predict_with_ray(
     keywords (conf, iou, max_det, classes, agnostic).
 
     ``address``: a running cluster (``auto``, ``host:port``, ``ray://host:10001``); ``None``
-    starts Ray on this machine (or uses the one this process already joined). ``gpu_actors``:
+    starts Ray on this machine (or uses the one this process already joined; never one that
+    another process started here, which ``auto`` joins). ``gpu_actors``:
     GPU actors, one GPU each (default: every GPU of the cluster); ``cpu_actors``: ONNX
     Runtime actors when the backend resolves to the CPU (``app.runtime.choose_backend``: no GPU
     in the cluster, ``gpu_actors=0`` or ``backend="onnxruntime"``; default: one per node).
@@ -133,7 +138,8 @@ def predict_with_ray(
 
 @contextlib.contextmanager
 def ray_session(address: str | None) -> Iterator[Any]:
-    """Ray, connected: the session this process already has, else a new one closed afterwards."""
+    """Ray, connected: the session this process already has (its owner's, output and all), else a
+    new one, quiet (``app.distributed.console``), closed afterwards."""
     try:
         import ray
     except ImportError as exc:
@@ -141,17 +147,28 @@ def ray_session(address: str | None) -> Iterator[Any]:
     if ray.is_initialized():
         yield ray
         return
+    # Ray's Python loggers say only errors, the actors' output stays in their log files.
+    quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
     try:
-        if address is None:
-            ray.init(include_dashboard=False, logging_level=logging.WARNING)
+        if address is None:  # a Ray of its own, never one another process left running here
+            context = ray.init(address="local", include_dashboard=False, **quiet)
         else:
-            ray.init(address=address, logging_level=logging.WARNING)
+            context = ray.init(address=address, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise BackendUnavailable(f"cannot start or join the Ray cluster at {address or 'this machine'}: {exc}") from exc
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    quiet_ray_data()
+    with core_log_to(_driver_log(context)):  # ray.shutdown's own lines too
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+
+
+def _driver_log(context: Any) -> Path | None:
+    """Where the driver's share of Ray's own log lines goes: its session's log folder (None for a
+    client connection, ``ray://``, whose driver runs on the cluster)."""
+    session = getattr(context, "address_info", {}).get("session_dir")
+    return Path(session) / "logs" / "yolopipe-driver.err" if session else None
 
 
 def plan_actors(ray: Any, options: OpenOptions, model_dir: Path, gpu_actors: int | None,
@@ -218,8 +235,8 @@ def detect_tables(
         compute=_actor_pool(ray, plan),
         num_gpus=1 if plan.gpu else None,
         num_cpus=1,
-        # Ray packs actors onto the node that asks first; "one per node" needs them spread.
-        scheduling_strategy="SPREAD",
+        # Ray Data spreads a pool's actors over the nodes (its DataContext's "SPREAD"), which
+        # "one per node" needs: Ray alone packs them onto the node that asks first.
     )
     try:
         yield from ds.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2)
