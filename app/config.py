@@ -37,8 +37,8 @@ MAX_PIXELS = 50_000_000  # per image, read from the header before decoding (deco
 MAX_BATCH = 256  # largest batch a pipeline or engine profile is built for
 
 # --- batch defaults: one per purpose ---------------------------------------------------------
-SERVE_MAX_BATCH = 32  # the service's batcher (Settings.max_batch) and open_detector's default
-PREDICT_BATCH = 64  # images per batch of `yolopipe predict`, predict_folder and `predict --ray`
+SERVE_MAX_BATCH = 32  # the service's batcher (Settings.max_batch) and RunShape's default
+PREDICT_BATCH = 64  # `yolopipe predict --batch` (with --ray too): the run shape's max_batch its detector opens with
 IN_FLIGHT = 3  # batches in flight at once on a GPU pipeline (each its own BatchSlot); the CPU runs 1
 MAX_WAIT_MS = 2.0  # longest wait for a batch to fill: the service's batcher and every stream runner
 MAX_STREAMS = 16  # video streams one stream runner (one inference worker) runs at once

@@ -22,13 +22,18 @@ failed, ``{HEAD, "error": ..., TAIL}``: ``HEAD`` names what the record is about 
   for lines and events, Starlette's ``JSONResponse`` (compact, UTF-8, no NaN) for ``/v1``.
 
 ``tests/unit/test_records.py`` compares the two on varied and adversarial records.
+
+Around the lines: ``CocoDocument`` (``predict --coco``), written from the same arrays with the
+same rounding; ``read_written``, what an output file already holds (``--resume``), read once;
+and ``FolderSummary``, the counts a run over files reports (``predict`` and ``predict --ray``).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -96,6 +101,18 @@ def records(heads: Sequence[str], batch: DetectedBatch, class_names: Sequence[st
     return lines
 
 
+def _rounded(batch: DetectedBatch) -> tuple[np.ndarray, np.ndarray]:
+    """The batch's boxes and scores as float64, rounded as ``round(v, 2)`` and ``round(s, 5)``
+    round them (see the module docstring); a NaN or an infinity stays what it is."""
+    boxes = batch.rows[:, :4].astype(np.float64)
+    scores = batch.rows[:, 4].astype(np.float64)
+    np.rint(boxes * 100, out=boxes)
+    boxes /= 100
+    np.rint(scores * 100_000, out=scores)
+    scores /= 100_000
+    return boxes, scores
+
+
 def _detection_texts(batch: DetectedBatch, class_names: Sequence[str], style: Style) -> list[str]:
     """Every detection of the batch as its JSON object, one image after another."""
     item, key = style.item, style.key
@@ -109,10 +126,7 @@ def _detection_texts(batch: DetectedBatch, class_names: Sequence[str], style: St
     if not (np.isfinite(boxes).all() and np.isfinite(scores).all()):  # json's own words for them (or its refusal)
         return [template % (*(style.dumps(round(v, 2)) for v in box), style.dumps(round(score, 5)), cid, name)
                 for box, score, cid, name in zip(boxes.tolist(), scores.tolist(), class_ids, names)]
-    np.rint(boxes * 100, out=boxes)
-    boxes /= 100
-    np.rint(scores * 100_000, out=scores)
-    scores /= 100_000
+    boxes, scores = _rounded(batch)
     template = template.replace("%s", "%r", 5)  # the four box values and the score
     return [template % (x1, y1, x2, y2, score, cid, name)
             for (x1, y1, x2, y2), score, cid, name in zip(boxes.tolist(), scores.tolist(), class_ids, names)]
@@ -135,3 +149,79 @@ def frame_lines(name: str, frames: Sequence[tuple[int, float]], batch: DetectedB
 def error_line(head: str, error: YolopipeError | str, style: Style = LINES) -> str:
     """A record of something that failed before it had an image (a video that does not open)."""
     return "{" + head + style.item + style.fields(error=str(error)) + "}"
+
+
+class CocoDocument:
+    """``predict --coco``: COCO-style detections (images, scored annotations, categories), from
+    each batch's arrays as its lines are written, with the lines' rounding: its boxes and scores
+    are the numbers the lines hold. Images that failed are left out."""
+
+    def __init__(self, class_names: Sequence[str]) -> None:
+        self.categories = [{"id": i, "name": n} for i, n in enumerate(class_names)]
+        self.images: list[dict[str, Any]] = []
+        self.annotations: list[dict[str, Any]] = []
+
+    def add(self, file_names: Sequence[str], batch: DetectedBatch) -> None:
+        """The batch's images, ``file_names[i]`` naming image ``i`` (a video frame: ``video#frame``)."""
+        boxes, scores = _rounded(batch)
+        boxes, scores, class_ids = boxes.tolist(), scores.tolist(), batch.rows[:, 5].astype(np.int32).tolist()
+        counts, widths, heights = batch.counts.tolist(), batch.widths.tolist(), batch.heights.tolist()
+        start = 0
+        for i, name in enumerate(file_names):
+            if i in batch.errors:
+                continue
+            image_id = len(self.images)
+            self.images.append({"id": image_id, "file_name": name, "width": widths[i], "height": heights[i]})
+            for k in range(start, start + counts[i]):
+                x1, y1, x2, y2 = boxes[k]
+                self.annotations.append({
+                    "id": len(self.annotations), "image_id": image_id, "category_id": class_ids[k],
+                    "bbox": [x1, y1, round(x2 - x1, 2), round(y2 - y1, 2)], "area": round((x2 - x1) * (y2 - y1), 2),
+                    "score": scores[k], "iscrowd": 0,
+                })
+            start += counts[i]
+
+    def dumps(self) -> str:
+        return json.dumps({"images": self.images, "annotations": self.annotations, "categories": self.categories})
+
+
+@dataclass
+class Written:
+    """What an output file of JSON lines already holds (``--resume``): the images written, and per
+    video the last frame written (its lines are written in frame order: all before it are done)."""
+
+    images: set[str] = field(default_factory=set)
+    frames: dict[str, int] = field(default_factory=dict)
+
+
+def read_written(out: Path) -> Written:
+    """``out``'s records, parsed once; a torn or foreign line is skipped. A line with ``"frame"``
+    is a video's frame, not an image."""
+    written = Written()
+    if not Path(out).is_file():
+        return written
+    with open(out, encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                rec = json.loads(line)
+                name = rec["image"]
+                if "frame" not in rec:
+                    written.images.add(name)
+                    continue
+                frame = int(rec["frame"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue
+            written.frames[name] = max(frame, written.frames.get(name, -1))
+    return written
+
+
+@dataclass
+class FolderSummary:
+    """What a run over files wrote (``predict``, ``predict --ray``)."""
+
+    images: int = 0  # JSON lines written: images and video frames
+    videos: int = 0
+    errors: int = 0
+    detections: int = 0
+    skipped: int = 0
+    error_files: list[str] = field(default_factory=list)

@@ -1,28 +1,79 @@
-"""The composition root: open a detector from the model's artifacts, for the CLI, the service
-and the benchmarks alike.
+"""The composition root: what opens a detector, for the CLI, the service, Ray and the benchmarks
+alike, kept apart from what builds its artifacts.
 
-It exports the weights only when their artifacts are missing or stale, resolves ``auto`` for
-the backend and the precision (the one place that does), clamps the run shape (``RunShape``:
-batch, batches in flight, decoders, pixel limit, wait) to what the chosen pipeline takes (the
-one place that does), and wires a backend into its pipeline. The Detector it returns owns the
-pipeline and, through it, every GPU resource, and carries the clamped shape.
+Every caller describes the detector it wants as one ``OpenOptions`` value (``predict`` from its
+options, the service from its settings, ``predict --ray`` ships the driver's to its actors) and
+passes it whole. Building and opening are two steps, as in NVIDIA Polygraphy's loaders:
+
+* ``ensure_artifacts`` may take minutes: it exports the weights when their export is missing or
+  stale, and builds the torch-cuda engine the run needs, naming each step as it begins. Only the
+  front ends that may build call it (``predict``, ``serve``, ``bench``, a Ray actor on its GPU);
+* ``open_detector`` (``open_model_dir`` on a folder at hand) never builds: it finds the
+  artifacts, or raises an ``ArtifactError`` naming the command that builds them. It resolves
+  ``auto`` for the backend and the precision (the one place that does), clamps the run shape
+  (``RunShape``: batch, batches in flight, decoders, pixel limit, wait) to what the chosen
+  pipeline takes (the one place that does), and wires a backend into its pipeline. The Detector
+  it returns owns the pipeline and, through it, every GPU resource, and carries the clamped shape.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from app.artifacts.engines import find_engine
 from app.artifacts.exports import load_export
-from app.config import BACKENDS, CPU_MAX_BATCH, PRECISIONS, Settings, check_choice
+from app.config import BACKENDS, CPU_MAX_BATCH, ENGINE_MAX_BATCH, PRECISIONS, Settings, check_choice, check_imgsz
 from app.contracts import RunShape
-from app.errors import BackendUnavailable, EngineMismatch, InvalidParameter
+from app.errors import ArtifactError, BackendUnavailable, EngineMismatch, InvalidParameter
 from app.pipeline.detector import Detector
 from app.types import ModelMeta, StartupSteps
+
+
+@dataclass(frozen=True)
+class OpenOptions:
+    """The detector a caller wants, whole: which model, on what, and how it runs. Small and
+    picklable (Ray ships it to its actors by value); checked when made, before any slow step."""
+
+    weights: str = "sample"  # a weights spec (``app.weights``)
+    imgsz: int = 640
+    artifacts_dir: Path | None = None  # None: ``app.artifacts.store.artifacts_root()``
+    backend: str = "auto"  # ``app.config.BACKENDS``; auto: resolved where it opens (``choose_backend``)
+    precision: str = "auto"
+    device: int = 0  # the CUDA device (GPU backends)
+    # torch-cuda: run the engine built ahead of time (``ensure_artifacts`` builds it); off: the eager model
+    compile: bool = True
+    # torch-cuda: that engine's kernels give an image the same answer in any batch (a slower build,
+    # ``app.builder.torch_build``); off: cuDNN's, per batch size
+    batch_invariant: bool = True
+    ort_threads: int = 0  # ONNX Runtime's threads; 0: its own choice
+    # GPU: a batch runs in a larger bucket already captured rather than capturing its own (a run
+    # that needs a bucket once; a service capturing the rest in the background)
+    pad_to_captured: bool = False
+    shape: RunShape = field(default_factory=RunShape)  # the run shape asked for; opening clamps it
+
+    def __post_init__(self) -> None:
+        check_choice("backend", self.backend, BACKENDS)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_imgsz(self.imgsz)
+        if self.ort_threads < 0 or self.device < 0:
+            raise InvalidParameter(f"ort_threads and device must be >= 0, got {self.ort_threads} and {self.device}")
+
+
+def options_from(settings: Settings) -> OpenOptions:
+    """The service's detector, as its settings describe it: the one place they become options."""
+    return OpenOptions(
+        weights=settings.weights, imgsz=settings.imgsz, artifacts_dir=settings.artifacts_dir,
+        backend=settings.backend, precision=settings.precision, device=settings.device, compile=settings.compile,
+        batch_invariant=settings.batch_invariant, ort_threads=settings.ort_threads,
+        pad_to_captured=True,  # the worker captures the largest bucket, then the others while it serves
+        shape=RunShape(max_batch=settings.max_batch, decode=settings.decode, max_pixels=settings.max_pixels,
+                       max_wait_ms=settings.max_wait_ms),
+    )
 
 
 @dataclass(frozen=True)
@@ -68,95 +119,95 @@ def choose_backend(backend: str, precision: str, model_dir: Path, *, gpus: int) 
     return BackendChoice(backend, engine_path.name.split(".")[1], engine_path)
 
 
-def export_model(weights: str = "sample", *, imgsz: int = 640, artifacts_dir: Path | None = None) -> Path:
+# --- building: may take minutes --------------------------------------------------------------
+def ensure_artifacts(options: OpenOptions, steps: StartupSteps | None = None) -> Path:
+    """The model's artifacts folder, with what ``options`` need built now when missing or stale:
+    the ONNX export, then the torch-cuda engine (``ensure_engine``). Each step is named in
+    ``steps`` as it begins (a first run exports and builds: minutes, with progress)."""
+    steps = steps if steps is not None else StartupSteps()
+    with steps.step("checking the model's export (a first run exports it)"):
+        model_dir = export_model(options)
+    ensure_engine(model_dir, options, steps)
+    return model_dir
+
+
+def export_model(options: OpenOptions) -> Path:
     """The weights' artifacts folder, exported now only when missing or stale."""
     from app.builder.export import export_onnx
 
-    return export_onnx(weights, imgsz=imgsz, artifacts_dir=artifacts_dir).model_dir
+    return export_onnx(options.weights, imgsz=options.imgsz, artifacts_dir=options.artifacts_dir).model_dir
 
 
-def open_detector(
-    weights: str = "sample",
-    *,
-    backend: str = "auto",
-    precision: str = "auto",
-    imgsz: int = 640,
-    artifacts_dir: Path | None = None,
-    device: int = 0,
-    compile: bool = True,
-    batch_invariant: bool = True,
-    ort_threads: int = 0,
-    pad_to_captured: bool = False,
-    shape: RunShape | None = None,
-    max_batch: int | None = None,
-    decode: str | None = None,
-    video_decode: str | None = None,
-    steps: StartupSteps | None = None,
-) -> Detector:
-    """Export the weights if needed, then ``open_model_dir`` with the same options. ``shape``
-    (``RunShape()`` by default) with ``max_batch``, ``decode`` and ``video_decode`` set where given:
-    the run shape asked for, its decoder names checked before a slow export."""
-    check_choice("backend", backend, BACKENDS)  # before a slow export
-    check_choice("precision", precision, PRECISIONS)
-    given = {"max_batch": max_batch, "decode": decode, "video_decode": video_decode}
-    shape = replace(shape or RunShape(), **{k: v for k, v in given.items() if v is not None})
+def ensure_engine(model_dir: Path, options: OpenOptions, steps: StartupSteps | None = None) -> None:
+    """What a GPU run of ``options`` needs beside the export in ``model_dir``: the torch-cuda
+    engine, built now when missing or stale (``compile`` on). TensorRT engines are built by
+    ``yolopipe build-engine`` alone (calibration images, minutes of tactic choices)."""
+    from app.gpu.probe import cuda_device_count
+
     steps = steps if steps is not None else StartupSteps()
-    with steps.step("checking the model's export (a first run exports it)"):
-        model_dir = export_model(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
-    return open_model_dir(model_dir, shape, backend=backend, precision=precision, device=device, compile=compile,
-                          batch_invariant=batch_invariant, ort_threads=ort_threads, pad_to_captured=pad_to_captured,
-                          steps=steps)
+    choice = choose_backend(options.backend, options.precision, model_dir, gpus=cuda_device_count())
+    if choice.backend != "torch-cuda" or not options.compile:
+        return
+    from app.builder.torch_build import ensure_torch_engine
+
+    meta = load_export(model_dir)[1]
+    with steps.step("finding the torch-cuda engine (a first run builds it)"):
+        ensure_torch_engine(model_dir, meta, precision=choice.precision, max_batch=options.shape.max_batch,
+                            device=options.device, batch_invariant=options.batch_invariant, say=steps.say)
 
 
-def open_model_dir(
-    model_dir: Path,
-    shape: RunShape | None = None,
-    *,
-    backend: str = "auto",
-    precision: str = "auto",
-    device: int = 0,
-    compile: bool = True,
-    batch_invariant: bool = True,
-    ort_threads: int = 0,
-    pad_to_captured: bool = False,
-    steps: StartupSteps | None = None,
-) -> Detector:
-    """A detector on an existing export: pick the backend, clamp the run shape to it, build its
-    pipeline. The one place that wires them. ``shape`` (``RunShape()`` by default): the run shape
-    asked for; the pipeline and the Detector both get the clamped one.
+# --- opening: never builds ---------------------------------------------------------------------
+def open_detector(options: OpenOptions, steps: StartupSteps | None = None) -> Detector:
+    """The detector ``options`` describe, on artifacts already built (``find_export``,
+    ``open_model_dir``)."""
+    return open_model_dir(find_export(options), options, steps)
 
-    ``compile`` (torch-cuda): run the engine built ahead of time (``yolopipe build-engine``),
-    building it now when it is missing or stale; without it, the eager model. ``batch_invariant``
-    (torch-cuda): that engine's kernels give an image the same answer in any batch (a slower
-    build, ``app.builder.torch_build``); off: cuDNN's, per batch size. ``pad_to_captured``
-    (GPU): a batch runs in a larger bucket already captured rather than capturing its own (a
-    run that needs a bucket once, a service capturing the rest in the background). ``steps``
-    records each start-up step with its time.
+
+def find_export(options: OpenOptions) -> Path:
+    """The folder of the weights' current export; an ``ArtifactError`` naming the command that
+    exports it when there is none (this never exports)."""
+    from app.artifacts.exports import current_export
+    from app.artifacts.store import artifacts_root, model_dir
+    from app.weights import resolve_weights
+
+    resolved = resolve_weights(options.weights)
+    folder = model_dir(artifacts_root(options.artifacts_dir), resolved.name, resolved.sha256, options.imgsz)
+    if current_export(folder, weights_sha256=resolved.sha256, imgsz=options.imgsz) is None:
+        raise ArtifactError(f"no export of {options.weights} at imgsz {options.imgsz} in {folder}",
+                            hint=f"run `{command('export', options)}` first")
+    return folder
+
+
+def open_model_dir(model_dir: Path, options: OpenOptions | None = None, steps: StartupSteps | None = None) -> Detector:
+    """The detector ``options`` describe (``OpenOptions()`` by default), on the export in
+    ``model_dir`` and the engines beside it: pick the backend, clamp the run shape to it, build
+    its pipeline. The one place that wires them; it builds nothing. ``steps`` records each
+    start-up step with its time.
 
     A step that fails releases what the steps before it took (the engine, the pipeline): each
     goes on ``cleanup`` as it is made, and is handed to the Detector only once that exists."""
     from app.gpu.probe import cuda_device_count
 
+    options = options if options is not None else OpenOptions()
     steps = steps if steps is not None else StartupSteps()
-    shape = shape or RunShape()
     onnx_path, meta = load_export(model_dir)
-    choice = choose_backend(backend, precision, model_dir, gpus=cuda_device_count())
+    choice = choose_backend(options.backend, options.precision, model_dir, gpus=cuda_device_count())
     with contextlib.ExitStack() as cleanup:
         if choice.backend == "onnxruntime":
-            # ONNX Runtime: one batch at a time (its own threads use every core), at most CPU_MAX_BATCH.
-            shape = replace(shape, max_batch=min(shape.max_batch, CPU_MAX_BATCH), in_flight=1)
+            shape = cpu_shape(options.shape)
             with steps.step("opening ONNX Runtime"):
-                pipeline = _cpu_pipeline(onnx_path, meta, choice.precision, shape, ort_threads)
+                pipeline = _cpu_pipeline(onnx_path, meta, choice.precision, shape, options.ort_threads)
             cleanup.callback(pipeline.close)
         else:
-            engine = _device_engine(choice, backend, model_dir, meta, shape.max_batch, device, compile,
-                                    batch_invariant, steps)
+            engine = _device_engine(choice, model_dir, meta, options, steps)
             cleanup.callback(engine.close)
             from app.pipeline.gpu import GpuPipeline
 
-            shape = replace(shape, max_batch=min(shape.max_batch, engine.max_batch))  # a TensorRT profile's ceiling
+            # a TensorRT profile's ceiling
+            shape = replace(options.shape, max_batch=min(options.shape.max_batch, engine.max_batch))
             with steps.step("setting up the GPU pipeline (buffers, decoder, kernels)"):
-                pipeline = GpuPipeline(engine, meta, shape, device=device, pad_to_captured=pad_to_captured)
+                pipeline = GpuPipeline(engine, meta, shape, device=options.device,
+                                       pad_to_captured=options.pad_to_captured)
             cleanup.pop_all()  # the pipeline owns the engine now
             cleanup.callback(pipeline.close)
         detector = Detector(pipeline, shape)
@@ -164,60 +215,77 @@ def open_model_dir(
     return detector
 
 
-def _device_engine(choice: BackendChoice, backend: str, model_dir: Path, meta: ModelMeta, max_batch: int,
-                   device: int, compile: bool, batch_invariant: bool, steps: StartupSteps):
-    """The GPU engine of ``choice``: its TensorRT engine, or torch-cuda's (also when ``backend``
+def cpu_shape(shape: RunShape) -> RunShape:
+    """``shape`` as ONNX Runtime runs it: one batch at a time (its own threads use every core),
+    of at most ``CPU_MAX_BATCH`` images."""
+    return replace(shape, max_batch=min(shape.max_batch, CPU_MAX_BATCH), in_flight=1)
+
+
+def command(name: str, options: OpenOptions, *more: str) -> str:
+    """The ``yolopipe`` command line that builds an artifact of ``options`` (for a hint)."""
+    words = ["yolopipe", name]
+    if options.weights != "sample":
+        words += ["--weights", shlex.quote(options.weights)]
+    if options.imgsz != 640:
+        words += ["--imgsz", str(options.imgsz)]
+    if options.artifacts_dir is not None:
+        words += ["--artifacts-dir", shlex.quote(str(options.artifacts_dir))]
+    return " ".join([*words, *more])
+
+
+def _device_engine(choice: BackendChoice, model_dir: Path, meta: ModelMeta, options: OpenOptions,
+                   steps: StartupSteps):
+    """The GPU engine of ``choice``: its TensorRT engine, or torch-cuda's (also when the backend
     is ``auto`` and the TensorRT engine does not run here)."""
     if choice.backend == "tensorrt":
         from app.backends.tensorrt import TensorRTEngine
 
         try:
             with steps.step("loading the TensorRT engine"):
-                return TensorRTEngine(choice.engine_path, meta, device=device)
+                return TensorRTEngine(choice.engine_path, meta, device=options.device)
         except (EngineMismatch, BackendUnavailable) as exc:
-            if backend != "auto":
+            if options.backend != "auto":
                 raise
             # auto: an engine built for another GPU/TensorRT must not stop the service from starting
             warnings.warn(f"TensorRT engine unusable here ({exc}); falling back to torch-cuda", stacklevel=3)
-            choice = BackendChoice("torch-cuda", "fp16" if choice.precision == "int8" else choice.precision)
-    return _torch_cuda_engine(model_dir, meta, choice.precision, max_batch, device, compile, batch_invariant, steps)
+            fallback = BackendChoice("torch-cuda", "fp16" if choice.precision == "int8" else choice.precision)
+            return _torch_cuda_engine(model_dir, meta, fallback.precision, options, steps, fallback=True)
+    return _torch_cuda_engine(model_dir, meta, choice.precision, options, steps)
 
 
-def shape_from(settings: Settings) -> RunShape:
-    """The run shape the service's settings ask for (``open_model_dir`` clamps it)."""
-    return RunShape(max_batch=settings.max_batch, decode=settings.decode, max_pixels=settings.max_pixels,
-                    max_wait_ms=settings.max_wait_ms)
-
-
-def _torch_cuda_engine(model_dir: Path, meta: ModelMeta, precision: str, max_batch: int, device: int,
-                       compile: bool, batch_invariant: bool, steps: StartupSteps):
-    """The torch-cuda engine: its package built ahead of time (built now when missing or stale),
-    or the eager model in CUDA graphs (``compile`` off, or no package that runs here)."""
+def _torch_cuda_engine(model_dir: Path, meta: ModelMeta, precision: str, options: OpenOptions, steps: StartupSteps,
+                       *, fallback: bool = False):
+    """The torch-cuda engine: its package built ahead of time, or the eager model in CUDA graphs
+    (``compile`` off, or an earlier build failed here). A missing package is an ``ArtifactError``
+    naming the command that builds it, except as the fallback of ``auto`` from an unusable
+    TensorRT engine (nobody asked for torch-cuda: the eager model runs, with a warning)."""
     from app.backends.torch_cuda import TorchCudaEngine
 
+    max_batch = options.shape.max_batch
     packages = ()
-    if compile:
-        from app.builder.torch_build import ensure_torch_engine
+    if options.compile:
+        from app.builder.torch_build import built_torch_engine
 
-        with steps.step("finding the torch-cuda engine (a first run builds it)"):
-            found = ensure_torch_engine(model_dir, meta, precision=precision, max_batch=max_batch, device=device,
-                                        batch_invariant=batch_invariant, say=steps.say)
-        packages = (found,) if found is not None else ()
+        with steps.step("finding the torch-cuda engine"):
+            found = built_torch_engine(model_dir, meta, precision=precision, max_batch=max_batch,
+                                       device=options.device, batch_invariant=options.batch_invariant)
+        if found.package is not None:
+            packages = (found.package,)
+        elif found.refusal is not None:
+            steps.say(f"no torch-cuda engine: {found.refusal} (an earlier build; `yolopipe build-engine` tries "
+                      "again); the eager model runs")
+        else:
+            build = command("build-engine", options, "--backend torch-cuda", f"--precision {precision}",
+                            *([f"--max-batch {max_batch}"] if max_batch > ENGINE_MAX_BATCH else []),
+                            *([] if options.batch_invariant else ["--no-batch-invariant"]))
+            why = f"no torch-cuda engine ({precision}, batches up to {max_batch}) built for this GPU and torch in " \
+                  f"{model_dir}" + "".join(f"; {reason}" for reason in found.stale)
+            if not fallback:
+                raise ArtifactError(why, hint=f"run `{build}` first (predict and serve build it themselves)")
+            warnings.warn(f"{why}: the eager model runs (`{build}` builds it)", RuntimeWarning, stacklevel=3)
     with steps.step("loading the torch-cuda engine"):
-        # No package (not asked for, or none runs here): the eager model, in CUDA graphs.
-        return TorchCudaEngine(model_dir, meta, precision=precision, max_batch=max_batch, device=device,
+        return TorchCudaEngine(model_dir, meta, precision=precision, max_batch=max_batch, device=options.device,
                                compile=bool(packages), packages=packages)
-
-
-def open_detector_from(settings: Settings, steps: StartupSteps | None = None) -> Detector:
-    """The service's detector, from its settings."""
-    return open_detector(
-        settings.weights, backend=settings.backend, precision=settings.precision, imgsz=settings.imgsz,
-        artifacts_dir=settings.artifacts_dir, device=settings.device, compile=settings.compile,
-        batch_invariant=settings.batch_invariant,
-        ort_threads=settings.ort_threads, shape=shape_from(settings), steps=steps,
-        pad_to_captured=True,  # the worker captures the largest bucket, then the others while it serves
-    )
 
 
 def _cpu_pipeline(onnx_path: Path, meta: ModelMeta, precision: str, shape: RunShape, ort_threads: int):

@@ -198,12 +198,12 @@ def main(argv=None) -> int:
     from app.backends.torch_cuda import TorchCudaEngine
     from app.benchmark.machine import result_header
     from app.contracts import RunShape
-    from app.runtime import export_model, open_model_dir
+    from app.runtime import OpenOptions, ensure_engine, export_model, open_model_dir
     from app.types import ModelMeta
 
     assets = Path(ultralytics.__file__).parent / "assets"
     data = photos(assets, args.images)
-    model_dir = export_model("sample")
+    model_dir = export_model(OpenOptions())
     meta = ModelMeta.load(model_dir / "meta.json")
     result: dict = {**result_header("bench/batch_invariance.py", gpu=True), "code": os.environ.get("YOLOPIPE_CODE"),
                     "cudnn": torch.backends.cudnn.version()}
@@ -216,8 +216,10 @@ def main(argv=None) -> int:
         inputs = [letterboxed(d, meta.imgsz) for d in data.values()]
         result["engine"] = {}
         for invariant in (True, False) if args.cudnn else (True,):
-            det = open_model_dir(model_dir, RunShape(max_batch=max(sizes), in_flight=1), compile=True,
-                                 batch_invariant=invariant)
+            options = OpenOptions(compile=True, batch_invariant=invariant,
+                                  shape=RunShape(max_batch=max(sizes), in_flight=1))
+            ensure_engine(model_dir, options)
+            det = open_model_dir(model_dir, options)
             engine = det.engine
             name = f"{engine.compiler}-{'invariant' if engine.batch_invariant else 'cudnn'}"
             print(f"engine {name}", flush=True)
@@ -235,7 +237,9 @@ def main(argv=None) -> int:
     if "pipeline" in parts:
         result["pipeline"] = {}
         for compile_ in (True, False) if args.eager else (True,):
-            det = open_model_dir(model_dir, RunShape(max_batch=8, in_flight=3), compile=compile_)
+            options = OpenOptions(compile=compile_, shape=RunShape(max_batch=8, in_flight=3))
+            ensure_engine(model_dir, options)
+            det = open_model_dir(model_dir, options)
             name = det.engine.compiler
             print(f"pipeline {name}", flush=True)
             result["pipeline"][name] = pipeline_rows(det.pipeline, data, 24)  # looks inside: slots, graph heads

@@ -148,11 +148,13 @@ def _key(data: bytes) -> tuple[int, bytes]:
 
 def replayed_rows(photos: list[tuple[str, bytes]], weights: str) -> tuple[object, dict]:
     """The sample model's NMS rows and letterbox of each photo (ONNX Runtime), keyed by its bytes."""
+    from app.contracts import RunShape
     from app.imaging.decode import decode_image
-    from app.runtime import open_detector
+    from app.runtime import OpenOptions, ensure_artifacts, open_model_dir
 
     replies = {}
-    with open_detector(weights, backend="onnxruntime", max_batch=1) as det:
+    options = OpenOptions(weights, backend="onnxruntime", shape=RunShape(max_batch=1))
+    with open_model_dir(ensure_artifacts(options), options) as det:
         params = det.params()
         for _, data in photos:
             # the pipeline's own rows (input pixels) and letterbox: what StandInPipeline replays
@@ -168,7 +170,7 @@ MEDIAN_KEYS = ("img_per_s", "cpu_us_per_image", "wall_s", "device_idle_pct", "de
 def run_round(variant: str, detector, folder: Path, out: Path, params, batch: int) -> dict:
     from app.predict.folder import predict_folder
 
-    run = lambda: vars(predict_folder(detector, str(folder), out, params, batch=batch))
+    run = lambda: vars(predict_folder(detector.reshaped(max_batch=batch), str(folder), out, params))
     device = detector.device
     if isinstance(device, EmulatedDevice):
         device.reset()
@@ -317,11 +319,13 @@ def _real_rounds(a, folder: Path, outs: dict[str, Path]) -> tuple[list[dict], bo
     sizes captured first): rounds with glibc's heap as it is, then with ``keep_freed_heap`` in
     effect, which no process can undo."""
     import app.predict.folder as folder_module
-    from app.runtime import open_detector
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, ensure_artifacts, open_model_dir
 
     rows = []
     keep = folder_module.keep_freed_heap
-    with open_detector(a.weights, backend=a.real_backend, max_batch=a.batch) as detector:
+    options = OpenOptions(a.weights, backend=a.real_backend, shape=RunShape(max_batch=a.batch))
+    with open_model_dir(ensure_artifacts(options), options) as detector:
         detector.warmup([a.batch, a.count % a.batch or a.batch])  # the two sizes the folder's batches have
         params = detector.params()
         for v in REAL_VARIANTS:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.boxes import f1, match_pairs
 from app.contracts import DetectParams
-from app.runtime import open_detector
+from app.runtime import OpenOptions, ensure_artifacts, open_model_dir
 from tests.videos import decoded_frames
 
 
@@ -70,7 +70,8 @@ def main() -> None:
     h, w = opencv[0].shape[:2]
     nv12 = nv12_frames(args.clip, w, h)
     diff = [np.abs(a.astype(np.int16) - b.astype(np.int16)) for a, b in zip(opencv, nv12)]
-    detector = open_detector("sample", backend="onnxruntime", precision="fp32")
+    options = OpenOptions("sample", backend="onnxruntime", precision="fp32")
+    detector = open_model_dir(ensure_artifacts(options), options)
     params = DetectParams(conf=0.25, iou=0.7)  # the GPU tests' CONF, IOU
     ref = [r.detections for r in detector.detect(opencv, params)]
     got = [r.detections for r in detector.detect(nv12, params)]

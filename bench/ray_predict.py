@@ -98,30 +98,31 @@ class Clock:
 
 
 def run_row(spec: dict) -> dict:
-    from app.predict.folder import already_done
+    from app.contracts import RunShape
+    from app.records import read_written
+    from app.runtime import OpenOptions
 
     out = Path(spec["workdir"]) / f"out-{spec['system']}-{spec['gpus']}-{spec['rep']}.jsonl"
-    common = {"backend": spec["backend"], "precision": spec["precision"], "imgsz": spec["imgsz"],
-              "artifacts_dir": Path(spec["artifacts_dir"])}
+    options = OpenOptions(spec["weights"], backend=spec["backend"], precision=spec["precision"], imgsz=spec["imgsz"],
+                          artifacts_dir=Path(spec["artifacts_dir"]), ort_threads=spec["ort_threads"] or 0,
+                          shape=RunShape(max_batch=spec["batch"]))
     clock = Clock()
     if spec["system"] == "yolopipe":
         from app.predict.folder import predict_folder
-        from app.runtime import open_detector
+        from app.runtime import ensure_artifacts, open_model_dir
 
-        with open_detector(spec["weights"], max_batch=spec["batch"], ort_threads=spec["ort_threads"] or 0,
-                           **common) as det:
+        with open_model_dir(ensure_artifacts(options), options) as det:
             det.warmup()  # as the Ray actors do: every bucket's graph before the first batch
-            summary = predict_folder(det, spec["folder"], out, det.params(), batch=spec["batch"], on_progress=clock)
+            summary = predict_folder(det, spec["folder"], out, det.params(), on_progress=clock)
             backend = det.backend
     else:
         from app.distributed import predict_with_ray
 
-        summary = predict_with_ray(spec["folder"], out, weights=spec["weights"], batch=spec["batch"],
-                                   gpu_actors=spec["gpus"], cpu_actors=spec["cpu_actors"],
-                                   ort_threads=spec["ort_threads"], on_progress=clock, **common)
+        summary = predict_with_ray(spec["folder"], out, options=options, gpu_actors=spec["gpus"],
+                                   cpu_actors=spec["cpu_actors"], on_progress=clock)
         backend = spec["backend"]
     lines = out.read_text().splitlines()
-    assert len(lines) == len(already_done(out)) == summary.images, "an image is missing or written twice"
+    assert len(lines) == len(read_written(out).images) == summary.images, "an image is missing or written twice"
     return {"system": spec["system"], "input": "jpeg", "gpus": spec["gpus"], **clock.row(), "errors": summary.errors,
             "detections": summary.detections, "backend": backend, "precision": spec["precision"],
             "batch": spec["batch"], "imgsz": spec["imgsz"], "repeat": spec["rep"]}
@@ -178,10 +179,10 @@ def main(argv: list[str] | None = None) -> None:
         log(f"copying {args.count} JPEGs from {args.images} into {folder}")
         photos = make_folder(args.images, args.count, folder)
         weights = args.weights
-        from app.runtime import export_model
+        from app.runtime import OpenOptions, export_model
 
         artifacts_dir = workdir / "artifacts"
-        export_model(weights, imgsz=args.imgsz, artifacts_dir=artifacts_dir)  # once, before every row
+        export_model(OpenOptions(weights, imgsz=args.imgsz, artifacts_dir=artifacts_dir))  # once, before every row
         log(f"artifacts in {artifacts_dir} ({time.perf_counter() - t0:.0f} s)")
         base = {"folder": str(folder), "workdir": str(workdir), "weights": weights, "backend": backend,
                 "precision": args.precision, "imgsz": args.imgsz, "batch": args.batch,

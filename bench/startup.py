@@ -210,16 +210,18 @@ def _jpeg() -> bytes:
 
 # --- the warm loop, in one process ------------------------------------------------------------
 def warm_child(args: argparse.Namespace) -> None:
+    from app.contracts import RunShape
     from app.heap import keep_freed_heap
     from app.predict.folder import predict_folder
-    from app.runtime import open_detector
+    from app.runtime import OpenOptions, ensure_artifacts, open_model_dir
 
     keep_freed_heap()
-    with open_detector(args.weights, max_batch=args.batch, pad_to_captured=True) as detector:
+    options = OpenOptions(args.weights, pad_to_captured=True, shape=RunShape(max_batch=args.batch))
+    with open_model_dir(ensure_artifacts(options), options) as detector:
         params = detector.params()
-        predict_folder(detector, args.source, Path(args.out), params, batch=args.batch)  # untimed: opens everything
+        predict_folder(detector, args.source, Path(args.out), params)  # untimed: opens everything
         started = time.perf_counter()
-        summary = predict_folder(detector, args.source, Path(args.out), params, batch=args.batch)
+        summary = predict_folder(detector, args.source, Path(args.out), params)
         seconds = time.perf_counter() - started
         print(json.dumps({"wall_s": round(seconds, 3), "images": summary.images,
                           "img_per_s": round(summary.images / seconds, 1), "backend": detector.backend,

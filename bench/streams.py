@@ -277,9 +277,9 @@ def ultralytics_worker(args: argparse.Namespace) -> None:
 
 def ultralytics_row(args: argparse.Namespace, n: int, *, source_fps: float, gpu: bool, half: bool,
                     seconds: float) -> dict:
-    from app.runtime import export_model
+    from app.runtime import OpenOptions, export_model
 
-    weights = export_model(args.weights, imgsz=args.imgsz) / "weights.pt"
+    weights = export_model(OpenOptions(args.weights, imgsz=args.imgsz)) / "weights.pt"
     cmd = [sys.executable, __file__, "--ultralytics-worker", "--clip", str(args.clip), "--ultralytics-n", str(n),
            "--ultralytics-weights", str(weights), "--seconds", str(seconds), "--imgsz", str(args.imgsz),
            "--max-batch", str(args.max_batch), "--device", "0" if gpu else "cpu"] + (["--half"] if half else [])
@@ -384,7 +384,8 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
     from app.config import MAX_WAIT_MS
-    from app.runtime import open_detector
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, ensure_artifacts, open_model_dir
 
     max_wait = MAX_WAIT_MS if args.max_wait_ms is None else args.max_wait_ms
     width, height, source_fps, frames_per_clip = clip_facts(args.clip)
@@ -392,8 +393,9 @@ def main() -> None:
     t_open = time.monotonic()
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
-    detector = open_detector(args.weights, backend=args.backend, precision=args.precision, imgsz=args.imgsz,
-                             max_batch=args.max_batch, compile=args.compile)
+    options = OpenOptions(args.weights, backend=args.backend, precision=args.precision, imgsz=args.imgsz,
+                          compile=args.compile, shape=RunShape(max_batch=args.max_batch))
+    detector = open_model_dir(ensure_artifacts(options), options)
     info = detector.info()
     gpu = info["backend"] != "onnxruntime"
     device = detector.device or 0

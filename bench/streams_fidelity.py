@@ -205,10 +205,12 @@ def main() -> None:
     if args.device == "cpu":
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     from app.benchmark.machine import machine_info, versions
-    from app.runtime import open_detector
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, ensure_artifacts, open_model_dir
 
     backend = "onnxruntime" if args.device == "cpu" else "auto"
-    with open_detector(args.weights, backend=backend, imgsz=args.imgsz, max_batch=8) as detector:
+    options = OpenOptions(args.weights, backend=backend, imgsz=args.imgsz, shape=RunShape(max_batch=8))
+    with open_model_dir(ensure_artifacts(options), options) as detector:
         rows = fidelity_rows(args.clip, detector, device=args.device, kernel_frames=args.kernel_frames,
                              kernel_size=args.kernel_size, f1_stride=args.f1_stride, limit=args.frames)
     doc = {"machine": machine_info(gpu=args.device == "gpu"), "versions": versions(("opencv-python", "av", "numpy")),

@@ -190,9 +190,9 @@ def forge():
 @pytest.fixture(scope="session")
 def cpu_detector(artifacts_dir):
     """The sample model on ONNX Runtime, in this process: the reference the served answers must equal."""
-    from app.runtime import open_detector
+    from app.runtime import OpenOptions, open_detector
 
-    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir) as det:
+    with open_detector(OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir)) as det:
         yield det
 
 

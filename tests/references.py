@@ -37,6 +37,30 @@ def image_json(result: ImageResult, image: str, names: list[str]) -> dict[str, A
             "detections": detections_json(result.detections, names)}
 
 
+def coco_document(records: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """``predict --coco``'s document, from the records the lines hold (``image_json``'s; a video
+    frame's named ``video#frame``): the images that did not fail, each detection as a scored
+    annotation, and the categories."""
+    images, annotations = [], []
+    for image_id, rec in enumerate(r for r in records if "error" not in r):
+        images.append({"id": image_id, "file_name": rec["image"], "width": rec["width"], "height": rec["height"]})
+        for d in rec["detections"]:
+            x1, y1, x2, y2 = d["box"]
+            annotations.append(
+                {
+                    "id": len(annotations),
+                    "image_id": image_id,
+                    "category_id": d["class_id"],
+                    "bbox": [x1, y1, round(x2 - x1, 2), round(y2 - y1, 2)],
+                    "area": round((x2 - x1) * (y2 - y1), 2),
+                    "score": d["score"],
+                    "iscrowd": 0,
+                }
+            )
+    categories = [{"id": i, "name": n} for i, n in enumerate(names)]
+    return {"images": images, "annotations": annotations, "categories": categories}
+
+
 def detected_batch(results: list[ImageResult], timings: dict[str, float] | None = None) -> DetectedBatch:
     """Per-image answers (``ImageResult``) as the detector's arrays, image by image."""
     n = len(results)

@@ -2,7 +2,8 @@
 
 yolopipe: ``predict_folder`` (what ``yolopipe predict DIR`` runs): file reads in threads,
 decode, inference with batches in flight, one JSON line per image written to a file.
-Ultralytics: ``YOLO.predict(DIR, stream=True)`` with the same batch size; it writes nothing.
+Ultralytics: ``YOLO.predict(DIR, stream=True)`` with the same batch size (the detector's
+``RunShape.max_batch``, as ``predict_folder``'s); it writes nothing.
 The folder holds ``folder_images`` copies of the run's JPEGs, in a temporary directory that is
 removed afterwards.
 """
@@ -18,19 +19,20 @@ from app.benchmark.baseline import ultralytics_folder_row
 from app.benchmark.workloads import make_folder
 
 
-def folder_rows(detector, weights: Path, images, n_images: int, batch: int, gpu: bool, ultralytics: bool,
+def folder_rows(detector, weights: Path, images, n_images: int, gpu: bool, ultralytics: bool,
                 max_ultralytics_s: float, log) -> list[dict]:
     from app.predict.folder import predict_folder
 
+    batch = detector.shape.max_batch
     tmp = Path(tempfile.mkdtemp(prefix="yolopipe-bench-folder-"))
     rows = []
     try:
         folder = make_folder(tmp / "images", images, n_images)
         out = tmp / "predictions.jsonl"
         params = detector.params()
-        predict_folder(detector, str(folder), out, params, batch=batch)  # warm: page cache, graphs
+        predict_folder(detector, str(folder), out, params)  # warm: page cache, graphs
         t0 = time.perf_counter()
-        summary = predict_folder(detector, str(folder), out, params, batch=batch)
+        summary = predict_folder(detector, str(folder), out, params)
         wall = time.perf_counter() - t0
         lines = sum(1 for _ in out.open())
         read_s = _read_only_s(folder)

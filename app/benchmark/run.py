@@ -126,15 +126,18 @@ class _Context:
     # ------------------------------------------------------------------------- parts
     def gpu_config(self, backend: str, precision: str, *, main: bool) -> None:
         from app.benchmark import rows as R
-        from app.runtime import open_detector
+        from app.contracts import RunShape
+        from app.runtime import OpenOptions, ensure_engine, open_model_dir
 
         o = self.opts
         compile_ = o.compile == "all" or (o.compile == "fp16" and precision == "fp16")
         pbatches = list(o.pipelined_batches) if main and o.wants("pipelined") else []
         folder = main and o.wants("folder") and o.folder_images > 0
         max_b = max([*o.batches, *pbatches, *([o.folder_batch] if folder else [])])
-        detector = open_detector(o.weights, backend=backend, precision=precision, artifacts_dir=o.artifacts_dir,
-                                 max_batch=max_b, compile=compile_)
+        options = OpenOptions(o.weights, backend=backend, precision=precision, artifacts_dir=o.artifacts_dir,
+                              compile=compile_, shape=RunShape(max_batch=max_b))
+        ensure_engine(self.model_dir, options)  # the torch-cuda engine, built before anything is timed
+        detector = open_model_dir(self.model_dir, options)
         with detector:
             shape, launch_error = detector.shape, detector.raw_launch_error
             self.log(f"{backend} {precision}: {shape.in_flight} batches in flight, max batch {shape.max_batch}, "
@@ -168,8 +171,10 @@ class _Context:
             if folder:
                 from app.benchmark.folder import folder_rows
 
+                # the folder's batches are its detector's: the run's, at --folder-batch
+                in_folder = detector.reshaped(max_batch=min(o.folder_batch, shape.max_batch))
                 self.add(self.attempt({**base, "mode": "folder"}, lambda: folder_rows(
-                    detector, self.model_dir / "weights.pt", self.images, o.folder_images, o.folder_batch, True,
+                    in_folder, self.model_dir / "weights.pt", self.images, o.folder_images, True,
                     o.wants("ultralytics"), max(20.0, min(90.0, self.budget.left() / 3)), self.log)))
             if main and o.wants("fidelity"):
                 self.add(self.attempt({**base, "mode": "fidelity"}, lambda: _fidelity_rows(detector, self.model_dir)))
@@ -181,12 +186,14 @@ class _Context:
 
     def onnxruntime_part(self) -> None:
         from app.benchmark import rows as R
-        from app.runtime import open_detector
+        from app.contracts import RunShape
+        from app.runtime import OpenOptions, open_model_dir
 
         o = self.opts
         these = [b for b in o.batches if b <= 8] or [min(o.batches)]  # ONNX Runtime at batch 128 is minutes
-        detector = open_detector(o.weights, backend="onnxruntime", precision="fp32", artifacts_dir=o.artifacts_dir,
-                                 max_batch=max(these))
+        detector = open_model_dir(self.model_dir, OpenOptions(o.weights, backend="onnxruntime", precision="fp32",
+                                                              artifacts_dir=o.artifacts_dir,
+                                                              shape=RunShape(max_batch=max(these))))
         with detector:
             for b in these:
                 self.add(self.attempt({"backend": "onnxruntime", "batch": b, "mode": "serial"}, lambda b=b: R.serial_rows(

@@ -35,7 +35,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,26 +84,46 @@ def build_range(max_batch: int) -> int:
     return max(int(max_batch), ENGINE_MAX_BATCH)
 
 
+@dataclass(frozen=True)
+class BuiltEngine:
+    """What a run of one key finds built, without building anything (``built_torch_engine``)."""
+
+    package: tuple[Path, TorchEngineKey] | None  # the package that runs it, with its key
+    refusal: str | None  # else: why an earlier build of it failed on this machine (the eager model runs)
+    stale: tuple[str, ...]  # packages found that do not fit, each with why
+    build: TorchEngineKey  # what a build for this run writes (batches up to ``build_range``)
+
+
+def built_torch_engine(model_dir: Path, meta: ModelMeta, *, precision: str, max_batch: int, device: int = 0,
+                       batch_invariant: bool = True) -> BuiltEngine:
+    """The package a run loads (the one built earlier, when it fits this GPU, torch and batch),
+    or why there is none; a run's look-up (``app.runtime``), which builds nothing."""
+    wanted = engine_key(meta, precision=precision, max_batch=max_batch, device=device, batch_invariant=batch_invariant)
+    found = find_torch_engine(model_dir, wanted)
+    build = TorchEngineKey(**{**asdict(wanted), "max_batch": build_range(max_batch)})
+    if found.package is not None:
+        return BuiltEngine((found.package, found.manifest.key), None, (), build)
+    return BuiltEngine(None, refusal(model_dir, build), tuple(found.refused), build)
+
+
 def ensure_torch_engine(model_dir: Path, meta: ModelMeta, *, precision: str, max_batch: int, device: int = 0,
                         batch_invariant: bool = True, say: Say | None = None) -> tuple[Path, TorchEngineKey] | None:
-    """The package this run loads: the one built earlier when it fits, else built now. None
+    """The package a run loads: the one built earlier when it fits, else built now. None
     (with a warning) when AOTInductor cannot build one that runs here, now or on an earlier
     start with the same key; the run then uses the eager model."""
     say = say or (lambda text: None)
-    wanted = engine_key(meta, precision=precision, max_batch=max_batch, device=device, batch_invariant=batch_invariant)
-    found = find_torch_engine(model_dir, wanted)
+    found = built_torch_engine(model_dir, meta, precision=precision, max_batch=max_batch, device=device,
+                               batch_invariant=batch_invariant)
     if found.package is not None:
-        return found.package, found.manifest.key
-    key = TorchEngineKey(**{**asdict(wanted), "max_batch": build_range(max_batch)})
-    earlier = refusal(model_dir, key)
-    if earlier is not None:
-        say(f"no torch-cuda engine: {earlier} (an earlier build; `yolopipe build-engine` tries again)")
+        return found.package
+    if found.refusal is not None:
+        say(f"no torch-cuda engine: {found.refusal} (an earlier build; `yolopipe build-engine` tries again)")
         return None
-    for reason in found.refused:
+    for reason in found.stale:
         say(f"rebuilding: {reason}")
         warnings.warn(f"{reason}; building it again", RuntimeWarning, stacklevel=2)
     try:
-        return build_torch_engine(model_dir, meta, key, device=device, say=say), key
+        return build_torch_engine(model_dir, meta, found.build, device=device, say=say), found.build
     except BackendUnavailable as exc:
         varies = " (cuDNN's kernels: an image's answer may vary with its batch)" if batch_invariant else ""
         warnings.warn(f"{exc.message}; running the eager model instead{varies}", RuntimeWarning, stacklevel=2)

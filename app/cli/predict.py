@@ -24,7 +24,9 @@ from app.config import CONF, CPU_MAX_BATCH, IOU, MAX_DET, PREDICT_BATCH, decoder
 
 if TYPE_CHECKING:
     from app.cli.predict_output import StartupReport
-    from app.predict.folder import FolderSummary
+    from app.pipeline.detector import Detector
+    from app.records import FolderSummary
+    from app.runtime import OpenOptions
 
 SAMPLE_IMAGES = "samples"
 
@@ -71,6 +73,21 @@ class PredictOptions:
         """The keyword arguments of ``Detector.params``."""
         return {"conf": self.conf, "iou": self.iou, "max_det": self.max_det, "classes": self.classes,
                 "agnostic": self.agnostic}
+
+    def open_options(self, *, streams: bool = False) -> OpenOptions:
+        """The detector ``predict`` asks for: the one place its options become ``OpenOptions``, for
+        files, streams and Ray alike (Ray ships them to its actors)."""
+        from app.contracts import RunShape
+        from app.runtime import OpenOptions
+
+        return OpenOptions(
+            weights=self.weights, imgsz=self.imgsz, artifacts_dir=self.artifacts_dir, backend=self.backend,
+            precision=self.precision, device=self.device, batch_invariant=self.batch_invariant,
+            # files: the last, smaller batch runs in a bucket already captured, rather than capturing its
+            # own; streams' batches take every size, each captured once
+            pad_to_captured=not streams,
+            shape=RunShape(max_batch=self.batch, decode=self.decode, video_decode=self.video_decode),
+        )
 
 
 def predict(
@@ -132,7 +149,7 @@ def predict(
     from app.predict.streams import is_stream_source
 
     if is_stream_source(options.source):
-        run_on_streams(options)
+        run_on_streams(options, startup)
         return
     summary = run_on_ray(options) if options.ray else run_on_files(options, startup)
     print_summary(summary, options.out)
@@ -173,30 +190,36 @@ def run_on_files(options: PredictOptions, startup: StartupReport) -> FolderSumma
 
     if any(v is not None for v in (options.ray_address, options.gpu_actors, options.cpu_actors, options.output_format)):
         raise InvalidParameter("--ray-address, --gpu-actors, --cpu-actors and --format need --ray")
-    from app.cli.predict_output import check_video_decode, progress_bar
+    from app.cli.predict_output import progress_bar
     from app.files import list_images
     from app.heap import keep_freed_heap
     from app.predict.folder import MEDIA_SUFFIXES, predict_folder
-    from app.runtime import open_detector
 
     if not list_images(options.source, MEDIA_SUFFIXES):  # fail fast, before loading a model
         raise InvalidParameter(f"no images found at {options.source!r} (a folder, an image file, or a glob pattern)")
-    with startup.loading():
-        detector = open_detector(options.weights, backend=options.backend, precision=options.precision,
-                                 decode=options.decode, imgsz=options.imgsz, artifacts_dir=options.artifacts_dir,
-                                 max_batch=options.batch, device=options.device, video_decode=options.video_decode,
-                                 steps=startup.steps, batch_invariant=options.batch_invariant,
-                                 pad_to_captured=True)  # the last, smaller batch: no capture of its own
-    check_video_decode(detector)
+    detector = open_for_predict(options.open_options(), startup)
     keep_freed_heap()  # this process is ours: glibc may keep what it frees between batches
     with detector, progress_bar() as on_progress:
         info = detector.info()
         console.print(f"model {info['model']} · backend {info['backend']} · {info['precision']}", highlight=False)
         params = detector.params(**options.detect_options())
-        return predict_folder(detector, options.source, options.out, params, batch=options.batch,
-                              resume=options.resume, save_images=options.save_images, coco=options.coco,
+        return predict_folder(detector, options.source, options.out, params, resume=options.resume,
+                              save_images=options.save_images, coco=options.coco,
                               on_progress=startup.watch(on_progress), vid_stride=options.vid_stride,
                               track=options.track)
+
+
+def open_for_predict(opening: OpenOptions, startup: StartupReport) -> Detector:
+    """``predict``'s detector: its artifacts built first where missing (a first run exports the
+    model and, on a GPU, builds the torch-cuda engine; the spinner names each step as it begins),
+    then opened, and its ``--video-decode`` checked before any work."""
+    from app.cli.predict_output import check_video_decode
+    from app.runtime import ensure_artifacts, open_model_dir
+
+    with startup.loading():
+        detector = open_model_dir(ensure_artifacts(opening, startup.steps), opening, startup.steps)
+    check_video_decode(detector)
+    return detector
 
 
 def run_on_ray(options: PredictOptions) -> FolderSummary:
@@ -210,34 +233,24 @@ def run_on_ray(options: PredictOptions) -> FolderSummary:
 
     with progress_bar() as on_progress:
         return predict_with_ray(
-            options.source, options.out, address=options.ray_address, weights=options.weights,
-            backend=options.backend, precision=options.precision, imgsz=options.imgsz,
-            artifacts_dir=options.artifacts_dir, conf=options.conf, iou=options.iou, max_det=options.max_det,
-            classes=options.classes, agnostic=options.agnostic, batch=options.batch, gpu_actors=options.gpu_actors,
-            cpu_actors=options.cpu_actors, resume=options.resume, output_format=options.output_format,
-            on_progress=on_progress)
+            options.source, options.out, options=options.open_options(), detect=options.detect_options(),
+            address=options.ray_address, gpu_actors=options.gpu_actors, cpu_actors=options.cpu_actors,
+            resume=options.resume, output_format=options.output_format, on_progress=on_progress)
 
 
-def run_on_streams(options: PredictOptions) -> None:
+def run_on_streams(options: PredictOptions, startup: StartupReport) -> None:
     """A URL or a ``.streams``/``.txt`` list: every source at once, one JSON line per processed
     frame on ``--out`` (``-``: stdout), flushed per frame, until every source has ended."""
     import contextlib
     import sys
 
-    from app.cli.predict_output import check_video_decode
     from app.errors import InvalidParameter
     from app.predict.streams import predict_streams, read_source_list
-    from app.runtime import open_detector
 
     if options.ray or options.save_images or options.coco or options.resume:
         raise InvalidParameter("--ray, --save-images, --coco and --resume are for files, not streams")
     sources = read_source_list(options.source)
-    with console.status("loading model…"):
-        detector = open_detector(weights=options.weights, backend=options.backend, precision=options.precision,
-                                 decode=options.decode, batch_invariant=options.batch_invariant, imgsz=options.imgsz,
-                                 artifacts_dir=options.artifacts_dir, max_batch=options.batch, device=options.device,
-                                 video_decode=options.video_decode)
-    check_video_decode(detector)
+    detector = open_for_predict(options.open_options(streams=True), startup)
     out = options.out
     to_stdout = str(out) == "-"
     if not to_stdout:

@@ -5,6 +5,14 @@ than its frame, and the actor decodes where its pipeline does (nvImageCodec on a
 OpenCV on an ONNX Runtime one). Each actor opens one detector when it starts and keeps it:
 CUDA graphs of every batch bucket are captured before the first batch arrives.
 
+What an actor is made with survives its restart on another node (Ray runs the constructor
+again with the same arguments): the job's ``OpenOptions`` and the other small values, by value,
+and, for nodes that do not see the driver's disk, the model folder's files as one object the
+driver owns and keeps until the job ends (nested in a list: fetched only where it is needed).
+Everything heavy the actor makes itself from them: the folder unpacked on its node
+(``app.distributed.shipping``), the torch-cuda engine built on its GPU when missing
+(``app.runtime.ensure_engine``), the detector opened.
+
 A batch in and out of both is a ``pyarrow.Table``:
 
 * read task: ``image`` (name), ``path`` → ``image``, ``data`` (bytes, null on error), ``error``;
@@ -19,9 +27,12 @@ calls at once (``app.distributed.job``), each ``Detector.run`` on one batch.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.distributed.sources import read_bytes
+
+if TYPE_CHECKING:
+    from app.runtime import OpenOptions
 
 RECORD_COLUMNS = ("image", "line", "error", "detections")
 
@@ -47,16 +58,14 @@ class DetectorActor:
     def __init__(
         self,
         *,
-        model_dir: str,
+        options: OpenOptions,  # the job's detector, on the plan's backend, on this actor's GPU (device 0)
+        model_dir: str,  # the driver's folder, with its export's hash
         onnx_sha256: str,
-        open_kwargs: dict[str, Any],  # the job's backend, precision and max_batch
-        params: dict[str, Any],
-        bundle: Any = None,
-        ort_threads: int | None = None,
+        detect: dict[str, Any],  # Detector.params' keywords
+        bundle: list[Any] | None = None,  # [the folder's files in Ray's object store], for nodes without it
     ) -> None:
-        from app.contracts import RunShape
         from app.distributed.shipping import model_dir_here
-        from app.runtime import open_model_dir
+        from app.runtime import ensure_engine, open_model_dir
 
         fetch: Callable[[], dict[str, bytes]] | None = None
         if bundle is not None:
@@ -64,11 +73,10 @@ class DetectorActor:
 
             fetch = lambda: ray.get(bundle[0])
         here = model_dir_here(model_dir, onnx_sha256, fetch)
-        # The export already exists and matches: it is only loaded, never rebuilt.
-        self.detector = open_model_dir(here, RunShape(max_batch=open_kwargs["max_batch"]),
-                                       backend=open_kwargs["backend"], precision=open_kwargs["precision"],
-                                       ort_threads=ort_threads or 0)
-        self.params = self.detector.params(**params)
+        # The export is the driver's, used as it is. What runs on this GPU alone is built here.
+        ensure_engine(here, options)
+        self.detector = open_model_dir(here, options)
+        self.params = self.detector.params(**detect)
         self.detector.warmup()  # GPU pipelines: capture every bucket's graph now
 
     def __call__(self, batch: Any) -> Any:

@@ -5,7 +5,7 @@ an actor restarted mid-batch), so records are keyed by image name and a name alr
 — in this run or, with resume, in an earlier one — is dropped. The file therefore holds every
 image exactly once, whatever was retried.
 
-* JSONL: one line per image, the schema of ``yolopipe predict`` (``app.predict.folder``),
+* JSONL: one line per image, the schema of ``yolopipe predict`` (``app.records``),
   appended and flushed per block, so a killed run loses at most its last block. A block's
   lines arrive as an Arrow string column, newlines included, and go out as its one buffer.
 * Parquet: ``out`` is a folder of ``part-<run>-<n>.parquet`` files, each written whole (temp
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import InvalidParameter
-from app.predict.folder import already_done
+from app.records import read_written
 
 FORMATS = ("jsonl", "parquet")
 PART_GLOB = "part-*.parquet"
@@ -53,7 +53,7 @@ def done_images(out: Path, fmt: str) -> set[str]:
     """Images an earlier run already wrote to ``out``."""
     out = Path(out)
     if fmt == "jsonl":
-        return already_done(out)
+        return read_written(out).images
     if not out.is_dir():
         return set()
     import pyarrow.parquet as pq

@@ -11,50 +11,34 @@ Every per-image step of the image half holds the GIL, and the GPU pipeline's thr
 to launch the next batch, so the image half makes no object per image beyond what it must:
 names as strings (no ``Path`` per file), reads with ``os.read``, one header check per image
 (its header travels with its bytes, ``EncodedImage``), no ``ImageResult`` per image
-(``--save-images`` and ``--coco`` build them), no dict or ``json.dumps`` per image.
+(``--save-images`` builds them), no dict or ``json.dumps`` per image (``--coco`` keeps a dict
+per image and detection, from the batch's arrays: ``app.records.CocoDocument``).
+
+Batches are the detector's own (``RunShape.max_batch``): nothing here sizes them.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import cv2
 import numpy as np
 
-from app.config import PREDICT_BATCH
 from app.contracts import DetectedBatch, DetectParams, ImageResult
-from app.errors import InvalidImage, InvalidParameter, YolopipeError
+from app.errors import InvalidImage, YolopipeError
 from app.files import SourceImage, list_images
 from app.imaging.headers import IMAGE_SUFFIXES
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
-from app.predict.video import VIDEO_SUFFIXES, frames_done, frames_to_read, predict_video
-from app.records import image_lines
+from app.predict.video import VIDEO_SUFFIXES, frames_to_read, predict_video
+from app.records import CocoDocument, FolderSummary, Written, image_lines, read_written
 
 MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES  # what ``predict`` reads: images and videos
-
-
-def already_done(out: Path) -> set[str]:
-    """Images already written to ``out`` (for ``--resume``); a torn last line is ignored. Video
-    frames (lines with ``"frame"``) are not images: ``app.predict.video.frames_done`` has them."""
-    done: set[str] = set()
-    if not out.is_file():
-        return done
-    for line in out.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-            if "frame" not in rec:
-                done.add(rec["image"])
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue
-    return done
 
 
 def _ends_with_newline(path: Path) -> bool:
@@ -130,16 +114,6 @@ def _batches(
             yield ready
 
 
-@dataclass
-class FolderSummary:
-    images: int = 0  # JSON lines written: images and video frames
-    videos: int = 0
-    errors: int = 0
-    detections: int = 0
-    skipped: int = 0
-    error_files: list[str] = field(default_factory=list)
-
-
 class _Progress:
     """``on_progress(advance, total)`` over the images, then the videos frame by frame. The total:
     the images plus the frames each video's container counts (``frames_to_read``; None, unknown,
@@ -184,35 +158,12 @@ def annotate(img: np.ndarray, result: ImageResult, names: list[str]) -> np.ndarr
     return img
 
 
-def coco_document(records: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
-    """COCO-style detections: images, categories, and detections as scored annotations."""
-    images, annotations = [], []
-    for image_id, rec in enumerate(r for r in records if "error" not in r):
-        images.append({"id": image_id, "file_name": rec["image"], "width": rec["width"], "height": rec["height"]})
-        for d in rec["detections"]:
-            x1, y1, x2, y2 = d["box"]
-            annotations.append(
-                {
-                    "id": len(annotations),
-                    "image_id": image_id,
-                    "category_id": d["class_id"],
-                    "bbox": [x1, y1, round(x2 - x1, 2), round(y2 - y1, 2)],
-                    "area": round((x2 - x1) * (y2 - y1), 2),
-                    "score": d["score"],
-                    "iscrowd": 0,
-                }
-            )
-    categories = [{"id": i, "name": n} for i, n in enumerate(names)]
-    return {"images": images, "annotations": annotations, "categories": categories}
-
-
 def predict_folder(
     detector: Detector,
     source: str,
     out: Path,
     params: DetectParams,
     *,
-    batch: int = PREDICT_BATCH,
     resume: bool = False,
     save_images: Path | None = None,
     coco: Path | None = None,
@@ -221,25 +172,23 @@ def predict_folder(
     vid_stride: int = 1,
     track: bool = False,
 ) -> FolderSummary:
-    """Run the detector over every image and video of ``source``; JSON lines go to ``out`` as
-    they finish (images first, then each video's frames, ``app.predict.video``). ``on_progress(advance,
-    total)`` counts images and video frames (``_Progress``)."""
-    if batch < 1:
-        raise InvalidParameter(f"batch must be >= 1, got {batch}")
+    """Run the detector over every image and video of ``source``, in batches of its run shape's
+    ``max_batch``; JSON lines go to ``out`` as they finish (images first, then each video's
+    frames, ``app.predict.video``). ``on_progress(advance, total)`` counts images and video
+    frames (``_Progress``)."""
     media = list_images(source, MEDIA_SUFFIXES)
     videos = [m for m in media if _is_video(m)]
     images = [m for m in media if not _is_video(m)] if videos else media
     summary = FolderSummary()
-    done = already_done(out) if resume else set()
-    todo = [img for img in images if img.name not in done] if done else images
+    written = read_written(out) if resume else Written()  # --resume: the output read once
+    todo = [img for img in images if img.name not in written.images] if written.images else images
     summary.skipped = len(images) - len(todo)
-    resume_from = frames_done(out) if resume else {}
-    video_frames = {v.name: frames_to_read(v.path, vid_stride=vid_stride, start=resume_from.get(v.name, -1) + 1)
+    video_frames = {v.name: frames_to_read(v.path, vid_stride=vid_stride, start=written.frames.get(v.name, -1) + 1)
                     for v in videos} if on_progress else {}
     progress = _Progress(on_progress, len(todo), video_frames)
     progress.advance(0)
     out.parent.mkdir(parents=True, exist_ok=True)
-    records: list[dict[str, Any]] = []
+    document = CocoDocument(detector.names) if coco is not None else None
     names, in_flight = detector.names, detector.shape.in_flight
 
     def detect_chunk(chunk: list[tuple[SourceImage, Any]]) -> tuple[list[SourceImage], DetectedBatch, list[str]]:
@@ -248,7 +197,7 @@ def predict_folder(
         answers = detector.run_prepared([x for _, x in chunk], params)  # the readers prepared them
         return files, answers, image_lines([img.name for img in files], answers, names)
 
-    chunks = _batches(detector, todo, batch, workers, ahead_batches=in_flight + 2)
+    chunks = _batches(detector, todo, detector.shape.max_batch, workers, ahead_batches=in_flight + 2)
     with open(out, "a" if resume else "w") as fh:
         if resume and not _ends_with_newline(out):
             fh.write("\n")  # a torn last line stays torn, on its own, instead of swallowing the next one
@@ -259,15 +208,16 @@ def predict_folder(
             summary.errors += len(answers.errors)
             summary.error_files += [f"{files[i].name}: {answers.errors[i]}" for i in sorted(answers.errors)]
             summary.detections += int(answers.counts.sum())
-            if save_images is not None or coco is not None:
-                _keep_results(files, answers, lines, names, save_images, records if coco is not None else None)
+            if save_images is not None:
+                _draw(files, answers, names, save_images)
+            if document is not None:
+                document.add([img.name for img in files], answers)
             progress.advance(len(files))
         if videos:
-            _predict_videos(detector, videos, fh, params, summary, batch=batch, vid_stride=vid_stride, track=track,
-                            resume_from=resume_from, save_images=save_images,
-                            records=records if coco is not None else None, progress=progress)
-    if coco is not None:
-        Path(coco).write_text(json.dumps(coco_document(records, detector.names)) + "\n")
+            _predict_videos(detector, videos, fh, params, summary, vid_stride=vid_stride, track=track,
+                            resume_from=written.frames, save_images=save_images, coco=document, progress=progress)
+    if document is not None:
+        Path(coco).write_text(document.dumps() + "\n")
     return summary
 
 
@@ -279,21 +229,17 @@ def _is_video(img: SourceImage) -> bool:
     return suffix in VIDEO_SUFFIXES and suffix != ".gif"
 
 
-def _keep_results(images: list[SourceImage], answers: DetectedBatch, lines: list[str], names: list[str],
-                  save_images: Path | None, records: list[dict[str, Any]] | None) -> None:
-    """``--save-images`` and ``--coco``: each image drawn (from its ``ImageResult``) and/or its
-    line kept as a record."""
+def _draw(images: list[SourceImage], answers: DetectedBatch, names: list[str], save_images: Path) -> None:
+    """``--save-images``: each image drawn, from its ``ImageResult``."""
     for k, img in enumerate(images):
-        if save_images is not None and k not in answers.errors:
+        if k not in answers.errors:
             draw_detections(img.path, answers.result(k), names, Path(save_images) / img.name)
-        if records is not None:
-            records.append(json.loads(lines[k]))
 
 
 def _predict_videos(
     detector: Detector, videos: list[SourceImage], fh: Any, params: DetectParams, summary: FolderSummary, *,
-    batch: int, vid_stride: int, track: bool, resume_from: dict[str, int], save_images: Path | None,
-    records: list[dict[str, Any]] | None, progress: _Progress,
+    vid_stride: int, track: bool, resume_from: dict[str, int], save_images: Path | None, coco: CocoDocument | None,
+    progress: _Progress,
 ) -> None:
     """Each video's frames as JSON lines on ``fh`` (flushed per batch); ``--resume`` goes on after
     the last frame written; ``--save-images`` writes the annotated video as ``NAME.mp4``."""
@@ -304,18 +250,14 @@ def _predict_videos(
 
     def write(line: str) -> None:
         fh.write(line + "\n")
-        if records is not None:
-            rec = json.loads(line)
-            if "error" not in rec:
-                records.append({**rec, "image": f"{rec['image']}#{rec['frame']}"})
 
     for video in videos:
         save_to = Path(save_images) / f"{video.name}.mp4" if save_images is not None else None
         result = predict_video(
-            detector, video.path, video.name, write, params, batch=batch, vid_stride=vid_stride,
+            detector, video.path, video.name, write, params, vid_stride=vid_stride,
             start=resume_from.get(video.name, -1) + 1, save_to=save_to,
             annotate=(lambda img, res: annotate(img, res, detector.names)) if save_to else None,
-            on_frames=frames_written, track=track,
+            on_frames=frames_written, track=track, coco=coco,
         )
         fh.flush()
         progress.video_ended(video.name, result.frames)

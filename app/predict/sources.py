@@ -31,16 +31,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# OpenCV serialises every FFmpeg open of the process behind one lock unless told that FFmpeg is
-# thread-safe (it is, since FFmpeg 4): one source that never answers would hold every other
-# stream's open until its timeout. Read by OpenCV at each open; set before any thread opens one.
-os.environ.setdefault("OPENCV_FFMPEG_IS_THREAD_SAFE", "1")
+def let_ffmpeg_open_in_parallel() -> None:
+    """Tell OpenCV that FFmpeg is thread-safe (it is, since FFmpeg 4); else OpenCV serialises
+    every FFmpeg open of the process behind one lock, and one source that never answers holds
+    every other stream's open until its timeout. OpenCV reads the variable at each open. Called
+    before each open, and before the threads that open sources start (``StreamRunner``): setting
+    the environment while another thread reads it is not safe, so the first call must come
+    before them (later calls find it set and write nothing). A value the user set is kept."""
+    os.environ.setdefault("OPENCV_FFMPEG_IS_THREAD_SAFE", "1")
 
 
 def quiet_opencv() -> None:
     """OpenCV's warnings off, its errors kept, unless the user chose a level (``OPENCV_LOG_LEVEL``):
     its FFmpeg backend warns at every capture that ``OPENCV_FFMPEG_IS_THREAD_SAFE`` is set,
-    which yolopipe sets on purpose (above), and a normal video or stream prints nothing."""
+    which yolopipe sets on purpose (``let_ffmpeg_open_in_parallel``), and a normal video or
+    stream prints nothing."""
     if "OPENCV_LOG_LEVEL" in os.environ:
         return
     import cv2
@@ -78,6 +83,7 @@ def open_opencv(source: str, *, timeout_ms: int | None = None, threads: int | No
     FFmpeg's decoding threads for it (OpenCV's default: one per core)."""
     import cv2
 
+    let_ffmpeg_open_in_parallel()
     quiet_opencv()
     params = []
     if timeout_ms is not None:
@@ -165,6 +171,7 @@ class RawPackets:
     def __init__(self, source: str, *, timeout_ms: int | None = None) -> None:
         import cv2
 
+        let_ffmpeg_open_in_parallel()
         quiet_opencv()
         params = [cv2.CAP_PROP_FORMAT, -1]
         if timeout_ms is not None:

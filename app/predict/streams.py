@@ -29,7 +29,7 @@ from app.contracts import DetectedBatch, DetectParams, PipelineInput
 from app.errors import InvalidParameter, Overloaded
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
-from app.predict.sources import is_live, video_decoder
+from app.predict.sources import is_live, let_ffmpeg_open_in_parallel, video_decoder
 from app.predict.stream_source import LIVE_BUFFER, OPEN_TIMEOUT_S, Stream, StreamFrame
 from app.records import LINES, records
 
@@ -74,6 +74,7 @@ class StreamRunner:
         Batches are up to ``detector.shape.max_batch`` frames, waiting at most ``max_wait_ms``
         (default: ``detector.shape.max_wait_ms``) for one to fill. ``open_timeout_s``: how long
         opening or reading a source may give nothing before it fails."""
+        let_ffmpeg_open_in_parallel()  # before any reader thread opens a source
         self.detector, self.params, self.on_frames = detector, params, on_frames
         self._detect_frames = detect or (lambda images: detector.run(images, params))
         self.decoder = "opencv" if detect is not None else video_decoder(detector)

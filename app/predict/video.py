@@ -10,7 +10,6 @@ annotated video is written (that needs the pixels on the host).
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -26,7 +25,7 @@ from app.errors import InvalidImage, InvalidParameter
 from app.pipeline.detector import Detector
 from app.pipeline.overlap import run_overlapped
 from app.predict.sources import capture_fps, check_frame, open_opencv, open_source, video_decoder
-from app.records import LINES, error_line, frame_lines
+from app.records import LINES, CocoDocument, error_line, frame_lines
 
 # Ultralytics' VID_FORMATS: what it reads as video.
 VIDEO_SUFFIXES = frozenset(
@@ -98,22 +97,6 @@ def frames_to_read(path: Path, *, vid_stride: int = 1, start: int = 0) -> int | 
         return None
     first = -(-start // vid_stride) * vid_stride  # the first index read: at or after start, on the stride
     return len(range(first, int(count), vid_stride))
-
-
-def frames_done(out: Path) -> dict[str, int]:
-    """For ``--resume``: per video already in ``out``, the last frame written (lines are written in
-    frame order, so everything up to it is done); a torn last line is ignored."""
-    last: dict[str, int] = {}
-    if not out.is_file():
-        return last
-    for line in out.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-            name, frame = rec["image"], int(rec["frame"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
-        last[name] = max(frame, last.get(name, -1))
-    return last
 
 
 def prefetch(items: Iterator[Any], depth: int) -> Iterator[Any]:
@@ -194,19 +177,21 @@ def predict_video(
     write: Callable[[str], None],
     params: DetectParams,
     *,
-    batch: int = 8,
     vid_stride: int = 1,
     start: int = 0,
     annotate: Callable[[np.ndarray, ImageResult], np.ndarray] | None = None,
     save_to: Path | None = None,
     on_frames: Callable[[int], None] | None = None,
     track: bool = False,
+    coco: CocoDocument | None = None,
 ) -> VideoSummary:
-    """Detect on the frames of one video; ``write`` gets each frame's JSON line (no newline, from
-    ``app.records.frame_lines``), in frame order.
+    """Detect on the frames of one video, in batches of the detector's ``RunShape.max_batch``;
+    ``write`` gets each frame's JSON line (no newline, from ``app.records.frame_lines``), in
+    frame order.
 
     ``annotate`` and ``save_to`` together write the annotated video there; ``track`` adds
-    ByteTrack ids (``app.predict.tracking``; a resumed video's tracks start afresh)."""
+    ByteTrack ids (``app.predict.tracking``; a resumed video's tracks start afresh); ``coco``
+    gets each frame that was detected, as ``NAME#FRAME``."""
     summary = VideoSummary()
     max_pixels = detector.shape.max_pixels
     try:
@@ -225,9 +210,9 @@ def predict_video(
         tracker = StreamTracker((fps or 30.0) / vid_stride)
     writer = AnnotatedVideo(save_to, fps / vid_stride if fps else 0.0) if annotate and save_to else None
     decoder = "opencv" if writer is not None else video_decoder(detector)
+    batch = detector.shape.max_batch
     if decoder == "nvdec":  # room and graphs for its batches now: no capture while the reader uses the GPU
-        detector.warmup(range(1, min(batch, detector.shape.max_batch) + 1), nv12=True,
-                        frame_size=size if all(size) else None)
+        detector.warmup(range(1, batch + 1), nv12=True, frame_size=size if all(size) else None)
     frames = prefetch(_chunks(read_frames(path, max_pixels=max_pixels, vid_stride=vid_stride, start=start,
                                           decoder=decoder, device=detector.device or 0), batch), depth=3)
 
@@ -242,6 +227,8 @@ def predict_video(
                              for k in range(len(chunk))]
             for line in frame_lines(name, [(f.index, f.time_s) for f in chunk], answers, detector.names, track_ids):
                 write(line)
+            if coco is not None:
+                coco.add([f"{name}#{f.index}" for f in chunk], answers)
             summary.frames += len(chunk)
             summary.detections += int(answers.counts.sum())
             if writer is not None and annotate is not None:

@@ -32,7 +32,7 @@ from tests.references import detections_json
 GPU = os.environ.get("YOLOPIPE_REAL_GPU") == "1"
 SERVE = (["--backend", "torch-cuda", "--precision", "fp16", "--no-compile"] if GPU else ["--backend", "onnxruntime"])
 REFERENCE = ({"backend": "torch-cuda", "precision": "fp16", "compile": False, "max_batch": 8} if GPU
-             else {"backend": "onnxruntime"})
+             else {"backend": "onnxruntime"})  # OpenOptions' fields, max_batch its run shape's
 CPU_ERROR = "cannot decode this JPEG image (truncated or corrupt)"
 CLIENTS, ROUNDS = (32, 10) if GPU else (6, 5)
 
@@ -98,10 +98,13 @@ def images(assets_dir, forge) -> tuple[dict[str, bytes], dict[str, bytes]]:
 
 @pytest.fixture(scope="module")
 def expected(artifacts_dir, images):
-    from app.runtime import open_detector
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, open_detector
 
     valid, _ = images
-    with open_detector("sample", artifacts_dir=artifacts_dir, **REFERENCE) as det:
+    reference = dict(REFERENCE)
+    shape = RunShape(max_batch=reference.pop("max_batch")) if "max_batch" in reference else RunShape()
+    with open_detector(OpenOptions("sample", artifacts_dir=artifacts_dir, shape=shape, **reference)) as det:
         return {name: detections_json(det.detect([data], det.params())[0].detections, det.names)
                 for name, data in valid.items()}
 

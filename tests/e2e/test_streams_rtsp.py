@@ -14,8 +14,9 @@ import time
 
 import pytest
 
+from app.contracts import RunShape
 from app.predict.streams import StreamRunner
-from app.runtime import open_detector
+from app.runtime import OpenOptions, open_detector
 from tests.net import free_port
 from tests.videos import CLIP_SIZE, ffmpeg, write_clip, write_h264
 
@@ -97,7 +98,8 @@ def test_a_killed_rtsp_source_reconnects_and_the_other_never_stops(clip, artifac
         with lock:
             return len(frames.get(stream_id, []))
 
-    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=4) as detector:
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, shape=RunShape(max_batch=4))
+    with open_detector(options) as detector:
         runner = StreamRunner(detector, detector.params(), on_frames)
         thread = threading.Thread(target=runner.run, kwargs={"until_done": False}, daemon=True)
         thread.start()
@@ -140,7 +142,8 @@ def test_a_live_http_source_is_read_as_a_camera(clip, artifacts_dir):
          "-listen", "1", f"http://127.0.0.1:{port}/cam.ts"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     seen: list = []
-    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=4) as detector:
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, shape=RunShape(max_batch=4))
+    with open_detector(options) as detector:
         runner = StreamRunner(detector, detector.params(),
                               lambda batch, answers, ids: seen.extend(zip(batch, answers.results())))
         thread = threading.Thread(target=runner.run, kwargs={"until_done": False}, daemon=True)

@@ -12,7 +12,8 @@ import sys
 import httpx
 import pytest
 
-from app.runtime import open_detector
+from app.contracts import RunShape
+from app.runtime import OpenOptions, open_detector
 from tests.net import free_port, wait_ready
 from tests.references import detections_json
 from tests.videos import CLIP_FPS, decoded_frames, write_clip
@@ -74,7 +75,8 @@ def test_a_stream_added_at_runtime_gives_one_event_per_frame(server, artifacts_d
     indexes = [e["frame"] for e in frames]
     assert indexes == sorted(indexes) and all(e["time_s"] == round(e["frame"] / CLIP_FPS, 6) for e in frames)
     decoded = decoded_frames(videos / "clip.avi")
-    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=4) as det:
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, shape=RunShape(max_batch=4))
+    with open_detector(options) as det:
         reference = det.detect([decoded[i] for i in indexes[:8]], det.params())
         assert [e["detections"] for e in frames[:8]] == [detections_json(ref.detections, det.names) for ref in reference]
 

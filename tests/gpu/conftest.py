@@ -86,10 +86,11 @@ def chosen16(sample_model_dir):
     with batch-invariant kernels (built here on the session's first use: minutes), fp16, in a
     pipeline of buckets up to 8 with three batches in flight. A ``Detector``."""
     from app.contracts import RunShape
-    from app.runtime import open_model_dir
+    from app.runtime import OpenOptions, ensure_engine, open_model_dir
 
-    det = open_model_dir(sample_model_dir, RunShape(max_batch=MAX_BATCH, in_flight=3), backend="torch-cuda",
-                         precision="fp16")
+    options = OpenOptions(backend="torch-cuda", precision="fp16", shape=RunShape(max_batch=MAX_BATCH, in_flight=3))
+    ensure_engine(sample_model_dir, options)
+    det = open_model_dir(sample_model_dir, options)
     engine = det.engine
     assert (engine.compiler, engine.batch_invariant) == ("aoti", True), (engine.compiler, engine.batch_invariant)
     yield det

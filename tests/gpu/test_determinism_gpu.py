@@ -135,10 +135,10 @@ from pathlib import Path
 from app.boxes import rows_to_detections
 from app.contracts import DetectParams, EncodedImage, RunShape
 from app.imaging.headers import read_header
-from app.runtime import open_model_dir
+from app.runtime import OpenOptions, open_model_dir
 from tests.references import detections_json
-det = open_model_dir(Path(sys.argv[1]), RunShape(max_batch=8, in_flight=1), backend="torch-cuda",
-                     precision=sys.argv[2])
+det = open_model_dir(Path(sys.argv[1]), OpenOptions(backend="torch-cuda", precision=sys.argv[2],
+                                                    shape=RunShape(max_batch=8, in_flight=1)))
 assert det.engine.compiler == "aoti"  # the package the parent built: loaded, not built again
 items = [EncodedImage(d, read_header(d)) for d in (open(p, "rb").read() for p in sys.argv[3:])]
 run = det.pipeline.run(items, DetectParams(conf=0.25, iou=0.7))

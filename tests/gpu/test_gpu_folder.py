@@ -1,6 +1,6 @@
 """``predict_folder`` on the GPU pipeline: the lines it writes from each batch's rows are byte for
 byte ``json.dumps(to_json)`` of what ``Detector.detect`` gives each file (JPEGs the GPU decodes,
-others OpenCV decodes, broken files), in listing order, batches bigger than the pipeline's."""
+others OpenCV decodes, broken files), in listing order, in batches of the pipeline's size."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_folder_lines_equal_the_detectors_per_image_results(gpu, sample_model_di
     try:
         det = Detector(pipe)
         out = tmp_path / "p.jsonl"
-        summary = predict_folder(det, str(src), out, det.params(), batch=12)
+        summary = predict_folder(det, str(src), out, det.params())
         images = list_images(str(src))
         expected = [image_json(r, img.name, det.names) for img, r in
                     zip(images, det.detect([img.path.read_bytes() for img in images], det.params()))]

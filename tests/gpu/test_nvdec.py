@@ -181,14 +181,15 @@ def test_predict_video_and_streams_by_nvdec_equal_opencv(gpu, pipe, clip, caplog
     copies as streams; the same frames, times and sizes, and the same detections (F1 1.000).
     """
     caplog.set_level(logging.INFO, logger="app.predict.sources")
-    nvdec, opencv = Detector(pipe, video_decode="nvdec"), Detector(pipe, video_decode="opencv")
+    nvdec = Detector(pipe, video_decode="nvdec", max_batch=4)
+    opencv = Detector(pipe, video_decode="opencv", max_batch=4)
     assert video_decoder(nvdec) == "nvdec" and video_decoder(opencv) == "opencv"
     params = DetectParams(conf=gpu.CONF, iou=gpu.IOU)
     total = len(decoded_frames(clip))
     lines: dict[str, list] = {"nvdec": [], "opencv": []}  # each frame's JSON line, read back
     for name, det in (("nvdec", nvdec), ("opencv", opencv)):
         summary = predict_video(det, clip, "clip.mp4", lambda line, name=name: lines[name].append(json.loads(line)),
-                                params, batch=4, vid_stride=4)
+                                params, vid_stride=4)
         assert summary.frames == len(range(0, total, 4)) and summary.error is None, (name, summary, total)
     key = [(r["frame"], r["time_s"], r["width"], r["height"]) for r in lines["opencv"]]
     assert [(r["frame"], r["time_s"], r["width"], r["height"]) for r in lines["nvdec"]] == key

@@ -31,13 +31,15 @@ def root(sample_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def detector(root):
-    from app.runtime import open_detector
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, ensure_artifacts, open_model_dir
     from app.types import StartupSteps
 
     said: list[str] = []
     steps = StartupSteps(said.append)
-    det = open_detector("sample", backend="torch-cuda", precision="fp16", artifacts_dir=root, max_batch=BATCH,
-                        steps=steps)
+    options = OpenOptions("sample", backend="torch-cuda", precision="fp16", artifacts_dir=root,
+                          shape=RunShape(max_batch=BATCH))
+    det = open_model_dir(ensure_artifacts(options, steps), options, steps)
     assert any("compiling with AOTInductor (2 of 3" in s for s in said), said  # a first start builds it, and says so
     assert det.engine.compiler == "aoti"
     yield det
@@ -69,7 +71,8 @@ def test_a_later_start_loads_the_package_and_compiles_nothing(gpu, root, detecto
     import torch.export
 
     from app.builder import torch_build
-    from app.runtime import open_detector
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, open_detector
 
     def refuse(*args, **kwargs):
         raise AssertionError("a start with its engine built must compile nothing")
@@ -77,7 +80,9 @@ def test_a_later_start_loads_the_package_and_compiles_nothing(gpu, root, detecto
     for owner, name in [(torch, "compile"), (torch.export, "export"), (torch._inductor, "aoti_compile_and_package"),
                         (torch_build, "_compile")]:
         monkeypatch.setattr(owner, name, refuse)
-    with open_detector("sample", backend="torch-cuda", precision="fp16", artifacts_dir=root, max_batch=BATCH) as again:
+    options = OpenOptions("sample", backend="torch-cuda", precision="fp16", artifacts_dir=root,
+                          shape=RunShape(max_batch=BATCH))
+    with open_detector(options) as again:  # opening builds nothing
         assert again.engine.compiler == "aoti"
         ours, eager = [], []
         for n in (1, 3, BATCH):

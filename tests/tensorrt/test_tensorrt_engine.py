@@ -192,19 +192,25 @@ def test_close_is_idempotent_and_final(fp16_engine, model_meta, assets_dir):
 
 # --- through the Detector, against Ultralytics ----------------------------------------------------
 def test_fp16_detections_match_ultralytics(fp16_engine, trt_dir, ultralytics_model, assets_dir, varied_images):
-    from app.runtime import open_detector
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, open_detector
 
-    with open_detector("sample", backend="tensorrt", precision="fp16", artifacts_dir=trt_dir, max_batch=4) as det:
+    options = OpenOptions("sample", backend="tensorrt", precision="fp16", artifacts_dir=trt_dir,
+                          shape=RunShape(max_batch=4))
+    with open_detector(options) as det:
         assert det.info()["backend"] == "tensorrt" and det.info()["precision"] == "fp16"
         assert agreement(det, ultralytics_model, photo_paths(assets_dir, varied_images)) >= 0.99
 
 
 def test_int8_detections_match_ultralytics(int8_engine, trt_dir, ultralytics_model, assets_dir, varied_images):
-    from app.runtime import open_detector
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, open_detector
 
     em = load_engine_meta(export_onnx("sample", artifacts_dir=trt_dir).model_dir, "int8")
     assert em.source_onnx == "model.int8.onnx" and em.builder_options["strongly_typed"]
-    with open_detector("sample", backend="tensorrt", precision="int8", artifacts_dir=trt_dir, max_batch=4) as det:
+    options = OpenOptions("sample", backend="tensorrt", precision="int8", artifacts_dir=trt_dir,
+                          shape=RunShape(max_batch=4))
+    with open_detector(options) as det:
         assert det.info()["precision"] == "int8"
         assert agreement(det, ultralytics_model, photo_paths(assets_dir, varied_images)) >= 0.90
 

@@ -32,7 +32,7 @@ NEUTRAL = ("app.artifacts", "app.boxes", "app.config", "app.contracts", "app.err
            "app.source_urls", "app.types", "app.versions", "app.weights")
 # May import build time and run time alike, each for a stated reason:
 COMPOSERS = {
-    "app.runtime": "the composition root: exports the weights on first use, then opens a run-time detector",
+    "app.runtime": "the composition root: ensure_artifacts exports and builds, open_detector opens a run-time detector",
     "app.benchmark": "times yolopipe against Ultralytics: exports the model it times",
     "app.cli": "one command per step, build steps (export, calibrate, build-engine) and run steps alike",
 }
@@ -61,9 +61,9 @@ def test_importing_loads_no_gpu_library(module):
 
 DETECT = """
 from pathlib import Path
-from app.runtime import open_detector
+from app.runtime import OpenOptions, open_detector
 image = Path(sys.argv[1])
-with open_detector("sample", backend=sys.argv[2]) as det:
+with open_detector(OpenOptions("sample", backend=sys.argv[2])) as det:
     (res,) = det.detect([image.read_bytes()], det.params())
     assert res.error is None and len(res.detections) > 0, res
 """

@@ -1,7 +1,9 @@
 """Every JSON record (``app.records``) is byte for byte what ``json.dumps`` gives for the record as
 a dict built the readable way: ``tests/references.py``'s ``image_json`` of each image,
 with a video frame's and a stream event's fields around it, track ids added to each detection,
-and for ``/v1`` the compact form Starlette's ``JSONResponse`` writes."""
+and for ``/v1`` the compact form Starlette's ``JSONResponse`` writes. ``--coco``'s document,
+built from the arrays, is byte for byte the one built from the lines read back; ``--resume``
+reads back what the lines hold."""
 
 from __future__ import annotations
 
@@ -13,9 +15,9 @@ from starlette.responses import JSONResponse
 
 from app.contracts import ImageResult
 from app.errors import ImageTooLarge, InvalidImage
-from app.records import HTTP, LINES, frame_lines, image_lines, records
+from app.records import HTTP, LINES, CocoDocument, frame_lines, image_lines, read_written, records
 from app.types import Detections
-from tests.references import detected_batch, image_json
+from tests.references import coco_document, detected_batch, image_json
 
 NAMES = ["Normal", "Fall"]
 IMAGE_NAMES = ["a.jpg", "sub/ü ñ 雪.jpg", 'q"uote\\back\tslash.jpg', "emoji 🙂.png", "\x01ctl.jpg"]
@@ -155,3 +157,47 @@ def test_nothing_to_write():
     assert image_lines([], detected_batch([]), NAMES) == []
     only_error = detected_batch([ImageResult(error=InvalidImage("empty image"))])
     assert image_lines(["e.jpg"], only_error, NAMES) == ['{"image": "e.jpg", "error": "empty image"}']
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_coco_document_from_the_arrays_equals_the_one_from_the_lines(seed):
+    """Batch after batch (errors, empty images, exact ties of the rounding, NaN and infinities),
+    video frames named ``video#frame``: the same bytes as the document built from the lines."""
+    rng = np.random.default_rng(200 + seed)
+    class_names = class_names_for(seed)
+    document, lines = CocoDocument(class_names), []
+    for b in range(4):
+        results = random_results(rng, int(rng.integers(0, 12)))
+        if b == 2 and results and results[0].detections is not None and len(results[0].detections):
+            rows = results[0].detections
+            rows.scores[0], rows.boxes[0, 2] = np.nan, np.inf
+        names = [f"{b}-{k}-{IMAGE_NAMES[k % 5]}" for k in range(len(results))]
+        batch = detected_batch(results)
+        if b % 2:  # a video's frames
+            frames = [(k, k / 25) for k in range(len(results))]
+            lines += [{**json.loads(line), "image": f"clip.mp4#{index}"}
+                      for line, (index, _) in zip(frame_lines("clip.mp4", frames, batch, class_names), frames)]
+            document.add([f"clip.mp4#{index}" for index, _ in frames], batch)
+        else:
+            lines += [json.loads(line) for line in image_lines(names, batch, class_names)]
+            document.add(names, batch)
+    assert document.dumps() == json.dumps(coco_document(lines, class_names))
+
+
+def test_what_an_output_holds_is_read_back_once(tmp_path):
+    """Images (an error line is an image written), each video's last frame, and nothing from a
+    torn or foreign line."""
+    out = tmp_path / "p.jsonl"
+    lines = [
+        '{"image": "a.jpg", "width": 1, "height": 1, "detections": []}',
+        '{"image": "bad.png", "error": "cannot decode"}',
+        '{"image": "v.mp4", "frame": 0, "time_s": 0.0, "width": 1, "height": 1, "detections": []}',
+        '{"image": "v.mp4", "frame": 3, "time_s": 0.1, "width": 1, "height": 1, "detections": []}',
+        '{"image": "w.mp4", "frame": 7, "time_s": 0.2, "error": "frame over the limit"}',
+        '[1, 2]', '{"frame": 9}', '{"image": "v.mp4", "frame": "x"}', "not json",
+        '{"image": "torn.jpg", "width": 1, "he',
+    ]
+    out.write_text("\n".join(lines))
+    written = read_written(out)
+    assert written.images == {"a.jpg", "bad.png"} and written.frames == {"v.mp4": 3, "w.mp4": 7}
+    assert read_written(tmp_path / "missing.jsonl") == type(written)()

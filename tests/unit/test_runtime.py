@@ -40,22 +40,43 @@ def test_impossible_choices_are_one_clear_error(tmp_path, backend, precision, gp
         choose_backend(backend, precision, model_dir, gpus=gpus)
 
 
+def test_the_service_settings_become_one_options_value():
+    """``options_from``: every setting that says which detector the service opens, in one place."""
+    from pathlib import Path
+
+    from app.config import Settings
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, options_from
+
+    settings = Settings(weights="w.pt", imgsz=320, artifacts_dir=Path("/a"), backend="torch-cuda", precision="fp32",
+                        decode="cpu", device=1, compile=False, batch_invariant=False, ort_threads=3, max_batch=16,
+                        max_pixels=1_000_000, max_wait_ms=7.5)
+    assert options_from(settings) == OpenOptions(
+        weights="w.pt", imgsz=320, artifacts_dir=Path("/a"), backend="torch-cuda", precision="fp32", device=1,
+        compile=False, batch_invariant=False, ort_threads=3, pad_to_captured=True,
+        shape=RunShape(max_batch=16, decode="opencv", max_pixels=1_000_000, max_wait_ms=7.5))
+
+
 def test_the_run_shape_is_clamped_once_where_the_detector_is_opened(sample_model_dir):
     """ONNX Runtime runs one batch at a time, of at most ``CPU_MAX_BATCH``: the detector carries
     that shape, and its pipeline was built for it (nothing downstream clamps again)."""
+    from dataclasses import replace
+
     from app.config import CPU_MAX_BATCH, Settings
     from app.contracts import RunShape
-    from app.runtime import open_model_dir, shape_from
+    from app.runtime import OpenOptions, cpu_shape, open_model_dir, options_from
 
     settings = Settings(backend="onnxruntime", max_batch=64, max_pixels=1_000_000, max_wait_ms=7.5, decode="cpu")
-    asked = shape_from(settings)
-    assert asked == RunShape(max_batch=64, decode="opencv", max_pixels=1_000_000, max_wait_ms=7.5)
-    with open_model_dir(sample_model_dir, asked, backend="onnxruntime") as det:
-        assert det.shape == RunShape(max_batch=CPU_MAX_BATCH, in_flight=1, decode="opencv", max_pixels=1_000_000,
-                                     max_wait_ms=7.5)
+    asked = options_from(settings)
+    assert asked.shape == RunShape(max_batch=64, decode="opencv", max_pixels=1_000_000, max_wait_ms=7.5)
+    with open_model_dir(sample_model_dir, asked) as det:
+        assert det.shape == cpu_shape(asked.shape) == RunShape(max_batch=CPU_MAX_BATCH, in_flight=1, decode="opencv",
+                                                               max_pixels=1_000_000, max_wait_ms=7.5)
         assert det.pipeline.max_batch == det.info()["max_batch"] == CPU_MAX_BATCH
-    with open_model_dir(sample_model_dir, RunShape(max_batch=4), backend="onnxruntime") as det:
+    with open_model_dir(sample_model_dir, replace(asked, shape=RunShape(max_batch=4))) as det:
         assert (det.shape.max_batch, det.pipeline.max_batch) == (4, 4)
+    with open_model_dir(sample_model_dir, OpenOptions(backend="onnxruntime", ort_threads=1)) as det:
+        assert det.info()["backend"] == "onnxruntime"
 
 
 def test_a_failed_open_closes_what_it_had_opened(sample_model_dir, monkeypatch):
@@ -72,7 +93,8 @@ def test_a_failed_open_closes_what_it_had_opened(sample_model_dir, monkeypatch):
     monkeypatch.setattr(CpuPipeline, "close", lambda self: closed.append(self.backend))
     monkeypatch.setattr(app.runtime, "Detector", refused)
     with pytest.raises(InvalidParameter, match="refused"):
-        app.runtime.open_model_dir(sample_model_dir, RunShape(max_batch=2), backend="onnxruntime")
+        app.runtime.open_model_dir(sample_model_dir, app.runtime.OpenOptions(backend="onnxruntime",
+                                                                             shape=RunShape(max_batch=2)))
     assert closed == ["onnxruntime"]
 
 
@@ -97,14 +119,58 @@ def test_a_gpu_pipeline_that_fails_to_set_up_leaves_no_engine_open(sample_model_
     monkeypatch.setattr(app.runtime, "_device_engine", lambda *args: Engine())
     monkeypatch.setattr(app.pipeline.gpu, "GpuPipeline", out_of_memory)
     with pytest.raises(DeviceError, match="out of memory"):
-        app.runtime.open_model_dir(sample_model_dir, backend="torch-cuda")
+        app.runtime.open_model_dir(sample_model_dir, app.runtime.OpenOptions(backend="torch-cuda"))
     assert closed == ["engine"]
 
 
-def test_a_decoder_name_is_checked_before_the_model_is_exported(tmp_path):
-    from app.runtime import open_detector
+@pytest.mark.parametrize("fields, words", [
+    ({"shape": {"decode": "libjpeg"}}, "unknown decoder 'libjpeg'; choose one of gpu, nvimgcodec, nvjpeg, opencv"),
+    ({"shape": {"video_decode": "gpu"}}, "unknown video decoder"),
+    ({"backend": "cuda"}, "unknown backend 'cuda'"),
+    ({"precision": "int4"}, "unknown precision 'int4'"),
+    ({"imgsz": 100}, "imgsz must be a multiple of 32"),
+    ({"ort_threads": -1}, "ort_threads and device must be >= 0"),
+])
+def test_options_are_checked_when_made_before_any_slow_step(tmp_path, fields, words):
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions
 
-    with pytest.raises(InvalidParameter, match="unknown decoder 'libjpeg'; choose one of gpu, nvimgcodec, nvjpeg, opencv"):
-        open_detector("no-such-weights.pt", decode="libjpeg", artifacts_dir=tmp_path)
-    with pytest.raises(InvalidParameter, match="unknown video decoder"):
-        open_detector("no-such-weights.pt", video_decode="gpu", artifacts_dir=tmp_path)
+    with pytest.raises(InvalidParameter, match=words):
+        shape = RunShape(**fields.pop("shape", {}))
+        OpenOptions("no-such-weights.pt", artifacts_dir=tmp_path, shape=shape, **fields)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def linked_root(tmp_path, sample_model_dir):
+    """An artifacts root holding the sample export (hard links: no copy of the weights)."""
+    import os
+    import shutil
+
+    root = tmp_path / "artifacts"
+    shutil.copytree(sample_model_dir, root / sample_model_dir.relative_to(sample_model_dir.parents[1]),
+                    copy_function=os.link, ignore=shutil.ignore_patterns("torch-cache", "torch-cuda"))
+    return root
+
+
+def test_opening_never_exports_and_names_the_command_that_does(tmp_path, linked_root, sample_model_dir, bus,
+                                                                monkeypatch):
+    """``open_detector`` finds the export or says how to make it; ``ensure_artifacts`` makes it (here:
+    finds it current, and exports nothing)."""
+    import app.builder.export
+    from app.errors import ArtifactError
+    from app.runtime import OpenOptions, ensure_artifacts, open_detector
+
+    empty = tmp_path / "empty root"
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=empty)
+    with pytest.raises(ArtifactError, match="no export of sample at imgsz 640") as caught:
+        open_detector(options)
+    assert caught.value.hint == f"run `yolopipe export --artifacts-dir '{empty}'` first"
+    assert not empty.exists()
+
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=linked_root)
+    (folder,) = linked_root.glob("*/imgsz640")
+    monkeypatch.setattr(app.builder.export, "pin_spatial_dims", lambda *args: pytest.fail("exported again"))
+    assert ensure_artifacts(options) == folder
+    with open_detector(options) as det, open_detector(OpenOptions("sample", backend="onnxruntime")) as ref:
+        assert det.meta == ref.meta and det.detect([bus])[0].width == ref.detect([bus])[0].width == 810

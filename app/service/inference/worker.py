@@ -57,7 +57,7 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = Non
     ``("ready", info)`` or ``("error", code, message)``. With ``promote`` (a pipe from the
     pool) this is a standby: it opens and warms its detector, reports ``("standby", pid)``,
     and takes over the worker's socket only when the pool sends it a generation number."""
-    from app.runtime import open_detector_from
+    from app.runtime import ensure_artifacts, open_model_dir, options_from
     from app.service.processes import die_with_parent, setup_logging, write_metrics_to
 
     die_with_parent(spec.parent_pid)
@@ -72,8 +72,8 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = Non
     phase = None
     if promote is None:  # a first start (or a restart without a standby) says what it is doing
         phase = wire.StatusBlock(spec.layout.status(spec.index), writable=True)
-        phase.write_phase("opening the model (a first start exports or builds it)")
-        log.info("inference worker %d: opening the model", spec.index)
+        phase.write_phase("preparing the model (a first start exports it, on a GPU builds its engine)")
+        log.info("inference worker %d: preparing the model", spec.index)
 
         def opening(text: str) -> None:  # each step, and on a first start what is being built and how far
             phase.write_phase(text)
@@ -81,7 +81,8 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = Non
 
         steps.listener = opening
     try:
-        detector = open_detector_from(settings, steps)
+        options = options_from(settings)
+        detector = open_model_dir(ensure_artifacts(options, steps), options, steps)
     except YolopipeError as exc:
         report.send(("error", exc.code, str(exc)))
         raise SystemExit(3) from None

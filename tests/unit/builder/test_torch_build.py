@@ -1,7 +1,8 @@
 """The torch-cuda engine's life cycle, on the CPU, with stand-ins for the GPU, the compiler and
-the engine: ``build-engine`` writes the package; predict's and serve's start-ups load it and
-build nothing (every compile, trace and export function of torch fails the test if called);
-a stale, foreign or half-written package is rebuilt with a message, never loaded.
+the engine: ``build-engine`` writes the package; predict's and serve's start-ups
+(``ensure_artifacts``, then the open) load it and build nothing (every compile, trace and export
+function of torch fails the test if called); a stale, foreign or half-written package is rebuilt
+with a message, never loaded; an open alone never builds.
 
 The real compile is ``tests/unit/builder/test_torch_build_aoti.py`` (AOTInductor on the CPU) and
 ``tests/gpu/test_torch_engine.py`` (on the GPU)."""
@@ -116,16 +117,21 @@ def model_dir_in(root: Path) -> Path:
 
 
 def open_for_predict(root: Path, batch: int = 64):
-    from app.runtime import open_detector
+    """What ``predict`` does: its artifacts ensured, then opened."""
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, ensure_artifacts, open_model_dir
 
-    return open_detector("sample", backend="torch-cuda", artifacts_dir=root, max_batch=batch)
+    options = OpenOptions("sample", backend="torch-cuda", artifacts_dir=root, shape=RunShape(max_batch=batch))
+    return open_model_dir(ensure_artifacts(options), options)
 
 
-def open_for_serve(root: Path):
+def open_for_serve(root: Path, **settings):
+    """What the service's inference worker does, from its settings."""
     from app.config import Settings
-    from app.runtime import open_detector_from
+    from app.runtime import ensure_artifacts, open_model_dir, options_from
 
-    return open_detector_from(Settings(weights="sample", backend="torch-cuda", artifacts_dir=root))
+    options = options_from(Settings(weights="sample", backend="torch-cuda", artifacts_dir=root, **settings))
+    return open_model_dir(ensure_artifacts(options), options)
 
 
 def test_a_second_start_builds_nothing(gpu, root, monkeypatch):
@@ -256,6 +262,35 @@ def test_without_aotinductor_the_eager_model_runs_and_later_starts_do_not_build_
     assert len(tries) == 1 and OPENED[-1].compile is False
 
 
+def test_an_open_alone_builds_nothing_and_names_the_command_that_does(gpu, root, monkeypatch):
+    """``open_detector`` without ``ensure_artifacts``: no package is an error naming the build
+    command (for this run's batch and kernels); after a build that failed here, the eager model."""
+    from app.contracts import RunShape
+    from app.errors import ArtifactError, BackendUnavailable
+    from app.runtime import OpenOptions, open_detector
+    from app.types import StartupSteps
+
+    refuse_every_compile(monkeypatch)
+    options = OpenOptions("sample", backend="torch-cuda", artifacts_dir=root, batch_invariant=False,
+                          shape=RunShape(max_batch=128))
+    with pytest.raises(ArtifactError, match="no torch-cuda engine \\(fp16, batches up to 128\\)") as caught:
+        open_detector(options)
+    assert caught.value.hint == (f"run `yolopipe build-engine --artifacts-dir {root} --backend torch-cuda --precision "
+                                 "fp16 --max-batch 128 --no-batch-invariant` first (predict and serve build it themselves)")
+    assert OPENED == [] and not (model_dir_in(root) / "torch-cuda").exists()
+
+    def no_compiler(*args):
+        raise BackendUnavailable("no compiler")
+
+    monkeypatch.setattr(torch_build, "_compile", no_compiler)
+    with pytest.warns(RuntimeWarning, match="running the eager model instead"):
+        open_for_predict(root)  # predict's start: the build fails here, and says so
+    said: list[str] = []
+    with open_detector(OpenOptions("sample", backend="torch-cuda", artifacts_dir=root),
+                       StartupSteps(said.append)):
+        assert OPENED[-1].compile is False and any("no compiler (an earlier build" in line for line in said), said
+
+
 def test_a_package_that_fails_in_a_fresh_process_is_refused_with_what_the_process_said(tmp_path):
     """The check every package passes before it is published: a new process loads and runs it.
     Here the file is no package (and there may be no GPU): the child fails, and the build is
@@ -278,8 +313,6 @@ def test_no_batch_invariant_builds_and_loads_the_cudnn_package_beside_the_invari
     from typer.testing import CliRunner
 
     from app.cli import cli
-    from app.config import Settings
-    from app.runtime import open_detector_from
 
     result = CliRunner().invoke(cli, ["build-engine", "--artifacts-dir", str(root), "--no-batch-invariant"])
     assert result.exit_code == 0, result.output
@@ -292,7 +325,7 @@ def test_no_batch_invariant_builds_and_loads_the_cudnn_package_beside_the_invari
     open_for_predict(root)  # the default: batch-invariant, built now
     assert [k.batch_invariant for k in COMPILED] == [False, True]
     refuse_every_compile(monkeypatch)
-    open_detector_from(Settings(weights="sample", backend="torch-cuda", artifacts_dir=root, batch_invariant=False))
+    open_for_serve(root, batch_invariant=False)
     assert OPENED[-1].packages == [cudnn]
 
 

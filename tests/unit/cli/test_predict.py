@@ -35,9 +35,11 @@ def test_frames_to_read_follows_the_stride_and_the_resume_point(clip, tmp_path):
 
 @pytest.fixture(scope="module")
 def detector(artifacts_dir):
-    from app.runtime import open_detector
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, open_detector
 
-    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=4) as det:
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, shape=RunShape(max_batch=4))
+    with open_detector(options) as det:
         yield det
 
 
@@ -57,7 +59,7 @@ def progress_of(detector, media, out) -> list[tuple[int, int | None]]:
     from app.predict.folder import predict_folder
 
     calls = []
-    summary = predict_folder(detector, str(media), out, detector.params(), batch=4,
+    summary = predict_folder(detector, str(media), out, detector.params(),
                              on_progress=lambda advance, total: calls.append((advance, total)))
     assert summary.images == 1 + FRAMES
     return calls

@@ -15,7 +15,7 @@ from app.distributed.actor import RECORD_COLUMNS, record_table
 from app.distributed.job import BATCHES_PER_BLOCK, BLOCKS_PER_ACTOR, block_size, write_records
 from app.distributed.output import open_sink
 from app.errors import InvalidImage
-from app.predict.folder import FolderSummary
+from app.records import FolderSummary
 from app.types import Detections
 from tests.references import detected_batch, image_json
 

@@ -15,14 +15,20 @@ import pytest
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster
 
+from app.contracts import RunShape
 from app.distributed import predict_with_ray
 from app.errors import ArtifactError, BackendUnavailable, InvalidParameter
 from app.predict.folder import predict_folder
-from app.runtime import open_detector
+from app.runtime import OpenOptions, open_detector
 
 STORE = 150 * 2**20  # object store per node: small, the test images are a few MB
-COMMON = {"backend": "onnxruntime", "batch": 2, "ort_threads": 1}
 COPIES = 4  # of the 32-file folder, for the killed-node test
+
+
+def job_options(artifacts_dir, **fields) -> OpenOptions:
+    """The detector the jobs' actors open: ONNX Runtime, one thread, batches of 2, unless changed."""
+    return OpenOptions("sample", artifacts_dir=artifacts_dir,
+                       **{"backend": "onnxruntime", "ort_threads": 1, "shape": RunShape(max_batch=2), **fields})
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +73,9 @@ def photos(tmp_path_factory, assets_dir):
 def reference(photos, artifacts_dir, tmp_path_factory):
     """``yolopipe predict``'s records for the folder, by image name."""
     out = tmp_path_factory.mktemp("ref") / "ref.jsonl"
-    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=4) as det:
-        predict_folder(det, str(photos), out, det.params(), batch=4)
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, shape=RunShape(max_batch=4))
+    with open_detector(options) as det:
+        predict_folder(det, str(photos), out, det.params())
     return by_image(out.read_text().splitlines())
 
 
@@ -97,7 +104,7 @@ def assert_same_records(got, want):
 def test_two_nodes_write_what_predict_writes(cluster, photos, artifacts_dir, reference, tmp_path):
     out = tmp_path / "ray.jsonl"
     progress = []
-    summary = predict_with_ray(str(photos), out, artifacts_dir=artifacts_dir, **COMMON,
+    summary = predict_with_ray(str(photos), out, options=job_options(artifacts_dir),
                                on_progress=lambda n, total: progress.append((n, total)))
     assert_same_records(by_image(out.read_text().splitlines()), reference)
     assert summary.images == len(reference) == 32 and summary.errors == 2
@@ -110,12 +117,12 @@ def test_uri_source_parquet_output_and_resume(cluster, photos, artifacts_dir, re
 
     out = tmp_path / "preds.parquet"
     # an earlier run wrote part of the folder: resume skips those images and adds the rest once
-    first = predict_with_ray(photos.as_uri() + "/**/img0*", out, artifacts_dir=artifacts_dir, **COMMON,
+    first = predict_with_ray(photos.as_uri() + "/**/img0*", out, options=job_options(artifacts_dir),
                              ship_artifacts=True)
     assert first.images == 10
-    summary = predict_with_ray(photos.as_uri(), out, artifacts_dir=artifacts_dir, resume=True, **COMMON)
+    summary = predict_with_ray(photos.as_uri(), out, options=job_options(artifacts_dir), resume=True)
     assert (summary.skipped, summary.images) == (10, 22)
-    again = predict_with_ray(photos.as_uri(), out, artifacts_dir=artifacts_dir, resume=True, **COMMON)
+    again = predict_with_ray(photos.as_uri(), out, options=job_options(artifacts_dir), resume=True)
     assert (again.skipped, again.images) == (32, 0)
     rows = pq.read_table(out).to_pylist()
     records = [{k: v for k, v in r.items() if v is not None} for r in rows]
@@ -124,15 +131,15 @@ def test_uri_source_parquet_output_and_resume(cluster, photos, artifacts_dir, re
 
 def test_user_mistakes_are_clear_errors(cluster, photos, artifacts_dir, tmp_path):
     with pytest.raises(BackendUnavailable, match="GPU"):
-        predict_with_ray(str(photos), tmp_path / "x.jsonl", artifacts_dir=artifacts_dir, backend="torch-cuda")
+        predict_with_ray(str(photos), tmp_path / "x.jsonl", options=job_options(artifacts_dir, backend="torch-cuda"))
     with pytest.raises(InvalidParameter, match="gpu_actors is 0"):
-        predict_with_ray(str(photos), tmp_path / "x.jsonl", artifacts_dir=artifacts_dir, backend="tensorrt",
+        predict_with_ray(str(photos), tmp_path / "x.jsonl", options=job_options(artifacts_dir, backend="tensorrt"),
                          gpu_actors=0)
     with pytest.raises(InvalidParameter, match="conf"):
-        predict_with_ray(str(photos), tmp_path / "x.jsonl", artifacts_dir=artifacts_dir, conf=2.0)
+        predict_with_ray(str(photos), tmp_path / "x.jsonl", options=job_options(artifacts_dir), detect={"conf": 2.0})
     # resolved once, on the driver, by app.runtime: before any actor starts
     with pytest.raises(InvalidParameter, match="fp16"):
-        predict_with_ray(str(photos), tmp_path / "x.jsonl", artifacts_dir=artifacts_dir, precision="fp16", **COMMON)
+        predict_with_ray(str(photos), tmp_path / "x.jsonl", options=job_options(artifacts_dir, precision="fp16"))
 
 
 def test_an_error_raised_in_the_actors_comes_back_as_itself(cluster, photos, artifacts_dir, tmp_path):
@@ -142,7 +149,7 @@ def test_an_error_raised_in_the_actors_comes_back_as_itself(cluster, photos, art
     private = tmp_path / "artifacts"
     shutil.copytree(artifacts_dir, private, ignore=shutil.ignore_patterns("*int8*", "*.engine"))
     with pytest.raises(ArtifactError, match="no INT8 model"):
-        predict_with_ray(str(photos), tmp_path / "x.jsonl", artifacts_dir=private, precision="int8", **COMMON)
+        predict_with_ray(str(photos), tmp_path / "x.jsonl", options=job_options(private, precision="int8"))
 
 
 @pytest.fixture
@@ -171,7 +178,7 @@ def test_killed_worker_node_costs_batches_not_the_job(cluster, many_photos, arti
 
     def job():
         try:
-            result["summary"] = predict_with_ray(str(many_photos), out, artifacts_dir=artifacts_dir, **COMMON,
+            result["summary"] = predict_with_ray(str(many_photos), out, options=job_options(artifacts_dir),
                                                  on_progress=on_progress)
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             result["error"] = exc

@@ -13,7 +13,7 @@ from tests.references import detections_json
 
 
 def test_missing_folder_is_unpacked_once_and_loads(sample_model_dir, tmp_path, monkeypatch, assets_dir):
-    from app.runtime import open_detector, open_model_dir
+    from app.runtime import OpenOptions, open_detector, open_model_dir
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "node-tmp"))
     (tmp_path / "node-tmp").mkdir()
@@ -34,10 +34,10 @@ def test_missing_folder_is_unpacked_once_and_loads(sample_model_dir, tmp_path, m
     assert model_dir_here(elsewhere, sha, fetch) == here and len(calls) == 1  # once per node
     image = (assets_dir / "bus.jpg").read_bytes()
     built = (here / "model.onnx").stat().st_mtime_ns
-    with open_model_dir(here, backend="onnxruntime") as det:
+    with open_model_dir(here, OpenOptions(backend="onnxruntime")) as det:
         mine = det.detect([image])[0]
     assert (here / "model.onnx").stat().st_mtime_ns == built  # loaded, not exported again
-    with open_detector("sample", backend="onnxruntime") as det:
+    with open_detector(OpenOptions("sample", backend="onnxruntime")) as det:
         ref = det.detect([image])[0]
     assert detections_json(mine.detections, ["a", "b"]) == detections_json(ref.detections, ["a", "b"])
 

@@ -6,14 +6,16 @@ import numpy as np
 import pytest
 
 from app.boxes import box_iou, f1, match_pairs
+from app.contracts import RunShape
 from app.errors import InvalidParameter
 from app.predict.folder import list_images
-from app.runtime import open_detector
+from app.runtime import OpenOptions, open_detector
 
 
 @pytest.fixture(scope="module")
 def detector(artifacts_dir):
-    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=4) as det:
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, shape=RunShape(max_batch=4))
+    with open_detector(options) as det:
         yield det
 
 

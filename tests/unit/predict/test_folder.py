@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from app.errors import InvalidParameter
-from app.predict.folder import already_done, list_images
-from tests.references import image_json
+from app.predict.folder import list_images
+from app.records import read_written
+from tests.references import coco_document, image_json
 
 CLI = [sys.executable, "-m", "app.cli"]
 
@@ -64,7 +65,7 @@ def test_predict_cli_end_to_end(folder, tmp_path, artifacts_dir):
                    "--out", str(out), "--resume", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert len(out.read_text().splitlines()) == 4 and "4 already done" in proc.stderr
-    assert already_done(out) == set(by_name)
+    assert read_written(out).images == set(by_name)
 
 
 def test_folder_listing_keeps_rglob_order_and_names(tmp_path):
@@ -84,18 +85,21 @@ def test_folder_listing_keeps_rglob_order_and_names(tmp_path):
 
 
 def test_folder_lines_equal_the_detectors_per_image_results(folder, tmp_path, artifacts_dir):
-    """The folder path runs the detector on each batch and writes its lines in one go: the file
-    is byte for byte ``json.dumps(to_json)`` of what ``Detector.detect`` gives each file, in
-    listing order, with batches larger than the run's ``max_batch`` (the detector splits them) and
-    errors in their place; ``--coco`` and ``--save-images`` get the same results."""
-    from app.predict.folder import coco_document, predict_folder
-    from app.runtime import open_detector
+    """The folder path runs the detector on each of its batches (the run's ``max_batch``: three
+    for five files) and writes their lines in one go: the file is byte for byte
+    ``json.dumps(to_json)`` of what ``Detector.detect`` gives each file, in listing order, with
+    errors in their place; ``--coco`` (written from the batches' arrays) is byte for byte the
+    document built from those records, and ``--save-images`` draws the same results."""
+    from app.contracts import RunShape
+    from app.predict.folder import predict_folder
+    from app.runtime import OpenOptions, open_detector
 
     shutil.copy(folder / "bus.jpg", folder / "sub" / "bus copy ü.jpg")
     out, coco, viz = tmp_path / "p.jsonl", tmp_path / "coco.json", tmp_path / "viz"
-    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=2) as det:
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, shape=RunShape(max_batch=2))
+    with open_detector(options) as det:
         params = det.params()
-        summary = predict_folder(det, str(folder), out, params, batch=3, coco=coco, save_images=viz)
+        summary = predict_folder(det, str(folder), out, params, coco=coco, save_images=viz)
         images = list_images(str(folder))
         expected = [image_json(r, img.name, det.names) for img, r in
                     zip(images, det.detect([img.path.read_bytes() for img in images], params))]
@@ -103,7 +107,7 @@ def test_folder_lines_equal_the_detectors_per_image_results(folder, tmp_path, ar
     assert summary.images == 5 and summary.errors == 2
     assert summary.detections == sum(len(rec.get("detections", [])) for rec in expected)
     assert [f.split(":")[0] for f in summary.error_files] == ["broken.jpg", "empty.png"]
-    assert json.loads(coco.read_text()) == json.loads(json.dumps(coco_document(expected, ["Normal", "Fall"])))
+    assert coco.read_text() == json.dumps(coco_document(expected, ["Normal", "Fall"])) + "\n"
     assert sorted(p.relative_to(viz).as_posix() for p in viz.rglob("*.jpg")) == [
         "bus.jpg", "sub/bus copy ü.jpg", "sub/zidane.jpg"]
 
@@ -121,7 +125,7 @@ def test_each_images_header_is_read_once_and_reaches_a_pipeline_that_decodes_it(
     pipeline = DecodesItself(cpu_detector.pipeline)
     reads = count_header_reads(monkeypatch)
     out = tmp_path / "p.jsonl"
-    summary = predict_folder(Detector(pipeline), str(folder), out, cpu_detector.params(), batch=3, workers=2)
+    summary = predict_folder(Detector(pipeline, max_batch=3), str(folder), out, cpu_detector.params(), workers=2)
     sizes = {img.name: img.path.stat().st_size for img in list_images(str(folder))}
     assert sorted(reads) == sorted(size for size in sizes.values() if size)  # empty.png has no header to read
     # The whole JPEGs, to decode itself; broken.jpg (cut short) is refused by its header check.
@@ -129,7 +133,7 @@ def test_each_images_header_is_read_once_and_reaches_a_pipeline_that_decodes_it(
     assert all(isinstance(x, EncodedImage) for x in pipeline.received)
     assert {x.data for x in pipeline.received} == jpegs and len(pipeline.received) == 2
     expected = out.with_name("cpu.jsonl")
-    predict_folder(cpu_detector, str(folder), expected, cpu_detector.params(), batch=3)
+    predict_folder(cpu_detector.reshaped(max_batch=3), str(folder), expected, cpu_detector.params())
     assert out.read_text() == expected.read_text() and summary.errors == 2
 
 

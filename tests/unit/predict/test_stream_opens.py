@@ -13,10 +13,11 @@ import time
 
 import pytest
 
+from app.contracts import RunShape
 from app.errors import InvalidParameter, Overloaded
 from app.predict.sources import open_opencv
 from app.predict.streams import StreamRunner
-from app.runtime import open_detector
+from app.runtime import OpenOptions, open_detector
 from tests.listeners import listener
 from tests.videos import write_clip
 
@@ -25,7 +26,8 @@ SILENT_S = 60.0  # the open timeout in these tests
 
 @pytest.fixture(scope="module")
 def detector(artifacts_dir):
-    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=4) as det:
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, shape=RunShape(max_batch=4))
+    with open_detector(options) as det:
         yield det
 
 

@@ -12,8 +12,9 @@ import cv2
 import pytest
 
 from app.boxes import f1, match_pairs
+from app.contracts import RunShape
 from app.predict.folder import predict_folder
-from app.runtime import open_detector
+from app.runtime import OpenOptions, open_detector
 from tests.references import detections_json
 from tests.videos import CLIP_FPS, CLIP_SIZE, decoded_frames, write_clip
 
@@ -22,7 +23,8 @@ CLI = [sys.executable, "-m", "app.cli"]
 
 @pytest.fixture(scope="module")
 def detector(artifacts_dir):
-    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=4) as det:
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, shape=RunShape(max_batch=4))
+    with open_detector(options) as det:
         yield det
 
 
@@ -46,7 +48,7 @@ def frame_lines(records, name="cams/clip.avi"):
 @pytest.fixture(scope="module")
 def full_run(detector, media, tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "out.jsonl"
-    summary = predict_folder(detector, str(media), out, detector.params(), batch=4)
+    summary = predict_folder(detector, str(media), out, detector.params())
     return out, summary
 
 
@@ -83,7 +85,7 @@ def test_frames_match_ultralytics_on_the_same_frames(media, full_run, ultralytic
 
 def test_vid_stride_keeps_every_nth_frame_with_its_own_index(detector, media, full_run, tmp_path):
     out = tmp_path / "stride.jsonl"
-    predict_folder(detector, str(media / "cams"), out, detector.params(), batch=4, vid_stride=5)
+    predict_folder(detector, str(media / "cams"), out, detector.params(), vid_stride=5)
     strided = lines(out)
     assert [r["frame"] for r in strided] == [0, 5, 10]
     every = {r["frame"]: r for r in frame_lines(lines(full_run[0]))}
@@ -95,7 +97,7 @@ def test_resume_goes_on_after_the_last_frame_written(detector, media, full_run, 
     full = full_run[0].read_text().splitlines()
     out = tmp_path / "partial.jsonl"
     out.write_text("\n".join(full[:6]) + '\n{"image": "cams/clip.av')  # the photo, frames 0-4, a torn line
-    summary = predict_folder(detector, str(media), out, detector.params(), batch=4, resume=True)
+    summary = predict_folder(detector, str(media), out, detector.params(), resume=True)
     records = [r for r in lines_tolerant(out)]
     assert [r["frame"] for r in frame_lines(records)] == list(range(12))
     assert frame_lines(records) == frame_lines(lines(full_run[0]))
@@ -112,7 +114,7 @@ def lines_tolerant(path):
 
 def test_save_images_writes_the_annotated_video(detector, media, tmp_path):
     saved = tmp_path / "annotated"
-    predict_folder(detector, str(media), tmp_path / "o.jsonl", detector.params(), batch=4, save_images=saved)
+    predict_folder(detector, str(media), tmp_path / "o.jsonl", detector.params(), save_images=saved)
     assert (saved / "bus.jpg").is_file()
     written = decoded_frames(saved / "cams" / "clip.avi.mp4")
     assert len(written) == 12 and written[0].shape[:2] == (CLIP_SIZE[1], CLIP_SIZE[0])
@@ -120,9 +122,21 @@ def test_save_images_writes_the_annotated_video(detector, media, tmp_path):
     assert cv2.absdiff(written[0], original[0]).max() > 100  # boxes were drawn on it
 
 
+def test_coco_holds_the_images_then_each_frame_as_the_lines_hold_them(detector, media, tmp_path):
+    """``--coco`` over a photo and a video, from the batches' arrays: byte for byte the document
+    built from the lines written, a frame named ``video#frame``."""
+    from tests.references import coco_document
+
+    out, coco = tmp_path / "o.jsonl", tmp_path / "coco.json"
+    predict_folder(detector, str(media), out, detector.params(), coco=coco)
+    records = [{**r, "image": f"{r['image']}#{r['frame']}"} if "frame" in r else r for r in lines(out)]
+    assert [r["image"] for r in records[:3]] == ["bus.jpg", "cams/clip.avi#0", "cams/clip.avi#1"]
+    assert coco.read_text() == json.dumps(coco_document(records, detector.names)) + "\n"
+
+
 def test_track_adds_ids_and_keeps_every_detection(detector, media, full_run, tmp_path):
     out = tmp_path / "track.jsonl"
-    predict_folder(detector, str(media / "cams"), out, detector.params(), batch=4, track=True)
+    predict_folder(detector, str(media / "cams"), out, detector.params(), track=True)
     tracked = lines(out)
     plain = frame_lines(lines(full_run[0]))
     assert [[{k: v for k, v in d.items() if k != "track_id"} for d in r["detections"]] for r in tracked] == [

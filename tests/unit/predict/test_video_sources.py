@@ -14,13 +14,14 @@ import pytest
 from app.contracts import DeviceNv12, RunShape
 from app.errors import InvalidParameter
 from app.predict.sources import video_decoder
-from app.runtime import open_detector
+from app.runtime import OpenOptions, open_detector
 from tests.videos import write_clip
 
 
 @pytest.fixture(scope="module")
 def detector(artifacts_dir):
-    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=8) as det:
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, shape=RunShape(max_batch=8))
+    with open_detector(options) as det:
         yield det
 
 

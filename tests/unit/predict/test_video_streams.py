@@ -14,11 +14,12 @@ import time
 import cv2
 import pytest
 
+from app.contracts import RunShape
 from app.pipeline.detector import Detector
 from app.predict import stream_source
 from app.predict.folder import predict_folder
 from app.predict.streams import LIVE_BUFFER, StreamRunner, predict_streams, read_source_list
-from app.runtime import open_detector
+from app.runtime import OpenOptions, open_detector
 from tests.references import detections_json
 from tests.stalls import StallWatch
 from tests.standins import Answers
@@ -29,7 +30,8 @@ CLI = [sys.executable, "-m", "app.cli"]
 
 @pytest.fixture(scope="module")
 def detector(artifacts_dir):
-    with open_detector("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, max_batch=8) as det:
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, shape=RunShape(max_batch=8))
+    with open_detector(options) as det:
         yield det
 
 
@@ -45,7 +47,7 @@ def per_video(detector, clips, tmp_path_factory):
     out = {}
     for clip in clips:
         path = tmp_path_factory.mktemp("ref") / "out.jsonl"
-        predict_folder(detector, str(clip), path, detector.params(), batch=4)
+        predict_folder(detector, str(clip), path, detector.params())
         out[str(clip)] = [json.loads(line) for line in path.read_text().splitlines()]
     return out
 

@@ -26,11 +26,11 @@ def _loses_its_device(spec, settings, report, promote=None):
     """``worker_main``, whose first generation loses its device once the marker file exists."""
     import app.runtime
 
-    real_open = app.runtime.open_detector_from
+    real_open = app.runtime.open_model_dir
     marker = spec.layout.root / MARKER
 
-    def open_detector_from(settings, steps=None):
-        detector = real_open(settings, steps)
+    def open_model_dir(model_dir, options=None, steps=None):
+        detector = real_open(model_dir, options, steps)
         if spec.generation == 0:
             real_run = detector.pipeline.run
 
@@ -42,7 +42,7 @@ def _loses_its_device(spec, settings, report, promote=None):
             detector.pipeline.run = run
         return detector
 
-    app.runtime.open_detector_from = open_detector_from
+    app.runtime.open_model_dir = open_model_dir
     worker_main(spec, settings, report, promote)
 
 
