@@ -25,7 +25,7 @@ yolopipe's CPU per request to its reference's (``cpu_ratio``; ``cpu_ratio_per_ro
 Each row also splits its CPU by process kind (``cpu_us_per_request_by_process``: yolopipe's
 supervisor, HTTP workers, gRPC workers, inference worker, other; a reference's supervisor and
 workers). ``--profile``: afterwards, py-spy recordings per input of yolopipe's busy process
-kinds (``bench/profiles.py``).
+kinds and of the reference's worker (``bench/profiles.py``).
 """
 
 from __future__ import annotations
@@ -242,49 +242,69 @@ def summarize_rows(rows: list[dict], inputs: list[str]) -> tuple[dict, dict]:
 def process_kinds(server: Server, reference: bool) -> dict[int, str]:
     """Each process of a server's tree by kind. yolopipe: ``supervisor``, ``http_worker`` and
     ``grpc_worker`` (by the port each listens on), ``inference_worker`` (its pid from /v1/model),
-    ``other`` (the warm standby, multiprocessing's helpers); a reference: ``supervisor`` and
-    ``worker``."""
+    ``other`` (the warm standby, multiprocessing's helpers); a reference: ``supervisor``,
+    ``worker`` (listening on its port), ``other``."""
     import httpx
     import psutil
 
     kinds = {server.proc.pid: "supervisor"}
-    children = psutil.Process(server.proc.pid).children(recursive=True)
-    if reference:
-        return {**kinds, **{child.pid: "worker" for child in children}}
-    inference = {w["pid"] for w in httpx.get(f"{server.url}/v1/model", timeout=10).json()["serving"]["inference_workers"]}
-    for child in children:
+    inference = set() if reference else {
+        w["pid"] for w in httpx.get(f"{server.url}/v1/model", timeout=10).json()["serving"]["inference_workers"]}
+    for child in psutil.Process(server.proc.pid).children(recursive=True):
         ports = {c.laddr.port for c in child.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
-        kinds[child.pid] = ("inference_worker" if child.pid in inference else "http_worker" if server.port in ports
-                            else "grpc_worker" if server.grpc_port in ports else "other")
+        if reference:
+            kinds[child.pid] = "worker" if server.port in ports else "other"
+        else:
+            kinds[child.pid] = ("inference_worker" if child.pid in inference else "http_worker" if server.port in ports
+                                else "grpc_worker" if server.grpc_port in ports else "other")
     return kinds
 
 
-def profile(server: Server, kinds: dict[int, str], inputs: list[str], listing: Path, args: Any, folder: Path) -> dict:
+def profile(servers: dict[str, Server], kinds: dict[int, str], inputs: list[str], listing: Path, args: Any,
+            folder: Path) -> dict:
     """Per input, py-spy recordings (``bench/profiles.py``: the active and the GIL view) of one
-    process of each kind it keeps busy, its front-end worker and the inference worker, under the
-    same load as the rows (not metered)."""
+    process of each kind it keeps busy, under the same load as the rows (not metered): yolopipe's
+    front-end worker and inference worker, then the reference's worker. ``servers``: yolopipe's
+    (``ours``) and each input's reference (by input)."""
     folder.mkdir(parents=True, exist_ok=True)
-    pid_of = {}
-    for pid, kind in kinds.items():
-        pid_of.setdefault(kind, pid)
-    out: dict = {"pids": pid_of, "rate_hz": args.profile_rate, "folder": str(folder)}
+    out: dict = {"rate_hz": args.profile_rate, "folder": str(folder)}
     for name in inputs:
         front = "grpc_worker" if name == GRPC_INPUT else "http_worker"
-        raws = {(kind, view): folder / f"{name}-{kind}-{view}.txt"
-                for kind in (front, "inference_worker") for view in ("active", "gil")}
-        spies = {key: record(pid_of[key[0]], args.round_s, raw, args.profile_rate, gil=key[1] == "gil")
-                 for key, raw in raws.items()}
-        load(server, name, False, listing, args, args.round_s + 1)
         out[name] = {}
-        for (kind, view), spy in spies.items():
-            _, err = spy.communicate(timeout=120)
-            raw = raws[(kind, view)]
-            out[name].setdefault(kind, {})[view] = (summarize(raw, ROOT) if raw.exists()
-                                                    else {"error": err.decode()[-500:]})
-        print(f"host profile {name}: " + "; ".join(
-            f"{kind} {views['gil'].get('samples')} GIL samples, top {next(iter(views['gil'].get('self_percent', {})), None)}"
-            for kind, views in out[name].items()), flush=True)
+        for side, server, wanted in (("yolopipe", servers["ours"], (front, "inference_worker")),
+                                     ("reference", servers[name], ("worker",))):
+            tree = set(server.meter.tree_pids())
+            mine = {pid: kind for pid, kind in kinds.items() if pid in tree}
+            pid_of = {kind: min(p for p, k in mine.items() if k == kind) for kind in wanted}
+            raws = {(kind, view): folder / f"{name}-{side}-{kind}-{view}.txt" for kind in wanted
+                    for view in ("active", "gil")}
+            spies = {key: record(pid_of[key[0]], args.round_s, raw, args.profile_rate, gil=key[1] == "gil")
+                     for key, raw in raws.items()}
+            before = {kind: _cpu_s(pid) for kind, pid in pid_of.items()}
+            row = load(server, name, side == "reference", listing, args, args.round_s + 1)
+            recordings: dict = {}
+            for kind, pid in pid_of.items():
+                # this process's CPU per answer it gave (the run's answers shared by the processes
+                # of its kind): what its samples' shares divide
+                handled = row["answers_ok"] / sum(1 for k in mine.values() if k == kind)
+                recordings[kind] = {"pid": pid, "cpu_us_per_request": round(
+                    (_cpu_s(pid) - before[kind]) / handled * 1e6, 1) if handled else None}
+            for (kind, view), spy in spies.items():
+                _, err = spy.communicate(timeout=120)
+                raw = raws[(kind, view)]
+                recordings[kind][view] = summarize(raw, ROOT) if raw.exists() else {"error": err.decode()[-500:]}
+            out[name][side] = recordings
+            print(f"host profile {name} {side}: " + "; ".join(
+                f"{kind} {r['cpu_us_per_request']} µs/request, top holding the GIL "
+                f"{next(iter(r['gil'].get('self_percent', {})), None)}" for kind, r in recordings.items()), flush=True)
     return out
+
+
+def _cpu_s(pid: int) -> float:
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 # ----------------------------------------------------------------------------- the part
@@ -330,8 +350,8 @@ def run_host(args: Any, listing: Path, workdir: Path, result: dict, save: Any) -
                   f"reference {entry['reference']['cpu_us_per_request']}: {entry['cpu_ratio']}x "
                   f"(per round {entry['cpu_ratio_per_round']})", flush=True)
         if args.profile:
-            host["profiles"] = profile(ours, {p: k for p, k in kinds.items() if p in ours.meter.tree_pids()}, inputs,
-                                       listing, args, args.profile_dir or workdir / "profiles")
+            host["profiles"] = profile({"ours": ours, **reference}, kinds, inputs, listing, args,
+                                       args.profile_dir or workdir / "profiles")
             save()
     finally:
         for server in servers:

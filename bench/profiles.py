@@ -63,9 +63,9 @@ def package_of(file: str) -> str:
 
 
 def summarize(raw: Path, root: Path, n: int = 25) -> dict:
-    """Active samples of one recording: the share of each function itself (``self_percent``)
-    and with what it calls (``total_percent``), the share of each package itself, and of each
-    thread; top ``n`` of each."""
+    """The samples of one recording: the share of each function itself (``self_percent``) and
+    with what it calls (``total_percent``), the share of each package itself, and of each thread;
+    top ``n`` of each."""
     own: collections.Counter = collections.Counter()
     total: collections.Counter = collections.Counter()
     packages: collections.Counter = collections.Counter()
