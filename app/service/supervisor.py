@@ -39,8 +39,9 @@ _YOUNG_S = 5.0  # an HTTP worker that dies younger than this is restarted after 
 
 
 def serve(settings: Settings, *, detector_factory: DetectorFactory | None = None) -> None:
-    """``detector_factory``: not the CLI's; a benchmark's or test's way to run the real service
-    around another detector (``app.service.inference.worker.DetectorFactory``)."""
+    """``detector_factory``: what the inference workers open their detector with (default: the
+    model of ``settings``); a benchmark's or test's hook to run the real service around another
+    detector (``app.service.inference.worker.DetectorFactory``), not a CLI option."""
     serving = settings
     setup_logging()
     devices = inference_devices(serving)
