@@ -31,14 +31,19 @@ def find_h2load(given: str | None = None) -> tuple[str, dict]:
                          "h2load not found: run bench/h2load.sh (unpacks Debian's nghttp2-client into .h2load/)")
 
 
-def infer_body(image: bytes, model: str = "yolopipe") -> bytes:
-    """One gRPC-framed ModelInferRequest: a flag byte (not compressed), the length, the message."""
+def infer_request(image: bytes, model: str = "yolopipe") -> bytes:
+    """A serialized ModelInferRequest of one image, as ``tritonclient.grpc`` sends it."""
     from app.api.grpc import messages
 
     request = messages.ModelInferRequest(model_name=model)
     request.inputs.add(name="image", datatype="BYTES", shape=[1])
     request.raw_input_contents.append(struct.pack("<I", len(image)) + image)
-    message = request.SerializeToString()
+    return request.SerializeToString()
+
+
+def infer_body(image: bytes, model: str = "yolopipe") -> bytes:
+    """One gRPC-framed ModelInferRequest: a flag byte (not compressed), the length, the message."""
+    message = infer_request(image, model)
     return b"\0" + struct.pack(">I", len(message)) + message
 
 
@@ -63,15 +68,17 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
     return round(sorted_values[int(k)], 2)
 
 
-def run_h2load(host: str, port: int, image: bytes, *, clients: int, duration_s: float, metrics_url: str,
+def run_h2load(host: str, port: int, image: bytes, *, clients: int, duration_s: float, metrics_url: str | None,
                threads: int | None = None, h2load: str | None = None) -> dict:
-    """One closed-loop run; the OK calls' rate, every call's latency percentiles, and statuses."""
+    """One closed-loop run; the OK calls' rate, every call's latency percentiles, and statuses.
+    ``metrics_url``: yolopipe's /metrics, where the calls are counted by gRPC status; None (a
+    server without them): every call answered with HTTP/2 200 counts as OK."""
     binary, env = find_h2load(h2load)
     threads = max(1, min(threads or 8, clients))
     with tempfile.TemporaryDirectory(prefix="yolopipe-h2load-") as tmp:
         body, log = Path(tmp) / "body.bin", Path(tmp) / "calls.tsv"
         body.write_bytes(infer_body(image))
-        before = grpc_codes(metrics_url)
+        before = grpc_codes(metrics_url) if metrics_url else {}
         started = time.monotonic()
         cmd = [binary, f"-c{clients}", "-m1", f"-t{threads}", f"-D{max(1, round(duration_s))}",
                "-d", str(body), "-H", "content-type: application/grpc",
@@ -80,19 +87,21 @@ def run_h2load(host: str, port: int, image: bytes, *, clients: int, duration_s: 
         wall = time.monotonic() - started
         if proc.returncode != 0:
             raise RuntimeError(f"h2load failed ({proc.returncode}): {proc.stderr[-2000:]}\n{proc.stdout[-2000:]}")
-        after = grpc_codes(metrics_url)
+        after = grpc_codes(metrics_url) if metrics_url else {}
         calls = [line.split("\t") for line in log.read_text().splitlines() if line.strip()]
     codes = {k: int(after.get(k, 0) - before.get(k, 0)) for k in sorted(set(after) | set(before))}
     codes = {k: v for k, v in codes.items() if v}
     http = {}
     for _, status, _ in calls:
         http[status] = http.get(status, 0) + 1
+    ok = codes.get("OK", 0) if metrics_url else http.get("200", 0)
     seconds = _finished_in(proc.stdout) or wall
     latency = sorted(int(c[2]) / 1000 for c in calls)
     errored = re.search(r"(\d+) failed, (\d+) errored, (\d+) timeout", proc.stdout)
     return {
         "clients": clients, "h2load_threads": threads, "duration_s": round(seconds, 2),
-        "req_per_s": round(codes.get("OK", 0) / seconds, 1), "answered_per_s": round(len(calls) / seconds, 1),
+        "req_per_s": round(ok / seconds, 1), "answered_per_s": round(len(calls) / seconds, 1),
+        "answers_ok": ok, "ok_counted_by": "the server's /metrics" if metrics_url else "h2load's HTTP/2 200s",
         "grpc_codes": codes, "http_statuses": http,
         "h2load_failed_errored_timeout": [int(g) for g in errored.groups()] if errored else None,
         "p50_ms": percentile(latency, 50), "p99_ms": percentile(latency, 99), "p999_ms": percentile(latency, 99.9),

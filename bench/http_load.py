@@ -1,6 +1,12 @@
 """HTTP load benchmark: yolopipe's server against the naive Ultralytics server, in one run, with wrk.
 
-Parts (``--parts``, in this order, on one yolopipe server):
+``host`` (``--parts host``; first when given, with servers of its own): the host tier with the
+device emulated, on any machine: yolopipe's server tree's CPU per answered request for
+``/v1`` multipart, ``/v1`` raw JPEG, OIP binary and gRPC, each beside a bare reference server
+(FastAPI on the same uvicorn; ``grpc.aio``), rounds interleaved; ``--profile`` adds py-spy
+profiles of each process kind (``bench/host_tier.py``).
+
+The other parts (``--parts``, in this order, on one yolopipe server):
 
 * ``load``: closed loop at each ``--clients`` count (wrk, one connection per thread, multipart
   640×480 JPEGs): req/s, p50/p99/p99.9 of the 200s, answers by status, socket errors, and
@@ -22,8 +28,9 @@ Every row carries ``clients`` (connections) and ``gpus``; the load rows run once
 
     python bench/http_load.py --images .data/images --parts load,soak,kill --out bench/results/x.json
     python bench/http_load.py --smoke   # a few seconds each, to prove it runs (CPU)
+    python bench/http_load.py --parts host --images DIR --out bench/results/x.json   # any machine
 
-Results: one JSON file with the machine, versions, configuration, rows and checks.
+Results: one JSON file with the machine, versions, commit, configuration, rows and checks.
 """
 
 from __future__ import annotations
@@ -47,7 +54,9 @@ if __package__ in (None, ""):
 
 from app.benchmark.machine import machine_info, versions  # noqa: E402
 from bench.grpc_client import run_h2load  # noqa: E402
-from bench.server_meter import ServerMeter, free_port, wait_ready  # noqa: E402
+from bench.host_tier import INPUTS as HOST_INPUTS  # noqa: E402
+from bench.host_tier import run_host, serving_env  # noqa: E402
+from bench.server_meter import Server, cpu_us_per_request, wait_for_standbys  # noqa: E402
 from bench.wrk_client import OIP_SCRIPT, run_wrk  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -87,45 +96,12 @@ def prepare_images(folder: Path | None, size: tuple[int, int], limit: int, out: 
 
 
 # ----------------------------------------------------------------------------- servers
-class Server:
-    def __init__(self, name: str, cmd: list[str], env: dict, log: Path) -> None:
-        self.name, self.log = name, log
-        self.port = free_port()
-        self.grpc_port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [c.replace("{port}", str(self.port)).replace("{grpc_port}", str(self.grpc_port)) for c in cmd]
-        self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        self.meter = ServerMeter(self.proc.pid)
-        self.gpus = 0  # GPUs it runs on (yolopipe: read from /v1/model once ready)
-
-    def wait_ready(self, timeout: float = 900.0) -> None:
-        wait_ready(self.url, self.proc, self.log, timeout)
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is not None:
-            return self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
-
-
 def start_yolopipe(args: argparse.Namespace, logdir: Path) -> Server:
-    env = {**os.environ, "YOLO_OFFLINE": "1"}
-    if args.artifacts_dir is not None:
-        env["YOLOPIPE_ARTIFACTS_DIR"] = str(args.artifacts_dir)
-    # Serving settings the CLI has no option for (yet) travel as YOLOPIPE_* variables.
-    for name in ("workers", "grpc_workers", "gpus", "queue_budget_s", "request_window", "ring_mb", "cpu_workers"):
-        value = getattr(args, name)
-        if value not in (None, ""):
-            env[f"YOLOPIPE_{name.upper()}"] = str(value)
     cmd = [sys.executable, "-m", "app.cli", "serve", "--weights", args.weights, "--backend", args.backend,
            "--precision", args.precision, "--host", "127.0.0.1", "--port", "{port}",
            "--grpc-port", "{grpc_port}" if args.grpc_clients else "0",
            "--max-batch", str(args.max_batch), "--max-wait-ms", str(args.max_wait_ms)]
-    return Server("yolopipe", cmd, env, logdir / "yolopipe_server.log")
+    return Server("yolopipe", cmd, serving_env(args), logdir / "yolopipe_server.log")
 
 
 def start_naive(args: argparse.Namespace, logdir: Path) -> Server:
@@ -141,20 +117,6 @@ def start_naive(args: argparse.Namespace, logdir: Path) -> Server:
     return server
 
 
-def wait_for_standbys(url: str, timeout_s: float) -> None:
-    """Measure only once every worker's warm standby has warmed up (on a GPU it compiles and
-    captures beside the serving worker; measured meanwhile, the rows would count that)."""
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        workers = httpx.get(f"{url}/v1/model", timeout=10).json()["serving"]["inference_workers"]
-        if all(w.get("standby_ready") for w in workers):
-            return
-        time.sleep(1.0)
-    print(f"warning: not every standby was ready within {timeout_s:g} s; measuring anyway", flush=True)
-
-
 def measure(server: Server, listing: Path, clients: int, args: argparse.Namespace,
             target: tuple[str, str] = TARGETS[0]) -> dict:
     name, path = target
@@ -164,6 +126,7 @@ def measure(server: Server, listing: Path, clients: int, args: argparse.Namespac
     with server.meter.cpu() as cpu:
         row = run_wrk(url, listing, connections=clients, duration_s=args.duration, wrk=args.wrk)
     row = {"system": server.name, "input": name, "clients": clients, "gpus": server.gpus, **row, **cpu.result}
+    row["server_cpu_us_per_request"] = cpu_us_per_request(row)
     print(f"{server.name:>24} c={clients:<4} {row['req_per_s']:>8.1f} req/s  p50 {row['p50_ms']} ms  "
           f"p99 {row['p99_ms']} ms  p99.9 {row['p999_ms']} ms  {row['statuses']}  cpu {row['server_cpu_cores']} cores",
           flush=True)
@@ -179,6 +142,7 @@ def measure_oip(server: Server, listing: Path, clients: int, args: argparse.Name
         row = run_wrk(url, listing, connections=clients, duration_s=args.duration, wrk=args.wrk, script=OIP_SCRIPT)
     row = {"system": server.name, "input": "http-oip-binary", "part": "oip", "clients": clients, "gpus": server.gpus,
            **row, **cpu.result}
+    row["server_cpu_us_per_request"] = cpu_us_per_request(row)
     print(f"{'yolopipe OIP':>24} c={clients:<4} {row['req_per_s']:>8.1f} req/s  p50 {row['p50_ms']} ms  "
           f"p99 {row['p99_ms']} ms  {row['statuses']}  cpu {row['server_cpu_cores']} cores", flush=True)
     return row
@@ -199,6 +163,7 @@ def measure_grpc(server: Server, listing: Path, clients: int, args: argparse.Nam
                 "gpus": server.gpus, "req_per_s": None, "error": str(exc)[-500:]}
     row = {"system": server.name, "input": "grpc-model-infer", "part": "grpc", "gpus": server.gpus, **row,
            **cpu.result}
+    row["server_cpu_us_per_request"] = cpu_us_per_request(row)
     print(f"{'yolopipe gRPC':>24} c={clients:<4} {row['req_per_s']:>8.1f} req/s  p50 {row['p50_ms']} ms  "
           f"p99 {row['p99_ms']} ms  {row['grpc_codes']}  cpu {row['server_cpu_cores']} cores", flush=True)
     return row
@@ -299,6 +264,7 @@ def part_soak(server: Server, listing: Path, rate: float, capacity: float | None
     row = {"system": server.name, "input": "http-multipart", "part": "soak", "clients": args.soak_connections,
            "gpus": server.gpus, **row, **cpu.result,
            "memory": flatness(samples), "samples": samples, "capacity_req_per_s": capacity}
+    row["server_cpu_us_per_request"] = cpu_us_per_request(row)
     if capacity:
         row["served_vs_capacity"] = round(row["req_per_s"] / capacity, 3)
         row["served_ge_90pct_of_capacity"] = row["served_vs_capacity"] >= 0.9
@@ -363,7 +329,7 @@ def checks(rows: list[dict]) -> dict:
 # ----------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default="load", help="load,soak,kill,sigterm (run in that order)")
+    p.add_argument("--parts", default="load", help="host,load,soak,kill,sigterm (run in that order)")
     p.add_argument("--images", type=Path, default=None, help="photos to send (default: Ultralytics' assets)")
     p.add_argument("--image-size", default="640x480", help="WxH the photos are cropped and resized to")
     p.add_argument("--max-images", type=int, default=20)
@@ -380,7 +346,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precision", default="auto")
     p.add_argument("--max-batch", type=int, default=32)
     p.add_argument("--max-wait-ms", type=float, default=2.0)
-    p.add_argument("--workers", type=int, default=None, help="HTTP workers (default: the server's, from the cores)")
+    p.add_argument("--workers", type=int, default=None, help="HTTP workers (default: the server's, from the cores; "
+                                                              "host: 2)")
     p.add_argument("--grpc-workers", type=int, default=None, help="gRPC workers (default: the server's, as many "
                                                                     "as HTTP workers)")
     p.add_argument("--gpus", default=None, help="'all' or '0,1' (default: the server's, all)")
@@ -395,6 +362,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-naive", action="store_true")
     p.add_argument("--naive-workers", type=int, default=4, help="uvicorn workers of the naive server")
     p.add_argument("--naive-clients", default=None, help="client counts for the naive server (default: --clients)")
+    # host: the host tier with the device emulated, beside reference servers
+    p.add_argument("--rate", type=float, default=7000.0, help="host: the emulated device's images/s")
+    p.add_argument("--rounds", type=int, default=3, help="host: rounds, each input against yolopipe then its "
+                                                          "reference")
+    p.add_argument("--round-s", type=float, default=10.0, help="host: seconds per measured row")
+    p.add_argument("--host-clients", type=int, default=64, help="host: connections (wrk -c, h2load -c, -m1)")
+    p.add_argument("--host-inputs", default=",".join(HOST_INPUTS), help="host: inputs measured")
+    p.add_argument("--profile", action="store_true", help="host: then py-spy profiles of each process kind")
+    p.add_argument("--profile-rate", type=int, default=200, help="host: py-spy samples per second")
+    p.add_argument("--profile-dir", type=Path, default=None, help="host: where py-spy's raw recordings go "
+                                                                   "(default: the run's temporary folder)")
     # soak
     p.add_argument("--soak-minutes", type=float, default=10.0)
     p.add_argument("--soak-rate", type=float, default=0.0, help="requests/s (default: 2x the load part's capacity)")
@@ -411,9 +389,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.oip_clients = [int(c) for c in str(args.oip_clients).split(",") if c.strip()]
     args.grpc_clients = [int(c) for c in str(args.grpc_clients).split(",") if c.strip()]
     args.naive_clients = [int(c) for c in str(args.naive_clients).split(",")] if args.naive_clients else args.clients
+    args.host_inputs = [x.strip() for x in args.host_inputs.split(",") if x.strip()]
+    unknown = set(args.parts) - {"host", "load", "soak", "kill", "sigterm"} or set(args.host_inputs) - set(HOST_INPUTS)
+    if unknown:
+        p.error(f"unknown parts or host inputs: {', '.join(sorted(unknown))}")
     if args.smoke:
         args.duration, args.warmup, args.soak_minutes, args.sample_s = min(args.duration, 8.0), 2.0, 0.5, 3.0
+        args.rounds, args.round_s = 1, min(args.round_s, 3.0)
     return args
+
+
+def git_commit() -> str | None:
+    """This checkout's commit, ``-dirty`` when it has changes."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    if head.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, check=False).stdout.strip()
+    return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -426,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
     result: dict = {
         "benchmark": "http_load", "smoke": args.smoke, "note": args.note,
         "when": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine_info(), "versions": versions(), "images": images,
+        "machine": machine_info(), "versions": versions(), "commit": git_commit(), "images": images,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "rows": [],
     }
@@ -435,9 +428,15 @@ def main(argv: list[str] | None = None) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every part: a run cut short by its time limit keeps what it measured
-        result["checks"] = checks(rows)
+        result["checks"] = {**checks(rows), **result.get("host_tier", {}).get("checks", {})}
         out.write_text(json.dumps(result, indent=2) + "\n")
 
+    if "host" in args.parts:
+        run_host(args, listing, workdir, result, save)
+        save()
+    if not set(args.parts) - {"host"}:
+        print(f"checks: {result['checks']}\nwrote {out}")
+        return
     # The baseline first: short, and the comparison survives a run that ends early.
     if "load" in args.parts and not args.no_naive:
         naive = start_naive(args, workdir)

@@ -1,14 +1,18 @@
-"""What a server under load costs: CPU time and memory of its whole process tree, GPU memory."""
+"""A server under load: started and stopped (``Server``), and what it costs: CPU time and memory
+of its whole process tree, GPU memory."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
@@ -33,13 +37,78 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> N
     raise SystemExit(f"server not ready within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
 
 
+def wait_for_line(line: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    """Until ``log`` (the server's output) has ``line`` on a line of its own."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if line in log.read_text().splitlines():
+            return
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    raise SystemExit(f"server did not say {line!r} within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+def wait_for_standbys(url: str, timeout_s: float) -> None:
+    """Until every yolopipe inference worker's warm standby has warmed up (on a GPU it compiles
+    and captures beside the serving worker; measured meanwhile, the rows would count that)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        workers = httpx.get(f"{url}/v1/model", timeout=10).json()["serving"]["inference_workers"]
+        if all(w.get("standby_ready") for w in workers):
+            return
+        time.sleep(1.0)
+    print(f"warning: not every standby was ready within {timeout_s:g} s; measuring anyway", flush=True)
+
+
+class Server:
+    """A server process started from ``cmd`` (``{port}`` and ``{grpc_port}`` filled with free
+    ports), its output in ``log``, metered over its whole process tree (``meter``)."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict, log: Path) -> None:
+        self.name, self.log = name, log
+        self.port = free_port()
+        self.grpc_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [c.replace("{port}", str(self.port)).replace("{grpc_port}", str(self.grpc_port)) for c in cmd]
+        self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        self.meter = ServerMeter(self.proc.pid)
+        self.gpus = 0  # GPUs it runs on (yolopipe: read from /v1/model once ready)
+
+    def wait_ready(self, timeout: float = 900.0) -> None:
+        wait_ready(self.url, self.proc, self.log, timeout)
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is not None:
+            return self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+def cpu_us_per_request(row: dict) -> float | None:
+    """The server tree's CPU (``server_cpu_s``) per OK answer of a load row (``answers_ok``), in µs."""
+    ok = row.get("answers_ok")
+    return round(row["server_cpu_s"] / ok * 1e6, 1) if ok and "server_cpu_s" in row else None
+
+
 class _CpuWindow:
     result: dict
+    by_pid: dict[int, float]  # CPU seconds of each process of the tree inside the window
 
 
 class ServerMeter:
     def __init__(self, pid: int) -> None:
         self.pid = pid
+
+    def tree_pids(self) -> list[int]:
+        """The server's process and every process under it, now."""
+        return [p.pid for p in self._tree()]
 
     def _tree(self) -> list:
         import psutil
@@ -70,9 +139,11 @@ class ServerMeter:
         yield window
         after, wall = self._cpu_seconds(), time.monotonic() - t0
         # a process that ended inside the window is missed; one started inside counts from 0
-        used = sum(v - before.get(pid, 0.0) for pid, v in after.items())
+        by_pid = {pid: v - before.get(pid, 0.0) for pid, v in after.items()}
+        used = sum(by_pid.values())
         cores = used / wall
-        window.result = {"server_cpu_cores": round(cores, 2),
+        window.by_pid = by_pid
+        window.result = {"server_cpu_s": round(used, 3), "server_cpu_cores": round(cores, 2),
                          "server_cpu_pct_of_host": round(100 * cores / (os.cpu_count() or 1), 1),
                          "server_processes": len(after)}
 

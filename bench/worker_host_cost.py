@@ -2,9 +2,9 @@
 
 One inference worker (the process that owns the GPU and answers every HTTP worker) runs its
 real serving loop (``app.service.inference.worker._serve``: socket, rings, batcher, answers) in front of
-a stand-in pipeline that costs almost no CPU: each batch waits ``n / rate`` seconds with the
-GIL released (a serial device at ``--rate`` images/s, like a CUDA sync) and returns
-``--rows`` detections per image, with the stage-timing keys of the GPU pipeline. JPEG bytes
+a stand-in pipeline that costs almost no CPU (``bench/emulated_device.py``): each batch waits
+``n / rate`` seconds with the GIL released (a serial device at ``--rate`` images/s, like a CUDA
+sync) and returns ``--rows`` detections per image, with the stage-timing keys of the GPU pipeline. JPEG bytes
 pass through undecoded, as they do to the GPU decoder. Client processes drive it through the
 real ``InferenceClient`` (ring + descriptors, the HTTP worker's side), with no HTTP; each
 holds ``--links`` connections (default 7: two processes make the fan-in of the H200's fourteen
@@ -37,69 +37,21 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = (640, 480)  # the emulated images' size (width, height): what the stand-in's letterbox assumes
+SOURCE = (640, 480)  # the emulated images' size (width, height): the synthetic rows lie within it
 
 
 # ------------------------------------------------------------------ the stand-in device
-class EmulatedDevice:
-    """A ``Pipeline`` whose batches cost the host almost nothing: one device, batches in turn,
-    each a GIL-free wait of ``n / rate`` s; ``rows`` detections per image in input pixels."""
+def emulated_device(args):
+    """``bench/emulated_device.py``'s device with ``--rows`` synthetic detections per image (two
+    batches in flight, as this benchmark has always run it)."""
+    from bench.emulated_device import EmulatedDevice, Replay, generic_meta, synthetic_rows
 
-    backend = "emulated"
-    precision = "fp16"
-    decodes_jpeg = True
-    max_det = 300
-
-    def __init__(self, rate: float, rows: int, max_batch: int = 32, in_flight: int = 2) -> None:
-        import numpy as np
-
-        from app.types import Letterbox, ModelMeta
-
-        self.rate = rate
-        self.max_batch = max_batch
-        self.in_flight = in_flight
-        self.buckets: tuple[int, ...] = ()
-        self.meta = ModelMeta(name="emulated", names=[f"class{i}" for i in range(80)], imgsz=640, stride=32,
-                              input_name="images", output_name="output0", input_shape=["batch", 3, 640, 640],
-                              output_shape=["batch", 84, 8400], opset=17, weights_sha256="0" * 64)
-        w, h = SOURCE
-        gain = min(640 / w, 640 / h)
-        new_w, new_h = round(w * gain), round(h * gain)
-        self.letterbox = Letterbox(h, w, new_h, new_w, (640 - new_h) // 2, (640 - new_w) // 2, 640)
-        rng = np.random.default_rng(0)
-        xy = rng.uniform(0, 560, (rows, 2))
-        wh = rng.uniform(10, 80, (rows, 2))
-        self.rows = np.concatenate([xy, xy + wh, rng.uniform(0.3, 1.0, (rows, 1)),
-                                    rng.integers(0, 80, (rows, 1))], 1).astype(np.float32)
-        self._device = threading.Lock()
-
-    def run(self, images, params):
-        from app.contracts import PipelineRun
-
-        t0 = time.perf_counter()
-        with self._device:  # one device: batches run one after another
-            time.sleep(len(images) / self.rate)
-        t1 = time.perf_counter()
-        out = [(self.rows.copy(), self.letterbox) for _ in images]  # the GPU pipeline copies each image's rows too
-        t2 = time.perf_counter()
-        timings = {"decode_ms": 0.0, "pack_ms": 0.0, "wait_ms": (t1 - t0) * 1e3, "unpack_ms": (t2 - t1) * 1e3,
-                   "total_ms": (t2 - t0) * 1e3, "batch": float(len(images)), "bucket": float(len(images)),
-                   "slot": 0.0, "raw_launch": 1.0}
-        return PipelineRun(out, timings)
-
-    def warmup(self, batches=None, *, nv12: bool = False, frame_size=None) -> None:
-        pass
-
-    def release_memory(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+    return EmulatedDevice(Replay(generic_meta()), args.rate, max_batch=args.max_batch, in_flight=2,
+                          fallback=synthetic_rows(args.rows, SOURCE))
 
 
 def _image(quality: int = 90) -> bytes:
@@ -142,7 +94,7 @@ def run_worker(args) -> None:
         limit_malloc_arenas(2)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     settings = Settings(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, request_timeout_s=30.0)
-    device = EmulatedDevice(args.rate, args.rows, args.max_batch)
+    device = emulated_device(args)
     detector = Detector(device, RunShape(max_batch=args.max_batch, in_flight=device.in_flight,
                                          max_wait_ms=args.max_wait_ms))
     spec = worker.WorkerSpec(0, None, RunLayout(layout_root, 1), 0, os.getppid())
@@ -172,10 +124,10 @@ def run_client(args) -> None:
         while time.monotonic() < end:
             sent = time.monotonic()
             try:
-                (outcome,) = await client.detect([data], params, [header])
-                ok = outcome.error is None and len(outcome.detections) == args.rows
+                answers = await client.detect([data], params, [header])
+                ok = not answers.detected.errors and int(answers.detected.counts[0]) == args.rows
                 key = "ok" if ok else "wrong"
-                batch_sizes.append(outcome.batch.get("batch_size", 0))
+                batch_sizes.append(answers.batch_timings[0].get("batch_size", 0))
             except YolopipeError as exc:
                 key = exc.code
                 refusals[str(exc)] += 1
@@ -330,6 +282,7 @@ def main() -> None:
     args = p.parse_args()
     if args.role != "bench":
         sys.path.insert(0, os.environ.get("YOLOPIPE_CODE_TREE", str(ROOT)))
+        sys.path.append(str(ROOT))  # bench's own modules (the emulated device); the app comes from the tree
         (run_worker if args.role == "worker" else run_client)(args)
         return
 

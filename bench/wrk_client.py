@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "bench" / "wrk" / "multipart.lua"
 OIP_SCRIPT = ROOT / "bench" / "wrk" / "oip.lua"  # the same images as binary tensors to /v2/.../infer
+RAW_SCRIPT = ROOT / "bench" / "wrk" / "raw.lua"  # the same images as raw image/jpeg bodies
 
 
 def find_unpacked(name: str, folder: str, given: str | None, missing: str) -> tuple[str, dict]:
@@ -52,12 +53,17 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
 
 def run_wrk(url: str, image_list: Path, *, connections: int, duration_s: float, threads: int | None = None,
             rate: float = 0.0, timeout_s: float = 60.0, wrk: str | None = None, script: Path = SCRIPT) -> dict:
-    """One wrk run; returns the counts, rates and the 200s' latency percentiles."""
+    """One wrk run; returns the counts, rates and the 200s' latency percentiles. The scripts post
+    to ``url``'s path (``WRK_PATH``)."""
+    from urllib.parse import urlsplit
+
     binary, env = find_wrk(wrk)
     threads = threads or connections  # closed loop: one connection per thread
     with tempfile.TemporaryDirectory(prefix="yolopipe-wrk-") as tmp:
         out = Path(tmp) / "wrk.json"
-        env.update(WRK_IMAGES=str(image_list), WRK_OUT=str(out), WRK_RATE=str(rate / threads if rate else 0))
+        parts = urlsplit(url)
+        env.update(WRK_IMAGES=str(image_list), WRK_OUT=str(out), WRK_RATE=str(rate / threads if rate else 0),
+                   WRK_PATH=(parts.path or "/") + (f"?{parts.query}" if parts.query else ""))
         cmd = [binary, f"-t{threads}", f"-c{connections}", f"-d{max(1, round(duration_s))}s",
                f"--timeout={round(timeout_s)}s", "-s", str(script), url]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
@@ -75,6 +81,7 @@ def run_wrk(url: str, image_list: Path, *, connections: int, duration_s: float, 
         "req_per_s": round(statuses.get("200", 0) / seconds, 1),
         "answered_per_s": round(answered / seconds, 1),
         "statuses": statuses,
+        "answers_ok": statuses.get("200", 0),
         "socket_errors": raw["socket_errors"],
         "wrk_latency_ms_all_statuses": raw["wrk_latency_ms"],
         "mode": "open" if rate else "closed",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
@@ -22,13 +22,17 @@ from app.ipc.layout import RunLayout
 from app.service.memory import ActivityMiddleware, IdleRelease, release_memory
 from app.service.processes import die_with_parent, setup_logging, write_metrics_to
 
+if TYPE_CHECKING:  # an HTTP worker of `serve` does not import the inference worker's code
+    from app.service.inference.worker import DetectorFactory
+
 
 class OwnWorkers(InferenceClient):
     """An ``InferenceClient`` that starts its own inference workers and stops them on close."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, detector_factory: DetectorFactory | None = None) -> None:
         super().__init__(settings, None)
         self._pool = None
+        self._detector_factory = detector_factory
 
     async def start(self, wait_s: float = 30.0) -> None:
         from app.runtime import inference_devices  # here: an HTTP worker of `serve` must not load the model's code
@@ -36,7 +40,7 @@ class OwnWorkers(InferenceClient):
 
         devices = inference_devices(self.settings)
         self.layout = RunLayout.create(len(devices))
-        self._pool = InferencePool(self.settings, self.layout, devices)
+        self._pool = InferencePool(self.settings, self.layout, devices, detector_factory=self._detector_factory)
         try:
             await asyncio.to_thread(self._pool.start)
         except BaseException:
@@ -51,10 +55,12 @@ class OwnWorkers(InferenceClient):
             self.layout.remove()
 
 
-def create_service_app(settings: Settings | None = None) -> FastAPI:
-    """The whole service in this process's app: its inference workers start with it."""
+def create_service_app(settings: Settings | None = None, *, detector_factory: DetectorFactory | None = None
+                       ) -> FastAPI:
+    """The whole service in this process's app: its inference workers start with it (opening
+    their detector with ``detector_factory``, a test's or benchmark's; default: the model's)."""
     settings = settings or Settings()
-    return create_app(settings, OwnWorkers(settings))
+    return create_app(settings, OwnWorkers(settings, detector_factory))
 
 
 def listen(host: str, port: int, backlog: int = 2048) -> socket.socket:

@@ -28,7 +28,7 @@ from app.config import Settings
 from app.errors import YolopipeError
 from app.ipc.layout import RunLayout
 from app.ipc.wire import StatusBlock, error_from_code
-from app.service.inference.worker import WorkerSpec, worker_main
+from app.service.inference.worker import DetectorFactory, WorkerSpec, worker_main
 
 log = logging.getLogger("yolopipe.serving")
 
@@ -47,10 +47,14 @@ class _Started:
 
 
 class InferencePool:
-    def __init__(self, settings: Settings, layout: RunLayout, devices: list[str | None]) -> None:
+    def __init__(self, settings: Settings, layout: RunLayout, devices: list[str | None], *,
+                 detector_factory: DetectorFactory | None = None) -> None:
+        """``detector_factory``: what each worker opens its detector with (``WorkerSpec``); None:
+        the model of ``settings`` (``app.runtime.open_model_dir`` after ``ensure_artifacts``)."""
         self.settings = settings
         self.layout = layout
         self.devices = devices
+        self.detector_factory = detector_factory
         self._ctx = multiprocessing.get_context("spawn")
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -215,7 +219,7 @@ class InferencePool:
 
     def _spawn(self, index: int, generation: int, promote: Any = None) -> tuple[Any, Any]:
         receive, send = self._ctx.Pipe(duplex=False)
-        spec = WorkerSpec(index, self.devices[index], self.layout, generation, os.getpid())
+        spec = WorkerSpec(index, self.devices[index], self.layout, generation, os.getpid(), self.detector_factory)
         role = "standby" if promote is not None else "inference"
         proc = self._ctx.Process(target=worker_main, args=(spec, self.settings, send, promote),
                                  name=f"yolopipe-{role}-{index}", daemon=False)

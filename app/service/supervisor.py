@@ -29,6 +29,7 @@ from app.ipc.layout import RunLayout
 from app.runtime import inference_devices
 from app.service.grpc_worker import grpc_worker_main
 from app.service.http_worker import http_worker_main
+from app.service.inference.worker import DetectorFactory
 from app.service.pool import InferencePool
 from app.service.processes import metrics_folder, setup_logging
 
@@ -37,7 +38,10 @@ log = logging.getLogger("yolopipe.serving")
 _YOUNG_S = 5.0  # an HTTP worker that dies younger than this is restarted after a pause
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, *, detector_factory: DetectorFactory | None = None) -> None:
+    """``detector_factory``: what the inference workers open their detector with (default: the
+    model of ``settings``); a benchmark's or test's hook to run the real service around another
+    detector (``app.service.inference.worker.DetectorFactory``), not a CLI option."""
     serving = settings
     setup_logging()
     devices = inference_devices(serving)
@@ -50,14 +54,15 @@ def serve(settings: Settings) -> None:
         _check_grpc_port_free(serving)
     layout = RunLayout.create(len(devices))
     with metrics_folder(layout.metrics_dir):  # every child writes there
-        _supervise(serving, layout, devices, n_http, n_grpc)
+        _supervise(serving, layout, devices, n_http, n_grpc, detector_factory)
     log.info("stopped")
 
 
-def _supervise(serving: Settings, layout: RunLayout, devices: list[str | None], n_http: int, n_grpc: int) -> None:
+def _supervise(serving: Settings, layout: RunLayout, devices: list[str | None], n_http: int, n_grpc: int,
+               detector_factory: DetectorFactory | None = None) -> None:
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    pool = InferencePool(serving, layout, devices)
+    pool = InferencePool(serving, layout, devices, detector_factory=detector_factory)
     fronts = [FrontWorkers(serving, layout, n_http, stop, http_worker_main, "HTTP")]
     if n_grpc:
         fronts.append(FrontWorkers(serving, layout, n_grpc, stop, grpc_worker_main, "gRPC"))

@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,13 @@ log = logging.getLogger("yolopipe.serving")
 
 EXIT_DEVICE_LOST = 4  # the device context died: the pool starts this worker again
 
+# What opens a worker's detector from the settings (and reports its start-up steps): by default
+# ``app.runtime``'s ``ensure_artifacts`` then ``open_model_dir``; a benchmark or test may pass its
+# own to the service (``serve``, ``InferencePool``, ``create_service_app``): e.g. ``bench/emulated_device.py``'s,
+# which emulates the device. It travels to the spawned worker by pickle, so it must be a
+# module-level function (or a ``functools.partial`` of one), which the worker imports by name.
+DetectorFactory = Callable[[Any, StartupSteps], Any]
+
 
 @dataclass(frozen=True)
 class WorkerSpec:
@@ -50,6 +58,7 @@ class WorkerSpec:
     layout: RunLayout
     generation: int  # how many times this worker index was started before
     parent_pid: int
+    detector_factory: DetectorFactory | None = None  # None: app.runtime's ensure_artifacts, then open_model_dir
 
 
 def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = None) -> None:
@@ -81,8 +90,11 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = Non
 
         steps.listener = opening
     try:
-        options = options_from(settings)
-        detector = open_model_dir(ensure_artifacts(options, steps), options, steps)
+        if spec.detector_factory is not None:
+            detector = spec.detector_factory(settings, steps)
+        else:
+            options = options_from(settings)
+            detector = open_model_dir(ensure_artifacts(options, steps), options, steps)
     except YolopipeError as exc:
         report.send(("error", exc.code, str(exc)))
         raise SystemExit(3) from None

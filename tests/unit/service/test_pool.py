@@ -87,3 +87,26 @@ def test_a_worker_that_loses_its_device_is_restarted_and_readyz_goes_false_then_
         assert worker["pid"] != pid and worker["restarts"] == 1
     ended = [r.getMessage() for r in caplog.records if "ended with exit code" in r.getMessage()]
     assert ended and f"exit code {EXIT_DEVICE_LOST} " in ended[0], ended
+
+
+def _decodes_itself(settings, steps=None):
+    """A detector factory (as a benchmark passes one): the model of ``settings`` behind
+    ``DecodesItself``, which names itself as the backend."""
+    from app.pipeline.detector import Detector
+    from app.runtime import ensure_artifacts, open_model_dir, options_from
+    from tests.standins import DecodesItself
+
+    options = options_from(settings)
+    real = open_model_dir(ensure_artifacts(options, steps), options, steps)
+    return Detector(DecodesItself(real.pipeline), real.shape)
+
+
+def test_the_workers_open_their_detector_with_the_factory_the_service_is_given(artifacts_dir, cpu_detector, bus):
+    settings = Settings(weights="sample", backend="onnxruntime", artifacts_dir=artifacts_dir, standby=False,
+                        max_wait_ms=1, request_timeout_s=20.0)
+    with TestClient(create_service_app(settings, detector_factory=_decodes_itself)) as http:
+        assert http.get("/v1/model").json()["backend"] == "decodes-itself"
+        answer = http.post("/v1/detect", content=bus, headers={"content-type": "image/jpeg"})
+    assert answer.status_code == 200
+    expected = cpu_detector.detect([bus])[0].detections
+    assert len(expected) and [d["class_id"] for d in answer.json()["detections"]] == expected.class_ids.tolist()
