@@ -11,9 +11,9 @@ Two shapes, because where the data lives decides everything:
   run on the GPU (``app.pipeline.gpu``), and the output never leaves the device.
 
 And one shape for the whole image→rows path, which the ``Detector`` drives: ``Pipeline``, whose
-``run`` returns a ``PipelineRun`` (rows per image and that batch's own stage timings).
-These are the whole contract: every attribute and method named here exists on every
-implementation, so callers never probe for them.
+``run`` returns a ``PipelineRun`` (rows per image, that batch's own ``StageTimes`` and its
+``RunFacts``) and whose ``diagnose`` answers ``Diagnostics``. These are the whole contract: every
+attribute and method named here exists on every implementation, so callers never probe for them.
 
 Around them, the data every front end shares: ``EncodedImage`` (bytes with the header whoever
 read them first parsed), ``RunShape`` (how a detector runs, clamped once where it is opened)
@@ -22,8 +22,9 @@ and ``DetectedBatch`` (what ``Detector.run`` answers for a batch, as arrays).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
 import numpy as np
@@ -98,7 +99,9 @@ class DeviceEngine(Protocol):
     precision: str  # "fp32" | "fp16" | "int8"
     input_dtype: str  # "float32" | "float16": what ``forward`` expects
     max_batch: int
-    compiled: bool  # torch-cuda: running a torch.compile'd model; TensorRT: False (built ahead)
+    compiled: bool  # torch-cuda: running a torch.compile'd model or a package; TensorRT: False (built ahead)
+    compiler: str  # what made its kernels: aoti | inductor | eager (torch-cuda), tensorrt
+    batch_invariant: bool  # an image gets the same answer in any batch (a torch-cuda package built so)
 
     def forward(self, images: Any) -> Any:
         """Enqueue the model on torch's current CUDA stream.
@@ -171,6 +174,49 @@ class RunShape:
         object.__setattr__(self, "video_decode", decoder_name(self.video_decode, video=True))
 
 
+@dataclass(frozen=True, slots=True)
+class StageTimes:
+    """Milliseconds per stage of a pipeline run, or of several runs summed (``+``): the same
+    stages on every pipeline, a stage a pipeline does not have counting 0. Only these are summed
+    over a batch's runs, observed as latencies (``yolopipe_stage_latency_seconds``) and sent in
+    ``/v1``'s ``timings``; what a run was (its batch, bucket, slot) is in its ``RunFacts``."""
+
+    # images decoded by the pipeline: JPEGs on the GPU (or by OpenCV in its threads), NV12 frames
+    # copied in; 0 on the CPU pipeline, whose images come decoded
+    decode_ms: float = 0.0
+    # the batch made ready for the model on the host: letterbox and input tensor (CPU); the
+    # staging packed, and the bucket's graphs captured where missing (GPU: the graph letterboxes)
+    preprocess_ms: float = 0.0
+    # the model: ONNX Runtime's run (CPU); the upload, the graph's launch (letterbox, engine, NMS,
+    # rows to the host) and the wait for it (GPU)
+    infer_ms: float = 0.0
+    # NMS (CPU); the rows split per image (GPU)
+    postprocess_ms: float = 0.0
+
+    def __add__(self, other: StageTimes) -> StageTimes:
+        return StageTimes(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """What one pipeline run was, apart from how long its stages took: for diagnostics and
+    benchmarks, never summed or observed as a latency."""
+
+    batch: int  # images that reached the model
+    bucket: int  # the batch size it ran as (padded up to; = batch where nothing is padded)
+    slot: int = 0  # the batch slot it held (GPU, one per batch in flight); 0 on the CPU
+    launch: str = ""  # GPU: "driver" (the CUDA driver directly) | "torch" (CUDAGraph.replay); "" on the CPU
+    upload_on_compute: bool = False  # GPU: the batch was alone in flight, its upload on the compute stream
+    # GPU: the host's cost of the launch (inside infer_ms): enqueueing the upload; the waits, the
+    # graph launch and its done record; the launch and record alone
+    upload_us: float = 0.0
+    dispatch_us: float = 0.0
+    launch_us: float = 0.0
+
+
 @dataclass
 class DetectedBatch:
     """What ``Detector.run`` answers for a batch of images, as arrays, in the batch's order.
@@ -178,28 +224,29 @@ class DetectedBatch:
     Per image its source ``widths``/``heights`` and ``counts`` of rows (both 0 for an image in
     ``errors``, its position → the error that stopped it); ``rows``: every ok image's rows one
     image after another, ``[sum(counts), 6]`` float32 (x1, y1, x2, y2 in source pixels, score,
-    class); ``timings``: the stage times of the pipeline runs that made it (summed)."""
+    class); ``timings``: the stage times of the pipeline runs that made it (summed); ``runs``:
+    each of those runs' facts, in order."""
 
     widths: np.ndarray  # [n] int64
     heights: np.ndarray  # [n] int64
     counts: np.ndarray  # [n] int64
     rows: np.ndarray  # [sum(counts), 6] float32
     errors: dict[int, YolopipeError] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: StageTimes = field(default_factory=StageTimes)
+    runs: tuple[RunFacts, ...] = ()
 
     def __len__(self) -> int:
         return len(self.counts)
 
     @classmethod
-    def failed(cls, errors: Sequence[YolopipeError], timings: dict[str, float] | None = None) -> DetectedBatch:
+    def failed(cls, errors: Sequence[YolopipeError]) -> DetectedBatch:
         """A batch whose every image failed, each with its error."""
         zeros = np.zeros(len(errors), np.int64)
-        return cls(zeros, zeros.copy(), zeros.copy(), np.zeros((0, 6), np.float32), dict(enumerate(errors)),
-                   timings or {})
+        return cls(zeros, zeros.copy(), zeros.copy(), np.zeros((0, 6), np.float32), dict(enumerate(errors)))
 
     @classmethod
     def concat(cls, parts: Sequence[DetectedBatch]) -> DetectedBatch:
-        """The images of ``parts``, one part after another (timings: the first part's)."""
+        """The images of ``parts``, one part after another (timings and runs: the first part's)."""
         if not parts:
             return cls.failed([])
         errors: dict[int, YolopipeError] = {}
@@ -209,17 +256,18 @@ class DetectedBatch:
             start += len(part)
         return cls(np.concatenate([p.widths for p in parts]), np.concatenate([p.heights for p in parts]),
                    np.concatenate([p.counts for p in parts]), np.concatenate([p.rows for p in parts]), errors,
-                   dict(parts[0].timings))
+                   parts[0].timings, parts[0].runs)
 
     def take(self, positions: Sequence[int]) -> DetectedBatch:
-        """The images at ``positions``, in that order (timings: this batch's)."""
+        """The images at ``positions``, in that order (timings and runs: this batch's)."""
         positions = np.asarray(positions, np.int64)
         starts = np.cumsum(self.counts) - self.counts
         taken = self.counts[positions]
         first = np.repeat(starts[positions] - (np.cumsum(taken) - taken), taken)
         rows = self.rows[first + np.arange(int(taken.sum()))]
         errors = {k: self.errors[p] for k, p in enumerate(positions.tolist()) if p in self.errors}
-        return DetectedBatch(self.widths[positions], self.heights[positions], taken, rows, errors, dict(self.timings))
+        return DetectedBatch(self.widths[positions], self.heights[positions], taken, rows, errors, self.timings,
+                             self.runs)
 
     def rows_of(self, i: int) -> np.ndarray:
         """Image ``i``'s rows ``[K, 6]`` (a view)."""
@@ -254,11 +302,46 @@ ImageRows = tuple[np.ndarray, Letterbox]
 
 @dataclass
 class PipelineRun:
-    """What one ``Pipeline.run`` gives back: per image its rows or its own error, in order, and
-    the stage times of this batch (``*_ms``, ``*_us``), so no caller reads another batch's."""
+    """What one ``Pipeline.run`` gives back: per image its rows or its own error, in order, this
+    batch's stage times (no caller reads another batch's) and facts (None: no image reached the
+    model), and on the profiling path only (``Pipeline.diagnose``) each device stage's own time."""
 
     images: list[ImageRows | YolopipeError]
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: StageTimes = field(default_factory=StageTimes)
+    facts: RunFacts | None = None
+    device_ms: dict[str, float] = field(default_factory=dict)  # h2d, preprocess, engine, nms, d2h, total
+
+
+def measure_once(call: Callable[[], object]) -> list[float]:
+    """``Pipeline.diagnose``'s default ``measure``: one call, its wall time (ms)."""
+    t0 = time.perf_counter()
+    call()
+    return [(time.perf_counter() - t0) * 1e3]
+
+
+@dataclass(frozen=True)
+class BareRun:
+    """The engine alone on an already letterboxed batch (``Pipeline.diagnose(bare=...)``): the
+    wall time of each timed call (ms) and, on a GPU, each call's device time (CUDA events)."""
+
+    times_ms: list[float]
+    device_ms: list[float]
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    """What a pipeline says about itself (``Pipeline.diagnose``), for benchmarks and checks: the
+    same fields on every pipeline, each as far as it applies there."""
+
+    decoder: str  # what decodes its JPEGs under the ``decode`` asked about: nvimgcodec | nvjpeg | opencv
+    compiled: bool  # the engine runs a compiled model (torch-cuda's package or torch.compile)
+    compiler: str  # what made the engine's kernels: aoti | inductor | eager (torch-cuda), tensorrt, onnxruntime
+    batch_invariant: bool  # promised: an image gets the same answer in any batch (torch-cuda's package)
+    launch_error: str | None  # why batches are not launched through the CUDA driver; None: they are
+    profiled: PipelineRun | None = None  # with ``profile``: that run, on the profiling path (``device_ms``)
+    bare: BareRun | None = None  # with ``bare``: the engine alone
+    # with ``timeline``: an ``app.gpu.timeline.Timeline`` recording every batch until closed; None on the CPU
+    timeline: Any = None
 
 
 class Pipeline(Protocol):
@@ -273,11 +356,25 @@ class Pipeline(Protocol):
     meta: ModelMeta
     decodes_jpeg: bool  # True: JPEGs (``EncodedImage``) may be passed and are decoded by the pipeline
     takes_nv12: bool  # True: ``DeviceNv12`` frames may be passed (a batch of them only)
-    device: int | None  # the CUDA device a GPU pipeline runs on (its NV12 frames' too); None on the CPU
+    # the CUDA device a GPU pipeline runs on (its NV12 frames' too), an ``app.gpu.device.CudaDevice``:
+    # its index and the gate its NVDEC readers hold too; None on the CPU
+    cuda: Any
 
-    def run(self, images: Sequence[PipelineInput], params: DetectParams) -> PipelineRun:
+    def run(self, images: Sequence[PipelineInput], params: DetectParams, *, decode: str | None = None) -> PipelineRun:
         """At most ``max_batch`` images; a per-image error (e.g. a corrupt JPEG) stands in its place.
-        Safe to call from ``in_flight`` threads at once."""
+        ``decode``: the JPEG decoder of this run (``RunShape.decode``; None: the one the pipeline
+        was built with). Safe to call from ``in_flight`` threads at once."""
+
+    def diagnose(self, *, decode: str | None = None,
+                 profile: tuple[Sequence[PipelineInput], DetectParams] | None = None,
+                 bare: np.ndarray | None = None, measure: Callable[[Callable[[], object]], list[float]] = measure_once,
+                 timeline: bool = False) -> Diagnostics:
+        """What the pipeline is and how it runs (``Diagnostics``); each keyword asks for more:
+        ``decode``: the JPEG decoder asked about (None: the pipeline's own); ``profile``: one run
+        of these images on the profiling path (stage by stage, with syncs); ``bare``: the engine
+        alone on this letterboxed batch (``[B, 3, S, S]`` float32 RGB in [0, 1]), its calls timed
+        by ``measure`` (the ms of each timed call); ``timeline``: record every batch's stages
+        from now until the timeline is closed."""
 
     def warmup(self, batches: Sequence[int] | None = None, *, nv12: bool = False,
                frame_size: tuple[int, int] | None = None) -> None:

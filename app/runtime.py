@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import threading
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +31,7 @@ from app.artifacts.exports import load_export
 from app.config import BACKENDS, CPU_MAX_BATCH, ENGINE_MAX_BATCH, PRECISIONS, Settings, check_choice, check_imgsz
 from app.contracts import RunShape
 from app.errors import ArtifactError, BackendUnavailable, EngineMismatch, InvalidParameter
+from app.gpu.device import CudaDevice, configure_process
 from app.pipeline.detector import Detector
 from app.types import ModelMeta, StartupSteps
 
@@ -144,6 +146,7 @@ def ensure_engine(model_dir: Path, options: OpenOptions, steps: StartupSteps | N
     ``yolopipe build-engine`` alone (calibration images, minutes of tactic choices)."""
     from app.gpu.probe import cuda_device_count
 
+    configure_process()  # before the build makes a CUDA context
     steps = steps if steps is not None else StartupSteps()
     choice = choose_backend(options.backend, options.precision, model_dir, gpus=cuda_device_count())
     if choice.backend != "torch-cuda" or not options.compile:
@@ -189,6 +192,7 @@ def open_model_dir(model_dir: Path, options: OpenOptions | None = None, steps: S
     from app.gpu.probe import cuda_device_count
 
     options = options if options is not None else OpenOptions()
+    configure_process()  # before anything here makes a CUDA context (the engine, its build)
     steps = steps if steps is not None else StartupSteps()
     onnx_path, meta = load_export(model_dir)
     choice = choose_backend(options.backend, options.precision, model_dir, gpus=cuda_device_count())
@@ -206,7 +210,7 @@ def open_model_dir(model_dir: Path, options: OpenOptions | None = None, steps: S
             # a TensorRT profile's ceiling
             shape = replace(options.shape, max_batch=min(options.shape.max_batch, engine.max_batch))
             with steps.step("setting up the GPU pipeline (buffers, decoder, kernels)"):
-                pipeline = GpuPipeline(engine, meta, shape, device=options.device,
+                pipeline = GpuPipeline(engine, meta, shape, cuda_device(options.device),
                                        pad_to_captured=options.pad_to_captured)
             cleanup.pop_all()  # the pipeline owns the engine now
             cleanup.callback(pipeline.close)
@@ -251,6 +255,20 @@ def _device_engine(choice: BackendChoice, model_dir: Path, meta: ModelMeta, opti
             fallback = BackendChoice("torch-cuda", "fp16" if choice.precision == "int8" else choice.precision)
             return _torch_cuda_engine(model_dir, meta, fallback.precision, options, steps, fallback=True)
     return _torch_cuda_engine(model_dir, meta, choice.precision, options, steps)
+
+
+_CUDA_DEVICES: dict[int, CudaDevice] = {}
+_CUDA_DEVICES_LOCK = threading.Lock()
+
+
+def cuda_device(index: int) -> CudaDevice:
+    """The process's one ``CudaDevice`` of CUDA device ``index``: a capture must exclude every
+    CUDA call on its device from every thread of the process, so every pipeline and NVDEC
+    reader on the device shares its gate."""
+    with _CUDA_DEVICES_LOCK:
+        if index not in _CUDA_DEVICES:
+            _CUDA_DEVICES[index] = CudaDevice(index)
+        return _CUDA_DEVICES[index]
 
 
 def _torch_cuda_engine(model_dir: Path, meta: ModelMeta, precision: str, options: OpenOptions, steps: StartupSteps,

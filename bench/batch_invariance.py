@@ -127,8 +127,7 @@ def pipeline_rows(pipe, data: dict[str, bytes], trials: int) -> dict:
         batch = [str(x) for x in rng.choice(others, 7)]
         batch.insert(k % 8, "bus")
         run = pipe.run([EncodedImage(data[n], read_header(data[n])) for n in batch], params)
-        slot = int(run.timings["slot"])
-        bucket = int(run.timings["bucket"])
+        slot, bucket = run.facts.slot, run.facts.bucket
         head = pipe.slots[slot].graphs.get(graph_key(bucket)).head
         for j, n in enumerate(batch):
             rows = run.images[j][0]
@@ -198,12 +197,12 @@ def main(argv=None) -> int:
     from app.backends.torch_cuda import TorchCudaEngine
     from app.benchmark.machine import result_header
     from app.contracts import RunShape
-    from app.runtime import OpenOptions, ensure_engine, export_model, open_model_dir
+    from app.runtime import export_model, open_model_dir
     from app.types import ModelMeta
 
     assets = Path(ultralytics.__file__).parent / "assets"
     data = photos(assets, args.images)
-    model_dir = export_model(OpenOptions())
+    model_dir = export_model("sample")
     meta = ModelMeta.load(model_dir / "meta.json")
     result: dict = {**result_header("bench/batch_invariance.py", gpu=True), "code": os.environ.get("YOLOPIPE_CODE"),
                     "cudnn": torch.backends.cudnn.version()}
@@ -216,11 +215,9 @@ def main(argv=None) -> int:
         inputs = [letterboxed(d, meta.imgsz) for d in data.values()]
         result["engine"] = {}
         for invariant in (True, False) if args.cudnn else (True,):
-            options = OpenOptions(compile=True, batch_invariant=invariant,
-                                  shape=RunShape(max_batch=max(sizes), in_flight=1))
-            ensure_engine(model_dir, options)
-            det = open_model_dir(model_dir, options)
-            engine = det.engine
+            det = open_model_dir(model_dir, RunShape(max_batch=max(sizes), in_flight=1), compile=True,
+                                 batch_invariant=invariant)
+            engine = det.pipeline.engine  # looks inside: the engine alone, as pipeline_rows looks at slots
             name = f"{engine.compiler}-{'invariant' if engine.batch_invariant else 'cudnn'}"
             print(f"engine {name}", flush=True)
             result["engine"][name] = engine_rows(engine, inputs, sizes, args.trials, torch)
@@ -237,10 +234,8 @@ def main(argv=None) -> int:
     if "pipeline" in parts:
         result["pipeline"] = {}
         for compile_ in (True, False) if args.eager else (True,):
-            options = OpenOptions(compile=compile_, shape=RunShape(max_batch=8, in_flight=3))
-            ensure_engine(model_dir, options)
-            det = open_model_dir(model_dir, options)
-            name = det.engine.compiler
+            det = open_model_dir(model_dir, RunShape(max_batch=8, in_flight=3), compile=compile_)
+            name = det.diagnose().compiler
             print(f"pipeline {name}", flush=True)
             result["pipeline"][name] = pipeline_rows(det.pipeline, data, 24)  # looks inside: slots, graph heads
             det.close()

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from app.contracts import DetectParams, EncodedImage, PipelineRun
+from app.contracts import DetectParams, Diagnostics, EncodedImage, PipelineRun, RunFacts, StageTimes
 from app.types import Letterbox, ModelMeta
 
 TAIL = 32  # bytes of an image's end that, with its length, key it in the table
@@ -105,7 +105,7 @@ class EmulatedDevice:
     precision = "fp16"
     decodes_jpeg = True
     takes_nv12 = False
-    device = None
+    cuda = None  # no CUDA device: it is emulated
     max_det = 300
     buckets: tuple[int, ...] = ()
 
@@ -119,18 +119,21 @@ class EmulatedDevice:
         self.fallback = np.zeros((0, 6), np.float32) if fallback is None else np.asarray(fallback, np.float32)
         self._device = threading.Lock()
 
-    def run(self, images: Sequence[Any], params: DetectParams) -> PipelineRun:
+    def run(self, images: Sequence[Any], params: DetectParams, *, decode: str | None = None) -> PipelineRun:
         t0 = time.perf_counter()
         with self._device:  # one device: batches run one after another
             time.sleep(len(images) / self.rate)
         t1 = time.perf_counter()
         out = [self._answer(x, params) for x in images]
         t2 = time.perf_counter()
-        # The GPU pipeline's stage keys, so that the batcher's metrics do the same work.
-        timings = {"decode_ms": 0.0, "pack_ms": 0.0, "wait_ms": (t1 - t0) * 1e3, "unpack_ms": (t2 - t1) * 1e3,
-                   "total_ms": (t2 - t0) * 1e3, "batch": float(len(images)), "bucket": float(len(images)),
-                   "slot": 0.0, "raw_launch": 1.0}
-        return PipelineRun(out, timings)
+        # The GPU pipeline's stage times and facts, so that the batcher's metrics do the same work.
+        times = StageTimes(infer_ms=(t1 - t0) * 1e3, postprocess_ms=(t2 - t1) * 1e3)
+        return PipelineRun(out, times, RunFacts(len(images), len(images), launch="driver"))
+
+    def diagnose(self, *, decode: str | None = None, profile: Any = None, bare: Any = None, measure: Any = None,
+                 timeline: bool = False) -> Diagnostics:
+        """Facts only: no engine to profile or time alone."""
+        return Diagnostics("emulated", False, "emulated", False, "no CUDA graphs: the device is emulated")
 
     def _answer(self, image: Any, params: DetectParams) -> tuple[np.ndarray, Letterbox]:
         if isinstance(image, EncodedImage):

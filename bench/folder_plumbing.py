@@ -48,7 +48,7 @@ REPO = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):  # `python bench/folder_plumbing.py`: make the repo importable
     sys.path.insert(0, str(REPO))
 
-from app.contracts import DetectParams, PipelineRun
+from app.contracts import DetectParams, Diagnostics, PipelineRun, RunFacts
 from app.errors import InvalidImage
 
 SHARED_IMAGES = REPO.parent / "shared" / "data" / "images"
@@ -102,6 +102,7 @@ class StandInPipeline:
     backend = "stand-in"
     precision = "fp16"
     decodes_jpeg = True
+    cuda = None  # no CUDA device: the device is emulated (``emulated``)
 
     def __init__(self, meta, replies: dict, *, rate: float, max_batch: int, slots: int = 3, max_det: int = 300,
                  host_work: bool = True) -> None:
@@ -111,7 +112,7 @@ class StandInPipeline:
         self.in_flight = slots
         self.buckets: tuple[int, ...] = ()
         self.takes_nv12 = False
-        self.device = EmulatedDevice(rate)
+        self.emulated = EmulatedDevice(rate)
         self._replies = replies
         self._slots = threading.BoundedSemaphore(slots)
         self._host_work = host_work
@@ -119,7 +120,7 @@ class StandInPipeline:
     def warmup(self, batches=None, *, nv12: bool = False, frame_size=None) -> None:
         """Nothing to capture."""
 
-    def run(self, images, params: DetectParams) -> PipelineRun:
+    def run(self, images, params: DetectParams, *, decode: str | None = None) -> PipelineRun:
         from app.imaging.headers import read_jpeg_header
 
         with self._slots:
@@ -128,7 +129,7 @@ class StandInPipeline:
             if self._host_work:  # GpuJpegDecoder.split reads every header again, holding the GIL
                 for data in datas:
                     read_jpeg_header(data)
-            self.device.execute(len(images))
+            self.emulated.execute(len(images))
             for i, data in enumerate(datas):
                 reply = self._replies.get(_key(data))
                 if reply is None:
@@ -136,7 +137,11 @@ class StandInPipeline:
                 else:
                     rows, lb = reply
                     results[i] = (rows.copy(), lb)
-            return PipelineRun(results, {"batch": float(len(images))})
+            return PipelineRun(results, facts=RunFacts(len(images), len(images)))
+
+    def diagnose(self, *, decode=None, profile=None, bare=None, measure=None, timeline=False) -> Diagnostics:
+        """Facts only: no engine to profile or time alone."""
+        return Diagnostics("stand-in", False, "stand-in", False, "no CUDA graphs: the device is emulated")
 
     def close(self) -> None:
         pass
@@ -148,13 +153,11 @@ def _key(data: bytes) -> tuple[int, bytes]:
 
 def replayed_rows(photos: list[tuple[str, bytes]], weights: str) -> tuple[object, dict]:
     """The sample model's NMS rows and letterbox of each photo (ONNX Runtime), keyed by its bytes."""
-    from app.contracts import RunShape
     from app.imaging.decode import decode_image
-    from app.runtime import OpenOptions, ensure_artifacts, open_model_dir
+    from app.runtime import open_detector
 
     replies = {}
-    options = OpenOptions(weights, backend="onnxruntime", shape=RunShape(max_batch=1))
-    with open_model_dir(ensure_artifacts(options), options) as det:
+    with open_detector(weights, backend="onnxruntime", max_batch=1) as det:
         params = det.params()
         for _, data in photos:
             # the pipeline's own rows (input pixels) and letterbox: what StandInPipeline replays
@@ -167,11 +170,12 @@ MEDIAN_KEYS = ("img_per_s", "cpu_us_per_image", "wall_s", "device_idle_pct", "de
                "first_batch_ms", "after_last_batch_ms")
 
 
-def run_round(variant: str, detector, folder: Path, out: Path, params, batch: int) -> dict:
+def run_round(variant: str, detector, folder: Path, out: Path, params, batch: int,
+              device: EmulatedDevice | None = None) -> dict:
+    """``device``: the stand-in pipeline's emulated device, whose idle time is reported too."""
     from app.predict.folder import predict_folder
 
-    run = lambda: vars(predict_folder(detector.reshaped(max_batch=batch), str(folder), out, params))
-    device = detector.device
+    run = lambda: vars(predict_folder(detector, str(folder), out, params, batch=batch))
     if isinstance(device, EmulatedDevice):
         device.reset()
     cpu0, t0 = time.process_time(), time.perf_counter()
@@ -221,10 +225,10 @@ def child(a) -> None:
     detector = Detector(pipeline)
     params = detector.params()
     for k, rate in enumerate(float(r) for r in a.rates.split(",")):
-        pipeline.device.rate = rate
+        pipeline.emulated.rate = rate
         if k == 0:  # warm: imports, first allocations
-            run_round(a.child, detector, a.folder, a.jsonl, params, a.batch)
-        row = run_round(a.child, detector, a.folder, a.jsonl, params, a.batch)
+            run_round(a.child, detector, a.folder, a.jsonl, params, a.batch, pipeline.emulated)
+        row = run_round(a.child, detector, a.folder, a.jsonl, params, a.batch, pipeline.emulated)
         print(json.dumps({"rate": rate, **row, "variant": a.child}), flush=True)
 
 
@@ -319,13 +323,11 @@ def _real_rounds(a, folder: Path, outs: dict[str, Path]) -> tuple[list[dict], bo
     sizes captured first): rounds with glibc's heap as it is, then with ``keep_freed_heap`` in
     effect, which no process can undo."""
     import app.predict.folder as folder_module
-    from app.contracts import RunShape
-    from app.runtime import OpenOptions, ensure_artifacts, open_model_dir
+    from app.runtime import open_detector
 
     rows = []
     keep = folder_module.keep_freed_heap
-    options = OpenOptions(a.weights, backend=a.real_backend, shape=RunShape(max_batch=a.batch))
-    with open_model_dir(ensure_artifacts(options), options) as detector:
+    with open_detector(a.weights, backend=a.real_backend, max_batch=a.batch) as detector:
         detector.warmup([a.batch, a.count % a.batch or a.batch])  # the two sizes the folder's batches have
         params = detector.params()
         for v in REAL_VARIANTS:

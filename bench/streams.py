@@ -201,6 +201,7 @@ def gil_probe(clip: Path, reader: str, threads: int, seconds: float, device: int
     """How much of its rate a pure-Python counting thread keeps while ``threads`` threads decode
     the clip with NVDEC (its frames not copied out): ~100 % when the decode calls release the GIL."""
     from app.gpu.nvdec import NvdecReader
+    from app.runtime import cuda_device
 
     count, stop = [0], threading.Event()
 
@@ -218,7 +219,7 @@ def gil_probe(clip: Path, reader: str, threads: int, seconds: float, device: int
     def decode() -> None:
         try:
             while busy.is_set():
-                r = NvdecReader(str(clip), gpu_id=device, reader=reader)
+                r = NvdecReader(str(clip), device=cuda_device(device), reader=reader)
                 for batch in r.batches():
                     frames[0] += len(batch)
                     if not busy.is_set():

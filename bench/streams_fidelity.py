@@ -141,7 +141,7 @@ def gpu_row(clip: Path, detector, *, limit: int | None) -> dict:
     from app.predict.sources import NvdecCapture
 
     reference = opencv_frames(clip, limit)
-    cap, frames = NvdecCapture(str(clip), device=detector.device or 0), []
+    cap, frames = NvdecCapture(str(clip), device=detector.cuda), []
     while len(frames) < len(reference) and (batch := cap.read(8)):
         frames.extend(batch)
     cap.release()

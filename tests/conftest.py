@@ -29,8 +29,10 @@ os.environ.setdefault("YOLOPIPE_GRPC_PORT", "0")
 # be chosen before anything imports numba.cuda, so here, at the root of the whole session.
 if os.environ.get("YOLOPIPE_REAL_GPU") != "1":
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
-import app.gpu  # noqa: E402, F401 - sets CUDA's work-queue count before any CUDA context exists
+from app.gpu.device import configure_process  # noqa: E402
 from app.gpu.rounding import SIMULATOR
+
+configure_process()  # CUDA's work-queue count, before any test makes a CUDA context
 
 
 def _one_shared_array_per_line() -> None:

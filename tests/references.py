@@ -61,7 +61,7 @@ def coco_document(records: list[dict[str, Any]], names: list[str]) -> dict[str, 
     return {"images": images, "annotations": annotations, "categories": categories}
 
 
-def detected_batch(results: list[ImageResult], timings: dict[str, float] | None = None) -> DetectedBatch:
+def detected_batch(results: list[ImageResult]) -> DetectedBatch:
     """Per-image answers (``ImageResult``) as the detector's arrays, image by image."""
     n = len(results)
     widths, heights, counts = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
@@ -76,7 +76,7 @@ def detected_batch(results: list[ImageResult], timings: dict[str, float] | None 
         parts.append(part)
         widths[i], heights[i], counts[i] = r.width, r.height, len(det)
     rows = np.concatenate(parts) if parts else np.zeros((0, 6), np.float32)
-    return DetectedBatch(widths, heights, counts, rows, errors, timings or {})
+    return DetectedBatch(widths, heights, counts, rows, errors)
 
 
 def outcomes_of(answers: Answers) -> list[Outcome]:

@@ -4,11 +4,15 @@ one image header parser."""
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
+
 import pytest
 
 import app.imaging.check
 import app.imaging.headers
-from app.contracts import EncodedImage, PipelineRun
+from app.contracts import Diagnostics, EncodedImage, PipelineRun, RunFacts, StageTimes, measure_once
 from app.errors import YolopipeError
 from app.imaging.decode import decode_image
 
@@ -21,7 +25,7 @@ class DecodesItself:
 
     decodes_jpeg = True
     takes_nv12 = False
-    device = None
+    cuda = None
     buckets: tuple[int, ...] = ()
 
     def __init__(self, cpu) -> None:
@@ -30,19 +34,31 @@ class DecodesItself:
         self.max_batch, self.max_det, self.in_flight = cpu.max_batch, cpu.max_det, 1
         self.received: list = []
 
-    def run(self, images, params):
+    def run(self, images, params, *, decode=None):
         self.received.extend(images)
+        t0 = time.perf_counter()
         out: list = []
         for x in images:  # an image that does not decode fails alone, as on the GPU
             try:
                 out.append(decode_image(x.data, header=x.header) if isinstance(x, EncodedImage) else x)
             except YolopipeError as exc:
                 out.append(exc)
+        decoded = StageTimes(decode_ms=(time.perf_counter() - t0) * 1e3)  # its own stage, as the GPU's
         ok = [i for i, x in enumerate(out) if not isinstance(x, YolopipeError)]
+        if not ok:  # no image reached the model: no facts of a run
+            return PipelineRun(out, decoded)
         run = self.cpu.run([out[i] for i in ok], params)
         for i, answer in zip(ok, run.images):
             out[i] = answer
-        return PipelineRun(out, run.timings)
+        return PipelineRun(out, decoded + run.timings, self.facts(run.facts))
+
+    def facts(self, facts: RunFacts) -> RunFacts:
+        """What the run reports it was (the CPU pipeline's own facts)."""
+        return facts
+
+    def diagnose(self, *, decode=None, profile=None, bare=None, measure=measure_once, timeline=False):
+        """The CPU pipeline's diagnostics (its decoder is OpenCV's, here)."""
+        return self.cpu.diagnose(profile=profile, bare=bare, measure=measure, timeline=timeline)
 
     def warmup(self, batches=None, *, nv12: bool = False, frame_size=None) -> None:
         """Nothing to prepare."""
@@ -52,6 +68,30 @@ class DecodesItself:
 
     def close(self) -> None:
         """The CPU pipeline is the caller's."""
+
+
+class ReportsLikeTheGpu(DecodesItself):
+    """``DecodesItself`` reporting a run as ``app.pipeline.gpu.GpuPipeline`` does: the four stage
+    times (its JPEG decode its own), and a GPU run's facts: the bucket the batch was padded up
+    to, the batch slot it held (the free one: slots go round), the launch path and the launch's
+    host costs in microseconds (large ones: read as latencies they would stand out)."""
+
+    def __init__(self, cpu) -> None:
+        from app.gpu.pack import bucket_sizes
+
+        super().__init__(cpu)
+        self.in_flight = 2
+        self.buckets = tuple(bucket_sizes(self.max_batch))
+        self._slots = itertools.cycle(range(self.in_flight))
+        self._lock = threading.Lock()
+
+    def facts(self, facts: RunFacts) -> RunFacts:
+        from app.gpu.pack import bucket_for
+
+        with self._lock:
+            slot = next(self._slots)
+        return RunFacts(facts.batch, bucket_for(self.buckets, facts.batch), slot, "driver", slot == 0,
+                        upload_us=4000.0, dispatch_us=9000.0, launch_us=7000.0)
 
 
 def count_header_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -76,7 +116,7 @@ class Answers:
     ``batches``: the size of each batch it ran."""
 
     decodes_jpeg = False
-    device = None
+    cuda = None
     buckets: tuple[int, ...] = ()
     backend, precision = "answers", "fp32"
 
@@ -90,7 +130,7 @@ class Answers:
         self.batches: list[int] = []
         self.warmups: list[tuple[bool, tuple[int, int] | None]] = []  # (nv12, frame_size) of each warmup
 
-    def run(self, images, params):
+    def run(self, images, params, *, decode=None):
         import time
 
         import numpy as np
@@ -99,9 +139,15 @@ class Answers:
         from app.imaging.letterbox import letterbox_params
 
         self.batches.append(len(images))
+        t0 = time.perf_counter()
         time.sleep(self.per_batch_s)
         sizes = [(x.height, x.width) if isinstance(x, DeviceNv12) else x.shape[:2] for x in images]
-        return PipelineRun([(np.zeros((0, 6), np.float32), letterbox_params(h, w, self.meta.imgsz)) for h, w in sizes])
+        return PipelineRun([(np.zeros((0, 6), np.float32), letterbox_params(h, w, self.meta.imgsz)) for h, w in sizes],
+                           StageTimes(infer_ms=(time.perf_counter() - t0) * 1e3), RunFacts(len(images), len(images)))
+
+    def diagnose(self, *, decode=None, profile=None, bare=None, measure=measure_once, timeline=False):
+        """Facts only: it has no engine to profile or time alone."""
+        return Diagnostics("opencv", False, "answers", False, "no CUDA graphs: a stand-in")
 
     def warmup(self, batches=None, *, nv12: bool = False, frame_size=None) -> None:
         """Nothing to prepare: noted."""

@@ -19,15 +19,20 @@ class Detection(BaseModel):
 
 
 class Timings(BaseModel):
-    """Milliseconds per stage. ``queue_ms`` and later ones are absent when the image failed to decode."""
+    """Milliseconds, and only times (a batch's size, bucket or slot is never here): this image's
+    own decode and wait, then the batch it ran in: the detector call and the pipeline's stages
+    (the same four on every backend, ``app.contracts.StageTimes``, summed over the batch's runs)."""
 
-    model_config = {"extra": "allow"}  # the pipeline's own stages (preprocess_ms, engine_ms, nms_ms, ...)
+    model_config = {"extra": "forbid"}
 
-    decode_ms: float
-    queue_ms: float | None = None
-    batch_ms: float | None = Field(None, description="the detector call for the whole batch")
-    batch_size: int | None = Field(None, description="images in the batch this image ran in")
-    total_ms: float | None = Field(None, description="admission to result, inside the server")
+    decode_ms: float = Field(description="reading the image before its batch (decoding it, unless the GPU does)")
+    queue_ms: float = Field(description="admission to the start of its batch")
+    batch_ms: float = Field(description="the detector call for the whole batch")
+    pipeline_decode_ms: float = Field(description="the batch's images decoded inside the pipeline (GPU); 0 on the CPU")
+    preprocess_ms: float = Field(description="the batch made ready for the model on the host")
+    infer_ms: float = Field(description="the model: the engine and, on a GPU, letterbox and NMS in its graph")
+    postprocess_ms: float = Field(description="NMS (CPU), or the rows split per image (GPU)")
+    total_ms: float = Field(description="admission to result, inside the server")
 
 
 class ImageDetections(BaseModel):

@@ -54,6 +54,8 @@ class TensorRTEngine:
 
     name = "tensorrt"
     compiled = False  # built ahead of time by `yolopipe build-engine`
+    compiler = "tensorrt"
+    batch_invariant = False  # not promised: its kernels may differ with the batch size
 
     def __init__(self, engine_path: Path, meta: ModelMeta, *, device: int = 0) -> None:
         self._runtime = self._engine = self._context = self._output = None

@@ -38,7 +38,7 @@ def folder_rows(detector, weights: Path, images, n_images: int, gpu: bool, ultra
         read_s = _read_only_s(folder)
         rows.append({"system": "yolopipe", "backend": detector.backend, "precision": detector.precision,
                      "input": "folder", "batch": batch, "mode": "folder",
-                     "decode": detector.decoder_name if gpu else "opencv", "images": summary.images,
+                     "decode": detector.diagnose().decoder if gpu else "opencv", "images": summary.images,
                      "errors": summary.errors, "detections": summary.detections, "jsonl_lines": lines,
                      "wall_s": round(wall, 3), "img_per_s": round(summary.images / wall, 1), "p50_ms": None,
                      "read_only_s": round(read_s, 3), "read_only_img_per_s": round(summary.images / read_s, 1),

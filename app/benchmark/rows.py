@@ -2,26 +2,29 @@
 stage timeline of that run), the bare engine, and the per-bucket warm-up times.
 
 * ``serial``: one ``Detector.run`` at a time, images in → boxes in original pixels on the
-  host; on the GPU also the stage split of the profiling path (``gpu_*_ms_p50``) and the host
-  parts (``host_*_p50``: decode, pack, upload and dispatch enqueue, wait).
+  host, with the pipeline's stage times (``host_*_ms_p50``: decode, preprocess, infer,
+  postprocess, the same on every backend); on the GPU also the launch's host costs from the
+  runs' facts (``host_upload_us_p50``, ``host_dispatch_us_p50``, ``host_launch_us_p50``) and the
+  stage split of the profiling path (``gpu_*_ms_p50``).
 * ``pipelined``: ``Detector.run_batches`` keeps ``RunShape.in_flight`` batches in flight until
   ``images`` images are done; ``img_per_s`` = images / wall time; p50/p99 per batch.
-* ``bare``: the engine alone in a CUDA graph on an already letterboxed batch (torch-cuda), or
-  ``InferenceSession.run`` alone (onnxruntime).
+* ``bare``: the engine alone on an already letterboxed batch (``Detector.diagnose(bare=...)``):
+  in a CUDA graph of its own (torch-cuda), or ``InferenceSession.run`` alone (onnxruntime).
+
+Everything beyond answers is asked of the Detector through ``Detector.diagnose``.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import asdict
 
 import numpy as np
 
 from app.benchmark.timing import Budget, batch_of, median_of, row
 
-HOST_KEYS = ("decode_ms", "pack_ms", "upload_us", "dispatch_us", "launch_us", "wait_ms", "unpack_ms", "preprocess_ms", "engine_ms",
-             "nms_ms", "raw_launch")
-GPU_KEYS = ("gpu_h2d_ms", "gpu_preprocess_ms", "gpu_engine_ms", "gpu_nms_ms", "gpu_d2h_ms", "gpu_total_ms")
+LAUNCH_KEYS = ("upload_us", "dispatch_us", "launch_us")  # RunFacts: the launch's host costs (GPU)
 
 
 def decoded_frames(images) -> list[np.ndarray]:
@@ -36,27 +39,28 @@ def serial_rows(detector, images, batch: int, budget: Budget, iters: int, warmup
     rows = []
     for input_, items in (("frames", batch_of(decoded_frames(images), batch)),
                           ("jpeg", batch_of([d for _, d in images], batch))):
-        timings: list[dict] = []
+        answers: list = []
 
-        def call(items=items, timings=timings):
-            timings.append(detector.run(items, params).timings)
+        def call(items=items, answers=answers):
+            answers.append(detector.run(items, params))
 
         times = budget.measure(call, iters, warmup)
         extra: dict = {"mode": "serial"}
         if gpu and input_ == "jpeg":
-            extra["decode"] = detector.decoder_name
-        host = timings[-len(times):]
-        for key in HOST_KEYS:
-            v = median_of(host, key)
-            if v is not None:
-                extra[f"host_{key}_p50"] = v
+            extra["decode"] = detector.diagnose().decoder
+        timed = answers[-len(times):]
+        stages = [a.timings.as_dict() for a in timed]
+        for key in stages[0]:
+            extra[f"host_{key}_p50"] = median_of(stages, key)
         if gpu:
-            extra["launch"] = detector.last_launch_path
-            prof = [detector.profiled_timings(items, params) for _ in range(max(3, min(iters // 2, len(times))))]
-            for key in GPU_KEYS:
-                v = median_of(prof, key)
-                if v is not None:
-                    extra[f"{key}_p50"] = v
+            launches = [asdict(a.runs[-1]) for a in timed if a.runs]  # each batch is one run
+            for key in LAUNCH_KEYS:
+                extra[f"host_{key}_p50"] = median_of(launches, key)
+            extra["launch"] = launches[-1]["launch"] if launches else ""
+            prof = [detector.diagnose(profile=items, params=params).profiled.device_ms
+                    for _ in range(max(3, min(iters // 2, len(times))))]
+            for key in prof[0]:
+                extra[f"gpu_{key}_ms_p50"] = median_of(prof, key)
         rows.append(row("yolopipe", detector.backend, detector.precision, input_, batch, times, **extra))
     return rows
 
@@ -79,7 +83,7 @@ def pipelined_row(detector, items: list, input_: str, batch: int, n_images: int,
             starts[k] = time.perf_counter()
             yield variants[k % len(variants)]
 
-    timeline = detector.start_timeline()  # GPU pipelines only: these rows are GPU rows
+    timeline = detector.diagnose(timeline=True).timeline  # GPU pipelines only: these rows are GPU rows
     t0 = time.perf_counter()
     try:
         for k, out in enumerate(detector.run_batches(batches(), params)):
@@ -87,13 +91,13 @@ def pipelined_row(detector, items: list, input_: str, batch: int, n_images: int,
             errors.extend(str(error) for error in out.errors.values())
     finally:
         wall = time.perf_counter() - t0
-        detector.stop_timeline()
+        timeline.close()
     done = len(latencies) * batch
     r = row("yolopipe", detector.backend, detector.precision, input_, batch, latencies, mode="pipelined",
             in_flight=in_flight, images=done, wall_s=round(wall, 3))
     r["img_per_s"] = round(done / wall, 1) if wall > 0 and done else None
     if decode is not None:
-        r["decode"] = detector.decoder_name
+        r["decode"] = detector.diagnose().decoder
     if errors:
         r["errors"] = len(errors)
         r["first_error"] = errors[0][:300]
@@ -102,59 +106,24 @@ def pipelined_row(detector, items: list, input_: str, batch: int, n_images: int,
     return r
 
 
-def bare_torch_row(engine, meta, images, batch: int, budget: Budget, iters: int, warmup: int) -> dict:
-    """The engine alone in a CUDA graph on a letterboxed batch of the same images: replay +
-    stream sync (wall), plus the GPU time of a replay (CUDA events)."""
-    import torch
-
-    from app.imaging.letterbox import letterbox, to_input
-
-    host = to_input([letterbox(f, meta.imgsz)[0] for f in batch_of(decoded_frames(images), batch)])
-    dtype = torch.float16 if engine.input_dtype == "float16" else torch.float32
-    inp = torch.from_numpy(host).to(engine.device, dtype).contiguous()
-    stream = torch.cuda.Stream(device=engine.device)
-    stream.wait_stream(torch.cuda.current_stream(engine.device))
-    graph = torch.cuda.CUDAGraph()
-    gpu_ms: list[float] = []
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            engine.forward(inp)
-        stream.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            engine.forward(inp)
-        stream.synchronize()
-
-        def call():
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record(stream)
-            graph.replay()
-            e1.record(stream)
-            stream.synchronize()
-            gpu_ms.append(e0.elapsed_time(e1))
-
-        times = budget.measure(call, iters, warmup)
-    graph.reset()
-    return row("bare", engine.name, engine.precision, "preprocessed", batch, times, mode="bare",
-               compiled=engine.compiled, gpu_ms_p50=round(statistics.median(gpu_ms[-len(times):]), 4),
-               timing="engine alone: CUDA graph replay + stream sync, input already letterboxed on the device")
-
-
-def bare_ort_rows(model_dir, meta, images, batches, budget: Budget, iters: int, warmup: int) -> list[dict]:
-    """The ONNX Runtime session alone on a preprocessed batch of the same images."""
-    from app.backends.onnxruntime import OnnxRuntimeBackend
+def bare_rows(detector, images, batches, budget: Budget, iters: int, warmup: int) -> list[dict]:
+    """The engine alone on a letterboxed batch of the same images, per batch size
+    (``Detector.diagnose(bare=...)``): on a GPU in a CUDA graph of its own, replay + stream sync
+    (wall) and the GPU time of a replay (CUDA events); on the CPU ``InferenceSession.run`` alone."""
     from app.imaging.letterbox import letterbox, to_input
 
     frames = decoded_frames(images)
-    ort = OnnxRuntimeBackend(model_dir / "model.onnx", precision="fp32")
     rows = []
-    try:
-        for b in batches:
-            batch = to_input([letterbox(f, meta.imgsz)[0] for f in batch_of(frames, b)])
-            times = budget.measure(lambda batch=batch: ort.infer(batch), iters, warmup)
-            rows.append(row("bare", "onnxruntime", "fp32", "preprocessed", b, times, mode="bare",
-                            timing="InferenceSession.run alone on a letterboxed float32 batch"))
-    finally:
-        ort.close()
+    for b in batches:
+        batch = to_input([letterbox(f, detector.meta.imgsz)[0] for f in batch_of(frames, b)])
+        found = detector.diagnose(bare=batch, measure=lambda call: budget.measure(call, iters, warmup))
+        times, extra = found.bare.times_ms, {}
+        if found.bare.device_ms:
+            extra = {"compiled": found.compiled, "gpu_ms_p50": round(statistics.median(found.bare.device_ms), 4),
+                     "timing": "engine alone: CUDA graph replay + stream sync, input already letterboxed on the device"}
+        else:
+            extra = {"timing": "InferenceSession.run alone on a letterboxed float32 batch"}
+        rows.append(row("bare", detector.backend, detector.precision, "preprocessed", b, times, mode="bare", **extra))
     return rows
 
 
@@ -169,7 +138,7 @@ def warm_buckets(detector, batches: list[int], log) -> list[dict]:
         seconds = time.perf_counter() - t0
         rec = {"backend": detector.backend, "precision": detector.precision, "bucket": bucket,
                "slots": detector.shape.in_flight, "warmup_s": round(seconds, 2),
-               "compiled": detector.engine.compiled}
+               "compiled": detector.diagnose().compiled}
         after = _dynamo_graphs()
         if graphs_before is not None and after is not None:
             rec["dynamo_graphs_compiled"] = after - graphs_before

@@ -139,9 +139,10 @@ class _Context:
         ensure_engine(self.model_dir, options)  # the torch-cuda engine, built before anything is timed
         detector = open_model_dir(self.model_dir, options)
         with detector:
-            shape, launch_error = detector.shape, detector.raw_launch_error
+            shape, found = detector.shape, detector.diagnose()
+            launch_error = found.launch_error
             self.log(f"{backend} {precision}: {shape.in_flight} batches in flight, max batch {shape.max_batch}, "
-                     f"compiled={detector.engine.compiled}, decoder {detector.decoder_name}, "
+                     f"compiled={found.compiled}, decoder {found.decoder}, "
                      f"dispatch={'driver' if launch_error is None else 'torch: ' + launch_error}")
             these = [b for b in o.batches if b <= shape.max_batch]
             pbatches = [b for b in pbatches if b <= shape.max_batch]
@@ -154,20 +155,18 @@ class _Context:
                 frames = R.decoded_frames(self.images)
                 datas = [d for _, d in self.images]
                 for input_, items, decode in [("frames", frames, None)] + [("jpeg", datas, d) for d in o.decoders]:
-                    if decode is not None:
-                        detector.use_decoder(decode)
+                    # JPEG decoded by this decoder: a detector of that shape on the same pipeline
+                    decoding = detector if decode is None else detector.reshaped(decode=decode)
                     for b in pbatches:
                         r = self.attempt({**base, "batch": b, "mode": "pipelined", "input": input_, "decode": decode},
-                                         lambda items=items, input_=input_, b=b, decode=decode: R.pipelined_row(
-                                             detector, items, input_, b, o.pipelined_images, decode))
+                                         lambda items=items, input_=input_, b=b, decode=decode, decoding=decoding:
+                                         R.pipelined_row(decoding, items, input_, b, o.pipelined_images, decode))
                         self.add([r] if r else [])
-                detector.use_decoder("gpu")
             if backend == "torch-cuda" and o.wants("bare"):
                 best = _best_batch(self.rows, backend, precision)
                 for b in sorted({1, best}):
-                    r = self.attempt({**base, "batch": b, "mode": "bare"}, lambda b=b: R.bare_torch_row(
-                        detector.engine, self.meta, self.images, b, self.budget, o.iters, o.warmup))
-                    self.add([r] if r else [])
+                    self.add(self.attempt({**base, "batch": b, "mode": "bare"}, lambda b=b: R.bare_rows(
+                        detector, self.images, [b], self.budget, o.iters, o.warmup)))
             if folder:
                 from app.benchmark.folder import folder_rows
 
@@ -198,9 +197,9 @@ class _Context:
             for b in these:
                 self.add(self.attempt({"backend": "onnxruntime", "batch": b, "mode": "serial"}, lambda b=b: R.serial_rows(
                     detector, self.images, b, self.budget, o.iters, o.warmup, gpu=False)))
-        if o.wants("bare"):
-            self.add(self.attempt({"backend": "onnxruntime", "mode": "bare"}, lambda: R.bare_ort_rows(
-                self.model_dir, self.meta, self.images, these, self.budget, o.iters, o.warmup)))
+            if o.wants("bare"):
+                self.add(self.attempt({"backend": "onnxruntime", "mode": "bare"}, lambda: R.bare_rows(
+                    detector, self.images, these, self.budget, o.iters, o.warmup)))
 
     def ultralytics_part(self) -> None:
         from app.benchmark.baseline import ultralytics_rows
@@ -242,17 +241,16 @@ def _fidelity_rows(detector, model_dir) -> list[dict]:
         refs.append((r.xyxy.cpu().numpy(), r.conf.cpu().numpy(), r.cls.cpu().numpy().astype(int)))
     rows = []
     for decode in ("gpu", "opencv"):
-        detector.use_decoder(decode)
-        dets = detector.detect([d for _, d in varied], params)
+        decoding = detector.reshaped(decode=decode)  # the same pipeline, its runs decoding with this
+        dets = decoding.detect([d for _, d in varied], params)
         pairs = [(ref, (d.detections.boxes, d.detections.scores, d.detections.class_ids)) for ref, d in zip(refs, dets)
                  if d.detections is not None]
         rows.append({"system": "fidelity", "backend": detector.backend, "precision": detector.precision,
-                     "input": "jpeg", "batch": detector.shape.max_batch, "decode": detector.decoder_name,
+                     "input": "jpeg", "batch": detector.shape.max_batch, "decode": decoding.diagnose().decoder,
                      "images": len(varied),
                      "errors": sum(d.error is not None for d in dets), "agreement": agreement(pairs),
                      "img_per_s": None, "p50_ms": None, "p99_ms": None,
                      "reference": "Ultralytics predict, same precision, on OpenCV's decode of each file"})
-    detector.use_decoder("gpu")
     return rows
 
 

@@ -9,7 +9,7 @@ every slot, which is safe because all graphs replay on the one compute stream.
 A batch of device NV12 frames (``app.gpu.nv12_input``) has its own graph per bucket: the
 NV12 letterbox kernel in the letterbox's place, then the same engine, NMS and copies.
 
-Profiling (``run(..., profile=True)``): CUDA events cannot be recorded between the nodes of
+Profiling (``GpuPipeline.diagnose(profile=...)``): CUDA events cannot be recorded between the nodes of
 one graph, so that path replays four graphs captured per stage (preprocess, engine, NMS, D2H)
 with events between them. They run the same kernels on the same buffers as the full graph;
 only the engine's head lives in a second tensor.

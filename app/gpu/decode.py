@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -119,31 +120,26 @@ def make_decoder(decode: str, device: int, threads: int) -> GpuJpegDecoder | Non
 
 class Decoders:
     """A pipeline's JPEG decoders (``make_decoder``'s; None for ``opencv``), one per ``decode``
-    value used, each made on its first use and kept until ``close``, which closes them all.
-    ``decode`` names the one in use (``use``)."""
+    value its runs name (``RunShape.decode``), each made on its first use and kept until
+    ``close``, which closes them all."""
 
     def __init__(self, device: int, threads: int) -> None:
         self.device, self.threads = device, threads
         self.by_name: dict[str, GpuJpegDecoder | None] = {}
-        self.decode = ""
+        self._lock = threading.Lock()  # runs on several threads may ask for a new one at once
 
-    def use(self, value: str) -> None:
-        """Decode with ``value`` from now on (an old alias resolved); its decoder is made now if
-        it is new, so that a missing library shows here."""
-        value = decoder_name(value)
-        if value not in self.by_name:
-            self.by_name[value] = make_decoder(value, self.device, self.threads)
-        self.decode = value
+    def get(self, decode: str) -> GpuJpegDecoder | None:
+        """The decoder of ``decode`` (an old alias resolved); None: OpenCV in the host threads.
+        Made now if it is new, so that a missing library shows on its first use."""
+        decode = decoder_name(decode)
+        with self._lock:
+            if decode not in self.by_name:
+                self.by_name[decode] = make_decoder(decode, self.device, self.threads)
+            return self.by_name[decode]
 
-    @property
-    def current(self) -> GpuJpegDecoder | None:
-        """The decoder in use; None: OpenCV in the host threads."""
-        return self.by_name[self.decode]
-
-    @property
-    def name(self) -> str:
-        """What decodes JPEG now: ``nvimgcodec``, ``nvjpeg`` or ``opencv``."""
-        decoder = self.current
+    def name_of(self, decode: str) -> str:
+        """What decodes JPEG under ``decode``: ``nvimgcodec``, ``nvjpeg`` or ``opencv``."""
+        decoder = self.get(decode)
         return decoder.name if decoder is not None else "opencv"
 
     def close(self) -> None:

@@ -4,35 +4,26 @@ A capture must see no CUDA call from any other thread on the same device: an imp
 synchronisation there (a context or stream synchronise, a free, NVDEC's own calls) invalidates
 it whatever its capture mode (``thread_local`` included: the invalidation is device-wide), and
 a capture calls ``engine.forward``, which is never called concurrently. So each device has one
-gate for the whole process (``device_gate``): every GPU pipeline on the device holds it
+gate, owned by its ``app.gpu.device.CudaDevice``: every GPU pipeline on the device holds it
 ``shared`` for a batch, and so does every NVDEC reader for each of its CUDA calls (opening,
-decoding, copying out, closing: ``app.gpu.nvdec``); a capture takes it ``exclusive``.
+decoding, copying out, closing: ``app.gpu.nvdec``); a capture takes it ``exclusive``. It is
+held only through these context managers, never acquired in one method and released in another.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-
-_GATES: dict[int, Gate] = {}
-_GATES_LOCK = threading.Lock()
-
-
-def device_gate(device: int) -> Gate:
-    """The process's one gate of CUDA device ``device`` (see the module docstring)."""
-    with _GATES_LOCK:
-        gate = _GATES.get(int(device))
-        if gate is None:
-            gate = _GATES[int(device)] = Gate()
-        return gate
+from collections.abc import Iterator
 
 
 class Gate:
     """Many runs at once (``shared``), or one capture with nothing else running (``exclusive``).
 
     A waiting exclusive holder goes before new shared ones, so a capture is not starved by a
-    steady stream of batches. A shared holder that needs a capture releases its share first
-    (``exclusive`` is not an upgrade), so two of them can never wait for each other.
+    steady stream of batches. A shared holder that needs a capture gives its share up first
+    (``exclusive_from_shared``: ``exclusive`` is not an upgrade), so two of them can never wait
+    for each other.
     """
 
     def __init__(self) -> None:
@@ -46,19 +37,46 @@ class Gate:
         """Whether a capture holds it now (what tests of its holders look at)."""
         return self._exclusive
 
-    def acquire_shared(self) -> None:
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        self._acquire_shared()
+        try:
+            yield
+        finally:
+            self._release_shared()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        self._acquire_exclusive()
+        try:
+            yield
+        finally:
+            self._release_exclusive()
+
+    @contextlib.contextmanager
+    def exclusive_from_shared(self) -> Iterator[None]:
+        """Inside ``shared``: give the share up, hold the gate alone, then take a share back
+        (also when the body raises), so that the enclosing ``shared`` releases what it holds."""
+        self._release_shared()
+        try:
+            with self.exclusive():
+                yield
+        finally:
+            self._acquire_shared()
+
+    def _acquire_shared(self) -> None:
         with self._cond:
             while self._exclusive or self._waiting:
                 self._cond.wait()
             self._shared += 1
 
-    def release_shared(self) -> None:
+    def _release_shared(self) -> None:
         with self._cond:
             self._shared -= 1
             if self._shared == 0:
                 self._cond.notify_all()
 
-    def acquire_exclusive(self) -> None:
+    def _acquire_exclusive(self) -> None:
         with self._cond:
             self._waiting += 1
             try:
@@ -68,23 +86,7 @@ class Gate:
                 self._waiting -= 1
             self._exclusive = True
 
-    def release_exclusive(self) -> None:
+    def _release_exclusive(self) -> None:
         with self._cond:
             self._exclusive = False
             self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def shared(self):
-        self.acquire_shared()
-        try:
-            yield
-        finally:
-            self.release_shared()
-
-    @contextlib.contextmanager
-    def exclusive(self):
-        self.acquire_exclusive()
-        try:
-            yield
-        finally:
-            self.release_exclusive()

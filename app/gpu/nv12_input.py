@@ -75,7 +75,7 @@ def frames_offset(header_bytes: int, max_batch: int) -> int:
 def staging_for(header_bytes: int, max_batch: int, frames: int, height: int, width: int) -> int:
     """Staging bytes past the image params header (of a slot of ``max_batch``) that a batch of
     ``frames`` frames of a ``height`` x ``width`` picture takes, as NVDEC's frames come
-    (``app.gpu.nvdec.own_copies``: rows without padding, the coded height: the picture's
+    (``app.gpu.nvdec.NvdecReader.own_copies``: rows without padding, the coded height: the picture's
     rounded up to 16 rows)."""
     rows, cols = -(-height // 16) * 16 * 3 // 2, width + width % 2
     return frames_offset(header_bytes, max_batch) - header_bytes + frames * align_up(rows * cols, FRAME_ALIGN)

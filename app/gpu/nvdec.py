@@ -10,12 +10,15 @@ the legacy default stream, which would order it against every other stream of th
 
 A decoded frame is a torch view (``torch.from_dlpack``) of shape ``[H * 3 / 2, W]`` uint8: the Y
 plane, then the interleaved UV plane. The decoder may reuse a frame's surface for a later one,
-so a batch of frames is valid until the next batch is asked for: ``own_copies`` makes them the
-caller's, one device-to-device copy each on the reader's stream and one synchronize a batch.
+so a batch of frames is valid until the next batch is asked for: ``NvdecReader.own_copies``
+makes them the caller's, one device-to-device copy each on the reader's stream and one
+synchronize a batch.
 
-Every CUDA call here (opening, each decode call and its frames' conversion, the copies, closing)
-holds the device's gate shared (``app.gpu.gate.device_gate``): a GPU pipeline's CUDA-graph
-capture, which takes it exclusively, is never invalidated by a reader's work on the same device.
+A reader decodes on the ``app.gpu.device.CudaDevice`` it is given: the detector's
+(``Detector.cuda``), whose frames it feeds. Every CUDA call here (opening, each decode call and
+its frames' conversion, the copies, closing) holds that device's gate shared: a GPU pipeline's
+CUDA-graph capture, which takes it exclusively, is never invalidated by a reader's work on the
+same device.
 PyNvVideoCodec's ``ThreadedDecoder`` also decodes on a native thread of its own, outside the
 gate: a capture it invalidates is tried again (``app.gpu.capture``).
 """
@@ -28,7 +31,7 @@ from typing import Any
 
 from app.config import NVDEC_READERS as READERS  # file readers: SimpleDecoder, ThreadedDecoder
 from app.errors import BackendUnavailable, InvalidImage
-from app.gpu.gate import device_gate
+from app.gpu.device import CudaDevice
 
 OTHER_SURFACES = ("P016", "P010", "YUV444", "NV16", "P216")  # NVDEC's layouts other than NV12
 CODECS = {"h264": "H264", "avc1": "H264", "hevc": "HEVC", "hev1": "HEVC", "hvc1": "HEVC", "h265": "HEVC",
@@ -83,19 +86,19 @@ class _Cuda:
 
 class NvdecReader:
     """The NV12 frames of one file, or of a URL's compressed ``packets`` (bytes in Annex B, of
-    the stream's ``codec``: a FourCC such as ``h264``), decoded by NVDEC on GPU ``gpu_id``.
-    ``batch``: frames one decode call returns at most (files)."""
+    the stream's ``codec``: a FourCC such as ``h264``), decoded by NVDEC on ``device`` under its
+    gate. ``batch``: frames one decode call returns at most (files)."""
 
-    def __init__(self, source: str, *, gpu_id: int = 0, batch: int = 8, reader: str = "simple",
+    def __init__(self, source: str, *, device: CudaDevice, batch: int = 8, reader: str = "simple",
                  packets: Iterable[bytes] | None = None, codec: str = "h264") -> None:
         if reader not in READERS:
             raise ValueError(f"reader must be one of {READERS}, got {reader!r}")
-        self.source, self.gpu_id, self.batch, self.reader = source, gpu_id, batch, reader
+        self.source, self.gpu_id, self.batch, self.reader = source, device.index, batch, reader
         self._packets = packets
-        self._gate = device_gate(gpu_id)
+        self._device = device
         nvc = _nvc()
-        with self._gate.shared():
-            self._open(nvc, source, gpu_id, batch, reader, packets, codec)
+        with device.shared():
+            self._open(nvc, source, device.index, batch, reader, packets, codec)
         self.fps, self.shown = 0.0, (0, 0)  # shown: the picture's (height, width) when the stream says
         self.frame_count = 0  # a file's frames as its decoder counts them (0: it does not say)
         if packets is None:
@@ -161,7 +164,7 @@ class NvdecReader:
 
     def _decoded(self, decode: Callable[[Any], list[Any]], arg: Any) -> list[Nv12Frame]:
         """One decode call, ``decode(arg)``, and its frames' DLPack views, under the device's gate."""
-        with self._gate.shared():
+        with self._device.shared():
             return [self._frame(f) for f in decode(arg) or []]
 
     def _file_batches(self) -> Iterator[list[Nv12Frame]]:
@@ -193,36 +196,29 @@ class NvdecReader:
         if frames := self._decoded(self._decoder.Decode, nvc.PacketData()):
             yield frames
 
+    def own_copies(self, frames: list[Nv12Frame]) -> list[Any]:
+        """Device copies of a batch's planes that the decoder cannot recycle, made on the reader's
+        stream (after its decode) and complete when returned: frames handed to another thread are
+        ready to read. One allocation and one synchronize for the batch."""
+        import torch
+
+        if not frames:
+            return []
+        stream = self._cuda.stream
+        with self._device.shared(), torch.cuda.stream(stream):
+            shapes = {tuple(f.planes.shape) for f in frames}
+            if len(shapes) == 1:  # the usual case: one block, a view per frame
+                block = torch.empty((len(frames), *shapes.pop()), dtype=torch.uint8, device=frames[0].planes.device)
+                copies = list(block.unbind(0))
+            else:
+                copies = [torch.empty(f.planes.shape, dtype=torch.uint8, device=f.planes.device) for f in frames]
+            for copy, frame in zip(copies, frames):
+                copy.copy_(frame.planes, non_blocking=True)
+            stream.synchronize()
+        return copies
+
     def close(self) -> None:
         if self._decoder is not None:
-            with self._gate.shared():
+            with self._device.shared():
                 self._decoder = None  # the binding frees its decoder with the object
                 self._cuda.release()
-
-
-def own_copies(frames: list[Nv12Frame], stream: Any) -> list[Any]:
-    """Device copies of a batch's planes that the decoder cannot recycle, made on ``stream`` (the
-    reader's, after its decode) and complete when returned: frames handed to another thread are
-    ready to read. One allocation and one synchronize for the batch."""
-    import torch
-
-    if not frames:
-        return []
-    with device_gate(frames[0].planes.device.index or 0).shared(), torch.cuda.stream(stream):
-        shapes = {tuple(f.planes.shape) for f in frames}
-        if len(shapes) == 1:  # the usual case: one block, a view per frame
-            block = torch.empty((len(frames), *shapes.pop()), dtype=torch.uint8, device=frames[0].planes.device)
-            copies = list(block.unbind(0))
-        else:
-            copies = [torch.empty(f.planes.shape, dtype=torch.uint8, device=f.planes.device) for f in frames]
-        for copy, frame in zip(copies, frames):
-            copy.copy_(frame.planes, non_blocking=True)
-        stream.synchronize()
-    return copies
-
-
-def own_copy(planes: Any) -> Any:
-    """A device copy of one frame's planes, complete when returned."""
-    import torch
-
-    return own_copies([Nv12Frame(0, 0, 0, planes)], torch.cuda.current_stream(planes.device))[0]

@@ -1,11 +1,12 @@
 """Per-batch stage timeline: CUDA events on each stream plus host times, on one clock.
 
-Off by default (each batch then records nothing). ``GpuPipeline.start_timeline()`` records,
-for every batch from then on, events around its decode (the decoder's stream), its upload
-(the copy stream) and its graph (the compute stream), and host ``perf_counter`` marks. Once a
-batch is done, its events are turned into milliseconds since the timeline's reference event,
-which was recorded (and waited for) when the host clock read ``t0``; so GPU intervals and host
-marks share one time axis, to within the few microseconds that wait takes.
+Off by default (each batch then records nothing). ``GpuPipeline.diagnose(timeline=True)`` starts
+one, which records, for every batch until it is closed (``close``, or its ``with``), events
+around its decode (the decoder's stream), its upload (the copy stream) and its graph (the
+compute stream), and host ``perf_counter`` marks. Once a batch is done, its events are turned
+into milliseconds since the timeline's reference event, which was recorded (and waited for) when
+the host clock read ``t0``; so GPU intervals and host marks share one time axis, to within the
+few microseconds that wait takes.
 
 ``summary()`` says how busy the compute stream was between its first and last graph, how much
 of the decode and upload time overlapped with compute, and ``decode_hidden_pct``: the share of
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,10 +43,12 @@ class BatchMarks:
 
 
 class Timeline:
-    def __init__(self, reference_stream) -> None:
+    def __init__(self, reference_stream, on_close: Callable[[Timeline], None] = lambda timeline: None) -> None:
+        """``on_close(self)``: called by ``close``, so the pipeline recording into it stops."""
         import torch
 
         self._torch = torch
+        self._on_close = on_close
         self._lock = threading.Lock()
         self.records: list[dict[str, Any]] = []
         self._ref = torch.cuda.Event(enable_timing=True)
@@ -76,6 +80,16 @@ class Timeline:
 
     def summary(self) -> dict[str, Any]:
         return summarize(self.records)
+
+    def close(self) -> None:
+        """No batch records into it from now on (a batch in flight may still finish its record)."""
+        self._on_close(self)
+
+    def __enter__(self) -> Timeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -79,7 +79,7 @@ class Answers:
     def detected(self) -> DetectedBatch:
         """The same answers as the detector's arrays (views, no copy of the rows)."""
         return DetectedBatch(self.records["width"].astype(np.int64), self.records["height"].astype(np.int64),
-                             self.records["rows"].astype(np.int64), self.rows, dict(self.errors), self.timings)
+                             self.records["rows"].astype(np.int64), self.rows, dict(self.errors))
 
 def answers_frame(answers: Answers, timings_json: bytes | None = None) -> bytes:
     """One RESULTS frame; ``timings_json``: the batch's timings already encoded (shared by owners)."""

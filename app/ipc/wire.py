@@ -202,7 +202,7 @@ class Outcome:
     error: YolopipeError | None = None
     decode_ms: float = 0.0
     queue_ms: float = 0.0
-    batch: dict[str, float] | None = None  # the batch it ran in: batch_ms, batch_size, pipeline stages
+    batch: dict[str, float] | None = None  # the batch it ran in: batch_ms, pipeline stages (times only)
 
 
 def error_from_code(code: str, message: str) -> YolopipeError:

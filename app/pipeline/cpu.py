@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from app.boxes import nms_numpy
 from app.config import MAX_DET
-from app.contracts import DetectParams, HostBackend, PipelineInput, PipelineRun, RunShape
+from app.contracts import (
+    BareRun,
+    DetectParams,
+    Diagnostics,
+    HostBackend,
+    PipelineInput,
+    PipelineRun,
+    RunFacts,
+    RunShape,
+    StageTimes,
+    measure_once,
+)
 from app.imaging.letterbox import letterbox, to_input
 from app.pipeline.nms_cpu import nms_keep_indices_cpu
 from app.types import ModelMeta
@@ -21,7 +34,7 @@ class CpuPipeline:
 
     decodes_jpeg = False
     takes_nv12 = False
-    device = None
+    cuda = None
     in_flight = 1
     buckets: tuple[int, ...] = ()
 
@@ -37,7 +50,8 @@ class CpuPipeline:
                frame_size: tuple[int, int] | None = None) -> None:
         """Nothing to prepare ahead: ONNX Runtime plans a shape on its first run."""
 
-    def run(self, images: Sequence[PipelineInput], params: DetectParams) -> PipelineRun:
+    def run(self, images: Sequence[PipelineInput], params: DetectParams, *, decode: str | None = None) -> PipelineRun:
+        """``decode`` is a GPU pipeline's: images come here decoded."""
         t0 = time.perf_counter()
         placed = [letterbox(img, self.meta.imgsz) for img in images]
         batch = to_input([p[0] for p in placed])
@@ -46,8 +60,20 @@ class CpuPipeline:
         t2 = time.perf_counter()
         rows = [nms_numpy(h, params, nms_keep_indices_cpu) for h in head]
         t3 = time.perf_counter()
-        timings = {"preprocess_ms": (t1 - t0) * 1e3, "engine_ms": (t2 - t1) * 1e3, "nms_ms": (t3 - t2) * 1e3}
-        return PipelineRun([(r, p[1]) for r, p in zip(rows, placed)], timings)
+        times = StageTimes(preprocess_ms=(t1 - t0) * 1e3, infer_ms=(t2 - t1) * 1e3, postprocess_ms=(t3 - t2) * 1e3)
+        return PipelineRun([(r, p[1]) for r, p in zip(rows, placed)], times, RunFacts(len(images), len(images)))
+
+    def diagnose(self, *, decode: str | None = None,
+                 profile: tuple[Sequence[PipelineInput], DetectParams] | None = None,
+                 bare: np.ndarray | None = None, measure: Callable[[Callable[[], object]], list[float]] = measure_once,
+                 timeline: bool = False) -> Diagnostics:
+        """``Pipeline.diagnose`` as far as the CPU goes: its stage times are already the profile
+        (no device stages), the bare engine is ``HostBackend.infer`` alone, and it keeps no
+        timeline (there are no streams to overlap)."""
+        profiled = self.run(profile[0], profile[1]) if profile is not None else None
+        alone = BareRun(measure(lambda: self._engine.infer(bare)), []) if bare is not None else None
+        return Diagnostics(decoder="opencv", compiled=False, compiler=self.backend, batch_invariant=False,
+                           launch_error="no CUDA graphs: the model runs on the CPU", profiled=profiled, bare=alone)
 
     def release_memory(self) -> None:
         """Free what the backend keeps between batches (ONNX Runtime's arena); the next batch

@@ -4,15 +4,18 @@ The service's batcher, ``predict`` on folders, videos and streams, and the Ray a
 ``Detector.run`` (or ``run_prepared``, on items they prepared in threads of their own): a batch
 of already-read images (``EncodedImage``, BGR arrays, ``DeviceNv12`` frames, or the error that
 stands in for one) → a ``DetectedBatch``: per image its source size and its error or its rows,
-in source pixels (``app.boxes.scale_boxes_stacked``), and the batch's timings. It decodes on the CPU what the pipeline does not decode itself, splits the
-batch into runs the pipeline takes (``RunShape.max_batch``; device frames apart from host
-ones), keeps up to ``RunShape.in_flight`` of them in flight (``app.pipeline.overlap``), and
-validates parameters. ``app.records`` writes the JSON of its answers.
+in source pixels (``app.boxes.scale_boxes_stacked``), the batch's stage times and its runs'
+facts. It decodes on the CPU what the pipeline does not decode itself, splits the batch into
+runs the pipeline takes (``RunShape.max_batch``; device frames apart from host ones), each with
+the shape's JPEG decoder (``RunShape.decode``), keeps up to ``RunShape.in_flight`` of them in
+flight (``app.pipeline.overlap``), and validates parameters. ``app.records`` writes the JSON of
+its answers. What the benchmarks and checks ask of the model beyond that, they ask through one
+method, ``diagnose``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,13 +26,17 @@ from app.contracts import (
     DetectedBatch,
     DetectParams,
     DeviceNv12,
+    Diagnostics,
     EncodedImage,
     ImageResult,
     Pipeline,
     PipelineInput,
     PipelineRun,
+    RunFacts,
     RunShape,
+    StageTimes,
     make_params,
+    measure_once,
 )
 from app.errors import InvalidParameter, YolopipeError
 from app.imaging.check import check_image
@@ -61,7 +68,8 @@ class Detector:
 
     def reshaped(self, **changes: Any) -> Detector:
         """A detector on this same pipeline with these fields of the shape changed
-        (``video_decode="opencv"``); closing either closes the pipeline."""
+        (``video_decode="opencv"``; ``decode="opencv"``: its runs decode JPEG with OpenCV);
+        closing either closes the pipeline."""
         return Detector(self.pipeline, self.shape, **changes)
 
     # --- facts -----------------------------------------------------------------------
@@ -88,7 +96,13 @@ class Detector:
     @property
     def device(self) -> int | None:
         """The CUDA device the pipeline runs on (NVDEC's frames must be on it); None on the CPU."""
-        return self.pipeline.device
+        return None if self.pipeline.cuda is None else self.pipeline.cuda.index
+
+    @property
+    def cuda(self) -> Any:
+        """The pipeline's ``app.gpu.device.CudaDevice`` (None on the CPU): what an NVDEC reader
+        of this detector's frames decodes on, holding its gate (``app.gpu.nvdec``)."""
+        return self.pipeline.cuda
 
     @property
     def takes_nv12(self) -> bool:
@@ -179,19 +193,20 @@ class Detector:
         runs = self._runs(ready)
 
         def run(part: list[tuple[int, PipelineInput]]) -> PipelineRun:
-            return self.pipeline.run([x for _, x in part], params)
+            return self.pipeline.run([x for _, x in part], params, decode=self.shape.decode)
 
         placed: list[tuple[int, Any]] = []  # (position, (rows, letterbox))
-        timings: dict[str, float] = {}
+        timings, facts = StageTimes(), []
         for part, done in zip(runs, run_overlapped(run, runs, self.shape.in_flight if len(runs) > 1 else 1)):
-            for key, value in done.timings.items():
-                timings[key] = timings.get(key, 0.0) + value
+            timings += done.timings  # stage times add up over the runs; facts (slot, bucket) never do
+            if done.facts is not None:
+                facts.append(done.facts)
             for (i, _), out in zip(part, done.images):
                 if isinstance(out, YolopipeError):
                     errors[i] = out
                 else:
                     placed.append((i, out))
-        return _detected(len(items), sorted(placed, key=lambda p: p[0]), errors, timings)
+        return _detected(len(items), sorted(placed, key=lambda p: p[0]), errors, timings, tuple(facts))
 
     def _runs(self, ready: list[tuple[int, PipelineInput]]) -> list[list[tuple[int, PipelineInput]]]:
         """Pipeline-sized runs, device frames apart from host images (a GPU run holds one kind)."""
@@ -225,42 +240,19 @@ class Detector:
     def close(self) -> None:
         self.pipeline.close()
 
-    # --- GPU pipelines only: what the benchmarks and GPU tests look at --------------------
-    @property
-    def engine(self) -> Any:
-        """The ``DeviceEngine`` the GPU pipeline runs (``compiled``, ``compiler``, ``forward``)."""
-        return self.pipeline.engine
-
-    @property
-    def decoder_name(self) -> str:
-        """What decodes JPEG now: ``nvimgcodec``, ``nvjpeg`` or ``opencv``."""
-        return self.pipeline.decoder_name
-
-    def use_decoder(self, decode: str) -> None:
-        """Decode JPEG with ``decode`` (``app.config.DECODERS``) from the next run on."""
-        self.pipeline.decode = decode
-
-    @property
-    def last_launch_path(self) -> str:
-        """How the last batch was dispatched: ``driver`` or ``torch``."""
-        return self.pipeline.last_launch_path
-
-    @property
-    def raw_launch_error(self) -> str | None:
-        """Why graphs are not launched through the CUDA driver directly, or None if they are."""
-        return self.pipeline.raw_launch_error
-
-    def start_timeline(self) -> Any:
-        """Record CUDA events per stage for every batch from now on (``app.gpu.timeline``)."""
-        return self.pipeline.start_timeline()
-
-    def stop_timeline(self) -> Any:
-        return self.pipeline.stop_timeline()
-
-    def profiled_timings(self, items: Sequence[Item], params: DetectParams) -> dict[str, float]:
-        """One run of ``items`` (at most ``max_batch``, each one that prepares) on the profiling
-        path: its stage times, with each stage's GPU time (``gpu_*_ms``)."""
-        return self.pipeline.run([self.prepare(x) for x in items], params, profile=True).timings
+    # --- what the benchmarks and checks look at ------------------------------------------
+    def diagnose(self, *, profile: Sequence[Item] | None = None, params: DetectParams | None = None,
+                 bare: np.ndarray | None = None, measure: Callable[[Callable[[], object]], list[float]] = measure_once,
+                 timeline: bool = False) -> Diagnostics:
+        """What the model is and how it runs (``app.contracts.Diagnostics``), under this shape's
+        JPEG decoder; each keyword asks for more: ``profile``: one run of these items (at most
+        ``max_batch``, each one that prepares) with ``params`` on the profiling path (each stage's
+        own time, device stages too); ``bare``: the engine alone on this letterboxed batch, its
+        calls timed by ``measure``; ``timeline`` (GPU): record every batch's stages from now on,
+        until the timeline it answers is closed."""
+        run = ([self.prepare(x) for x in profile], params or DetectParams()) if profile is not None else None
+        return self.pipeline.diagnose(decode=self.shape.decode, profile=run, bare=bare, measure=measure,
+                                      timeline=timeline)
 
     def __enter__(self) -> Detector:
         return self
@@ -269,12 +261,12 @@ class Detector:
         self.close()
 
 
-def _detected(n: int, placed: list[tuple[int, Any]], errors: dict[int, YolopipeError],
-              timings: dict[str, float]) -> DetectedBatch:
+def _detected(n: int, placed: list[tuple[int, Any]], errors: dict[int, YolopipeError], timings: StageTimes,
+              runs: tuple[RunFacts, ...]) -> DetectedBatch:
     """The answers as arrays: each placed image's NMS rows taken to source pixels, all at once."""
     widths, heights, counts = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
     if not placed:
-        return DetectedBatch(widths, heights, counts, np.zeros((0, 6), np.float32), errors, timings)
+        return DetectedBatch(widths, heights, counts, np.zeros((0, 6), np.float32), errors, timings, runs)
     positions = [i for i, _ in placed]
     parts = [np.asarray(rows, np.float32).reshape(-1, 6) for _, (rows, _) in placed]
     boxes = [lb for _, (_, lb) in placed]
@@ -283,4 +275,4 @@ def _detected(n: int, placed: list[tuple[int, Any]], errors: dict[int, YolopipeE
     counts[positions] = [len(p) for p in parts]
     rows = np.concatenate(parts)  # a copy: the pipeline's own rows are left as they were
     rows[:, :4] = scale_boxes_stacked(rows[:, :4], boxes, counts[positions])
-    return DetectedBatch(widths, heights, counts, rows, errors, timings)
+    return DetectedBatch(widths, heights, counts, rows, errors, timings, runs)

@@ -13,10 +13,12 @@ engine → NMS → D2H of the rows, one launch on the compute stream; (5) **unpa
 batch N's graph runs, batch N+1 is decoded and uploaded into its own slot and batch N−1's rows
 are unpacked from theirs (``app.pipeline.overlap`` drives a stream of batches that way). Every
 wait releases the GIL. Graph launches go straight through the CUDA driver
-(``app.gpu.driver.RawDispatch``; ``CUDAGraph.replay()`` if that is unavailable). A capture
-holds the device's gate exclusively (``app.gpu.gate``: no CUDA call from any other thread on
-the device meanwhile, NVDEC readers included) and runs on the one capture thread of
-``app.gpu.capture`` (the same kernels in every graph of a bucket: the same answer in any slot).
+(``app.gpu.driver.RawDispatch``; ``CUDAGraph.replay()`` if that is unavailable). A batch holds
+its device's gate shared, a capture holds it exclusively (``app.gpu.device.CudaDevice``, which
+the runtime hands in: no CUDA call from any other thread on the device meanwhile, NVDEC readers
+included), and runs on the one capture thread of ``app.gpu.capture`` (the same kernels in
+every graph of a bucket: the same answer in any slot). The pipeline makes its device current
+only for the blocks that need it (``CudaDevice.current``), never for its caller's thread.
 """
 
 from __future__ import annotations
@@ -26,21 +28,32 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from numba import cuda
-
 from app.config import MAX_DET
-from app.contracts import DetectParams, DeviceEngine, DeviceNv12, EncodedImage, PipelineInput, PipelineRun, RunShape
+from app.contracts import (
+    DetectParams,
+    DeviceEngine,
+    DeviceNv12,
+    Diagnostics,
+    EncodedImage,
+    PipelineInput,
+    PipelineRun,
+    RunFacts,
+    RunShape,
+    StageTimes,
+    measure_once,
+)
 from app.errors import DeviceError, InvalidParameter, YolopipeError
 from app.gpu import nv12_input, pack
+from app.gpu.bare import engine_alone
 from app.gpu.capture import GraphBuilder, graph_key, key_parts
 from app.gpu.decode import Decoders, split_jpegs
 from app.gpu.decoded import decoded_size
+from app.gpu.device import CudaDevice
 from app.gpu.dispatch import Dispatcher
-from app.gpu.gate import device_gate
 from app.gpu.memory import CapturedBatch, InputBuffer, StreamPair
 from app.gpu.slot import BatchSlot, shrink_staging
 from app.gpu.timeline import Timeline
@@ -52,11 +65,13 @@ class GpuPipeline:
 
     ``shape``: the run shape ``app.runtime`` clamped to the engine: ``max_batch``, ``in_flight``
     (batches in flight at once, a ``BatchSlot`` each), ``decode`` (``gpu`` | ``nvimgcodec`` |
-    ``nvjpeg`` | ``opencv``, ``app.gpu.decode``; changeable between calls) and ``max_pixels`` (the
-    limit OpenCV's decodes are held to) are read from it. ``host_threads``: the pool that packs
-    frames and decodes with OpenCV; ``raw_launch``: dispatch through the CUDA driver directly
-    when possible. The pipeline owns ``engine`` once built (``close`` closes it); a constructor
-    that fails frees what it took and leaves the engine to the caller.
+    ``nvjpeg`` | ``opencv``, ``app.gpu.decode``: the runs' decoder unless a run names its own)
+    and ``max_pixels`` (the limit OpenCV's decodes are held to) are read from it. ``cuda``: the
+    device it runs on, whose gate it holds (the process's one of that device: NVDEC readers
+    share it). ``host_threads``: the pool that packs frames and decodes with OpenCV;
+    ``raw_launch``: dispatch through the CUDA driver directly when possible. The pipeline owns
+    ``engine`` once built (``close`` closes it); a constructor that fails frees what it took
+    and leaves the engine to the caller.
     """
 
     decodes_jpeg = True
@@ -67,8 +82,8 @@ class GpuPipeline:
         engine: DeviceEngine,
         meta: ModelMeta,
         shape: RunShape,
+        cuda: CudaDevice,
         *,
-        device: int = 0,
         max_det: int = MAX_DET,
         staging_bytes: int | None = None,
         host_threads: int | None = None,
@@ -87,80 +102,52 @@ class GpuPipeline:
         self.max_batch = shape.max_batch
         self.in_flight = shape.in_flight
         self.max_pixels = shape.max_pixels
-        self.device = int(device)
+        self.cuda = cuda
+        self.device = cuda.index
         self.max_det = int(max_det)
         self.size = int(meta.imgsz)
         self.buckets = tuple(pack.bucket_sizes(self.max_batch))
         self.host_threads = int(host_threads or min(16, os.cpu_count() or 1))
-        self.last_launch_path = ""  # "driver" | "torch": how the last batch was dispatched
         self.pad_to_captured = pad_to_captured  # see _bucket_to_run
-        self._gate = device_gate(self.device)  # one per device: NVDEC readers hold it too
         self._closed = False
         self._host_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._decoders = Decoders(self.device, self.host_threads)
+        self._decode = shape.decode  # a run's decoder unless it names its own
         self._timeline: Timeline | None = None
 
-        torch.cuda.set_device(self.device)
-        with contextlib.ExitStack() as undo:  # a step that fails frees what the steps before it took
-            with self._numba_device():
-                self.compute = StreamPair(self.device)
-                undo.callback(self.compute.free)
-                self.copy_stream = torch.cuda.Stream(device=self.device)
-                self.inputs = InputBuffer(self.max_batch, self.size, engine.input_dtype, self.device)
-                undo.callback(self.inputs.free)
-                staging_bytes = staging_bytes or self.max_batch * self.size * self.size * 3
-                self.slots = []
-                for i in range(self.in_flight):
-                    self.slots.append(BatchSlot(i, max_batch=self.max_batch, max_det=self.max_det, meta=meta,
-                                                device=self.device, staging_bytes=staging_bytes))
-                    undo.callback(self.slots[-1].free)
-                self.graphs = GraphBuilder(engine, self.inputs, self.compute, self.slots, context=self._on_device)
-                undo.callback(self.graphs.close)
+        # The device current for the set-up only (torch's and Numba's allocations), not after it
+        # on the caller's thread; a step that fails frees what the steps before it took.
+        with cuda.current(), contextlib.ExitStack() as undo:
+            self.compute = StreamPair(self.device)
+            undo.callback(self.compute.free)
+            self.copy_stream = torch.cuda.Stream(device=self.device)
+            self.inputs = InputBuffer(self.max_batch, self.size, engine.input_dtype, self.device)
+            undo.callback(self.inputs.free)
+            staging_bytes = staging_bytes or self.max_batch * self.size * self.size * 3
+            self.slots = []
+            for i in range(self.in_flight):
+                self.slots.append(BatchSlot(i, max_batch=self.max_batch, max_det=self.max_det, meta=meta,
+                                            device=self.device, staging_bytes=staging_bytes))
+                undo.callback(self.slots[-1].free)
+            self.graphs = GraphBuilder(engine, self.inputs, self.compute, self.slots, context=cuda.current)
+            undo.callback(self.graphs.close)
             self._first_staging = self.slots[0].staging.capacity  # release_memory shrinks grown staging back to it
             self._free_slots: queue.SimpleQueue[BatchSlot] = queue.SimpleQueue()
             for slot in self.slots:
                 self._free_slots.put(slot)
             undo.callback(self._decoders.close)
-            self.decode = shape.decode  # creates the decoder now, so a missing library shows at start-up
+            self._decoders.get(self._decode)  # made now, so that a missing library shows at start-up
             self.dispatcher = Dispatcher(self.device, self.compute, self.copy_stream, raw_launch=raw_launch)
             undo.callback(self.dispatcher.close)
             self.dispatcher.setup(self.slots)
             undo.pop_all()  # built: close() frees it all from now on
 
     # ------------------------------------------------------------------------- set-up
-    @property
-    def decode(self) -> str:
-        return self._decoders.decode
-
-    @decode.setter
-    def decode(self, value: str) -> None:
-        self._decoders.use(value)
-
-    @property
-    def raw_launch_error(self) -> str | None:
-        """Why graphs are not launched through the CUDA driver directly, or None if they are."""
-        return self.dispatcher.raw_launch_error
-
-    @property
-    def decoder_name(self) -> str:
-        """What decodes JPEG now: ``nvimgcodec``, ``nvjpeg`` or ``opencv``."""
-        return self._decoders.name
-
-    def _numba_device(self):
-        """Numba's current context must be this device's (it is device 0 unless told)."""
-        return cuda.gpus[self.device] if self.device != 0 else contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def _on_device(self):
-        """This pipeline's device for torch and Numba, on the calling thread (the capture thread's)."""
-        with self._torch.cuda.device(self.device), self._numba_device():
-            yield
-
     @contextlib.contextmanager
     def _exclusive(self):
-        """Nothing else runs: for captures (they call ``engine.forward``) and for ``close``."""
-        with self._gate.exclusive(), self._torch.cuda.device(self.device), self._numba_device():
+        """Nothing else runs: for captures (they call ``engine.forward``), ``release_memory``, ``diagnose``."""
+        with self.cuda.exclusive(), self.cuda.current():
             yield
 
     def _pool(self) -> ThreadPoolExecutor:
@@ -177,7 +164,7 @@ class GpuPipeline:
         captured = (lambda b: slot.graphs.get(graph_key(b, nv12)) is not None) if self.pad_to_captured else None
         return pack.bucket_to_run(self.buckets, n, captured)
 
-    def warmup(self, batches: Sequence[int] | None = None, *, profile: bool = False, nv12: bool = False,
+    def warmup(self, batches: Sequence[int] | None = None, *, nv12: bool = False,
                frame_size: tuple[int, int] | None = None) -> None:
         """Capture the graphs of the buckets of ``batches`` (all by default) on every slot now;
         ``nv12``: those of device NV12 batches instead of images'. ``frame_size``: the (height,
@@ -189,7 +176,7 @@ class GpuPipeline:
         sizes = sorted({pack.bucket_for(self.buckets, b) for b in (batches or self.buckets)})
         header, keys = self.slots[0].staging.header_bytes, [graph_key(b, nv12) for b in sizes]
         room = nv12_input.staging_for(header, self.max_batch, sizes[-1], *frame_size) if frame_size else 0
-        if not profile and all(slot.has(room, keys) for slot in self.slots):
+        if all(slot.has(room, keys) for slot in self.slots):
             return
         with self._exclusive():
             for slot in self.slots:
@@ -198,22 +185,42 @@ class GpuPipeline:
                     self.dispatcher.attach(slot)
                 for key in dict.fromkeys([*dropped, *keys]):
                     batch, is_nv12 = key_parts(key)
-                    self.graphs.captured(slot, batch, profile=profile and key in keys, raw_exec=slot.dispatch is not None,
-                                         nv12=is_nv12)
+                    self.graphs.captured(slot, batch, profile=False, raw_exec=slot.dispatch is not None, nv12=is_nv12)
 
-    # ---------------------------------------------------------------------- timeline
-    def start_timeline(self) -> Timeline:
-        """Record CUDA events per stage for every batch from now on (``app.gpu.timeline``)."""
-        self._timeline = Timeline(self.compute.torch)
-        return self._timeline
+    # ---------------------------------------------------------------------- diagnostics
+    def diagnose(self, *, decode: str | None = None,
+                 profile: tuple[Sequence[PipelineInput], DetectParams] | None = None,
+                 bare: Any = None, measure: Callable[[Callable[[], object]], list[float]] = measure_once,
+                 timeline: bool = False) -> Diagnostics:
+        """``Pipeline.diagnose``. ``profile``: one run on the profiling path (each stage its own
+        graph, CUDA events between them); ``bare``: the engine alone in a graph of its own, the
+        device held alone meanwhile (``app.gpu.bare``); ``timeline``: CUDA events per stage of
+        every batch (``app.gpu.timeline``) until the returned timeline is closed."""
+        profiled = self._run_batch(profile[0], profile[1], decode, profile=True) if profile is not None else None
+        alone = None
+        if bare is not None:
+            with self._exclusive():
+                alone = engine_alone(self.engine, bare, measure)
+        recorder = None
+        if timeline:
+            recorder = self._timeline = Timeline(self.compute.torch, on_close=self._timeline_closed)
+        engine = self.engine
+        return Diagnostics(decoder=self._decoders.name_of(decode or self._decode), compiled=engine.compiled,
+                           compiler=engine.compiler, batch_invariant=engine.batch_invariant,
+                           launch_error=self.dispatcher.raw_launch_error, profiled=profiled, bare=alone,
+                           timeline=recorder)
 
-    def stop_timeline(self) -> Timeline | None:
-        timeline, self._timeline = self._timeline, None
-        return timeline
+    def _timeline_closed(self, timeline: Timeline) -> None:
+        if self._timeline is timeline:
+            self._timeline = None
 
     # --------------------------------------------------------------------------- run
-    def run(self, images: Sequence[PipelineInput], params: DetectParams, *, profile: bool = False) -> PipelineRun:
+    def run(self, images: Sequence[PipelineInput], params: DetectParams, *, decode: str | None = None) -> PipelineRun:
         """One batch; thread-safe: up to ``in_flight`` calls overlap, more wait for a slot."""
+        return self._run_batch(images, params, decode)
+
+    def _run_batch(self, images: Sequence[PipelineInput], params: DetectParams, decode: str | None,
+                   profile: bool = False) -> PipelineRun:
         if self._closed:
             raise DeviceError("the GPU pipeline was closed")
         n = len(images)
@@ -228,29 +235,26 @@ class GpuPipeline:
             )
         slot = self._free_slots.get()
         try:
-            self._gate.acquire_shared()
-            try:
+            with self.cuda.shared():
                 if self._closed:
                     raise DeviceError("the GPU pipeline was closed")
-                return self._run(slot, images, params, profile)
-            except YolopipeError:
-                raise
-            except Exception as exc:  # a CUDA failure: say which, keep the type family
-                raise DeviceError(f"GPU pipeline failed: {type(exc).__name__}: {exc}") from exc
-            finally:
-                self._gate.release_shared()
+                return self._run(slot, images, params, decode or self._decode, profile)
+        except YolopipeError:
+            raise
+        except Exception as exc:  # a CUDA failure: say which, keep the type family
+            raise DeviceError(f"GPU pipeline failed: {type(exc).__name__}: {exc}") from exc
         finally:
             self._free_slots.put(slot)
 
-    def _run(self, slot: BatchSlot, images: Sequence[PipelineInput], params: DetectParams, profile: bool):
+    def _run(self, slot: BatchSlot, images: Sequence[PipelineInput], params: DetectParams, decode: str,
+             profile: bool) -> PipelineRun:
         if any(isinstance(x, DeviceNv12) for x in images):
             return self._run_nv12(slot, images, params, profile)
-        timings: dict[str, float] = {}
         t_start = time.perf_counter()
         results: list[Any] = [None] * len(images)
         encoded = [i for i, x in enumerate(images) if isinstance(x, EncodedImage)]  # positions of the JPEGs
         frames = pack.checked_frames(images, set(encoded), results)
-        decoder = self._decoders.current if encoded else None
+        decoder = self._decoders.get(decode) if encoded else None
         timeline = self._timeline
         marks = timeline.begin(len(images), ("decode", "upload", "compute") if decoder else ("upload", "compute")) \
             if timeline is not None else None
@@ -267,7 +271,7 @@ class GpuPipeline:
                 else:
                     frames.append((encoded[k], d))  # decoded by OpenCV: packed as a frame
             if not frames and not gpu:
-                return PipelineRun(results, {"decode_ms": (time.perf_counter() - t_start) * 1e3})
+                return PipelineRun(results, StageTimes(decode_ms=(time.perf_counter() - t_start) * 1e3))
             plan = pack.plan_batch(slot.staging.header_bytes, self.size, frames,
                                    [(encoded[k], *decoded_size(h), decoder.layout) for k, h in gpu])
             frames = None  # the plan holds them
@@ -286,17 +290,15 @@ class GpuPipeline:
             waits_decoder = bool(gpu)
             gpu = None
             if not plan.placed:
-                return PipelineRun(results, {"decode_ms": (time.perf_counter() - t_start) * 1e3})
+                return PipelineRun(results, StageTimes(decode_ms=(time.perf_counter() - t_start) * 1e3))
             bucket = self._bucket_to_run(slot, len(plan))
         t_decoded = time.perf_counter()
-        timings["decode_ms"] = (t_decoded - t_start) * 1e3
 
         # 2. the host half of the staging, the NMS parameters, the graph.
         pack.write_header(slot.staging.host_params, plan, bucket)
         pack.copy_frames(slot.staging.host_np, plan.frame_copies, self._pool().map, self.host_threads)
         return self._launch(slot, plan.placed, plan.host_end, bucket, waits_decoder, params, profile,
-                            timeline=timeline, marks=marks, timings=timings, results=results, t_start=t_start,
-                            t_packing=t_decoded)
+                            timeline=timeline, marks=marks, results=results, t_start=t_start, t_decoded=t_decoded)
 
     def _run_nv12(self, slot: BatchSlot, images: Sequence[PipelineInput], params: DetectParams, profile: bool):
         t_start = time.perf_counter()
@@ -304,49 +306,51 @@ class GpuPipeline:
         plan = nv12_input.plan_frames(images, self.device, slot.staging.header_bytes, self.max_batch, self.size,
                                       results)
         if not plan.placed:
-            return PipelineRun(results, {})
+            return PipelineRun(results)
         if plan.end - slot.staging.header_bytes > slot.staging.capacity:
             self._grow(slot, plan.end - slot.staging.header_bytes)
         bucket = self._bucket_to_run(slot, len(plan), nv12=True)
         with self._torch.cuda.device(self.device):
             nv12_input.stage(slot.staging, plan, bucket, self.copy_stream)  # device to device, then "decoded"
             slot.decoded.record(self.copy_stream)
-        t_copied = time.perf_counter()
         return self._launch(slot, plan.placed, plan.host_end, bucket, True, params, profile, nv12=True,
-                            results=results, timings={"copy_ms": (t_copied - t_start) * 1e3}, t_start=t_start,
-                            t_packing=t_copied)
+                            results=results, t_start=t_start, t_decoded=time.perf_counter())
 
     def _launch(self, slot: BatchSlot, placed: list, host_end: int, bucket: int, waits_decoder: bool,
                 params: DetectParams, profile: bool, *, nv12: bool = False, timeline: Timeline | None = None,
-                marks: Any = None, timings: dict[str, float], results: list[Any], t_start: float, t_packing: float
-                ) -> PipelineRun:
+                marks: Any = None, results: list[Any], t_start: float, t_decoded: float) -> PipelineRun:
         """The staging is ready (``placed[j]``: batch position ``j``'s result index and letterbox
         first): NMS parameters, the graph, upload, launch, wait, rows per image."""
-        slot.set_nms_params(params, self.compute.numba, self._numba_device)
+        slot.set_nms_params(params, self.compute.numba, self.cuda.numba)
         captured = slot.graphs.get(graph_key(bucket, nv12))
         if captured is None or (profile and not captured.stage_graphs):
             captured = self._capture_while_shared(slot, bucket, profile, nv12)
-        timings["pack_ms"] = (time.perf_counter() - t_packing) * 1e3
+        t_packed = time.perf_counter()
 
         # 3-4. upload and graph launch, then wait for the slot's done event.
+        launch: dict[str, float] = {}  # the launch's host costs (RunFacts)
+        device_ms: dict[str, float] = {}
         if profile:
-            timings.update(self.dispatcher.profiled(slot, captured, host_end, waits_decoder))
+            for key, value in self.dispatcher.profiled(slot, captured, host_end, waits_decoder).items():
+                if key.startswith("gpu_"):
+                    device_ms[key.removeprefix("gpu_").removesuffix("_ms")] = value
+                else:
+                    launch[key] = value
             path = "torch"
         else:
-            path = self.dispatcher.submit(slot, captured, host_end, waits_decoder, marks, timings)
-            t_enqueued = time.perf_counter()
+            path = self.dispatcher.submit(slot, captured, host_end, waits_decoder, marks, launch)
             self.dispatcher.wait(slot, path)
-            timings["wait_ms"] = (time.perf_counter() - t_enqueued) * 1e3
         t_done = time.perf_counter()
 
         slot.unpack(placed, results)  # 5. rows per image
         t_end = time.perf_counter()
         if marks is not None and timeline is not None:
             timeline.finish(marks)
-        timings.update(unpack_ms=(t_end - t_done) * 1e3, total_ms=(t_end - t_start) * 1e3, batch=float(len(placed)),
-                       bucket=float(bucket), slot=float(slot.index), raw_launch=1.0 if path == "driver" else 0.0)
-        self.last_launch_path = path
-        return PipelineRun(results, timings)
+        times = StageTimes(decode_ms=(t_decoded - t_start) * 1e3, preprocess_ms=(t_packed - t_decoded) * 1e3,
+                           infer_ms=(t_done - t_packed) * 1e3, postprocess_ms=(t_end - t_done) * 1e3)
+        facts = RunFacts(len(placed), bucket, slot.index, path, bool(launch.get("upload_on_compute")),
+                         launch.get("upload_us", 0.0), launch.get("dispatch_us", 0.0), launch.get("launch_us", 0.0))
+        return PipelineRun(results, times, facts, device_ms)
 
     def _grow(self, slot: BatchSlot, needed: int) -> None:
         slot.grow(needed)
@@ -354,15 +358,10 @@ class GpuPipeline:
 
     def _capture_while_shared(self, slot: BatchSlot, bucket: int, profile: bool, nv12: bool = False) -> CapturedBatch:
         """Capture from inside a run: give up the share, capture alone, take the share back."""
-        self._gate.release_shared()
-        try:
-            with self._exclusive():
-                if self._closed:
-                    raise DeviceError("the GPU pipeline was closed")
-                return self.graphs.captured(slot, bucket, profile=profile, raw_exec=slot.dispatch is not None,
-                                            nv12=nv12)
-        finally:
-            self._gate.acquire_shared()
+        with self.cuda.exclusive_from_shared(), self.cuda.current():
+            if self._closed:
+                raise DeviceError("the GPU pipeline was closed")
+            return self.graphs.captured(slot, bucket, profile=profile, raw_exec=slot.dispatch is not None, nv12=nv12)
 
     # ----------------------------------------------------------------------- lifetime
     def release_memory(self) -> None:
@@ -379,7 +378,7 @@ class GpuPipeline:
         if self._closed:
             return
         self._closed = True
-        with self._gate.exclusive():  # waits for the batches in flight
+        with self.cuda.exclusive():  # waits for the batches in flight
             for slot in self.slots:
                 slot.free()
             self._decoders.close()

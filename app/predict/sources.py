@@ -97,12 +97,12 @@ def open_opencv(source: str, *, timeout_ms: int | None = None, threads: int | No
     return cap
 
 
-def open_source(source: str, decoder: str, *, max_pixels: int, device: int = 0, timeout_ms: int | None = None,
+def open_source(source: str, decoder: str, *, max_pixels: int, device: Any = None, timeout_ms: int | None = None,
                 threads: int | None = None) -> Any:
     """A capture of ``source`` by ``decoder`` (``video_decoder``'s answer), or None when nothing
-    opens it (``nvdec``: NVDEC, else OpenCV; see the module docstring for ``auto``); an
-    ``InvalidImage`` when its frames are over ``max_pixels`` (the run's limit). ``threads``:
-    OpenCV's decoding threads for it (``open_opencv``)."""
+    opens it (``nvdec``: NVDEC on ``device``, the detector's ``Detector.cuda``, else OpenCV; see
+    the module docstring for ``auto``); an ``InvalidImage`` when its frames are over
+    ``max_pixels`` (the run's limit). ``threads``: OpenCV's decoding threads for it (``open_opencv``)."""
     # URLs are demuxed by OpenCV for NVDEC (RawPackets), whose open and reads time out:
     # PyNvVideoCodec's own demuxer has no timeout, and a camera that never answers would hold
     # its reader thread for good.
@@ -215,12 +215,13 @@ class NvdecCapture:
     the next frames as ``DeviceNv12`` of the caller's own (device copies, made a decode call's
     batch at a time: the decoder recycles its surfaces), with the stream's colour matrix and
     range as its SPS says (OpenCV's decode converts with the same). A file is decoded by
-    PyNvVideoCodec's own demuxer (``reader``: ``simple`` | ``threaded``); a URL's packets come
+    PyNvVideoCodec's own demuxer (``reader``: ``simple`` | ``threaded``) on ``device`` (an
+    ``app.gpu.device.CudaDevice``: the detector's, ``Detector.cuda``); a URL's packets come
     from OpenCV's demuxer (``RawPackets``: the open and read time out after ``timeout_ms``). The
     first frames are decoded on opening, so a source NVDEC cannot decode fails there
     (``InvalidImage``); a URL that does not open leaves ``opened`` false."""
 
-    def __init__(self, source: str, *, device: int = 0, timeout_ms: int | None = None, reader: str = "simple",
+    def __init__(self, source: str, *, device: Any, timeout_ms: int | None = None, reader: str = "simple",
                  batch: int = 8) -> None:
         from app.gpu.nvdec import NvdecReader
 
@@ -236,10 +237,10 @@ class NvdecCapture:
         self.colorspace, self.full_range = self._packets.colour or (2, False)
         try:
             if is_live(source):
-                self._reader = NvdecReader(source, gpu_id=device, packets=self._packets, codec=self._packets.codec)
+                self._reader = NvdecReader(source, device=device, packets=self._packets, codec=self._packets.codec)
             else:
                 self._packets.release()
-                self._reader = NvdecReader(source, gpu_id=device, reader=reader, batch=batch)
+                self._reader = NvdecReader(source, device=device, reader=reader, batch=batch)
             self.fps = self.fps or self._reader.fps
             self._batches = self._reader.batches()
             self._decoded: list[Any] = []  # the decoder's current batch, taken from the front
@@ -257,15 +258,13 @@ class NvdecCapture:
 
     def read(self, count: int) -> list[DeviceNv12]:
         """Up to ``count`` next frames, each the caller's own and complete on the device; [] at the end."""
-        from app.gpu.nvdec import own_copies
-
         if getattr(self, "_queue", None):
             taken, self._queue = self._queue[:count], self._queue[count:]
             return taken
         if not self._decoded:
             self._decoded = next(self._batches, [])
         frames, self._decoded = self._decoded[:count], self._decoded[count:]
-        planes = own_copies(frames, self._reader.stream)
+        planes = self._reader.own_copies(frames)
         return [DeviceNv12(p, f.height, f.width, self.colorspace, self.full_range) for p, f in zip(planes, frames)]
 
     def grab(self) -> bool:

@@ -85,13 +85,13 @@ class Stream:
 
     def __init__(self, stream_id: str, source: str, *, max_pixels: int, vid_stride: int = 1, realtime: bool = False,
                  track: bool = False, notify: Callable[[Stream, int], None] = lambda stream, added: None,
-                 decoder: str = "opencv", device: int = 0, open_timeout_s: float = OPEN_TIMEOUT_S, pool: Any = None,
-                 decode_threads: int | None = None) -> None:
+                 decoder: str = "opencv", device: Any = None, open_timeout_s: float = OPEN_TIMEOUT_S,
+                 pool: Any = None, decode_threads: int | None = None) -> None:
         """``notify(stream, added)``: after each frame buffered (``added``: how many more frames it
         holds now, 0 when one was dropped for it) and each change of state (0)."""
         self.id, self.source = stream_id, source  # what is opened
         self.shown = redact(source)  # what is shown: no credentials
-        self.decoder, self.device = decoder, device  # app.predict.sources.open_source
+        self.decoder, self.device = decoder, device  # app.predict.sources.open_source (device: Detector.cuda)
         self.pool, self.decode_threads = pool, decode_threads
         self.max_pixels = max_pixels  # the run's (RunShape.max_pixels): larger frames fail the stream
         self.open_timeout_s = open_timeout_s

@@ -139,7 +139,7 @@ class StreamRunner:
             if stream_id in self._streams:
                 raise InvalidParameter(f"stream {stream_id!r} exists")
             stream = Stream(stream_id, source, vid_stride=vid_stride, realtime=realtime, track=track or self.track,
-                            decoder=self.decoder, device=self.detector.device or 0,
+                            decoder=self.decoder, device=self.detector.cuda,
                             max_pixels=self.detector.shape.max_pixels, notify=self._on_stream,
                             open_timeout_s=self.open_timeout_s, pool=self.pool, decode_threads=self.decode_threads)
             self._streams[stream_id] = stream

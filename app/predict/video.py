@@ -60,9 +60,10 @@ def open_capture(source: str, *, max_pixels: int) -> cv2.VideoCapture:
 
 
 def read_frames(path: Path, *, max_pixels: int, vid_stride: int = 1, start: int = 0, decoder: str = "opencv",
-                device: int = 0) -> Iterator[VideoFrame]:
+                device: Any = None) -> Iterator[VideoFrame]:
     """Every ``vid_stride``-th frame of a video file, from frame ``start`` on (skipped frames are
-    grabbed, never converted), decoded by ``decoder`` (``app.predict.sources``). Ends at the end
+    grabbed, never converted), decoded by ``decoder`` (``app.predict.sources``; NVDEC on
+    ``device``, the detector's ``Detector.cuda``). Ends at the end
     of the file or at the first unreadable frame; a frame over ``max_pixels`` is an ``InvalidImage``."""
     cap = open_source(str(path), decoder, device=device, max_pixels=max_pixels)
     if cap is None:
@@ -214,7 +215,7 @@ def predict_video(
     if decoder == "nvdec":  # room and graphs for its batches now: no capture while the reader uses the GPU
         detector.warmup(range(1, batch + 1), nv12=True, frame_size=size if all(size) else None)
     frames = prefetch(_chunks(read_frames(path, max_pixels=max_pixels, vid_stride=vid_stride, start=start,
-                                          decoder=decoder, device=detector.device or 0), batch), depth=3)
+                                          decoder=decoder, device=detector.cuda), batch), depth=3)
 
     def detect(chunk: list[VideoFrame]) -> tuple[list[VideoFrame], DetectedBatch]:
         return chunk, detector.run([f.image for f in chunk], params)

@@ -75,9 +75,11 @@ def make_pipeline(model_dir, meta, precision, *, compile=False, max_batch=MAX_BA
     from app.config import IN_FLIGHT
     from app.contracts import RunShape
     from app.pipeline.gpu import GpuPipeline
+    from app.runtime import cuda_device
 
     engine = TorchCudaEngine(model_dir, meta, precision=precision, max_batch=max_batch, compile=compile)
-    return GpuPipeline(engine, meta, RunShape(max_batch=max_batch, in_flight=in_flight or IN_FLIGHT, decode=decode))
+    return GpuPipeline(engine, meta, RunShape(max_batch=max_batch, in_flight=in_flight or IN_FLIGHT, decode=decode),
+                       cuda_device(0))
 
 
 @pytest.fixture(scope="session")
@@ -91,8 +93,8 @@ def chosen16(sample_model_dir):
     options = OpenOptions(backend="torch-cuda", precision="fp16", shape=RunShape(max_batch=MAX_BATCH, in_flight=3))
     ensure_engine(sample_model_dir, options)
     det = open_model_dir(sample_model_dir, options)
-    engine = det.engine
-    assert (engine.compiler, engine.batch_invariant) == ("aoti", True), (engine.compiler, engine.batch_invariant)
+    found = det.diagnose()
+    assert (found.compiler, found.batch_invariant) == ("aoti", True), found
     yield det
     det.close()
 
@@ -147,9 +149,10 @@ def jpeg(data: bytes, header_of: bytes | None = None):
     return EncodedImage(data, read_header(data if header_of is None else header_of))
 
 
-def detect(pipe, items, params=None):
+def detect(pipe, items, params=None, decode=None):
     """Detections (original pixels) per item (bytes: with their header read), or the item's error
-    (bytes whose header cannot be read at all get that error, as the detector gives it)."""
+    (bytes whose header cannot be read at all get that error, as the detector gives it);
+    ``decode``: the run's JPEG decoder (None: the pipeline's own)."""
     from app.boxes import rows_to_detections
 
     results: list = [None] * len(items)
@@ -161,7 +164,7 @@ def detect(pipe, items, params=None):
         except YolopipeError as exc:
             results[k] = exc
     if run_items:
-        out = pipe.run(run_items, params or DetectParams(conf=CONF, iou=IOU)).images
+        out = pipe.run(run_items, params or DetectParams(conf=CONF, iou=IOU), decode=decode).images
         for k, o in zip(at, out):
             results[k] = o if isinstance(o, YolopipeError) else rows_to_detections(*o)
     return results
@@ -174,7 +177,7 @@ def rows_of(run):
 
 def slot_of(pipe, run):
     """The batch slot a run used."""
-    return pipe.slots[int(run.timings["slot"])]
+    return pipe.slots[run.facts.slot]
 
 
 @pytest.fixture(scope="session")

@@ -147,7 +147,7 @@ def test_decode_into_writes_each_image_where_it_was_told(name, varied):
 def test_bad_jpeg_in_a_batch_fails_alone(gpu, pipe32, assets_dir):
     """A corrupt JPEG in a GPU-decoded batch gets its own error; the others get their boxes."""
     good = [gpu.jpeg((assets_dir / n).read_bytes()) for n in ("bus.jpg", "zidane.jpg")]
-    assert pipe32.decoder_name in ("nvimgcodec", "nvjpeg")
+    assert pipe32.diagnose().decoder in ("nvimgcodec", "nvjpeg")
     # Bytes that are not what their header said (it came with them, read from other bytes).
     lying = [gpu.jpeg(data, header_of=good[0].data) for data in (b"\xff\xd8\xff\xe0 corrupt", b"\xff\xd8" + b"\x00" * 64)]
     batch = [good[0], lying[0], good[1], lying[1]]
@@ -159,14 +159,14 @@ def test_bad_jpeg_in_a_batch_fails_alone(gpu, pipe32, assets_dir):
     assert len(alone[0]) > 0 and len(alone[1]) > 0
 
 
-def _agreement_with_ultralytics(gpu, pipe, model, varied, half):
+def _agreement_with_ultralytics(gpu, pipe, model, varied, half, decode=None):
     from app.imaging.decode import decode_image
 
     pairs = []
     datas = [d for _, d in varied]
     for start in range(0, len(datas), pipe.max_batch):
         chunk = datas[start : start + pipe.max_batch]
-        for data, det in zip(chunk, gpu.detect(pipe, chunk)):
+        for data, det in zip(chunk, gpu.detect(pipe, chunk, decode=decode)):
             assert not isinstance(det, YolopipeError), det
             # Ultralytics reads a file with cv2.imdecode(IMREAD_COLOR): decode_image is that.
             ref = gpu.ultralytics_predict(model, decode_image(data), half=half)
@@ -177,9 +177,8 @@ def _agreement_with_ultralytics(gpu, pipe, model, varied, half):
 def test_default_gpu_decode_agrees_with_ultralytics_fp32(gpu, pipe32, ultralytics_model, varied):
     """The goal of issue 9 in fp32, where the decoder is the only difference from Ultralytics:
     F1 ≥ 0.995 and every matched score within 0.02 of Ultralytics'."""
-    assert pipe32.decode == "gpu"
     got = _agreement_with_ultralytics(gpu, pipe32, ultralytics_model, varied, half=False)
-    print(f"{pipe32.decoder_name} fp32: {got}")
+    print(f"{pipe32.diagnose().decoder} fp32: {got}")
     assert got["n_ref"] >= 100, got
     assert got["f1"] >= 0.995 and got["max_abs_dscore"] <= 0.02, got
 
@@ -190,23 +189,15 @@ def test_default_gpu_decode_agrees_with_ultralytics_fp16(gpu, chosen16, ultralyt
     0.02. The same with OpenCV's pixels (decode="cpu") is printed beside it: what the arithmetic
     alone costs. (The eager model's cuDNN kernels measured F1 0.99476 here on the H200.)"""
     pipe = chosen16.pipeline
-    assert pipe.decode == "gpu"
+    assert chosen16.shape.decode == "gpu"
     got = _agreement_with_ultralytics(gpu, pipe, ultralytics_model, varied, half=True)
-    pipe.decode = "cpu"
-    try:
-        cpu = _agreement_with_ultralytics(gpu, pipe, ultralytics_model, varied, half=True)
-    finally:
-        pipe.decode = "gpu"
-    print(f"{pipe.decoder_name} fp16: {got}\ncpu fp16: {cpu}")
+    cpu = _agreement_with_ultralytics(gpu, pipe, ultralytics_model, varied, half=True, decode="cpu")
+    print(f"{chosen16.diagnose().decoder} fp16: {got}\ncpu fp16: {cpu}")
     assert got["f1"] >= 0.995 and got["max_abs_dscore"] <= 0.02, (got, cpu)
 
 
 def test_cpu_decode_agrees_with_ultralytics_exactly(gpu, pipe32, ultralytics_model, varied):
     """decode="cpu" sees OpenCV's pixels, so only the fp32 arithmetic differs from Ultralytics."""
-    pipe32.decode = "cpu"
-    try:
-        got = _agreement_with_ultralytics(gpu, pipe32, ultralytics_model, varied, half=False)
-    finally:
-        pipe32.decode = "gpu"
+    got = _agreement_with_ultralytics(gpu, pipe32, ultralytics_model, varied, half=False, decode="cpu")
     print(f"cpu fp32: {got}")
     assert got["f1"] >= 0.995 and got["max_abs_dscore"] <= 2e-3, got

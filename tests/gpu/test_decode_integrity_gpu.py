@@ -60,17 +60,19 @@ def as_json(out, names):
 
 @pytest.mark.parametrize("decode", DECODES)
 def test_a_slot_that_held_a_photo_answers_each_cut_file_with_the_cpu_error(gpu, pipe, photos, decode):
-    pipe.decode = decode
+    def detect(items):  # each run with this decoder
+        return gpu.detect(pipe, items, decode=decode)
+
     names = pipe.meta.names
     bus, zidane = photos["bus"], photos["zidane"]
-    pair = [as_json(o, names) for o in gpu.detect(pipe, [zidane, bus])]
+    pair = [as_json(o, names) for o in detect([zidane, bus])]
     assert all(isinstance(p, list) and p for p in pair)
     for source in ("bus", "bus_progressive"):
         for what, cut in cuts(photos[source]).items():
-            assert as_json(gpu.detect(pipe, [photos[source]])[0], names)  # the slot now holds that photo
-            (alone,) = gpu.detect(pipe, [cut])
+            assert as_json(detect([photos[source]])[0], names)  # the slot now holds that photo
+            (alone,) = detect([cut])
             assert isinstance(alone, InvalidImage) and str(alone) == CPU_ERROR, (decode, source, what, alone)
-            out = gpu.detect(pipe, [zidane, cut, bus])  # its slot the error; the photos where [zidane, bus] put them
+            out = detect([zidane, cut, bus])  # its slot the error; the photos where [zidane, bus] put them
             assert isinstance(out[1], InvalidImage) and str(out[1]) == CPU_ERROR, (decode, source, what)
             assert [as_json(out[0], names), as_json(out[2], names)] == pair, (decode, source, what)
 
@@ -81,8 +83,7 @@ def test_the_broken_corpus_through_the_gpu_decoders_is_refused_exactly_as_on_the
     """Every broken variant (cuts, bit flips, header bytes, tables, restart markers, empty
     scans, ...) of a baseline, a progressive and a restart-interval photo, through the detector
     on the GPU pipeline: an error exactly where the CPU path refuses, with its message."""
-    pipe.decode = decode
-    detector = Detector(pipe)
+    detector = Detector(pipe, decode=decode)
     corpus = {}
     for name in ("bus", "bus_progressive", "bus_restarts"):
         corpus.update(forge.jpeg_broken(name, photos[name]))

@@ -60,7 +60,7 @@ def records(gpu, pipe, batch: list[str], photos, stages: dict | None = None) -> 
     run = pipe.run([gpu.jpeg(photos[n]) for n in batch], PARAMS)
     names = pipe.meta.names
     out = {}
-    slot, bucket = int(run.timings["slot"]), int(run.timings["bucket"])
+    slot, bucket = run.facts.slot, run.facts.bucket
     head = pipe.slots[slot].graphs.get(graph_key(bucket)).head if stages is not None else None
     for j, (n, o) in enumerate(zip(batch, run.images)):
         assert not isinstance(o, YolopipeError), (n, o)
@@ -139,7 +139,7 @@ from app.runtime import OpenOptions, open_model_dir
 from tests.references import detections_json
 det = open_model_dir(Path(sys.argv[1]), OpenOptions(backend="torch-cuda", precision=sys.argv[2],
                                                     shape=RunShape(max_batch=8, in_flight=1)))
-assert det.engine.compiler == "aoti"  # the package the parent built: loaded, not built again
+assert det.diagnose().compiler == "aoti"  # the package the parent built: loaded, not built again
 items = [EncodedImage(d, read_header(d)) for d in (open(p, "rb").read() for p in sys.argv[3:])]
 run = det.pipeline.run(items, DetectParams(conf=0.25, iou=0.7))
 print(json.dumps([json.dumps(detections_json(rows_to_detections(*o), det.meta.names)) for o in run.images]))

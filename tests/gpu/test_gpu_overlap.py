@@ -97,11 +97,9 @@ def test_timeline_orders_the_stages_of_each_batch(pipe_slots, batches):
     params = DetectParams()
     jpeg_batch = batches[3]
     pipe_slots.run(jpeg_batch, params)
-    timeline = pipe_slots.start_timeline()
-    try:
+    with pipe_slots.diagnose(timeline=True).timeline as timeline:
         list(run_overlapped(lambda b: pipe_slots.run(b, params), [jpeg_batch] * 9, 3))
-    finally:
-        assert pipe_slots.stop_timeline() is timeline
+    pipe_slots.run(jpeg_batch, params)  # closed: no batch records into it any more
     recs = timeline.records
     assert len(recs) == 9
     eps = 0.002  # ms: event timestamps have ~0.5 µs resolution
@@ -132,11 +130,8 @@ def test_decode_of_the_next_batch_overlaps_the_engine(gpu, sample_model_dir, met
         batch = [jpegs[i % len(jpegs)] for i in range(64)]
         params = DetectParams()
         list(run_overlapped(lambda b: pipe.run(b, params), [batch] * 3, 3))  # every slot captured
-        timeline = pipe.start_timeline()
-        try:
+        with pipe.diagnose(timeline=True).timeline as timeline:
             list(run_overlapped(lambda b: pipe.run(b, params), [batch] * 16, 3))
-        finally:
-            pipe.stop_timeline()
         summary = timeline.summary()
         print(summary)
         assert summary["batches"] == 16
@@ -152,7 +147,8 @@ def test_staging_grows_and_graphs_are_recaptured(gpu, sample_model_dir, meta, fr
         cap = pipe.slots[0].staging.capacity
         big = gpu.detect(pipe, [frames["zidane_huge"], frames["bus"]])  # 11 MB: must grow
         assert pipe.slots[0].staging.capacity > cap
-        assert pipe.last_launch_path == "driver"  # the driver calls were rebuilt for the new buffers
+        # the driver calls were rebuilt for the new buffers
+        assert pipe.run([frames["zidane_huge"], frames["bus"]], DetectParams()).facts.launch == "driver"
         again = gpu.detect(pipe, [frames["bus"]])
         np.testing.assert_array_equal(small[0].boxes, again[0].boxes)
         assert len(big[1]) == len(small[0])  # bucket 2 vs bucket 1: cuDNN may pick other kernels
@@ -182,7 +178,8 @@ def test_release_memory_shrinks_grown_staging_and_frees_torch_caches(gpu, sample
         assert torch.cuda.memory_reserved() <= reserved
         again = gpu.detect(pipe, [frames["bus"]])
         np.testing.assert_array_equal(small[0].boxes, again[0].boxes)
-        assert pipe.last_launch_path == "driver"  # the driver calls were rebuilt for the new buffers
+        # the driver calls were rebuilt for the new buffers
+        assert pipe.run([frames["bus"]], DetectParams()).facts.launch == "driver"
     finally:
         pipe.close()
 
@@ -193,18 +190,13 @@ def test_cpu_decode_equals_opencv_frames(gpu, pipe32, assets_dir):
     from app.imaging.decode import decode_image
 
     datas = [(assets_dir / n).read_bytes() for n in ("bus.jpg", "zidane.jpg")]
-    before = pipe32.decode
-    pipe32.decode = "cpu"
-    try:
-        assert pipe32.decode == "opencv" and pipe32.decoder_name == "opencv"
-        from_bytes = gpu.rows_of(pipe32.run([gpu.jpeg(d) for d in datas], DetectParams()))
-        single = gpu.rows_of(pipe32.run([gpu.jpeg(datas[0])], DetectParams()))  # one image: decoded inline
-    finally:
-        pipe32.decode = before
+    assert pipe32.diagnose(decode="cpu").decoder == "opencv"
+    from_bytes = gpu.rows_of(pipe32.run([gpu.jpeg(d) for d in datas], DetectParams(), decode="cpu"))
+    single = gpu.rows_of(pipe32.run([gpu.jpeg(datas[0])], DetectParams(), decode="cpu"))  # one image: decoded inline
     from_frames = gpu.rows_of(pipe32.run([decode_image(d) for d in datas], DetectParams()))
     single_frame = gpu.rows_of(pipe32.run([decode_image(datas[0])], DetectParams()))  # same bucket as `single`
     for a, b in zip(from_bytes, from_frames):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(single[0], single_frame[0])
     with pytest.raises(InvalidParameter):
-        pipe32.decode = "libjpeg"
+        pipe32.run([gpu.jpeg(datas[0])], DetectParams(), decode="libjpeg")

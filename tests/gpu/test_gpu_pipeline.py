@@ -120,7 +120,7 @@ def test_bucket_padding_three_in_four(gpu, sample_model_dir, meta, frames):
         pipe.run([*items, frames["zidane_huge"]], DetectParams())  # slot 3 of bucket 4 once held an image
         batched = gpu.detect(pipe, items)
         run = pipe.run(items, DetectParams())
-        assert run.timings["bucket"] == 4 and run.timings["batch"] == 3
+        assert (run.facts.bucket, run.facts.batch) == (4, 3)
         assert sorted(pipe.slots[0].graphs.by_batch) == [4]
         # The padding slot read no pixels: its engine input is pure padding.
         pad = torch.full((3, 640, 640), 114 / 255, dtype=pipe.inputs.tensor.dtype, device=pipe.inputs.tensor.device)
@@ -176,13 +176,14 @@ def test_input_buffer_is_the_letterboxed_image(pipe16, frames):
 def test_profile_path_gives_stage_times_and_same_rows(gpu, pipe32, frames, assets_dir):
     items = [frames["bus"], gpu.jpeg((assets_dir / "zidane.jpg").read_bytes())]
     plain = pipe32.run(items, DetectParams())
-    profiled = pipe32.run(items, DetectParams(), profile=True)
-    t = profiled.timings
-    stages = ("gpu_h2d_ms", "gpu_preprocess_ms", "gpu_engine_ms", "gpu_nms_ms", "gpu_d2h_ms")
+    profiled = pipe32.diagnose(profile=(items, DetectParams())).profiled
+    t = profiled.device_ms
+    stages = ("h2d", "preprocess", "engine", "nms", "d2h")
     assert all(t[key] > 0 for key in stages), t  # every stage did GPU work
     # the stages are consecutive events: they add up to the whole, and the engine is the largest
-    assert abs(sum(t[key] for key in stages) - t["gpu_total_ms"]) < 0.01, t
-    assert t["gpu_engine_ms"] == max(t[key] for key in stages), t
+    assert abs(sum(t[key] for key in stages) - t["total"]) < 0.01, t
+    assert t["engine"] == max(t[key] for key in stages), t
+    assert profiled.facts.launch == "torch" and min(profiled.timings.as_dict().values()) > 0, profiled.timings
     for a, b in zip(plain.images, profiled.images):
         np.testing.assert_array_equal(a[0], b[0])
 
@@ -204,7 +205,7 @@ def test_dispatch_is_one_upload_and_one_graph_launch(gpu, pipe32, frames, assets
     """Per batch the host enqueues exactly one H2D copy and one graph launch, plus the event
     calls that order them: alone, the upload goes on the compute stream (no event); with other
     batches in flight, on the copy stream (an event, and the compute stream waits for it)."""
-    assert pipe32.raw_launch_error is None, pipe32.raw_launch_error
+    assert pipe32.diagnose().launch_error is None, pipe32.diagnose().launch_error
     items = [frames["bus"], frames["zidane"]] if kind == "frames" else [gpu.jpeg((assets_dir / "bus.jpg").read_bytes())] * 2
     pipe32.run(items, DetectParams())  # captured on some slot; make every slot count
     saved = []
@@ -223,12 +224,12 @@ def test_dispatch_is_one_upload_and_one_graph_launch(gpu, pipe32, frames, assets
             pipe32.dispatcher._active -= 1
         for d, memcpy, launch, wait_event, record in saved:
             d._memcpy, d._launch, d._wait_event, d._record = memcpy, launch, wait_event, record
-    assert pipe32.last_launch_path == "driver"
-    assert last.timings["upload_on_compute"] == float(alone)
+    assert last.facts.launch == "driver"
+    assert last.facts.upload_on_compute == alone
     decoder_wait = 0 if kind == "frames" else 1  # JPEG: the compute stream waits for the decoder's copies
     expected = (1, 1, decoder_wait, 1) if alone else (1, 1, decoder_wait + 1, 2)  # records: [uploaded,] done
     assert calls == [expected] * len(pipe32.slots), calls
-    assert last.timings["dispatch_us"] > 0 and last.timings["upload_us"] > 0
+    assert last.facts.dispatch_us > 0 and last.facts.upload_us > 0
     assert pipe32.dispatcher._active == 0
 
 
@@ -246,13 +247,13 @@ def test_raw_driver_dispatch_is_used_and_equals_torch(gpu, pipe32, frames):
         out = {}
         for _ in range(n):
             run = pipe32.run(items, params)
-            out[int(run.timings["slot"])] = (gpu.rows_of(run), pipe32.last_launch_path, run.timings["raw_launch"])
+            out[run.facts.slot] = (gpu.rows_of(run), run.facts.launch, 1.0 if run.facts.launch == "driver" else 0.0)
         assert sorted(out) == list(range(n)), f"runs took slots {sorted(out)}, not each of {n} once"
         return out
 
     driver = one_run_per_slot()
     paths = {k: (path, raw) for k, (_, path, raw) in driver.items()}
-    assert paths == {k: ("driver", 1.0) for k in range(n)}, (paths, pipe32.raw_launch_error)
+    assert paths == {k: ("driver", 1.0) for k in range(n)}, (paths, pipe32.diagnose().launch_error)
     assert [slot.graphs.get(4).graph_exec is not None for slot in pipe32.slots] == [True] * n
     dispatches = [slot.dispatch for slot in pipe32.slots]
     for slot in pipe32.slots:
@@ -290,7 +291,7 @@ def test_torch_compile_engine(gpu, sample_model_dir, meta, frames, pipe16):
     try:
         items = [frames["bus"]]
         (det,) = gpu.detect(pipe, items)
-        assert pipe.engine.compiled, "torch.compile fell back to eager (see the warning above)"
+        assert pipe.diagnose().compiled, "torch.compile fell back to eager (see the warning above)"
         if not before:  # compiled into the model's folder, and the process's environment left as it was
             assert any((sample_model_dir / "torch-cache" / "inductor").iterdir())
             assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ

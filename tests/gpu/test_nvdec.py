@@ -45,6 +45,7 @@ from app.pipeline.detector import Detector
 from app.predict.sources import NvdecCapture, video_decoder
 from app.predict.streams import predict_streams
 from app.predict.video import predict_video
+from app.runtime import cuda_device
 from tests.videos import decoded_frames, ffmpeg, write_clip, write_h264
 
 pytestmark = pytest.mark.requires_gpu("PyNvVideoCodec")
@@ -83,7 +84,7 @@ def opencv_frames(clip) -> list[np.ndarray]:
 
 def nvdec_frames(path: Path, count: int | None = None) -> list[DeviceNv12]:
     """The frames as the streams and videos read them (``app.predict.sources.NvdecCapture``)."""
-    cap, frames = NvdecCapture(str(path)), []
+    cap, frames = NvdecCapture(str(path), device=cuda_device(0)), []
     while (count is None or len(frames) < count) and cap.grab():
         ok, frame = cap.retrieve()
         assert ok
@@ -127,9 +128,11 @@ def test_packets_read_by_opencv_decode_as_the_file(clip):
 
     packets = RawPackets(str(clip))
     assert packets.opened and packets.codec in ("h264", "avc1")
-    by_packets = [f.planes.clone() for f in NvdecReader(str(clip), packets=packets, codec=packets.codec).frames()]
+    device = cuda_device(0)
+    by_packets = [f.planes.clone() for f in NvdecReader(str(clip), device=device, packets=packets,
+                                                        codec=packets.codec).frames()]
     packets.release()
-    by_file = [f.planes.clone() for f in NvdecReader(str(clip)).frames()]
+    by_file = [f.planes.clone() for f in NvdecReader(str(clip), device=device).frames()]
     assert len(by_packets) == len(by_file) >= 12
     for a, b in zip(by_packets, by_file):
         rows = min(a.shape[0], b.shape[0]) * 2 // 3  # compare the pictures: Y rows then UV rows
@@ -228,7 +231,7 @@ def test_buckets_captured_while_nvdec_threads_decode(gpu, pipe, clip):
     def decode() -> None:
         try:
             while not stop.is_set():
-                cap = NvdecCapture(str(clip))
+                cap = NvdecCapture(str(clip), device=cuda_device(0))
                 try:
                     while not stop.is_set() and cap.grab():
                         decoded[0] += 1

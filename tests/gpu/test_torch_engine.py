@@ -41,7 +41,7 @@ def detector(root):
                           shape=RunShape(max_batch=BATCH))
     det = open_model_dir(ensure_artifacts(options, steps), options, steps)
     assert any("compiling with AOTInductor (2 of 3" in s for s in said), said  # a first start builds it, and says so
-    assert det.engine.compiler == "aoti"
+    assert det.diagnose().compiler == "aoti"
     yield det
     det.close()
 
@@ -83,7 +83,7 @@ def test_a_later_start_loads_the_package_and_compiles_nothing(gpu, root, detecto
     options = OpenOptions("sample", backend="torch-cuda", precision="fp16", artifacts_dir=root,
                           shape=RunShape(max_batch=BATCH))
     with open_detector(options) as again:  # opening builds nothing
-        assert again.engine.compiler == "aoti"
+        assert again.diagnose().compiler == "aoti"
         ours, eager = [], []
         for n in (1, 3, BATCH):
             items = items_of(frames, n)
@@ -129,16 +129,18 @@ def test_a_batch_padded_into_a_larger_captured_bucket_gives_the_same_boxes(gpu, 
     from app.builder.torch_build import engine_key
     from app.contracts import RunShape
     from app.pipeline.gpu import GpuPipeline
+    from app.runtime import cuda_device
 
     (model_dir,) = root.glob("*/imgsz640")
     found = find_torch_engine(model_dir, engine_key(meta, precision="fp16", max_batch=BATCH))
     engine = TorchCudaEngine(model_dir, meta, precision="fp16", max_batch=BATCH,
                              packages=[(found.package, found.manifest.key)])
-    with GpuPipeline(engine, meta, RunShape(max_batch=BATCH, in_flight=1), pad_to_captured=True) as pipe:
+    shape = RunShape(max_batch=BATCH, in_flight=1)
+    with GpuPipeline(engine, meta, shape, cuda_device(0), pad_to_captured=True) as pipe:
         pipe.warmup([BATCH])
         items = items_of(frames, 3)
         run = pipe.run(items, DetectParams(conf=gpu.CONF, iou=gpu.IOU))
-        assert run.timings["bucket"] == BATCH and sorted(pipe.slots[0].graphs.by_batch) == [BATCH]
+        assert run.facts.bucket == BATCH and sorted(pipe.slots[0].graphs.by_batch) == [BATCH]
         padded = gpu.detect(pipe, items)
         pipe.pad_to_captured = False
         exact = gpu.detect(pipe, items)  # bucket 4, captured now

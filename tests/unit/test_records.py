@@ -116,7 +116,7 @@ def test_http_records_equal_what_json_response_renders():
     rng = np.random.default_rng(3)
     results = random_results(rng, 20)
     names = [IMAGE_NAMES[i % 5] for i in range(len(results))]
-    timings = [{"decode_ms": 1.25, "batch_size": 3.0, "total_ms": float(i)} for i in range(len(results))]
+    timings = [{"decode_ms": 1.25, "batch_ms": 3.0, "total_ms": float(i)} for i in range(len(results))]
     got = records([HTTP.fields(image=n) for n in names], detected_batch(results), NAMES,
                   tails=[HTTP.fields(timings=t) if r.error is None else "" for t, r in zip(timings, results)],
                   style=HTTP, error_fields=lambda e: {"status": 400, "error": {"code": e.code, "message": str(e)}})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from app.errors import BackendUnavailable, InvalidParameter
@@ -121,6 +123,50 @@ def test_a_gpu_pipeline_that_fails_to_set_up_leaves_no_engine_open(sample_model_
     with pytest.raises(DeviceError, match="out of memory"):
         app.runtime.open_model_dir(sample_model_dir, app.runtime.OpenOptions(backend="torch-cuda"))
     assert closed == ["engine"]
+
+
+def test_a_gpu_pipeline_gets_its_devices_one_context_made_after_the_cuda_setting(sample_model_dir, monkeypatch):
+    """The runtime sets CUDA's work-queue count before anything makes a CUDA context (the engine
+    comes first), and hands the GPU pipeline the process's one ``CudaDevice`` of its device:
+    every pipeline and NVDEC reader on a device shares its gate."""
+    import app.gpu.probe
+    import app.pipeline.gpu
+    import app.runtime
+    from app.errors import DeviceError
+    from app.gpu.device import CudaDevice
+    from app.runtime import OpenOptions
+
+    seen: list = []
+
+    class Engine:
+        max_batch = 8
+
+        def close(self) -> None:
+            pass
+
+    def engine(*args):
+        seen.append(os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"))
+        return Engine()
+
+    def pipeline(engine, meta, shape, cuda, **kwargs):
+        seen.append(cuda)
+        raise DeviceError("stop here")
+
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    monkeypatch.setattr(app.gpu.probe, "cuda_device_count", lambda: 2)
+    monkeypatch.setattr(app.runtime, "_device_engine", engine)
+    monkeypatch.setattr(app.pipeline.gpu, "GpuPipeline", pipeline)
+    for device in (1, 1, 0):
+        with pytest.raises(DeviceError, match="stop here"):
+            app.runtime.open_model_dir(sample_model_dir, OpenOptions(backend="torch-cuda", device=device))
+    assert seen[0::2] == ["32"] * 3
+    first, again, other = seen[1::2]
+    assert isinstance(first, CudaDevice) and (first.index, other.index) == (1, 0)
+    assert again is first is app.runtime.cuda_device(1) and other is not first
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "4")  # a user's own setting wins
+    with pytest.raises(DeviceError, match="stop here"):
+        app.runtime.open_model_dir(sample_model_dir, OpenOptions(backend="torch-cuda"))
+    assert seen[-2] == "4"
 
 
 @pytest.mark.parametrize("fields, words", [

@@ -15,10 +15,11 @@ from app.contracts import DetectedBatch
 from app.ipc.answers import RECORD, Answers, answers_frame
 
 
-def answers_of(jobs: Sequence[Any], start: float, detected: DetectedBatch) -> Answers:
+def answers_of(jobs: Sequence[Any], start: float, detected: DetectedBatch,
+               timings: dict[str, float] | None = None) -> Answers:
     """``jobs``' answers (``app.service.inference.batcher.Job``, in order) from the detector's:
     each image's request and index, how long it waited (from admission to ``start``) and
-    decoded, then its size and rows or its error."""
+    decoded, then its size and rows or its error; ``timings``: the batch's stage times (ms)."""
     records = np.zeros(len(jobs), RECORD)
     records["req_id"] = [j.ref.req_id for j in jobs]
     records["index"] = [j.ref.index for j in jobs]
@@ -30,7 +31,7 @@ def answers_of(jobs: Sequence[Any], start: float, detected: DetectedBatch) -> An
     records["width"] = detected.widths
     records["height"] = detected.heights
     records["rows"] = detected.counts
-    return Answers(records, detected.rows, detected.errors, detected.timings)
+    return Answers(records, detected.rows, detected.errors, timings or {})
 
 
 def answer_frames(jobs: Sequence[Any], answers: Answers) -> list[tuple[Any, bytes]]:

@@ -48,8 +48,8 @@ from app.service.inference.warmup import is_sticky_device_error, warmup
 log = logging.getLogger("yolopipe.serving")
 
 _EWMA_WEIGHT = 0.2  # of the newest batch: about the last five batches count
-# Timing keys the batcher reports itself; a pipeline stage of the same name gets a prefix.
-_BATCHER_TIMINGS = frozenset({"decode_ms", "queue_ms", "batch_ms", "batch_size", "total_ms"})
+# Times the batcher and the HTTP side report themselves; a pipeline stage of the same name gets a prefix.
+_BATCHER_TIMINGS = frozenset({"decode_ms", "queue_ms", "batch_ms", "total_ms"})
 
 
 @dataclass(slots=True)
@@ -287,19 +287,19 @@ class Batcher:
         run_start = time.perf_counter()
         detected = self._detect(prepared, batch[0].ref.params)
         end = time.perf_counter()
-        timings: dict[str, float] = {"batch_ms": round((end - run_start) * 1e3, 3), "batch_size": ok}
+        # Times only (the run's facts, its batch size, bucket and slot, are never latencies).
+        timings: dict[str, float] = {"batch_ms": round((end - run_start) * 1e3, 3)}
         m.stage("batch").observe(end - run_start)
-        for name, ms in detected.timings.items():
+        for name, ms in detected.timings.as_dict().items():
             name = f"pipeline_{name}" if name in _BATCHER_TIMINGS else name
             m.stage(name.removesuffix("_ms")).observe(ms / 1e3)
-            timings[name] = round(float(ms), 3)
-        detected.timings = timings
+            timings[name] = round(ms, 3)
         failed = len(detected.errors)
         if len(batch) > failed:
             m.images("ok").inc(len(batch) - failed)
         if failed:
             m.images("failed").inc(failed)
-        return answers_of(batch, start, detected)
+        return answers_of(batch, start, detected, timings)
 
     def _prepare(self, batch: list[Job]) -> list[Any]:
         """Decoded pixels (or the JPEG, with its header, for a pipeline that decodes it) or the

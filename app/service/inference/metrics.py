@@ -26,7 +26,7 @@ class WorkerMetrics:
         self.stage_latency = Histogram(
             "yolopipe_stage_latency_seconds",
             "Latency per stage in the inference worker: queue (admitted to batch start), decode, batch (the "
-            "detector call), and the pipeline's own preprocess/engine/nms when it reports them",
+            "detector call), and the pipeline's stages of each batch: pipeline_decode, preprocess, infer, postprocess",
             ["stage"], buckets=LATENCY_BUCKETS, registry=r,
         )
         self.batch_size = Histogram("yolopipe_batch_size", "Images per detector batch", buckets=_BATCH_BUCKETS,

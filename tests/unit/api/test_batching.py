@@ -49,19 +49,31 @@ def test_work_over_the_time_budget_gets_503_with_retry_after_at_once(artifacts_d
         assert seconds < min(served) / 2  # refused at once, not after waiting
 
 
+def metric(text: str, prefix: str) -> float:
+    """The sum of a ``/metrics`` page's samples whose line starts with ``prefix``."""
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
 def test_one_request_keeps_at_most_its_window_of_images_at_the_worker(artifacts_dir, bus):
-    async def main() -> httpx.Response:
+    async def main() -> tuple[httpx.Response, str, str]:
         # A budget no CPU misses (this is about the window, not admission: a loaded machine's
         # warm-up may measure seconds per image).
         async with serving(artifacts_dir, request_window=2, max_wait_ms=50, queue_budget_s=600) as client:
+            before = (await client.get("/metrics")).text
             files = [("images", (f"{i}.jpg", bus, "image/jpeg")) for i in range(5)]
-            return await client.post("/v1/detect/batch", files=files)
+            r = await client.post("/v1/detect/batch", files=files)
+            return r, before, (await client.get("/metrics")).text
 
-    r = asyncio.run(main())
+    r, before, after = asyncio.run(main())
     assert r.status_code == 200, r.text
-    sizes = [x["timings"]["batch_size"] for x in r.json()["results"]]
+    assert len(r.json()["results"]) == 5
+
+    def ran(prefix: str) -> float:  # batches (or images) the request ran in, from the batch size histogram
+        return metric(after, prefix) - metric(before, prefix)
+
     # Without the window all five would wait together and run as one batch (max_batch is 16).
-    assert len(sizes) == 5 and max(sizes) <= 2, sizes
+    assert ran("yolopipe_batch_size_sum") == 5
+    assert ran('yolopipe_batch_size_bucket{le="2.0"}') == ran("yolopipe_batch_size_count") >= 3
 
 
 def test_pixel_limit_is_checked_on_the_header_before_any_work(artifacts_dir, bus):

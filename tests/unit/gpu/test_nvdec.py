@@ -1,13 +1,14 @@
-"""NVDEC readers and graph captures on one device (``app.gpu.nvdec``, ``app.gpu.gate``), on a CPU.
+"""NVDEC readers and graph captures on one device (``app.gpu.nvdec``, ``app.gpu.device``), on a CPU.
 
 On the H200 every stream with the model failed at capture: NVDEC's decode threads made CUDA
 calls while a graph was captured, and a call on the same device invalidates a capture in any
 capture mode. Here PyNvVideoCodec and the reader's CUDA context are stood in for: the stand-in
 decoder notes every call it gets while a capture holds the device's gate (as the driver would
 invalidate that capture), and takes the time a decode takes (without the GIL). Readers decode on
-four threads while the main thread captures over and over, as a pipeline does: no decode call
-may land inside a capture. ``test_the_stand_in_sees_calls_inside_a_capture`` shows the stand-in
-catches one when a decode call ignores the gate.
+four threads, each on the ``CudaDevice`` it is given, while the main thread captures on it over
+and over, as a pipeline does: no decode call may land inside a capture.
+``test_the_stand_in_sees_calls_inside_a_capture`` shows the stand-in catches one when a decode
+call ignores the gate.
 """
 
 from __future__ import annotations
@@ -20,23 +21,23 @@ import numpy as np
 import pytest
 
 from app.gpu import nvdec
-from app.gpu.gate import Gate, device_gate
+from app.gpu.device import CudaDevice
 
 
 class Device:
     """What the driver would see: captures in progress and calls made during one."""
 
-    def __init__(self, gate: Gate) -> None:
-        self.gate = gate
+    def __init__(self, cuda: CudaDevice) -> None:
+        self.cuda = cuda
         self.calls = 0
         self.inside_capture: list[str] = []
 
     def call(self, what: str) -> None:
         self.calls += 1
-        if self.gate.held_exclusive:
+        if self.cuda.held_exclusive:
             self.inside_capture.append(what)
         time.sleep(0.0005)  # the call's own time, GIL released: a capture may start meanwhile
-        if self.gate.held_exclusive:
+        if self.cuda.held_exclusive:
             self.inside_capture.append(what)
 
 
@@ -80,8 +81,7 @@ class StandInCuda:
 @pytest.fixture
 def device(monkeypatch):
     pytest.importorskip("torch")  # torch.from_dlpack reads the frames
-    gate = device_gate(0)
-    dev = Device(gate)
+    dev = Device(CudaDevice(0))
     monkeypatch.setattr(nvdec, "_Cuda", StandInCuda)
     monkeypatch.setattr(nvdec, "_nvc", lambda: stand_in_codec(dev, 40))
     return dev
@@ -102,7 +102,7 @@ def captures_while_readers_decode(device: Device, reader, threads: int = 4, capt
     for w in workers:
         w.start()
     for _ in range(captures):
-        with device.gate.exclusive():  # what GpuPipeline's capture holds
+        with device.cuda.exclusive():  # what GpuPipeline's capture holds
             time.sleep(0.0005)
         time.sleep(0.0002)
     stop.set()
@@ -114,7 +114,7 @@ def captures_while_readers_decode(device: Device, reader, threads: int = 4, capt
 
 def test_no_nvdec_call_lands_inside_a_capture(device):
     def read_a_file() -> int:
-        reader = nvdec.NvdecReader("clip.mp4", batch=8)
+        reader = nvdec.NvdecReader("clip.mp4", device=device.cuda, batch=8)
         frames = sum(len(batch) for batch in reader.batches())
         reader.close()
         return frames
@@ -136,11 +136,6 @@ def test_the_stand_in_sees_calls_inside_a_capture(device):
     assert device.inside_capture
 
 
-def test_one_gate_per_device_for_the_whole_process():
-    assert device_gate(0) is device_gate(0)
-    assert device_gate(1) is not device_gate(0)
-
-
 @pytest.mark.parametrize("counted", [True, False])
 def test_a_file_is_never_asked_for_frames_past_its_end(monkeypatch, counted):
     """SimpleDecoder prints "[WARN ] INVALID INDEX n" for every frame asked for past a file's end
@@ -148,10 +143,11 @@ def test_a_file_is_never_asked_for_frames_past_its_end(monkeypatch, counted):
     gives, the last call asks for what is left and none follows; without one, it asks until a
     call gives nothing, as before."""
     pytest.importorskip("torch")
-    codec = stand_in_codec(Device(device_gate(0)), 20, counted=counted)
+    cuda = CudaDevice(0)
+    codec = stand_in_codec(Device(cuda), 20, counted=counted)
     monkeypatch.setattr(nvdec, "_Cuda", StandInCuda)
     monkeypatch.setattr(nvdec, "_nvc", lambda: codec)
-    reader = nvdec.NvdecReader("clip.mp4", batch=8)
+    reader = nvdec.NvdecReader("clip.mp4", device=cuda, batch=8)
     assert sum(len(batch) for batch in reader.batches()) == 20
     reader.close()
     assert codec.asked == ([8, 8, 4] if counted else [8, 8, 8, 8])

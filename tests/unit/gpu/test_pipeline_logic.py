@@ -55,7 +55,12 @@ def test_gate_shared_holders_run_together():
 def test_gate_exclusive_waits_for_shared_and_blocks_new_shared():
     gate = Gate()
     events: list[str] = []
-    gate.acquire_shared()
+    batch_in, batch_done = threading.Event(), threading.Event()
+
+    def batch():
+        with gate.shared():
+            batch_in.set()
+            batch_done.wait(5)
 
     def exclusive():
         with gate.exclusive():
@@ -65,42 +70,58 @@ def test_gate_exclusive_waits_for_shared_and_blocks_new_shared():
         with gate.shared():
             events.append("late shared")
 
+    t_batch = _started(batch)
+    assert batch_in.wait(5)
     t_ex = _started(exclusive)
     time.sleep(0.1)
     assert events == []  # the capture waits for the batch in flight
     t_sh = _started(late_shared)
     time.sleep(0.1)
     assert events == []  # a waiting capture goes before a new batch
-    gate.release_shared()
-    t_ex.join(5)
-    t_sh.join(5)
+    batch_done.set()
+    for t in (t_batch, t_ex, t_sh):
+        t.join(5)
     assert events == ["exclusive", "late shared"]
 
 
 def test_gate_two_runs_that_both_need_a_capture_do_not_deadlock():
-    """The pattern of GpuPipeline._capture_while_shared, in two threads at once."""
+    """The pattern of GpuPipeline._capture_while_shared (``exclusive_from_shared`` inside a
+    batch's ``shared``), in two threads at once; each holds its share again after its capture."""
     gate = Gate()
     both_shared = threading.Barrier(2, timeout=5)
     captures: list[int] = []
+    shared_again = threading.Barrier(2, timeout=5)  # both back inside their share at once
 
     def run(k):
-        gate.acquire_shared()
-        try:
+        with gate.shared():
             both_shared.wait()
-            gate.release_shared()
-            try:
-                with gate.exclusive():
-                    captures.append(k)
-            finally:
-                gate.acquire_shared()
-        finally:
-            gate.release_shared()
+            with gate.exclusive_from_shared():
+                captures.append(k)
+                assert gate.held_exclusive
+            shared_again.wait()
 
     threads = [_started(lambda k=k: run(k)) for k in range(2)]
     for t in threads:
         t.join(5)
     assert not any(t.is_alive() for t in threads), "deadlock"
-    assert sorted(captures) == [0, 1]
+    assert sorted(captures) == [0, 1] and not shared_again.broken
+    with gate.exclusive():  # every share was given back: nothing holds the gate
+        assert gate.held_exclusive
+
+
+def test_gate_a_capture_that_fails_inside_a_batch_gives_the_share_back():
+    gate = Gate()
+    with pytest.raises(DeviceError), gate.shared(), gate.exclusive_from_shared():
+        raise DeviceError("capture failed")
+    assert not gate.held_exclusive
+    taken = threading.Event()
+
+    def capture():
+        with gate.exclusive():
+            taken.set()
+
+    _started(capture).join(5)
+    assert taken.is_set()  # no share was left behind: a capture gets the gate at once
 
 
 def test_driver_missing_library_is_a_device_error():

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 import pytest
 
-from app.contracts import DetectedBatch, DeviceNv12, EncodedImage, PipelineRun, RunShape
+from app.contracts import DetectedBatch, DeviceNv12, EncodedImage, PipelineRun, RunFacts, RunShape, StageTimes
 from app.errors import InvalidImage, InvalidParameter
 from app.pipeline.detector import Detector
 from app.types import Letterbox
@@ -45,27 +45,31 @@ def test_a_batch_is_taken_to_source_pixels_bit_for_bit_as_each_image_alone(detec
 
 
 class Recorder:
-    """A pipeline that records each run's items and answers each with one row (its position)."""
+    """A pipeline that records each run's items and decoder and answers each with one row (its
+    position), reporting what a GPU pipeline reports: stage times, and facts (its bucket and slot)."""
 
     decodes_jpeg = False
     takes_nv12 = True
-    device = None
+    cuda = None
     buckets: tuple[int, ...] = ()
     backend, precision, max_det, in_flight = "recorder", "fp32", 300, 2
 
     def __init__(self, meta, max_batch: int) -> None:
         self.meta, self.max_batch = meta, max_batch
         self.runs: list[list[str]] = []
+        self.decodes: list[str | None] = []
 
-    def run(self, images, params) -> PipelineRun:
+    def run(self, images, params, *, decode=None) -> PipelineRun:
         self.runs.append(["device" if isinstance(x, DeviceNv12) else "host" for x in images])
+        self.decodes.append(decode)
         if len(images) > self.max_batch:
             raise AssertionError("a run over the pipeline's max_batch")
         out = []
         for x in images:
             h, w = (x.height, x.width) if isinstance(x, DeviceNv12) else x.shape[:2]
             out.append((np.array([[1, 2, 3, 4, 0.5, 0]], np.float32), Letterbox(h, w, h, w, 0, 0, 640)))
-        return PipelineRun(out, {"engine_ms": 1.0})
+        facts = RunFacts(len(images), bucket=4, slot=1, launch="driver")
+        return PipelineRun(out, StageTimes(decode_ms=0.5, infer_ms=1.0), facts)
 
     def close(self) -> None:
         pass
@@ -81,7 +85,21 @@ def test_runs_are_pipeline_sized_and_device_frames_go_apart(detector):
     assert sorted(map(tuple, recorder.runs)) == sorted([("host",) * 3, ("host",) * 3, ("device",) * 3, ("device",)])
     assert batch.widths.tolist() == [10 + k for k in range(10)] + [0]
     assert batch.counts.tolist() == [1] * 10 + [0] and list(batch.errors) == [10]
-    assert batch.timings == {"engine_ms": 4.0}  # summed over its four runs
+    assert batch.timings == StageTimes(decode_ms=2.0, infer_ms=4.0)  # stage times summed over its four runs
+    # and each run's facts apart, never added up (four runs in slot 1 are not a slot 4)
+    assert sorted(f.batch for f in batch.runs) == [1, 3, 3, 3] and {(f.bucket, f.slot) for f in batch.runs} == {(4, 1)}
+
+
+def test_the_jpeg_decoder_is_a_setting_of_the_run_shape(detector):
+    """Each run takes the decoder of its detector's shape; a reshaped detector's runs take its
+    own, and the first detector's are unchanged (nothing on the pipeline was switched)."""
+    recorder = Recorder(detector.meta, max_batch=8)
+    det = Detector(recorder, RunShape(max_batch=8, in_flight=2))
+    frames = [np.zeros((4, 10, 3), np.uint8)]
+    det.run(frames)
+    det.reshaped(decode="cpu").run(frames)  # the old name of opencv
+    det.run(frames)
+    assert recorder.decodes == ["gpu", "opencv", "gpu"]
 
 
 def test_the_run_shape_must_fit_the_pipeline(detector):
@@ -95,10 +113,39 @@ def test_the_run_shape_must_fit_the_pipeline(detector):
 
 def test_the_detector_answers_for_its_pipeline(detector):
     """What callers ask of the model (facts, warm-up, memory) they ask the Detector."""
-    assert (detector.backend, detector.precision, detector.device) == ("onnxruntime", "fp32", None)
+    assert (detector.backend, detector.precision, detector.device, detector.cuda) == ("onnxruntime", "fp32", None, None)
     assert (detector.takes_nv12, detector.buckets, detector.max_det) == (False, (), detector.pipeline.max_det)
     detector.warmup()
     detector.release_memory()
+
+
+def test_diagnostics_on_the_cpu_say_what_they_can(detector, bus):
+    """The one diagnostic call: its facts, a profiled run (its stage times, no device stage), the
+    engine alone on a letterboxed batch (each call timed by the caller's ``measure``), and no
+    timeline (no streams to overlap)."""
+    from app.imaging.letterbox import letterbox, to_input
+
+    plain = detector.diagnose()
+    assert (plain.decoder, plain.compiled, plain.compiler, plain.batch_invariant) == ("opencv", False, "onnxruntime",
+                                                                                      False)
+    assert plain.launch_error and (plain.profiled, plain.bare, plain.timeline) == (None, None, None)
+    params = detector.params()
+    profiled = detector.diagnose(profile=[bus], params=params).profiled
+    assert profiled.device_ms == {} and profiled.facts == RunFacts(1, 1)
+    assert profiled.timings.decode_ms == 0 and min(profiled.timings.preprocess_ms, profiled.timings.infer_ms) > 0
+    (rows, _), = detector.pipeline.run([detector.prepare(bus)], params).images
+    assert profiled.images[0][0].tobytes() == rows.tobytes()
+    pixels = cv2.imdecode(np.frombuffer(bus, np.uint8), cv2.IMREAD_COLOR)
+    heads = []
+
+    def measure(call):  # the caller decides how often a call runs and how it is timed
+        heads.append(call())
+        return [1.0, 2.0]
+
+    bare = detector.diagnose(bare=to_input([letterbox(pixels, detector.meta.imgsz)[0]]), measure=measure).bare
+    assert bare.times_ms == [1.0, 2.0] and bare.device_ms == []
+    (head,) = heads  # the engine's raw output for the one image
+    assert head.shape[:2] == (1, 4 + len(detector.names))
 
 
 def test_prepared_items_are_not_prepared_again(detector, bus, monkeypatch):

@@ -125,7 +125,7 @@ class Graph:
         self.launches = 0
         self.reads: list[tuple[int, int]] = []
 
-    def __call__(self, slot, placed, host_end, bucket, waits_decoder, params, profile, *, results, timings, **_):
+    def __call__(self, slot, placed, host_end, bucket, waits_decoder, params, profile, *, results, **_):
         self.launches += 1
         mem = slot.staging.dev.mem
         mem[:host_end] = slot.staging.host_np[:host_end]
@@ -140,7 +140,7 @@ class Graph:
             img = mem[offset : offset + h * w * 3].reshape(h, w, 3).copy()
             results[placed[j][0]] = img[..., ::-1].copy() if row[P_LAYOUT] == LAYOUT_HWC_RGB else img
             assert row[P_LAYOUT] in (LAYOUT_HWC_RGB, LAYOUT_HWC_BGR)
-        return PipelineRun(results, timings)
+        return PipelineRun(results)
 
 
 def as_input(item):
@@ -169,7 +169,7 @@ def pipeline(monkeypatch):
     p.slot = Slot()
     p.decoder = StandInDecoder(lambda: p.slot.staging.dev.mem)
     p._decoders = Decoders(device=0, threads=2)
-    p._decoders.by_name["gpu"], p._decoders.decode = p.decoder, "gpu"
+    p._decoders.by_name["gpu"] = p.decoder
 
     def upload(driver, copies, stream):  # OpenCV's frames of what the GPU refused, H2D into their places
         for dst, src, n in copies:
@@ -177,7 +177,7 @@ def pipeline(monkeypatch):
 
     monkeypatch.setattr(app.gpu.driver, "cuda_driver", lambda: None)
     monkeypatch.setattr(app.gpu.driver, "copy_host_to_device", upload)
-    p.run_on = lambda images: p._run(p.slot, [as_input(i) for i in images], DetectParams(), False).images
+    p.run_on = lambda images: p._run(p.slot, [as_input(i) for i in images], DetectParams(), "gpu", False).images
     yield p
     if p._host_pool is not None:
         p._host_pool.shutdown()

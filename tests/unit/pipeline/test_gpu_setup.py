@@ -1,15 +1,17 @@
 """``GpuPipeline``'s set-up, with its device parts stood in for (no GPU here): it reads the run
-shape it is given, and a step that fails frees what the steps before it took, the engine left
-to its caller."""
+shape it is given, a step that fails frees what the steps before it took, the engine left to its
+caller, and the device is current only inside the set-up, never left so on the caller's thread."""
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import pytest
 
 from app.contracts import RunShape
 from app.errors import DeviceError, InvalidParameter
+from app.gpu.device import CudaDevice
 
 pytest.importorskip("torch")
 
@@ -43,7 +45,7 @@ def freed(monkeypatch) -> list[str]:
         def setup(self, slots) -> None:  # the last step
             raise DeviceError("no driver")
 
-    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail("the caller's device changed"))
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())
     monkeypatch.setattr(gpu, "StreamPair", lambda device: Part("compute", freed))
     monkeypatch.setattr(gpu, "InputBuffer", lambda *args: Part("inputs", freed))
@@ -52,6 +54,22 @@ def freed(monkeypatch) -> list[str]:
     monkeypatch.setattr(app.gpu.decode, "make_decoder", lambda *args: Part("decoder", freed))  # Decoders calls it
     monkeypatch.setattr(gpu, "Dispatcher", FailingDispatcher)
     return freed
+
+
+class StandInDevice(CudaDevice):
+    """A ``CudaDevice`` whose ``current`` notes when it is entered and left (no CUDA here)."""
+
+    def __init__(self, index: int, freed: list[str]) -> None:
+        super().__init__(index)
+        self.freed = freed
+
+    @contextlib.contextmanager
+    def current(self):
+        self.freed.append("current: in")
+        try:
+            yield
+        finally:
+            self.freed.append("current: out")
 
 
 def engine(freed: list[str]) -> types.SimpleNamespace:
@@ -63,13 +81,16 @@ def test_a_step_that_fails_frees_every_step_before_it_and_leaves_the_engine(free
     from app.pipeline.gpu import GpuPipeline
 
     with pytest.raises(DeviceError, match="no driver"):
-        GpuPipeline(engine(freed), types.SimpleNamespace(imgsz=640), RunShape(max_batch=4, in_flight=2))
-    assert freed == ["dispatcher", "decoder", "graphs", "slot 1", "slot 0", "inputs", "compute"]
+        GpuPipeline(engine(freed), types.SimpleNamespace(imgsz=640), RunShape(max_batch=4, in_flight=2),
+                    StandInDevice(1, freed))
+    # freed in reverse, with the device still current; the caller's own device is back after it
+    assert freed == ["current: in", "dispatcher", "decoder", "graphs", "slot 1", "slot 0", "inputs", "compute",
+                     "current: out"]
 
 
 def test_a_shape_over_the_engine_is_refused_before_anything_is_taken(freed):
     from app.pipeline.gpu import GpuPipeline
 
     with pytest.raises(InvalidParameter, match="over the engine's max_batch 4"):
-        GpuPipeline(engine(freed), types.SimpleNamespace(imgsz=640), RunShape(max_batch=8))
+        GpuPipeline(engine(freed), types.SimpleNamespace(imgsz=640), RunShape(max_batch=8), StandInDevice(0, freed))
     assert freed == []

@@ -145,10 +145,10 @@ def instant_runner() -> tuple[StreamRunner, dict[str, float]]:
 
     def detect(images):
         zeros = np.zeros(len(images), np.int64)
-        return DetectedBatch(zeros, zeros.copy(), zeros.copy(), np.zeros((0, 6), np.float32), {}, {})
+        return DetectedBatch(zeros, zeros.copy(), zeros.copy(), np.zeros((0, 6), np.float32))
 
     shape = types.SimpleNamespace(max_batch=4, max_wait_ms=2.0, max_pixels=4096 * 4096, in_flight=1)
-    stand_in = types.SimpleNamespace(shape=shape, device=None)
+    stand_in = types.SimpleNamespace(shape=shape, device=None, cuda=None)
     frames: dict[str, float] = {}
     runner = StreamRunner(stand_in, None, lambda batch, *_: [frames.setdefault(f.stream.id, time.monotonic())
                                                             for f in batch],

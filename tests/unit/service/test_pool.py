@@ -34,10 +34,10 @@ def _loses_its_device(spec, settings, report, promote=None):
         if spec.generation == 0:
             real_run = detector.pipeline.run
 
-            def run(images, params):
+            def run(images, params, **kwargs):
                 if marker.exists():
                     raise RuntimeError("CUDA error: an illegal memory access was encountered")
-                return real_run(images, params)
+                return real_run(images, params, **kwargs)
 
             detector.pipeline.run = run
         return detector

@@ -51,7 +51,7 @@ def test_each_owner_gets_its_share_of_a_batch_in_one_frame(detected):
     results = [bus_result, zidane_result, ImageResult(error=ImageTooLarge("too big")), zidane_result, bus_result]
     owners = ["a", "b", "a", "c", "a"]
     jobs = jobs_of(owners)
-    frames = answer_frames(jobs, answers_of(jobs, time.perf_counter(), detected_batch(results, {"batch_ms": 3.0})))
+    frames = answer_frames(jobs, answers_of(jobs, time.perf_counter(), detected_batch(results), {"batch_ms": 3.0}))
     assert [owner for owner, _ in frames] == ["a", "b", "c"]
     for owner, data in frames:
         ((_, body),) = wire.FrameReader().feed(data)

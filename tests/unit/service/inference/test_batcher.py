@@ -9,6 +9,7 @@ under a run shape of its own (``max_batch``, ``max_wait_ms``), as ``app.runtime`
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ from app.pipeline.detector import Detector
 from app.service.inference.batcher import Batcher, Job
 from app.service.inference.metrics import WorkerMetrics
 from tests.references import detections_json, outcomes_of
-from tests.standins import DecodesItself, count_header_reads
+from tests.standins import DecodesItself, ReportsLikeTheGpu, count_header_reads
 
 
 @pytest.fixture(scope="module")
@@ -94,10 +95,10 @@ def gated(detector):
     entered: list[int] = []
     real_run = detector.pipeline.run
 
-    def run(images, params):
+    def run(images, params, **kwargs):
         entered.append(len(images))
         gate.wait(60)
-        return real_run(images, params)
+        return real_run(images, params, **kwargs)
 
     detector.pipeline.run = run
     try:
@@ -131,7 +132,8 @@ def test_waiting_images_of_many_requests_run_as_one_batch_and_equal_the_detector
         (direct,) = detector.detect([data], detector.params())
         assert outcome.error is None and (outcome.width, outcome.height) == (direct.width, direct.height)
         assert detections_json(outcome.detections, names) == detections_json(direct.detections, names) != []
-        assert timings["batch_size"] == 3 and outcome.queue_ms > 0 and outcome.decode_ms > 0
+        assert timings["batch_ms"] > 0 and outcome.queue_ms > 0 and outcome.decode_ms > 0
+        assert set(timings) == {"batch_ms", "pipeline_decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms"}
     assert h.batcher.load().pending == 0
 
 
@@ -222,11 +224,11 @@ def test_a_device_failure_fails_that_batch_and_the_next_one_serves(harness, dete
     real_run = detector.pipeline.run
     calls = []
 
-    def failing_once(images, params):
+    def failing_once(images, params, **kwargs):
         calls.append(len(images))
         if len(calls) == 1:
             raise RuntimeError("CUDA error: out of memory")
-        return real_run(images, params)
+        return real_run(images, params, **kwargs)
 
     detector.pipeline.run = failing_once
     try:
@@ -297,7 +299,7 @@ def test_a_lost_device_context_refuses_work_answers_the_queue_and_asks_for_a_res
     gate = threading.Event()
     entered: list[int] = []
 
-    def dead_context(images, params):
+    def dead_context(images, params, **kwargs):
         entered.append(len(images))
         gate.wait(60)
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -392,3 +394,76 @@ def test_warm_up_captures_the_largest_bucket_then_the_others_while_serving(detec
     assert "warming up batch size 1 (1 of 1)" in events
     assert [e for e in events if "yolopipe-capture" in e] == ["detector.warmup([1]) on yolopipe-capture",
                                                               "detector.warmup([2]) on yolopipe-capture"]
+
+
+# Every stage the inference worker observes: its own (queue and decode per image, the detector
+# call per batch) and the pipeline's, the same four on every backend (``app.contracts.StageTimes``).
+STAGES = {"queue", "decode", "batch", "pipeline_decode", "preprocess", "infer", "postprocess"}
+PIPELINE_STAGES = ("pipeline_decode", "preprocess", "infer", "postprocess")
+
+
+def stage_latencies(metrics: WorkerMetrics) -> dict[str, dict]:
+    """The worker's metrics page (the exposition text the HTTP workers' ``/metrics`` sums), read
+    back per stage of ``yolopipe_stage_latency_seconds``: its count, sum and cumulative bucket
+    counts by upper bound."""
+    from prometheus_client.exposition import generate_latest
+
+    found: dict[str, dict] = {}
+    for line in generate_latest(metrics.registry).decode().splitlines():
+        m = re.match(r"yolopipe_stage_latency_seconds_(bucket|count|sum)\{([^}]*)\} (\S+)$", line)
+        if m is None:
+            continue
+        kind, labels, value = m.group(1), dict(re.findall(r'(\w+)="([^"]*)"', m.group(2))), float(m.group(3))
+        stage = found.setdefault(labels["stage"], {"buckets": {}})
+        if kind == "bucket":
+            stage["buckets"][float(labels["le"])] = value
+        else:
+            stage[kind] = value
+    return found
+
+
+@pytest.mark.parametrize("shaped", ["gpu", "cpu"])
+def test_metrics_hold_only_stage_times_each_plausible(harness, detector, bus, zidane, shaped):
+    """``/metrics``' stage latencies after GPU-shaped batches (a stand-in that reports what the GPU
+    pipeline reports: beside its stage times, the bucket, slot and launch of each run) and
+    CPU-shaped ones (the real CPU pipeline): only stage names; per batch one observation of the
+    detector call and of each pipeline stage, per image one of its queue and decode; each at least
+    0 and at most the batch's own wall time (so no slot index, bucket or image count in seconds)."""
+    pipeline = ReportsLikeTheGpu(detector.pipeline) if shaped == "gpu" else detector.pipeline
+    h = harness(pipeline=pipeline, max_batch=2)  # warmed up: every run from here on is a served batch
+    walls: list[float] = []
+    real_run = pipeline.run
+
+    def timed(images, params, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return real_run(images, params, **kwargs)
+        finally:
+            walls.append(time.perf_counter() - t0)
+
+    pipeline.run = timed
+    try:
+        images = [bus, zidane, bus, zidane, bus]
+        for i, data in enumerate(images):  # five requests: the batcher makes batches of up to two
+            h.admit(h.job(data, 20 + i))
+            if i % 2:
+                h.collect(2)
+        h.collect(1)
+    finally:
+        del pipeline.run
+    stages = stage_latencies(h.batcher.metrics)
+    assert set(stages) == STAGES, sorted(stages)
+    batches = len(walls)
+    assert 3 <= batches <= 5
+    assert stages["batch"]["count"] == batches and stages["batch"]["sum"] >= sum(walls)
+    assert stages["queue"]["count"] == stages["decode"]["count"] == len(images)
+    longest = max(walls)
+    bound = min(b for b in stages["batch"]["buckets"] if b >= longest)  # the first bucket over every batch
+    for name in PIPELINE_STAGES:
+        stage = stages[name]
+        assert stage["count"] == batches, (name, stage)
+        assert 0 <= stage["sum"] <= sum(walls), (name, stage)
+        assert stage["buckets"][bound] == batches, (name, stage)  # none over the longest batch
+    assert sum(stages[name]["sum"] for name in PIPELINE_STAGES) <= sum(walls)  # stages of a run add up to no more
+    assert (stages["pipeline_decode"]["sum"] > 0) == (shaped == "gpu")  # the CPU pipeline's images come decoded
+

@@ -26,7 +26,7 @@ def test_a_lost_device_context_drains_the_worker_and_ends_it_not_ready(cpu_detec
     settings = Settings(backend="onnxruntime", max_wait_ms=1, request_timeout_s=10.0)
     detector = cpu_detector
 
-    def dead_context(images, params):
+    def dead_context(images, params, **kwargs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     async def main() -> str | None:
