@@ -1,6 +1,6 @@
 """Issue #30's three bursts against a real ``yolopipe serve`` on loopback (the CPU model), with
 bench/memory_probe.py (the probe the GPU server runs too): one ``/v1/detect/batch`` of 32
-copies of one photo; 40 clients that pipeline requests, never read an answer and vanish; 500
+copies of one photo; 40 clients that send pipelined requests, never read an answer and vanish; 500
 concurrent ``/v1/detect``. After each (peaks of +1 to +2 GB), the process tree comes back near
 its resting RSS, and a second round of the same bursts does not climb. The issue's figures,
 within 10 % of rest within 10 s, are the probe's to measure (bench/results), not asserted here:
