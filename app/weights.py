@@ -119,10 +119,15 @@ def _download_named(name: str) -> Path:
 
         downloaded = Path(attempt_download_asset(str(target)))
     except Exception as exc:  # network errors come in many types; all mean the same to the user
-        raise WeightsError(f"could not download {name}: {exc}", hint=hint) from None
+        raise WeightsError(f"could not download {name}: {_plain(str(exc))}", hint=hint) from None
     if not downloaded.is_file():
         raise WeightsError(f"could not download {name}", hint=hint)
     return downloaded
+
+
+def _plain(message: str) -> str:
+    """Ultralytics' message as one line of plain text: its emoji (``❌  Download failure ...``) out."""
+    return " ".join(re.sub(r"[\u2300-\u27bf\ufe0f\U0001f300-\U0001faff]", "", message).split())
 
 
 def _random_weights(config: str) -> Path:

@@ -20,12 +20,6 @@ Every model is scored against FP32 on the held-out folder through the serving pa
 NumPy NMS, boxes in original pixels; ``app.builder.int8.report``): F1 at conf 0.25 with its
 bootstrap 95 % interval. Then CPU latency at batch 1, all rows interleaved in one loop.
 
-Candidates (``candidates``, F1 only): what each of the TensorRT model's steps is worth, written
-from the default run's cached histograms and scored the same way (plain s8 with the CPU model's
-ranges, + the shift, + the shift's own-range mse, + bias correction; the installed model adds
-mixed precision), the same placement in u8 (unfused: the accuracy bound without zero points), and
-the CPU model with bias correction or with the TensorRT model's ranges.
-
 The libraries' rows run where their packages are importable (``--nncf auto``): the GPU machine
 has neither NNCF nor ModelOpt, so there they are left out and run on the CPU in a separate run.
 ``--import name=path`` scores more models in the same run (a model built elsewhere, brought
@@ -35,7 +29,7 @@ are imported). ``--keep DIR`` copies the yolopipe models out.
 
     python bench/int8_libraries.py --data ../shared/data --modelopt-python /path/to/venv/bin/python --tag=-v2
     python bench/int8_libraries.py --data ../shared/data --calibration .data/int8-calibration --runs default \
-        --no-candidates --modelopt-python /path/to/venv/bin/python \
+        --modelopt-python /path/to/venv/bin/python \
         --import "distilled model.int8.onnx (H200)=models/distilled-model.int8.packed.onnx" ... --tag=-issue39
 """
 
@@ -62,11 +56,12 @@ from app.benchmark.machine import machine_info, versions
 from app.builder.export import export_onnx
 from app.builder.int8.calibration import load_heldout
 from app.builder.int8.images import letterboxed, list_items
-from app.builder.int8.report import detect, summarize
-from app.imaging.letterbox import to_input
-from bench.int8_cpu_latency import interleaved_latency
+from app.builder.int8.report import OrtModel, detect, summarize
+from app.imaging.letterbox import letterbox, to_input
 from bench.int8_heldout import make_calibration, make_heldout
 from bench.int8_transport import unpack
+
+ASSETS = Path(importlib.util.find_spec("ultralytics").origin).parent / "assets"
 
 
 def batch1(src: Path, dst: Path) -> Path:
@@ -112,88 +107,25 @@ def run_modelopt(python: str, fp32: Path, out: Path, inputs: list[np.ndarray], w
     return time.perf_counter() - t0
 
 
-def write_u8(fp32: Path, out: Path, ranges: dict, ops, floats) -> Path:
-    """The TensorRT placement in u8: Q/DQ on the inputs of ``ops`` only (their outputs float, so
-    nothing fuses), zero points from ``ranges``, s8 per-channel weights."""
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
-    from onnxruntime.quantization.calibrate import save_tensors_data
+def interleaved_latency(models: dict[str, Path], *, rounds: int = 30, imgsz: int = 640, warmup: int = 3) -> dict:
+    """Engine time at batch 1 (``session.run`` on one letterboxed photo), every model once a round
+    in a rotating order, so the load of a shared CPU hits every row alike."""
+    import cv2
 
-    from app.builder.int8.thresholds import to_tensors_data
-
-    cache = out.with_suffix(".json")
-    save_tensors_data(to_tensors_data(ranges, "percentile"), cache)
-    extra = {"ActivationSymmetric": False, "WeightSymmetric": True, "OpTypesToExcludeOutputQuantization": list(ops)}
-    quantize_static(str(fp32), str(out), calibration_data_reader=None, quant_format=QuantFormat.QDQ, per_channel=True,
-                    reduce_range=False, weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8,
-                    nodes_to_exclude=list(floats), op_types_to_quantize=list(ops),
-                    calibrate_method=CalibrationMethod.Percentile, calibration_cache_path=str(cache),
-                    extra_options=extra)
-    return out
-
-
-def candidates(model_dir: Path, work: Path, calib_dir: Path) -> dict[str, Path]:
-    """The TensorRT model step by step, and CPU-model variants, from the default run's ranges."""
-    import onnx
-    from onnxruntime.quantization.calibrate import save_tensors_data
-
-    from app.builder.int8 import graph
-    from app.builder.int8.bias import IMAGES, bias_errors, correct_biases
-    from app.builder.int8.histograms import load_histograms
-    from app.builder.int8.qdq import write_qdq_model
-    from app.builder.int8.shift import shift_activations
-    from app.builder.int8.thresholds import compute_ranges, silu_preactivation_ranges, to_tensors_data
-
-    own = json.loads((model_dir / "int8_report.json").read_text())
-    fp32_path = model_dir / "model.onnx"
-    fp32 = onnx.load(str(fp32_path))
-    floats = graph.float_nodes(fp32)
-    paths = {t: Path(p) for t, p in own["ranges"].items()}
-    ranges = {t: _ranges(p) for t, p in paths.items()}
-    held = set(own["heldout_images"])
-    items = [i for i in list_items(calib_dir) if i.relative_name(calib_dir) not in held]
-    picks = items[:: max(1, len(items) // IMAGES)][:IMAGES]
-    batches = [to_input([image]) for _, image, _ in letterboxed(picks, 640)]
-    out: dict[str, Path] = {}
-
-    def write(name: str, ranges_path: Path, target: str, finish=None) -> None:
-        path = work / f"candidate-{len(out)}.onnx"
-        write_qdq_model(fp32_path, path, ranges_path, own["method"], target=target, float_nodes=floats)
-        if finish is not None:
-            onnx.save(finish(onnx.load(str(path))), str(path))
-        out[name] = path
-
-    write("TensorRT model: plain s8, the CPU model's |x| ranges (no shift, bias correction or mixed precision)",
-          paths["cpu"], "tensorrt")
-    write("TensorRT model: + shifted s8 (same ranges)", paths["cpu"], "tensorrt",
-          lambda m: shift_activations(m, ranges["cpu"])[0])
-    write("TensorRT model: + shifted s8, own-range mse", paths["tensorrt"], "tensorrt",
-          lambda m: shift_activations(m, ranges["tensorrt"])[0])
-
-    def corrected(m):
-        m = shift_activations(m, ranges["tensorrt"])[0]
-        return correct_biases(m, bias_errors(m, fp32, batches))
-
-    write("TensorRT model: + shifted s8, own-range mse, bias correction (before mixed precision)",
-          paths["tensorrt"], "tensorrt", corrected)
-    out["TensorRT placement in u8, |x| ranges (unfused, zero points: what the shift approaches)"] = write_u8(
-        fp32_path, work / "candidate-u8.onnx", ranges["cpu"], graph.CPU_OP_TYPES, floats)
-    write("CPU model + bias correction", paths["cpu"], "cpu",
-          lambda m: correct_biases(m, bias_errors(m, fp32, batches)))
-    write("CPU model with the TensorRT model's own-range mse ranges", paths["tensorrt"], "cpu")
-    from app.builder.int8 import qdq
-
-    qdq.CPU_REDUCE_RANGE = False  # the CPU model as it was before issue 29
-    try:
-        write("CPU model, s8 weights over ±127 (before issue 29: ORT's u8×s8 kernel saturates on a CPU without VNNI)",
-              paths["cpu"], "cpu")
-    finally:
-        qdq.CPU_REDUCE_RANGE = True
-    # Pre-activations clipped where SiLU's output moves by under 1/8 of its step, not 1/2 (-c lower).
-    raw = compute_ranges(load_histograms(Path(own["cache"])), own["method"], full_range=["images"])
-    finer = silu_preactivation_ranges(raw, graph.silu_pairs(fp32), levels=4 * 255)
-    save_tensors_data(to_tensors_data(finer, own["method"]), work / "candidate-floor.json")
-    write("CPU model, pre-activations clipped at a 4x smaller SiLU error (-c lower)", work / "candidate-floor.json", "cpu")
-    return out
+    x = to_input([letterbox(cv2.imread(str(ASSETS / "bus.jpg")), imgsz)[0]])
+    sessions = {name: OrtModel(path) for name, path in models.items()}
+    names = list(sessions)
+    for _ in range(warmup):
+        for name in names:
+            sessions[name].run(x)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            t = time.perf_counter()
+            sessions[name].run(x)
+            times[name].append((time.perf_counter() - t) * 1e3)
+    return {name: {"median_ms": round(float(np.median(t)), 1), "p90_ms": round(float(np.percentile(t, 90)), 1),
+                   "min_ms": round(float(np.min(t)), 1), "runs": len(t)} for name, t in times.items()}
 
 
 def cpu_flags() -> list[str]:
@@ -212,11 +144,6 @@ def _gpu_name() -> str | None:
         return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except ImportError:
         return None
-
-
-def _ranges(path: Path) -> dict[str, tuple[float, float]]:
-    data = json.loads(path.read_text())["data"]
-    return {k: (float(v["lowest"]["data"]), float(v["highest"]["data"])) for k, v in data.items()}
 
 
 def figures(report) -> dict:
@@ -240,8 +167,6 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
     ap.add_argument("--modelopt-python", default=None, help="a Python with nvidia-modelopt[onnx] (skipped if none)")
     ap.add_argument("--runs", default="default,float12,percentile", help=f"yolopipe runs, of {', '.join(RUNS)}")
-    ap.add_argument("--candidates", action=argparse.BooleanOptionalAction, default=True,
-                    help="the TensorRT model's steps and CPU variants from the default run's ranges")
     ap.add_argument("--nncf", choices=("auto", "yes", "no"), default="auto", help="auto: when nncf imports")
     ap.add_argument("--import", dest="imports", action="append", default=[], metavar="NAME=PATH",
                     help="another model to score in the same run")
@@ -272,7 +197,7 @@ def main() -> None:
     for f in ("model.onnx", "meta.json", "weights.pt"):
         shutil.copyfile(sample / f, private / f)
     cli = [sys.executable, "-m", "app.cli", "calibrate", "--images", str(calib_dir), "--artifacts-dir", str(engines)]
-    rows, run_info, extra_models = {}, {}, {}
+    rows, run_info = {}, {}
     for key in runs:
         label, extra = RUNS[key]
         t0 = time.perf_counter()
@@ -294,8 +219,6 @@ def main() -> None:
                 shutil.copyfile(private / name, args.keep / kept.name)
             title = f"yolopipe {name}" + (" (TensorRT-bound, run in ORT)" if name == "model.int8.onnx" else "")
             rows[title + suffix] = {"path": kept, "calibration_s": seconds}
-        if not extra and args.candidates:  # before the next run replaces the report and its ranges
-            extra_models = candidates(private, work, calib_dir)
     for k, spec in enumerate(args.imports):
         name, _, path = spec.partition("=")
         path = Path(path)
@@ -323,10 +246,6 @@ def main() -> None:
     for name, row in rows.items():
         row["heldout"] = figures(summarize(name, heldout.names, reference, detect(row["path"], heldout, batch=1)))
         print(name, row["heldout"], flush=True)
-    scored = {}
-    for name, path in extra_models.items():
-        scored[name] = figures(summarize(name, heldout.names, reference, detect(path, heldout, batch=1)))
-        print(name, scored[name], flush=True)
     latency = interleaved_latency({"fp32": fp32, **{name: row["path"] for name, row in rows.items()}},
                                   rounds=args.rounds)
     fp32_ms = latency["fp32"]["median_ms"]
@@ -359,7 +278,6 @@ def main() -> None:
                   "latency_ms": latency[name]["median_ms"], "latency_over_fp32": round(latency[name]["median_ms"] /
                                                                                         fp32_ms, 3)}
                  for name, row in rows.items()],
-        "candidates": [{"model": name, **row} for name, row in scored.items()],
         "fp32_latency_ms": latency["fp32"],
         "latency": latency,
     }

@@ -5,7 +5,7 @@ with a few single requests, measures the process tree at rest, then runs each bu
 samples the tree until ``--settle-s`` seconds after the burst's last response:
 
 * ``batch32``: one ``/v1/detect/batch`` of 32 copies of one photo;
-* ``pipelined40``: 40 clients that each pipeline requests on one connection, never read an
+* ``pipelined40``: 40 clients that each send pipelined requests on one connection, never read an
   answer, and vanish (the "last response" is when the inference workers' queues are empty);
 * ``concurrent500``: 500 concurrent ``/v1/detect``, each on its own connection.
 

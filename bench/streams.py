@@ -11,8 +11,6 @@ that would start after ``--budget-s`` is skipped and named in the file's ``skipp
   (``YOLOPIPE_NVDEC_THREADS``; 0: the default), file reader of ``--ceiling-readers``
   (``YOLOPIPE_NVDEC_READER``) and decode call size of ``--ceiling-batches``; with
   ``--no-compile`` no engine is built first (the model is not used).
-* ``gil``: how much of its rate a pure-Python thread keeps while ``--gil-threads`` threads decode
-  with NVDEC (a decode call that holds the GIL stops it while it runs).
 * ``nvdec``: every copy played at the clip's rate through NVDEC at each count of
   ``--nvdec-streams``; ``opencv``: the same through OpenCV at ``--opencv-streams``.
 * ``ultralytics``: the baseline, Ultralytics' best case in a subprocess: ``model.predict`` on N
@@ -58,7 +56,7 @@ from app.benchmark.machine import machine_info, versions
 LATENCY_LIMIT_MS = 100.0
 DROP_LIMIT_PCT = 0.1
 RATE_SHARE = 0.95
-MODES = ("ceiling", "gil", "nvdec", "opencv", "ultralytics", "nvdec_max", "fidelity", "track", "fast")
+MODES = ("ceiling", "nvdec", "opencv", "ultralytics", "nvdec_max", "fidelity", "track", "fast")
 
 
 def clip_facts(clip: Path) -> tuple[int, int, float, int]:
@@ -197,58 +195,6 @@ class LetterboxOnly:
                              np.zeros((0, 6), np.float32), {i: r for i, r in enumerate(results) if r is not None})
 
 
-def gil_probe(clip: Path, reader: str, threads: int, seconds: float, device: int) -> dict:
-    """How much of its rate a pure-Python counting thread keeps while ``threads`` threads decode
-    the clip with NVDEC (its frames not copied out): ~100 % when the decode calls release the GIL."""
-    from app.gpu.nvdec import NvdecReader
-    from app.runtime import cuda_device
-
-    count, stop = [0], threading.Event()
-
-    def spin() -> None:
-        while not stop.is_set():
-            count[0] += 1
-
-    def rate(window: float) -> float:
-        start, t0 = count[0], time.perf_counter()
-        time.sleep(window)
-        return (count[0] - start) / (time.perf_counter() - t0)
-
-    frames, errors, busy = [0], [], threading.Event()
-
-    def decode() -> None:
-        try:
-            while busy.is_set():
-                r = NvdecReader(str(clip), device=cuda_device(device), reader=reader)
-                for batch in r.batches():
-                    frames[0] += len(batch)
-                    if not busy.is_set():
-                        break
-                r.close()
-        except Exception as exc:  # noqa: BLE001 - the row says why
-            errors.append(f"{type(exc).__name__}: {exc}")
-
-    spinner = threading.Thread(target=spin, daemon=True)
-    spinner.start()
-    alone = rate(1.0)
-    busy.set()
-    decoders = [threading.Thread(target=decode, daemon=True) for _ in range(threads)]
-    for t in decoders:
-        t.start()
-    time.sleep(1.0)  # decoders opened
-    before = frames[0]
-    t0 = time.perf_counter()
-    during = rate(seconds)
-    decoded = (frames[0] - before) / (time.perf_counter() - t0)
-    busy.clear()
-    for t in decoders:
-        t.join(30)
-    stop.set()
-    return {"mode": "gil_probe", "reader": reader, "decode_threads": threads,
-            "spinner_kept_pct": round(100.0 * during / alone, 1) if alone else None,
-            "decode_fps": round(decoded, 1), "error": errors[0] if errors else None}
-
-
 def ultralytics_worker(args: argparse.Namespace) -> None:
     """In a subprocess: Ultralytics' predict on ``--ultralytics-n`` decoded frames of the clip per
     tick for ``--seconds`` (decode excluded: its best case), one JSON line out."""
@@ -355,7 +301,6 @@ def main() -> None:
                     help="the interpreter's thread switch interval for the run, in s (0: Python's, 0.005)")
     ap.add_argument("--no-compile", dest="compile", action="store_false",
                     help="the eager model (no engine build): for runs that measure decoding alone")
-    ap.add_argument("--gil-threads", type=int, default=4)
     ap.add_argument("--ultralytics-streams", type=int, default=128, help="when no count was real time")
     ap.add_argument("--ultralytics-seconds", type=float, default=15.0)
     ap.add_argument("--fast-streams", default="64")
@@ -471,8 +416,6 @@ def main() -> None:
 
     plan = {  # mode: (what it runs, seconds it needs to start, needs a GPU)
         "ceiling": (ceiling, clip_s, True),
-        "gil": (lambda: run.guarded(gil_probe, args.clip, args.ceiling_readers.split(",")[0], args.gil_threads,
-                                    3.0, device), 10, True),
         "nvdec": (lambda: counts("nvdec", args.nvdec_streams), clip_s + 10, True),
         "opencv": (lambda: counts("opencv", args.opencv_streams), clip_s + 10, False),
         "ultralytics": (ultralytics, args.ultralytics_seconds + 30, False),

@@ -1,10 +1,14 @@
 """Loopback helpers for tests that start a server: a free port, waiting until it is ready, the
-photos the protocol tests send, a `/v1/detect` reference answer, and reading `/metrics`."""
+photos the protocol tests send, a `/v1/detect` reference answer, reading `/metrics`, raw HTTP/1.1
+requests, and the resident memory of the server's process tree."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -92,3 +96,77 @@ def wait_until_idle(queue_depth: Callable[[], float], *, quiet_s: float = 2.0, t
         idle = queue_depth() == 0
         idle_since = (idle_since or time.monotonic()) if idle else None
         time.sleep(0.05)
+
+
+def http_request(path: str, body: bytes, content_type: str, host: str) -> bytes:
+    """One ``POST`` as bytes on the wire."""
+    return (f"POST {path} HTTP/1.1\r\nhost: {host}\r\ncontent-type: {content_type}\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+def multipart(field: str, files: list[bytes]) -> tuple[bytes, str]:
+    """A ``multipart/form-data`` body of JPEG parts named ``field``, and its content type."""
+    boundary = "yolopipe-test"
+    parts = [(f'--{boundary}\r\ncontent-disposition: form-data; name="{field}"; filename="{i}.jpg"\r\n'
+              "content-type: image/jpeg\r\n\r\n").encode() + data + b"\r\n" for i, data in enumerate(files)]
+    return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+async def exchange(host: str, port: int, request: bytes, timeout: float) -> int | None:
+    """Send one request on a connection of its own and read its response to the end: its status
+    (None: no answer)."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return None
+    try:
+        writer.write(request)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+        status = int(head.split(b" ", 2)[1])
+        length = re.search(rb"(?i)content-length:\s*(\d+)", head)
+        if length:
+            await asyncio.wait_for(reader.readexactly(int(length.group(1))), timeout)
+        return status
+    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, IndexError):
+        return None
+    finally:
+        writer.close()
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of process ``pid`` and all its descendants (a process gone counts 0)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for process in processes:
+        try:
+            total += process.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+class RssSampler:
+    """``tree_rss(pid)`` every ``period`` seconds on a thread while in the ``with`` block: its peak."""
+
+    def __init__(self, pid: int, period: float = 0.1) -> None:
+        self.pid, self.period, self.peak = pid, period, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self.peak = max(self.peak, tree_rss(self.pid))
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -107,7 +107,10 @@ class _Refuse(Exception):
 
 
 class JsonHttpToolsProtocol(HttpToolsProtocol):
-    """Uvicorn's httptools protocol with limits, read timeouts and JSON protocol errors."""
+    """Uvicorn's httptools protocol with limits, read timeouts and JSON protocol errors.
+
+    ``self.pipeline`` is uvicorn's own attribute: its queue of the connection's pipelined
+    requests (HTTP pipelining) that wait for the one running, as ``(cycle, app)`` pairs."""
 
     def __init__(self, *args: Any, limits: HttpLimits, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -244,17 +247,17 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         if self._deferred is None:
-            self._next_in_pipeline()
+            self._start_next_pipelined()
             return
         if self.pipeline:  # requests before the refused one are still to be answered, in order
-            self._next_in_pipeline()
+            self._start_next_pipelined()
             self.flow.pause_reading()
             return
         deferred, self._deferred = self._deferred, None
         self.server_state.total_requests += 1
         self._answer_and_close(deferred)
 
-    def _next_in_pipeline(self) -> None:
+    def _start_next_pipelined(self) -> None:
         """Uvicorn's end of a response, which starts the next pipelined request, if any: noted
         here as the one running (uvicorn names no hook for this in every version it allows)."""
         queued = self.pipeline[-1][0] if self.pipeline else None

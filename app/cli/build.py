@@ -69,7 +69,7 @@ def calibrate(
     from app.builder.int8 import DEFAULT_METHOD, METHODS
     from app.builder.int8 import calibrate as run_calibration
     from app.builder.int8.distill import DistillSettings
-    from app.builder.int8.qat import MODES
+    from app.builder.int8.distill_plan import MODES
     from app.config import check_choice
 
     check_choice("calibration method", method or DEFAULT_METHOD, METHODS)  # usage errors, before any work

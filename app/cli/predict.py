@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 
 from app.cli.options import BATCH_INVARIANT_HELP, DECODE_HELP, ArtifactsDir, Backend, Imgsz, Precision, Weights
-from app.cli.terminal import ExitCode, console
+from app.cli.terminal import ExitCode, console, counted
 from app.config import CONF, CPU_MAX_BATCH, IOU, MAX_DET, PREDICT_BATCH, decoder_name
 
 if TYPE_CHECKING:
@@ -268,8 +268,9 @@ def run_on_streams(options: PredictOptions, startup: StartupReport) -> None:
                                   vid_stride=options.vid_stride, track=options.track)
     for line in summary.failed[:20]:
         console.print(f"[yellow]failed[/] {escape(line)}", highlight=False)
-    console.print(f"{summary.streams} streams, {summary.frames} frames, {summary.detections} detections, "
-                  f"{summary.dropped} dropped, {len(summary.failed)} failed → {out}", highlight=False)
+    console.print(f"{counted(summary.streams, 'stream')}, {counted(summary.frames, 'frame')}, "
+                  f"{counted(summary.detections, 'detection')}, {summary.dropped} dropped, {len(summary.failed)} failed "
+                  f"→ {out}", highlight=False)
     if summary.failed:
         raise typer.Exit(ExitCode.INCOMPLETE)
 
@@ -280,8 +281,8 @@ def print_summary(summary: FolderSummary, out: Path) -> None:
     for line in summary.error_files[:20]:
         console.print(f"[yellow]skipped[/] {escape(line)}", highlight=False)
     skipped = f", {summary.skipped} already done" if summary.skipped else ""
-    videos = f" (frames of {summary.videos} videos included)" if summary.videos else ""
-    console.print(f"{summary.images} images{videos}, {summary.detections} detections, {summary.errors} errors"
-                  f"{skipped} → {out}", highlight=False)
+    videos = f" (frames of {counted(summary.videos, 'video')} included)" if summary.videos else ""
+    console.print(f"{counted(summary.images, 'image')}{videos}, {counted(summary.detections, 'detection')}, "
+                  f"{counted(summary.errors, 'error')}{skipped} → {out}", highlight=False)
     if summary.errors:
         raise typer.Exit(ExitCode.INCOMPLETE)

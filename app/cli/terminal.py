@@ -33,6 +33,11 @@ EXIT_CODES_HELP = (
 console = Console(stderr=True, soft_wrap=True)  # paths and messages stay whole, for people and for grep
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 image``, ``0 images``, ``2 errors``: a count and its noun, plural unless the count is one."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def exit_code_for(exc: YolopipeError) -> ExitCode:
     if isinstance(exc, (BackendUnavailable, EngineMismatch, DeviceError)):
         return ExitCode.UNAVAILABLE

@@ -48,7 +48,7 @@ from app.runtime import OpenOptions, choose_backend, cpu_shape, export_model
 
 ERRORS_KEPT = 1000  # error_files listed in the summary; the output file has them all
 # Ray's cost on the driver is per block, not per image: 8 batches a block keep it to a
-# fraction of one core at two GPUs' rate (bench/ray_plumbing.py measures it).
+# fraction of one core at two GPUs' rate (bench/results/2026-12-01-cpu-2core-ray-plumbing.json).
 BATCHES_PER_BLOCK = 8
 BLOCKS_PER_ACTOR = 4  # ... unless that leaves an actor fewer blocks than this (balance, short jobs)
 

@@ -596,8 +596,8 @@ def test_a_connection_the_server_closes_says_connection_close(server, version, h
     assert head[0].startswith(b"http/1.1 200") and b"connection: close" in head, data[:300]
 
 
-def test_clients_that_pipeline_downloads_and_never_read_leave_no_traceback(server):
-    """20 clients each pipeline 30 downloads of the Swagger bundle (1.4 MB) and never read."""
+def test_pipelining_clients_that_never_read_leave_no_traceback(server):
+    """20 clients each send 30 pipelined downloads of the Swagger bundle (1.4 MB) and never read."""
     port, proc, log, _ = server
     before = len(log.read_text())
     bundle = request("GET", "/docs-assets/swagger-ui-bundle.js")

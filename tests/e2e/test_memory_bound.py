@@ -7,14 +7,18 @@ limits; one request more is refused; and once it is over the tree goes back to r
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import cv2
+import httpx
 import numpy as np
 import pytest
 
-from bench import memory_probe
-from tests.net import metric_sum
+from tests.net import RssSampler, exchange, free_port, http_request, metric_sum, multipart, tree_rss, wait_ready
 
 MiB = 2**20
 LIMITS = {  # small limits, so that the test reaches every one of them quickly
@@ -68,10 +72,6 @@ def arena_at_batch_limit(model_dir) -> int:
     """ONNX Runtime's arena on this model after batches of every size up to the limit (the
     README's "measured" term), measured in a fresh process with the server's thread count: in
     this one, heap that earlier tests freed hides part of it."""
-    import os
-    import subprocess
-    import sys
-
     threads = os.environ.get("YOLOPIPE_ORT_THREADS", "0")
     out = subprocess.run([sys.executable, "-c", _ARENA, str(model_dir / "model.onnx"), str(LIMITS["YOLOPIPE_MAX_BATCH"]),
                           str(IMGSZ), threads], capture_output=True, text=True, timeout=300, check=True)
@@ -86,23 +86,41 @@ def image_at_the_pixel_limit() -> bytes:
 
 def answered(url: str) -> float:
     """Images the inference workers answered so far."""
-    import httpx
-
     return metric_sum(httpx.get(f"{url}/metrics", timeout=10).text, "yolopipe_images_total")
 
 
-def admitted(tree: memory_probe.Tree, url: str, answered_before: float) -> float:
+def queued(url: str) -> int:
+    """Images waiting at the inference workers now."""
+    workers = httpx.get(f"{url}/v1/model", timeout=10).json()["serving"]["inference_workers"]
+    return sum(w["queued_images"] for w in workers)
+
+
+def admitted(url: str, answered_before: float) -> float:
     """Images admitted since ``answered_before`` was read: answered since, plus queued now (read
     in that order, so that an image moving between the two is missed, never counted twice)."""
-    return answered(url) - answered_before + tree.queued()
+    return answered(url) - answered_before + queued(url)
 
 
 @pytest.fixture(scope="module")
 def server(artifacts_dir, tmp_path_factory):
-    args = memory_probe.parse_args(["--ready-timeout-s", "300", *(f"--env={k}={v}" for k, v in LIMITS.items())])
-    proc, port = memory_probe.start_server(args, tmp_path_factory.mktemp("bound") / "server.log")
-    yield proc, port
-    memory_probe.stop_server(proc)
+    """``yolopipe serve`` (the CPU model) at LIMITS, in a session of its own; gRPC on a free port."""
+    port, log = free_port(), tmp_path_factory.mktemp("bound") / "server.log"
+    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLOPIPE_GRPC_PORT": str(free_port()),
+           **{k: str(v) for k, v in LIMITS.items()}}
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--weights", "sample", "--backend",
+                                 "onnxruntime", "--host", "127.0.0.1", "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc, log, timeout=300)
+        yield proc, port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def test_held_at_every_limit_the_tree_stays_under_the_readme_bound(server, sample_model_dir):
@@ -110,13 +128,13 @@ def test_held_at_every_limit_the_tree_stays_under_the_readme_bound(server, sampl
     url = f"http://127.0.0.1:{port}"
     image = image_at_the_pixel_limit()
     per_request = (LIMITS["YOLOPIPE_MAX_BODY_BYTES"] - 4096) // (len(image) + 200)
-    body, ctype = memory_probe.multipart("images", [image] * per_request)
+    body, ctype = multipart("images", [image] * per_request)
     assert 0.8 * LIMITS["YOLOPIPE_MAX_BODY_BYTES"] < len(body) <= LIMITS["YOLOPIPE_MAX_BODY_BYTES"]
-    memory_probe.warm(url, image, 3)
+    for _ in range(3):  # warm-up
+        httpx.post(f"{url}/v1/detect", content=image, headers={"content-type": "image/jpeg"}, timeout=60)
     time.sleep(4)  # the idle release after the warm-up
-    tree = memory_probe.Tree(proc.pid, url, port)
-    rest = tree.rss()
-    request = memory_probe.http_request("/v1/detect/batch", body, ctype, "127.0.0.1")
+    rest = tree_rss(proc.pid)
+    request = http_request("/v1/detect/batch", body, ctype, "127.0.0.1")
     # The one more sends its head only: refused before its body is read, its answer cannot be
     # lost to a reset of a connection still being written to (admitted, it would wait for a body).
     head_only = request[: request.index(b"\r\n\r\n") + 4]
@@ -124,18 +142,18 @@ def test_held_at_every_limit_the_tree_stays_under_the_readme_bound(server, sampl
     answered_before = answered(url)
 
     async def drive() -> list[int | None]:
-        held = [asyncio.ensure_future(memory_probe.exchange("127.0.0.1", port, request, 600))
+        held = [asyncio.ensure_future(exchange("127.0.0.1", port, request, 600))
                 for _ in range(in_flight)]
         # All in: every held request's images admitted (queued or answered); served a batch at a
         # time, one image of each request in turn, so none is over yet.
         deadline = time.monotonic() + 120
-        while await asyncio.to_thread(admitted, tree, url, answered_before) < in_flight * per_request:
+        while await asyncio.to_thread(admitted, url, answered_before) < in_flight * per_request:
             assert time.monotonic() < deadline and not any(h.done() for h in held), "the held requests never got in"
             await asyncio.sleep(0.02)
-        one_more = await memory_probe.exchange("127.0.0.1", port, head_only, 60)
+        one_more = await exchange("127.0.0.1", port, head_only, 60)
         return [one_more, *await asyncio.gather(*held)]
 
-    with memory_probe.Sampler(tree, period=0.1) as sampler:
+    with RssSampler(proc.pid, period=0.1) as sampler:
         one_more, *held = asyncio.run(drive())
     terms = bound(arena_at_batch_limit(sample_model_dir), per_request)
     grew = sampler.peak - rest
@@ -147,7 +165,8 @@ def test_held_at_every_limit_the_tree_stays_under_the_readme_bound(server, sampl
     assert grew >= 0.25 * sum(terms.values()), "the drive did not come near the limits: " + report
     # A deadline for a hung release, not a target (how soon: bench/memory_probe.py's figure).
     start = time.monotonic()
-    while tree.rss() > 1.1 * rest and time.monotonic() - start < 90:
+    while tree_rss(proc.pid) > 1.1 * rest and time.monotonic() - start < 90:
         time.sleep(0.25)
     print(f"back within 10 % of rest {time.monotonic() - start:.1f} s after the last answer")
-    assert tree.rss() <= 1.1 * rest, f"{tree.rss() / MiB:.0f} MiB 90 s after the last answer; " + report
+    settled = tree_rss(proc.pid)
+    assert settled <= 1.1 * rest, f"{settled / MiB:.0f} MiB 90 s after the last answer; " + report

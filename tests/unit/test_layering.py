@@ -1,6 +1,8 @@
 """The parts of ``app/`` (each top-level package or module) import one another in one
 direction only: no cycle between parts, and each part only imports parts below it in
-``LAYERS`` (the README's "Layout" lists them bottom up). Read from the source; lazy imports count."""
+``LAYERS`` (the README's "Layout" lists them bottom up). Read from the source; lazy imports count.
+Beside the package, ``tests/`` and ``bench/`` import nothing from each other (either may run a
+script of the other, never import it)."""
 
 from __future__ import annotations
 
@@ -111,3 +113,28 @@ def test_the_check_sees_a_cycle(tmp_path):
     graph = edges(fake)
     assert graph == {"a": {"b"}, "b": {"a"}}
     assert find_cycle(graph) == ["a", "b", "a"]
+
+
+def top_imports(root: Path) -> set[tuple[str, str]]:
+    """(file, top-level module) of every absolute import under ``root``, lazy ones included."""
+    found = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add((path.relative_to(root.parent).as_posix(), node.module.split(".")[0]))
+            elif isinstance(node, ast.Import):
+                found.update((path.relative_to(root.parent).as_posix(), a.name.split(".")[0]) for a in node.names)
+    return found
+
+
+def test_tests_and_bench_import_nothing_from_each_other():
+    root = APP.parent
+    crossing = sorted(f"{path} imports {top}" for one, other in (("tests", "bench"), ("bench", "tests"))
+                      for path, top in top_imports(root / one) if top == other)
+    assert crossing == []
+
+
+def test_the_check_sees_a_crossing(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("import os\n\ndef f():\n    from bench.tool import y\n")
+    assert top_imports(tmp_path / "tests") == {("tests/test_x.py", "os"), ("tests/test_x.py", "bench")}

@@ -48,6 +48,24 @@ def test_named_model_offline_points_to_sample(monkeypatch, tmp_path):
     assert "sample" in str(info.value)
 
 
+def test_a_failed_download_is_one_plain_line(monkeypatch, tmp_path):
+    """Ultralytics' own offline error (``❌  Download failure for ... Environment may be offline.``,
+    from its real download code, pointed at a closed local port) reaches the user without its emoji."""
+    from ultralytics.utils import downloads
+
+    from tests.net import free_port
+
+    monkeypatch.delenv("YOLO_OFFLINE", raising=False)
+    monkeypatch.setenv("YOLOPIPE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(downloads, "is_online", lambda: False)
+    url = f"http://127.0.0.1:{free_port()}/yolov8n.pt"  # nothing listens there
+    monkeypatch.setattr(downloads, "attempt_download_asset",
+                        lambda file, **kwargs: downloads.safe_download(url=url, file=file, progress=False))
+    with pytest.raises(WeightsError) as info:
+        resolve_weights("yolov8n.pt")
+    assert info.value.message == f"could not download yolov8n.pt: Download failure for {url}. Environment may be offline."
+
+
 def test_corrupt_cached_sample_is_replaced(monkeypatch, tmp_path):
     """A cache entry whose sha256 is wrong is fetched again (needs the package index)."""
     monkeypatch.setenv("YOLOPIPE_CACHE_DIR", str(tmp_path))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build HERE (not on the GPU machine) what tools/device/run.sh needs carried to the lent GPU
-# machine, whose image lacks some packages and which reaches no package index
-# (tools/device/README.md). Writes, git-ignored:
+# Build HERE (not on the GPU machine) what tools/device/run.sh needs carried to the GPU machine,
+# whose image lacks some packages and which reaches no package index (tools/device/README.md).
+# Writes, git-ignored:
 #   .whlx/site.tar.xz      the packages below, installed for CPython 3.12 (manylinux x86_64) into
 #                          one folder and packed; the setup part unpacks it into /tmp/site
 #   .cache/sample/best.pt  the sample weights (suite.sh sets YOLOPIPE_CACHE_DIR=.cache)
@@ -10,8 +10,8 @@
 #   .wrk/                  with "wrk": Debian's wrk and LuaJIT, unpacked (the http part's load generator)
 #   .data/int8-calibration/  with "int8": the INT8 benchmark's 84 calibration images, frames at 640
 #                          (bench/int8_heldout.py --calibration-only; the int8 part's --images)
-# and prints the size of each and the total with the repository: one device call carries at
-# most 64 MiB (carry: [".whlx", ".cache", ".data"], and ".wrk" for the http part).
+# and prints the size of each and the total with the repository: a command on the GPU machine
+# carries at most 64 MiB (carry: [".whlx", ".cache", ".data"], and ".wrk" for the http part).
 #
 #   bash tools/device/run.sh carry [video] [wrk] [int8] [extra requirement ...]
 #
@@ -105,6 +105,6 @@ total=$(awk -v a="$repo" -v b="$(mib "${carried[@]}")" 'BEGIN {printf "%.1f", a 
 sizes=""
 for p in .whlx/site.tar.xz .cache .data/images .data/video .data/int8-calibration .wrk; do [ -e "$p" ] && sizes+="$p $(mib "$p"), "; done
 echo "carry (MiB): ${sizes}the repository's files $repo; total $total of 64"
-echo "device call: carry [$(printf '"%s", ' "${carried[@]}" | sed 's/, $//')]"
-awk -v t="$total" 'BEGIN {exit !(t > 64)}' && { echo "over the 64 MiB one call carries" >&2; exit 1; }
+echo "carry with the command: [$(printf '"%s", ' "${carried[@]}" | sed 's/, $//')]"
+awk -v t="$total" 'BEGIN {exit !(t > 64)}' && { echo "over the 64 MiB one command carries" >&2; exit 1; }
 exit 0

@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# The harness of the lent GPU machine, one entry point (tools/device/README.md):
+# The GPU machine's harness, one entry point (tools/device/README.md): that machine reaches no
+# package index and takes at most 64 MiB sent along with each command.
 #
-#   bash tools/device/run.sh carry [video] [wrk] [extra requirement ...]   here: build what a call carries
-#   bash tools/device/run.sh PART...              there: setup tests bench folder http streams memory cache
-#   PARTS=diag,build,engines bash tools/device/run.sh engine     there: issue #34's compiled engine
-#   PARTS=build,startup bash tools/device/run.sh startup         there: issue #26's start-up
+#   bash tools/device/run.sh carry [video] [wrk] [int8] [extra requirement ...]   here: build what a command carries
+#   bash tools/device/run.sh PART...              there: setup build tests nvdec bench startup http streams memory int8 cache
 #
-# Each job is a script beside this one (carry.sh, suite.sh, engine.sh, startup.sh; pack.sh is
-# sourced by the last three), whose header lists its parts and knobs. They run from the
-# repository root, where the carried .whlx, .cache and .data are.
+# Each job is a script beside this one (carry.sh, suite.sh; pack.sh is sourced by suite.sh),
+# whose header lists its parts and knobs. They run from the repository root, where the carried
+# .whlx, .cache and .data are.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 case "${1:-}" in
-  carry|engine|startup) job=$1; shift; exec bash "tools/device/$job.sh" "$@" ;;
+  carry) shift; exec bash tools/device/carry.sh "$@" ;;
   *) exec bash tools/device/suite.sh "$@" ;;
 esac

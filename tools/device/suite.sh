@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# yolopipe on the lent GPU machine, in one call of the device tool (tools/device/README.md: what
-# to carry and what each part writes). Build the carry here first:
-# bash tools/device/run.sh carry [video] [wrk].
+# yolopipe on the GPU machine (no package index; at most 64 MiB sent along with each command, at
+# most 10 minutes a command), in one command (tools/device/README.md: what to carry and what each
+# part writes). Build the carry here first: bash tools/device/run.sh carry [video] [wrk].
 #
 #   bash tools/device/run.sh PART...      e.g.  bash tools/device/run.sh setup tests bench
 #
-# Parts run in the order given. Each writes under $OUT as it goes (a call cut off keeps what it
+# Parts run in the order given. Each writes under $OUT as it goes (a command cut off keeps what it
 # did), runs under its own timeout, and adds "<log> rc=<status> <seconds> s" to $OUT/parts.txt.
-# After each part all of $OUT is packed into $OUT/0-results.tgz: the device tool returns only the
-# first eight files of $OUT by name, and that one sorts first.
+# After each part all of $OUT is packed into $OUT/0-results.tgz: only the first eight files of
+# $OUT (by name) come back from the machine, and that one sorts first.
 #   setup    unpack .whlx/site.tar.xz into /tmp/site (SITE; once per machine); seed yolopipe's cache
 #            (YOLOPIPE_CACHE_DIR, /tmp/yolopipe-cache: kept while the machine is warm) from .cache;
 #            $OUT/machine.json
@@ -16,7 +16,8 @@
 #   tests    pytest tests/kernels tests/gpu tests/tensorrt -v    → $OUT/gpu-tests.log
 #   nvdec    pytest tests/gpu/test_nvdec.py on the clip (YOLOPIPE_NVDEC_CLIP=$CLIP) → $OUT/nvdec-tests.log
 #   bench    yolopipe bench                                      → $OUT/bench.json, bench.log
-#   folder   bench/folder_plumbing.py --real                     → $OUT/folder-plumbing.json, .log
+#   startup  bench/startup.py: predict of 10,000 copies of the photos and Ultralytics on the same
+#            folder, 2 rounds, serve to ready, the warm loop      → $OUT/startup.json, startup.log
 #   http     bench/http_load.py: load, soak, kill, sigterm, naive → $OUT/http-full.json, .log
 #   streams  bench/streams.py: NVDEC+letterbox ceiling, paced NVDEC at 64 and 128 streams,
 #            OpenCV at 16, Ultralytics' best case, more NVDEC streams while real time, fidelity
@@ -26,10 +27,10 @@
 #            --distill off, on .data/int8-calibration (carry int8) → $OUT/int8-device.json, the
 #            reports and logs, $OUT/models/ (the four models, for bench/int8_libraries.py here)
 #   cache    the torch.compile cache, to carry next time as .whlx/torch-cache.tgz → $OUT/torch-cache.tgz
-# Every part but setup runs setup first if this call has not. Knobs (environment): OUT (/tmp/out);
-# <PART>_TIMEOUT seconds (SETUP 120, BUILD 420, TESTS 300, NVDEC 180, BENCH 360, FOLDER 170, HTTP 540,
+# Every part but setup runs setup first if this command has not. Knobs (environment): OUT (/tmp/out);
+# <PART>_TIMEOUT seconds (SETUP 120, BUILD 420, TESTS 300, NVDEC 180, BENCH 360, STARTUP 360, HTTP 540,
 # STREAMS 330, MEMORY 420, INT8 540);
-# <PART>_ARGS more options for its command; TEST_PATHS; FOLDER_ROUNDS (2); SOAK_MINUTES (3),
+# <PART>_ARGS more options for its command; TEST_PATHS; STARTUP_ROUNDS (2); SOAK_MINUTES (3),
 # DURATION (20 s a load row); NVDEC_STREAMS (64,128), OPENCV_STREAMS (16), CLIP
 # (.data/video/dance-1080p30.mp4);
 # YOLOPIPE_IMAGES (.data/images).
@@ -41,7 +42,7 @@ export SITE=${SITE:-/tmp/site}
 export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 YOLO_OFFLINE=1 YOLOPIPE_REAL_GPU=1
 export YOLOPIPE_CACHE_DIR=${YOLOPIPE_CACHE_DIR:-/tmp/yolopipe-cache} YOLOPIPE_IMAGES=${YOLOPIPE_IMAGES:-$PWD/.data/images}
 export CLIP=${CLIP:-$PWD/.data/video/dance-1080p30.mp4}
-usage="usage: bash tools/device/run.sh PART...   (parts: setup build tests nvdec bench folder http streams memory int8 cache)"
+usage="usage: bash tools/device/run.sh PART...   (parts: setup build tests nvdec bench startup http streams memory int8 cache)"
 [ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
 status=0
 ready=0
@@ -82,7 +83,7 @@ setup() {
 }
 
 for name in "$@"; do
-  case "$name" in setup|build|tests|nvdec|bench|folder|http|streams|memory|int8|cache) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
+  case "$name" in setup|build|tests|nvdec|bench|startup|http|streams|memory|int8|cache) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
 done
 for name in "$@"; do
   [ "$name" = setup ] || [ "$ready" = 1 ] || setup
@@ -92,7 +93,7 @@ for name in "$@"; do
     nvdec)   YOLOPIPE_NVDEC_CLIP=$CLIP part nvdec-tests "${NVDEC_TIMEOUT:-180}" python3 -m pytest tests/gpu/test_nvdec.py -v -rs -p no:cacheprovider --durations=10 ;;
     tests)   part gpu-tests "${TESTS_TIMEOUT:-300}" python3 -m pytest ${TEST_PATHS:-tests/kernels tests/gpu tests/tensorrt} -v -rs -p no:cacheprovider --durations=15 ${TESTS_ARGS:-} ;;
     bench)   part bench "${BENCH_TIMEOUT:-360}" python3 -m app.benchmark --images "$YOLOPIPE_IMAGES" --out "$OUT/bench.json" ${BENCH_ARGS:-} ;;
-    folder)  part folder-plumbing "${FOLDER_TIMEOUT:-170}" python3 bench/folder_plumbing.py --real --images "$YOLOPIPE_IMAGES" --rounds "${FOLDER_ROUNDS:-2}" --out "$OUT/folder-plumbing.json" ${FOLDER_ARGS:-} ;;
+    startup) part startup "${STARTUP_TIMEOUT:-360}" python3 bench/startup.py --images "$YOLOPIPE_IMAGES" --copies 10000 --rounds "${STARTUP_ROUNDS:-2}" --parts predict,ultralytics,serve,warm --out "$OUT/startup.json" ${STARTUP_ARGS:-} ;;
     http)    part http-full "${HTTP_TIMEOUT:-540}" python3 bench/http_load.py --images "$YOLOPIPE_IMAGES" --parts load,soak,kill,sigterm --clients 64,256 --naive-clients 64 --naive-workers 4 --gpus 0 --duration "${DURATION:-20}" --warmup 3 --soak-minutes "${SOAK_MINUTES:-3}" --sample-s 5 --out "$OUT/http-full.json" ${HTTP_ARGS:-} ;;
     streams) part streams "${STREAMS_TIMEOUT:-330}" python3 bench/streams.py --clip "$CLIP" --nvdec-streams "${NVDEC_STREAMS:-64,128}" --opencv-streams "${OPENCV_STREAMS:-16}" --budget-s $(( ${STREAMS_TIMEOUT:-330} - 45 )) --out "$OUT/streams.json" ${STREAMS_ARGS:-} ;;
     memory)  part memory-bursts "${MEMORY_TIMEOUT:-420}" python3 bench/memory_probe.py --backend auto --rounds "${MEMORY_ROUNDS:-2}" --out "$OUT/memory-bursts.json" ${MEMORY_ARGS:-} ;;

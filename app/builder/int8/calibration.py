@@ -17,7 +17,7 @@
    and the most sensitive reverted, one by one, up to ``max_float_layers``. The gate: the lower
    bound of the F1's 95 % interval ≥ ``min_f1`` for both models; below it the new models are not
    installed (the report is written) unless ``allow_low_accuracy``.
-6. Distillation (``qat.py``; by default where there is a CUDA GPU): each model's weights
+6. Distillation (``distill_plan.py``; by default where there is a CUDA GPU): each model's weights
    fine-tuned against the FP32 model's outputs on the calibration images (``distill.py``), scored
    like the PTQ model, and kept only if it agrees better with FP32; the report has both.
 7. Install: the models and the report are staged beside their final names and moved into place
@@ -59,8 +59,8 @@ from app.builder.int8.images import (
     split_items,
     warn,
 )
-from app.builder.int8.mixed import PLACEMENT_VERSION, Outcome, accuracy_control, sensitivity_key
-from app.builder.int8.qat import distill_and_keep_better, plan
+from app.builder.int8.mixed import PLACEMENT_VERSION, MixedPrecisionChoice, accuracy_control, sensitivity_key
+from app.builder.int8.distill_plan import distill_and_keep_better, plan
 from app.builder.int8.qdq import TARGETS, write_qdq_model
 from app.builder.int8.report import HeldOut, Int8Report, detect, print_report, save_report, summarize
 from app.builder.int8.sensitivity import (
@@ -115,7 +115,7 @@ class CalibrationResult:
     cpu_float_layers: list[str] = field(default_factory=list)  # CPU model: Convs whose output stays float
     cpu_sensitivity: list[LayerSensitivity] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
-    distillation: dict = field(default_factory=dict)  # target → qat.DistillOutcome, when it ran
+    distillation: dict = field(default_factory=dict)  # target → distill_plan.DistillOutcome, when it ran
 
 
 def passes(report: Int8Report, min_f1: float) -> bool:
@@ -191,7 +191,7 @@ def calibrate(
     ``heldout_images``: a separate folder for the report (then ``images`` is all calibration).
     ``holdout``: images held out of ``images`` otherwise. ``frames_per_video``: frames sampled
     from each video. ``max_float_layers``: the cap of mixed precision (0: off); it runs for a model
-    below the gate or below ``target_f1``. ``distill``: auto | on | off (``qat.plan``);
+    below the gate or below ``target_f1``. ``distill``: auto | on | off (``distill_plan.plan``);
     ``distill_settings``: a ``distill.DistillSettings``.
     Raises ``CalibrationError`` for unusable inputs and for a failed gate (see ``passes``).
     """
@@ -309,7 +309,7 @@ def calibrate(
     # Accuracy control, on each model as it will be installed: below the gate or the target,
     # its most sensitive layers are reverted (sensitivities cached, see mixed.py).
     t4 = time.perf_counter()
-    outcomes: dict[str, Outcome] = {}
+    choices: dict[str, MixedPrecisionChoice] = {}
     flops = graph.conv_flops(model)
     held_key = items_digest(held_items)
     subset = heldout.subset(sensitivity_images)
@@ -322,15 +322,15 @@ def calibrate(
 
         key = sensitivity_key(onnx_sha, ranges_paths[target].name, target, PLACEMENT_VERSION, sorted(keep_float), held_key,
                               subset.names)
-        outcomes[target] = accuracy_control(
+        choices[target] = accuracy_control(
             target, path, onnx_path, reports[target], subset, lambda p, t=target: evaluate(t, p),
             lambda r: good_enough(r, min_f1, target_f1), skip_nodes=keep_float, flops=flops,
             cap=max_float_layers, cache_path=sensitivity_cache_path(key, target, cache_root), console=console,
             noise=lambda layers, t=target: noise_ratios(model, histograms, ranges[t], t, layers),
             base_model=bases.get(target), finish=finishers.get(target),
             progress=lambda seq, n, label: with_progress(seq, n, label, console))
-        reports[target] = outcomes[target].report
-    if outcomes:
+        reports[target] = choices[target].report
+    if choices:
         timings["mixed_precision_s"] = time.perf_counter() - t4
     distilled = {}
     if distill_plan.run:
@@ -347,9 +347,9 @@ def calibrate(
         timings["distillation_s"] = time.perf_counter() - t5
     report, cpu_report = reports["tensorrt"], reports["cpu"]
     tmp_trt, tmp_cpu, final_trt, final_cpu = temps["tensorrt"], temps["cpu"], finals["tensorrt"], finals["cpu"]
-    float_layers = outcomes["tensorrt"].layers if "tensorrt" in outcomes else []
-    cpu_float = outcomes["cpu"].layers if "cpu" in outcomes else []
-    sensitivity = outcomes["tensorrt"].sensitivity if "tensorrt" in outcomes else []
+    float_layers = choices["tensorrt"].layers if "tensorrt" in choices else []
+    cpu_float = choices["cpu"].layers if "cpu" in choices else []
+    sensitivity = choices["tensorrt"].sensitivity if "tensorrt" in choices else []
     print_report([report, cpu_report], console)
 
     if heldout_images is None:
@@ -378,7 +378,7 @@ def calibrate(
             "flops_share": round(flops_share(o.layers, flops), 5),
             "sensitivity_from_cache": o.cache_hit,
             "sensitivity": [s.to_json() for s in o.sensitivity],
-        } for target, o in outcomes.items()},
+        } for target, o in choices.items()},
         "heldout_source": "separate folder (--heldout-images)" if heldout_images is not None else
                           "held out of --images (same cameras and scenes as the calibration: overestimates)",
         "cache": str(cache_path),
@@ -403,7 +403,7 @@ def calibrate(
         model_dir=model_dir, onnx_path=onnx_path, tensorrt_qdq_path=final_trt, cpu_qdq_path=final_cpu,
         report_path=report_path, report=report, cpu_report=cpu_report, method=method, passed=passed,
         installed=installed, float_layers=float_layers, cpu_float_layers=cpu_float,
-        cpu_sensitivity=outcomes["cpu"].sensitivity if "cpu" in outcomes else [], calibration_images=[i.name for i in calib_used],
+        cpu_sensitivity=choices["cpu"].sensitivity if "cpu" in choices else [], calibration_images=[i.name for i in calib_used],
         heldout_images=heldout.names, cache_path=cache_path, cache_hit=cache_hit, sensitivity=sensitivity,
         timings_s=timings, distillation=distilled,
     )

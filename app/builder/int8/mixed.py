@@ -33,7 +33,9 @@ MAX_CPU_FLOAT_SHARE = 0.0
 
 
 @dataclass
-class Outcome:
+class MixedPrecisionChoice:
+    """What accuracy control chose for one model: the layers it reverted to float and the model's report with them."""
+
     report: Int8Report
     layers: list[str] = field(default_factory=list)  # reverted, most sensitive first
     sensitivity: list[LayerSensitivity] = field(default_factory=list)
@@ -62,7 +64,7 @@ def accuracy_control(target: str, qdq_path: Path, fp32_path: Path, report: Int8R
                      skip_nodes: Sequence[str], flops: dict[str, int], cap: int, cache_path: Path,
                      noise: Callable[[list[str]], dict[str, float]] | None = None,
                      base_model=None, finish: Callable | None = None,
-                     console=None, progress: Callable = iter) -> Outcome:
+                     console=None, progress: Callable = iter) -> MixedPrecisionChoice:
     """Revert the most sensitive layers of the model at ``qdq_path`` (rewritten in place) until
     ``done(report)`` or the cap: ``cap`` layers, and for the CPU model ``MAX_CPU_FLOAT_SHARE`` of the
     FLOPs (its float Convs run at FP32 speed).
@@ -111,7 +113,7 @@ def accuracy_control(target: str, qdq_path: Path, fp32_path: Path, report: Int8R
         return r
 
     if not order or done(report):
-        return Outcome(report, [], list(ranked), hit)
+        return MixedPrecisionChoice(report, [], list(ranked), hit)
     best = len(order)
     if done(attempt(best)):
         lo, hi = 0, best  # done(tried[lo]) is False, done(tried[hi]) is True
@@ -121,7 +123,7 @@ def accuracy_control(target: str, qdq_path: Path, fp32_path: Path, report: Int8R
         best = hi
     if on_disk[0] != best:  # the file installed is the one chosen
         onnx.save(finish(with_reverted(base, target, order[:best])), str(qdq_path))
-    return Outcome(tried[best], order[:best], list(ranked), hit)
+    return MixedPrecisionChoice(tried[best], order[:best], list(ranked), hit)
 
 
 def _print(console, message: str) -> None:

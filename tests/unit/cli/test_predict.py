@@ -105,3 +105,18 @@ def test_the_bar_counts_a_videos_frames(clip, tmp_path, artifacts_dir):
     proc = run_predict(str(clip), "--out", str(out), "--artifacts-dir", str(artifacts_dir), "--vid-stride", "5",
                        cwd=tmp_path)
     assert proc.returncode == ExitCode.OK and shown_counts(proc.stderr) == ["3/3"], proc.stderr
+
+
+def test_the_summary_says_1_image_and_1_error(capsys):
+    """One image that failed: "1 image, 0 detections, 1 error", not "1 images, ... 1 errors"."""
+    from pathlib import Path
+
+    import typer
+
+    from app.cli.predict import print_summary
+    from app.predict.folder import FolderSummary
+
+    with pytest.raises(typer.Exit) as info:
+        print_summary(FolderSummary(images=1, videos=1, errors=1, error_files=["a.jpg: not an image"]), Path("out.jsonl"))
+    assert info.value.exit_code == ExitCode.INCOMPLETE
+    assert "1 image (frames of 1 video included), 0 detections, 1 error → out.jsonl" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""``calibrate``'s distillation step (``app/builder/int8/qat.py``): when it runs, and which model it keeps."""
+"""``calibrate``'s distillation step (``app/builder/int8/distill_plan.py``): when it runs, and which model it keeps."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from app.builder.int8.distill import MIN_IMAGES
-from app.builder.int8.qat import better, plan
+from app.builder.int8.distill_plan import better, plan
 from app.builder.int8.report import Int8Report
 from app.errors import CalibrationError
 
