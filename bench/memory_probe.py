@@ -420,12 +420,17 @@ def run_burst(tree: Tree, name: str, photo: bytes, rest_mb: float, args: argpars
         at_last = tree.snapshot()  # quick: the settle clock runs
         series = []
         back_at = None
-        while time.monotonic() - last < args.settle_s and not (back_at is not None and args.until_back):
+        settled_down = False
+        while time.monotonic() - last < args.settle_s and not (settled_down and args.until_back):
             time.sleep(0.5)
             mb = tree.rss() / MB
             series.append((round(time.monotonic() - last, 2), round(mb, 1)))
             if back_at is None and mb <= rest_mb * (1 + args.tolerance):
                 back_at = series[-1][0]
+            # Back, and still for a second: each process gives back on its own quiet clock, so
+            # the first sample within the tolerance can come between two of their releases.
+            recent = [v for _, v in series[-3:]]
+            settled_down = back_at is not None and len(recent) == 3 and max(recent) - min(recent) <= 0.01 * rest_mb
         watched = time.monotonic() - last
         settled = tree.snapshot(with_malloc=args.malloc_info)
     row = {
@@ -752,7 +757,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--settle-s", type=float, default=10.0, help="seconds watched after each burst's last response")
     p.add_argument("--tolerance", type=float, default=0.10, help="back within this fraction of rest")
     p.add_argument("--until-back", action="store_true",
-                   help="stop watching a burst once the tree is back (--settle-s is then only the deadline)")
+                   help="stop watching a burst once the tree is back and still for a second "
+                        "(--settle-s is then only the deadline)")
     p.add_argument("--malloc-info", action="store_true", help="glibc's account per process, through gdb")
     p.add_argument("--ready-timeout-s", type=float, default=600.0)
     p.add_argument("--config", action="append", default=[], metavar="NAME=VAR=VALUE ...|@DIR",

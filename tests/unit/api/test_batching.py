@@ -60,7 +60,7 @@ def test_one_request_keeps_at_most_its_window_of_images_at_the_worker(artifacts_
     r = asyncio.run(main())
     assert r.status_code == 200, r.text
     sizes = [x["timings"]["batch_size"] for x in r.json()["results"]]
-    # Without the window all five would wait together and run as one batch (max_batch is 16).
+    # Without the window they would run in batches of the CPU's max_batch (4), over the window.
     assert len(sizes) == 5 and max(sizes) <= 2, sizes
 
 
