@@ -20,6 +20,12 @@ it stops each process for a moment).
     python bench/memory_probe.py --out bench/results/x.json           # CPU, starts its own server
     python bench/memory_probe.py --backend auto --out x.json          # on a GPU server
     python bench/memory_probe.py --bursts batch32 --settle-s 10       # one burst
+    python bench/memory_probe.py --config before=@/tmp/main --config after= --bursts batch32,concurrent500
+    python bench/memory_probe.py --engine-sweep --batches 1,4,8,16    # ONNX Runtime alone, no server
+
+``--config`` (issue #49) starts a server per configuration and runs the bursts against each in
+turn, interleaved over ``--rounds``: each burst's peak over rest and images per second.
+``--engine-sweep`` runs ONNX Runtime alone, a fresh process per batch size and memory options.
 
 Exit status 0 when the tree was back within the tolerance of rest ``--settle-s`` seconds
 after every burst, 1 otherwise. tests/e2e/test_memory_bursts.py runs the same probe in CI,
