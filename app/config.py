@@ -42,7 +42,9 @@ PREDICT_BATCH = 64  # `yolopipe predict --batch` (with --ray too): the run shape
 IN_FLIGHT = 3  # batches in flight at once on a GPU pipeline (each its own BatchSlot); the CPU runs 1
 MAX_WAIT_MS = 2.0  # longest wait for a batch to fill: the service's batcher and every stream runner
 MAX_STREAMS = 16  # video streams one stream runner (one inference worker) runs at once
-CPU_MAX_BATCH = 16  # ONNX Runtime on a CPU gains nothing from larger batches, and holds more memory
+# ONNX Runtime on a CPU spends the same time per image at batch 1 to 16, and its arena holds
+# ~47 MB an image at 640: 4 keeps a server's peak within ~500 MB (bench/memory_probe.py --engine-sweep).
+CPU_MAX_BATCH = 4
 ENGINE_OPT_BATCH = 8  # a TensorRT engine's optimization profile: the batch it is tuned for...
 ENGINE_MAX_BATCH = 64  # ...and the largest it takes
 # What one decode may hold at its peak: a 50 MP 8-bit image of any format (~300 MB) or a 50 MP

@@ -2,11 +2,12 @@
 bench/memory_probe.py run as a script (the probe the GPU server runs too): one
 ``/v1/detect/batch`` of 32 copies of one photo; 40 clients that send pipelined requests, never
 read an answer and vanish; 500 concurrent ``/v1/detect``. Every request is answered and the
-server keeps serving through them. After each burst (peaks of +1 to +2 GB), the process tree
-comes back near its resting RSS, and a second round of the same bursts does not climb. The
-issue's figures, within 10 % of rest within 10 s, are the probe's to measure (bench/results),
-not asserted here: beside other test processes the tree was seen to settle at +10.1 % (alone: +3
-to +6 %), and a loaded CI machine is slower."""
+server keeps serving through them. The batch and the 500 never take the process tree more than
+500 MB over its resting RSS (issue #49; the tree's RSS summed and sampled every 20 ms); after each
+burst the process tree comes back near its resting RSS, and a second round of the same bursts
+does not climb. The issue's figures, within 10 % of rest within 10 s, are the probe's to measure
+(bench/results), not asserted here: beside other test processes the tree was seen to settle at
++10.1 % (alone: +3 to +6 %), and a loaded CI machine is slower."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BURSTS = ("batch32", "pipelined40", "concurrent500")  # the probe's, in its order
 ROUNDS = 2
+PEAK_MB = 500  # issue #49: what the batch of 32 and the 500 may take over rest, on a 2-core machine too
 DEADLINE_S = 90  # a deadline for a hung release, not a target: the server releases after 2 s quiet
 TOLERANCE = 0.15  # of the resting RSS (~600 MB): the margin over the 10 % figure for a loaded machine
 
@@ -76,3 +78,14 @@ def test_the_tree_comes_back_near_rest(result, burst):
 def test_a_second_round_does_not_climb(result):
     first, second = ([r["settled_mb"] for r in result["bursts"] if r["round"] == k] for k in (1, 2))
     assert second[-1] <= first[-1] + 0.05 * result["rest"]["tree_rss_mb"], (first, second)
+
+
+@pytest.mark.parametrize("burst", ["batch32", "concurrent500"])
+def test_the_peak_stays_within_500_mb_over_rest(result, burst):
+    """ONNX Runtime's arena at the CPU's batch cap, the batch's pixels and the bodies the HTTP
+    worker holds: what a burst adds, at its peak."""
+    for row in (r for r in result["bursts"] if r["burst"] == burst):
+        assert row["peak_over_rest_mb"] <= PEAK_MB, (
+            f"round {row['round']}: {result['rest']['tree_rss_mb']:.0f} MB at rest, peak {row['peak_mb']:.0f} "
+            f"(+{row['peak_over_rest_mb']:.0f}); at the last response: "
+            + ", ".join(f"{p['role']} {p['rss_mb']:.0f}" for p in row["at_last_response"]["processes"]))

@@ -63,7 +63,8 @@ def http_worker_pids(proc: subprocess.Popen, base: str) -> set[int]:
     pids = set()
     for child in psutil.Process(proc.pid).children():
         try:
-            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in child.net_connections("tcp")):
+            connections = getattr(child, "net_connections", None) or child.connections  # psutil < 6 (kserve's pin)
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in connections("tcp")):
                 pids.add(child.pid)
         except psutil.Error:  # gone meanwhile (the killed one)
             pass

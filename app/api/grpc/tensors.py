@@ -6,6 +6,7 @@ the same input name, datatype, shape, element framing, limits, parameters and sh
 regions as ``/v2`` REST, with the same errors. The image input's data may come as
 ``raw_input_contents`` (what ``tritonclient.grpc`` sends: 4-byte length, then the bytes, per
 element), as ``contents.bytes_contents`` (one entry per image), or from shared memory.
+``binary_data_size``, REST's, is accepted beside ``raw_input_contents`` where it tells the truth.
 """
 
 from __future__ import annotations
@@ -59,9 +60,19 @@ def read_request(request: Any, *, max_images: int, regions: RegionAccess | None)
 
 def _input_data(tensor: Any, raw: Any, parameters: dict[str, Any]) -> bytes:
     """The image input's data in the binary form (declared to the reader as ``binary_data_size``),
-    or b"" when it lies in shared memory."""
-    if "binary_data_size" in parameters:
-        raise InvalidParameter(f"input {INPUT!r}: binary_data_size is REST's; gRPC carries the data itself")
+    or b"" when it lies in shared memory.
+
+    gRPC carries its data's length itself, so ``binary_data_size`` has no work here, but KServe's
+    own SDK (``InferRequest.to_grpc``) sends it with every ``raw_input_contents``: one that equals
+    that content's length is accepted, any other refused."""
+    declared = parameters.pop("binary_data_size", None)
+    if declared is not None and not raw:
+        raise InvalidParameter(f"input {INPUT!r} declares binary_data_size {str(declared)[:24]}, "
+                               "but the request has no raw_input_contents")
+    if declared is not None and (not isinstance(declared, int) or isinstance(declared, bool)
+                                 or declared != len(raw[0])):
+        raise InvalidParameter(f"input {INPUT!r} declares binary_data_size {str(declared)[:24]}, "
+                               f"but its raw_input_contents holds {len(raw[0])} bytes")
     contents = tensor.contents if tensor.HasField("contents") else None
     if contents is not None and any(len(getattr(contents, f)) for f in _NUMBER_CONTENTS):
         raise InvalidParameter(f"input {INPUT!r} has datatype BYTES: its contents can only be bytes_contents")

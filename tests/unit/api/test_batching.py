@@ -71,7 +71,7 @@ def test_one_request_keeps_at_most_its_window_of_images_at_the_worker(artifacts_
     def ran(prefix: str) -> float:  # batches (or images) the request ran in, from the batch size histogram
         return metric(after, prefix) - metric(before, prefix)
 
-    # Without the window all five would wait together and run as one batch (max_batch is 16).
+    # Without the window they would run in batches of the CPU's max_batch (4), over the window.
     assert ran("yolopipe_batch_size_sum") == 5
     assert ran('yolopipe_batch_size_bucket{le="2.0"}') == ran("yolopipe_batch_size_count") >= 3
 

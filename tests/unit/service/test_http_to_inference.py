@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from app.api.main import create_app
-from app.config import Settings
+from app.config import CPU_MAX_BATCH, Settings
 from app.contracts import EncodedImage
 from app.imaging.check import check_image
 from app.ipc.client import InferenceClient
@@ -94,8 +94,9 @@ def test_each_header_is_read_once_from_v1_and_v2_to_the_decoder(service, bus, zi
 
 
 def test_the_service_reports_one_max_batch_the_run_shapes(service):
-    """Asked for 32, the CPU model runs batches of 16 (``RunShape``, clamped where it is opened):
-    ``/v1/model`` says 16 wherever it names the batch, and a request keeps 16 images in flight."""
+    """Asked for 32, the CPU model runs batches of ``CPU_MAX_BATCH`` (``RunShape``, clamped where
+    it is opened): ``/v1/model`` says so wherever it names the batch, and a request keeps as many
+    images in flight."""
     settings, _, run = service
 
     async def requests(http):
@@ -103,4 +104,5 @@ def test_the_service_reports_one_max_batch_the_run_shapes(service):
 
     model = run(requests)
     assert settings.max_batch == 32
-    assert model["max_batch"] == model["serving"]["max_batch"] == model["serving"]["request_window"] == 16
+    assert CPU_MAX_BATCH < 32
+    assert model["max_batch"] == model["serving"]["max_batch"] == model["serving"]["request_window"] == CPU_MAX_BATCH

@@ -60,6 +60,27 @@ def test_a_request_reads_as_the_same_rest_request(kwargs):
     assert contents == rest
 
 
+def test_a_true_binary_data_size_is_accepted():
+    """KServe's SDK (kserve 0.21, ``InferRequest.to_grpc``) packs a BYTES input into
+    ``raw_input_contents`` and keeps ``binary_data_size`` (an ``int64_param``, the raw content's
+    length) in the input's parameters: read as the same REST request."""
+    request = grpc_request(parameters={"conf": 0.1})
+    request.inputs[0].parameters["binary_data_size"].int64_param = len(request.raw_input_contents[0])
+    assert read_request(request, max_images=8, regions=None) == rest_request(parameters={"conf": 0.1})
+
+
+@pytest.mark.parametrize("where", ["contents", "shared memory"])
+def test_binary_data_size_without_raw_contents_is_refused(where):
+    request = grpc_request(as_contents=where == "contents")
+    request.inputs[0].parameters["binary_data_size"].int64_param = len(join_bytes_tensor(IMAGES))
+    if where == "shared memory":
+        request.ClearField("raw_input_contents")
+        request.inputs[0].parameters["shared_memory_region"].string_param = "r"
+        request.inputs[0].parameters["shared_memory_byte_size"].int64_param = 10
+    with pytest.raises(InvalidParameter, match="declares binary_data_size 35, but the request has no raw_input"):
+        read_request(request, max_images=8, regions=None)
+
+
 def test_parameters_of_every_kind():
     request = grpc_request()
     request.parameters["b"].bool_param = True
@@ -78,7 +99,13 @@ def test_parameters_of_every_kind():
     (lambda r: r.raw_input_contents.append(b"more"), InvalidParameter, "2 entries for 1 input"),
     (lambda r: r.ClearField("raw_input_contents"), InvalidParameter, "has no data"),
     (lambda r: setattr(r.inputs[0].parameters["binary_data_size"], "int64_param", 3), InvalidParameter,
-     "binary_data_size is REST's"),
+     "declares binary_data_size 3, but its raw_input_contents holds 35 bytes"),
+    (lambda r: setattr(r.inputs[0].parameters["binary_data_size"], "int64_param", 36), InvalidParameter,
+     "declares binary_data_size 36, but its raw_input_contents holds 35 bytes"),
+    (lambda r: setattr(r.inputs[0].parameters["binary_data_size"], "string_param", "35"), InvalidParameter,
+     "declares binary_data_size 35"),
+    (lambda r: setattr(r.inputs[0].parameters["binary_data_size"], "bool_param", True), InvalidParameter,
+     "declares binary_data_size True"),
     (lambda r: r.inputs.add(name="other", datatype="BYTES", shape=[1]), InvalidParameter, "exactly one tensor"),
     (lambda r: setattr(r.inputs[0], "name", "images"), InvalidParameter, "unknown input 'images'"),
     (lambda r: setattr(r.inputs[0], "datatype", "UINT8"), InvalidParameter, "datatype BYTES"),
