@@ -5,30 +5,33 @@ and gRPC ``ModelInfer``, each answer equal to ``/v1/detect``'s on the same image
 
 The SDK's gRPC request (``InferRequest.to_grpc``) packs a BYTES input into
 ``raw_input_contents`` and keeps REST's ``binary_data_size`` in the input's parameters: the
-server accepts it where it equals that content's length and refuses a lie."""
+server accepts it where it equals that content's length and refuses a lie.
+
+The SDK runs in a process of its own (``tests/kserve_client.py``): it registers the KServe v2
+messages in protobuf's default pool, as tritonclient does, and one process cannot import both."""
 
 from __future__ import annotations
 
-import asyncio
+import importlib.util
+import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import grpc
 import numpy as np
 import pytest
 
 from tests.net import four_photos, free_port, wait_ready
 from tests.net import v1_detect as net_v1_detect
 
-if sys.version_info >= (3, 14):
+if sys.version_info >= (3, 14) or importlib.util.find_spec("kserve") is None:
     pytest.skip("kserve 0.21 installs on Python < 3.14 only (pyproject's dev extra leaves it out there)",
                 allow_module_level=True)
 
-from kserve import InferenceGRPCClient, InferenceRESTClient, InferInput, InferRequest, RESTConfig  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
+CLIENT = ROOT / "tests" / "kserve_client.py"
 OUTPUTS = ("num_dets", "det_boxes", "det_scores", "det_classes")
 
 
@@ -45,12 +48,23 @@ class Server:
                                           "--host", "127.0.0.1", "--port", str(self.port)],
                                          stdout=out, stderr=subprocess.STDOUT, env=env)
         wait_ready(self.url, self.proc, log, timeout=300)
-        wait_ready(self.url, self.proc, log, timeout=60,
-                   ready=lambda _: asyncio.run(_grpc(self, lambda c: c.is_server_ready())))
+        wait_ready(self.url, self.proc, log, timeout=60, ready=lambda _: self.grpc_ready())
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def grpc_ready(self) -> bool:
+        import tritonclient.grpc
+
+        try:
+            return tritonclient.grpc.InferenceServerClient(self.grpc_target).is_server_ready()
+        except Exception:  # noqa: BLE001 - not listening yet
+            return False
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
@@ -60,22 +74,6 @@ class Server:
             self.proc.kill()
             self.proc.wait()
         return self.proc.returncode
-
-
-async def _grpc(server: Server, call):
-    async with InferenceGRPCClient(f"127.0.0.1:{server.grpc_port}", timeout=120, retries=0) as client:
-        return await call(client)
-
-
-def grpc_infer(server: Server, request: InferRequest):
-    return asyncio.run(_grpc(server, lambda client: client.infer(request)))
-
-
-def rest_infer(server: Server, request: InferRequest):
-    async def call():
-        async with InferenceRESTClient(RESTConfig(protocol="v2", timeout=120)) as client:
-            return await client.infer(server.url, request, model_name=request.model_name)
-    return asyncio.run(call())
 
 
 @pytest.fixture(scope="module")
@@ -89,71 +87,74 @@ def server(artifacts_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def images(bus, zidane) -> list[bytes]:
-    return four_photos(bus, zidane)
+def images(bus, zidane, tmp_path_factory) -> list[Path]:
+    folder = tmp_path_factory.mktemp("kserve-images")
+    paths = [folder / f"{i}.jpg" for i in range(4)]
+    for path, data in zip(paths, four_photos(bus, zidane)):
+        path.write_bytes(data)
+    return paths
 
 
-def image_request(images: list[bytes], model: str = "yolopipe", **parameters) -> InferRequest:
-    """The SDK's request for these images, the data set as its docs show (binary, from numpy)."""
-    tensor = InferInput("image", [len(images)], "BYTES")
-    tensor.set_data_from_numpy(np.array(images, dtype=np.object_), binary_data=True)
-    return InferRequest(model_name=model, infer_inputs=[tensor], parameters=parameters or None)
+def sdk(mode: str, target: str, images: list[Path], model: str = "yolopipe", **parameters) -> dict:
+    """One call of KServe's SDK (``tests/kserve_client.py``), its answer as it printed it."""
+    proc = subprocess.run([sys.executable, str(CLIENT), mode, target, model, json.dumps(parameters),
+                           *map(str, images)], capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def assert_equals_v1(server: Server, response, images: list[bytes], **params) -> None:
+def assert_equals_v1(server: Server, answer: dict, images: list[Path], **params) -> None:
     """Each image's rows equal /v1/detect's (rounded as /v1 rounds them); padding rows are zeros."""
-    arrays = {o.name: o.as_numpy() for o in response.outputs}
-    assert sorted(arrays) == sorted(OUTPUTS)
-    counts, boxes, scores, classes = (arrays[n] for n in OUTPUTS)
-    assert counts.shape == (len(images), 1) and counts.dtype == np.int32
-    assert boxes.dtype == np.float32 and classes.dtype == np.int32
-    for i, data in enumerate(images):
+    outputs = answer["outputs"]
+    assert sorted(outputs) == sorted(OUTPUTS)
+    assert outputs["num_dets"]["dtype"] == "int32" and outputs["det_classes"]["dtype"] == "int32"
+    assert outputs["det_boxes"]["dtype"] == "float32"
+    counts, boxes, scores, classes = (np.array(outputs[n]["data"]) for n in OUTPUTS)
+    assert counts.shape == (len(images), 1)
+    for i, path in enumerate(images):
         n = int(counts[i, 0])
         rows = [{"box": [round(float(v), 2) for v in boxes[i, j]], "score": round(float(scores[i, j]), 5),
                  "class_id": int(classes[i, j])} for j in range(n)]
-        expected = [{k: d[k] for k in ("box", "score", "class_id")} for d in net_v1_detect(server.url, data, **params)]
+        expected = [{k: d[k] for k in ("box", "score", "class_id")}
+                    for d in net_v1_detect(server.url, path.read_bytes(), **params)]
         assert rows == expected, f"image {i}"
         assert not boxes[i, n:].any() and not scores[i, n:].any() and not classes[i, n:].any()
 
 
 def test_the_sdk_sends_binary_data_size_over_grpc(images):
     """What the fix is for: the SDK's gRPC message carries the raw content and its length beside it."""
-    message = image_request(images).to_grpc()
-    assert len(message.raw_input_contents) == 1
-    assert message.inputs[0].parameters["binary_data_size"].int64_param == len(message.raw_input_contents[0])
+    message = sdk("message", "-", images)
+    assert message["rest_binary"]  # REST sends binary tensor data after the JSON header
+    assert len(message["raw_input_contents"]) == 1
+    assert message["binary_data_size"] == message["raw_input_contents"][0]
 
 
 def test_rest_binary_infer_equals_v1(server, images):
-    request = image_request(images)
-    assert request.to_rest()[1] is not None  # binary tensor data after the JSON header
-    response = rest_infer(server, request)
-    assert response.outputs[0].as_numpy().min() >= 1  # every photo has detections: the comparison bites
-    assert_equals_v1(server, response, images)
+    answer = sdk("rest", server.url, images)
+    assert min(answer["outputs"]["num_dets"]["data"])[0] >= 1  # every photo has detections: the comparison bites
+    assert_equals_v1(server, answer, images)
 
 
 def test_grpc_infer_equals_v1(server, images):
-    response = grpc_infer(server, image_request(images))
-    assert response.model_name == "yolopipe"
-    assert response.outputs[0].as_numpy().min() >= 1
-    assert_equals_v1(server, response, images)
+    answer = sdk("grpc", server.grpc_target, images)
+    assert answer["model_name"] == "yolopipe"
+    assert min(answer["outputs"]["num_dets"]["data"])[0] >= 1
+    assert_equals_v1(server, answer, images)
 
 
 def test_parameters_reach_the_model_on_both_protocols(server, images):
     # The SDK carries str, bool and int parameters over gRPC (to_grpc_parameters has no float).
     params = {"max_det": 3, "classes": "0", "agnostic": True}
-    for infer in (rest_infer, grpc_infer):
-        response = infer(server, image_request(images[:2], model="sample", **params))
-        assert_equals_v1(server, response, images[:2], max_det=3, classes=[0], agnostic=True)
-        assert response.outputs[0].as_numpy().max() <= 3
+    for mode, target in (("rest", server.url), ("grpc", server.grpc_target)):
+        answer = sdk(mode, target, images[:2], model="sample", **params)
+        assert_equals_v1(server, answer, images[:2], max_det=3, classes=[0], agnostic=True)
+        assert max(answer["outputs"]["num_dets"]["data"])[0] <= 3
 
 
 def test_a_lying_binary_data_size_is_refused_over_grpc(server, images):
-    request = image_request(images[:1])
-    declared = request.inputs[0].parameters["binary_data_size"] + 1
-    request.inputs[0].parameters["binary_data_size"] = declared  # to_grpc keeps it: the data is raw already
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        grpc_infer(server, request)
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    declared = sdk("message", "-", images[:1])["binary_data_size"] + 1
+    answer = sdk("lie", server.grpc_target, images[:1])
+    assert answer["error"]["code"] == "INVALID_ARGUMENT", answer
     assert f"declares binary_data_size {declared}, but its raw_input_contents holds {declared - 1}" in \
-        info.value.details()
-    assert grpc_infer(server, image_request(images[:1])).outputs[0].as_numpy()[0, 0] >= 1  # still serving
+        answer["error"]["details"]
+    assert sdk("grpc", server.grpc_target, images[:1])["outputs"]["num_dets"]["data"][0][0] >= 1  # still serving
