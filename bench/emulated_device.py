@@ -143,7 +143,7 @@ class EmulatedDevice:
             rows = self.fallback
             height, width = image.shape[:2]
         # In source pixels already: an identity placement (the Detector's undo leaves them as they are).
-        return self._filtered(rows, params), Letterbox(height, width, height, width, 0, 0, self.meta.imgsz)
+        return self._filtered(rows, params), Letterbox(height, width, height, width, 0, 0, height, width)
 
     def _filtered(self, rows: np.ndarray, params: DetectParams) -> np.ndarray:
         """The recorded rows a request with ``params`` keeps (as NMS would, but for iou and agnostic)."""

@@ -67,7 +67,7 @@ class Recorder:
         out = []
         for x in images:
             h, w = (x.height, x.width) if isinstance(x, DeviceNv12) else x.shape[:2]
-            out.append((np.array([[1, 2, 3, 4, 0.5, 0]], np.float32), Letterbox(h, w, h, w, 0, 0, 640)))
+            out.append((np.array([[1, 2, 3, 4, 0.5, 0]], np.float32), Letterbox(h, w, h, w, 0, 0, h, w)))
         facts = RunFacts(len(images), bucket=4, slot=1, launch="driver")
         return PipelineRun(out, StageTimes(decode_ms=0.5, infer_ms=1.0), facts)
 
