@@ -81,7 +81,7 @@ class ModelMeta:
     input_name: str
     output_name: str
     input_shape: list[Any]  # ["batch", 3, "height", "width"] (dynamic; up to imgsz × imgsz)
-    output_shape: list[Any]  # ["batch", 4 + nc, anchors]
+    output_shape: list[Any]  # ["batch", 4 + nc, anchors at the imgsz square], e.g. ["batch", 6, 8400]
     opset: int
     weights_sha256: str
     onnx_sha256: str = ""
@@ -93,7 +93,14 @@ class ModelMeta:
 
     @property
     def num_anchors(self) -> int:
+        """The head's outputs per image at the ``imgsz`` square (the most any input has)."""
         return int(self.output_shape[2])
+
+    @property
+    def dynamic_hw(self) -> bool:
+        """The model takes any input height and width (multiples of the stride), not only the
+        square: every export since rect inputs; earlier ones were pinned to ``imgsz``."""
+        return all(isinstance(d, str) for d in self.input_shape[2:])
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")
