@@ -102,6 +102,7 @@ class StandInPipeline:
     backend = "stand-in"
     precision = "fp16"
     decodes_jpeg = True
+    letterbox = "square"  # as a GPU pipeline's (rows are replayed: the placement is never made)
     cuda = None  # no CUDA device: the device is emulated (``emulated``)
 
     def __init__(self, meta, replies: dict, *, rate: float, max_batch: int, slots: int = 3, max_det: int = 300,
