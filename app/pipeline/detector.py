@@ -270,7 +270,8 @@ class Detector:
                  timeline: bool = False) -> Diagnostics:
         """What the model is and how it runs (``app.contracts.Diagnostics``), under this shape's
         JPEG decoder; each keyword asks for more: ``profile``: one run of these items (at most
-        ``max_batch``, each one that prepares) with ``params`` on the profiling path (each stage's
+        ``max_batch``, under a rect letterbox of one input size, each one that prepares) with
+        ``params`` on the profiling path (each stage's
         own time, device stages too); ``bare``: the engine alone on this letterboxed batch, its
         calls timed by ``measure``; ``timeline`` (GPU): record every batch's stages from now on,
         until the timeline it answers is closed."""
