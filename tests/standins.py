@@ -30,7 +30,8 @@ class DecodesItself:
 
     def __init__(self, cpu) -> None:
         self.cpu = cpu
-        self.backend, self.precision, self.meta, self.letterbox = "decodes-itself", cpu.precision, cpu.meta, cpu.letterbox
+        self.backend, self.precision, self.meta = "decodes-itself", cpu.precision, cpu.meta
+        self.letterbox = cpu.letterbox
         self.max_batch, self.max_det, self.in_flight = cpu.max_batch, cpu.max_det, 1
         self.received: list = []
 

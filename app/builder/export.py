@@ -150,7 +150,8 @@ def export_onnx(
     onnx.checker.check_model(graph)
     input_shape, output_shape = _dims(graph.graph.input[0]), _dims(graph.graph.output[0])
     if output_shape[1] != 4 + len(names) or not all(isinstance(d, str) for d in input_shape[2:]):
-        raise ArtifactError(f"unexpected export: input {input_shape}, head output {output_shape} for {len(names)} classes")
+        raise ArtifactError(f"unexpected export: input {input_shape}, head output {output_shape} "
+                            f"for {len(names)} classes")
     output_shape[2] = anchors  # the dynamic graph's count at the square: one per cell of each stride's grid
 
     # Written into a fresh folder, then moved into place: a failed export leaves nothing behind.

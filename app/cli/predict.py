@@ -153,7 +153,8 @@ def predict(
     startup = StartupReport(verbose)  # first: it times the start-up up to here too
     options = checked(PredictOptions(
         source=source, out=out, weights=weights, imgsz=imgsz, batch=batch, backend=backend, precision=precision,
-        decode=decode, batch_invariant=batch_invariant, square=square, artifacts_dir=artifacts_dir, device=device, conf=conf,
+        decode=decode, batch_invariant=batch_invariant, square=square,
+        artifacts_dir=artifacts_dir, device=device, conf=conf,
         iou=iou, max_det=max_det, classes=classes, agnostic=agnostic, save_images=save_images, coco=coco,
         resume=resume, ray=ray, ray_address=ray_address, gpu_actors=gpu_actors, cpu_actors=cpu_actors,
         output_format=output_format, vid_stride=vid_stride, track=track, video_decode=video_decode, verbose=verbose,

@@ -9,9 +9,9 @@ facts. It decodes on the CPU what the pipeline does not decode itself, splits th
 runs the pipeline takes (``RunShape.max_batch``; under a rect letterbox one run per input size,
 ``input_size``, so that no image's answer depends on its batch-mates; device frames apart from
 host ones), each with the shape's JPEG decoder (``RunShape.decode``), keeps up to
-``RunShape.in_flight`` of them in flight (``app.pipeline.overlap``), and validates parameters. ``app.records`` writes the JSON of
-its answers. What the benchmarks and checks ask of the model beyond that, they ask through one
-method, ``diagnose``.
+``RunShape.in_flight`` of them in flight (``app.pipeline.overlap``), and validates parameters.
+``app.records`` writes the JSON of its answers. What the benchmarks and checks ask of the model
+beyond that, they ask through one method, ``diagnose``.
 """
 
 from __future__ import annotations
@@ -271,10 +271,9 @@ class Detector:
         """What the model is and how it runs (``app.contracts.Diagnostics``), under this shape's
         JPEG decoder; each keyword asks for more: ``profile``: one run of these items (at most
         ``max_batch``, under a rect letterbox of one input size, each one that prepares) with
-        ``params`` on the profiling path (each stage's
-        own time, device stages too); ``bare``: the engine alone on this letterboxed batch, its
-        calls timed by ``measure``; ``timeline`` (GPU): record every batch's stages from now on,
-        until the timeline it answers is closed."""
+        ``params`` on the profiling path (each stage's own time, device stages too); ``bare``: the
+        engine alone on this letterboxed batch, its calls timed by ``measure``; ``timeline`` (GPU):
+        record every batch's stages from now on, until the timeline it answers is closed."""
         run = ([self.prepare(x) for x in profile], params or DetectParams()) if profile is not None else None
         return self.pipeline.diagnose(decode=self.shape.decode, profile=run, bare=bare, measure=measure,
                                       timeline=timeline)

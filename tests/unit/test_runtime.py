@@ -239,8 +239,9 @@ def test_a_model_pinned_to_the_square_runs_square_whatever_is_asked(sample_model
     for name in ("meta.json", "weights.pt"):
         shutil.copyfile(sample_model_dir / name, old / name)
     onnx.save(pin_spatial_dims(onnx.load(str(sample_model_dir / "model.onnx")), 640), str(old / "model.onnx"))
+    square = OpenOptions(backend="onnxruntime", shape=RunShape(letterbox="square"))
     with open_model_dir(old, OpenOptions(backend="onnxruntime")) as pinned, \
-            open_model_dir(sample_model_dir, OpenOptions(backend="onnxruntime", shape=RunShape(letterbox="square"))) as sq:
+            open_model_dir(sample_model_dir, square) as sq:
         assert (pinned.shape.letterbox, pinned.pipeline.letterbox) == ("square", "square")
         square_rows = sq.run([bus]).rows.tobytes()
         assert pinned.run([bus]).rows.tobytes() == square_rows

@@ -135,7 +135,8 @@ def test_a_square_server_answers_as_the_square_detector(artifacts_dir, detector,
     from app.runtime import OpenOptions, open_detector
 
     app = create_service_app(Settings(backend="onnxruntime", artifacts_dir=artifacts_dir, letterbox="square"))
-    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir, shape=RunShape(letterbox="square"))
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir,
+                          shape=RunShape(letterbox="square"))
     with TestClient(app, raise_server_exceptions=False) as client, open_detector(options) as square:
         assert client.get("/v1/model").json()["letterbox"] == "square"
         for data, name in ((bus, "bus.jpg"), (zidane, "zidane.jpg")):

@@ -41,7 +41,8 @@ def test_any_multiple_of_the_stride_runs_and_the_square_equals_a_static_export(s
     model = onnx.load(str(sample_model_dir / "model.onnx"))
     dynamic = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     pinned = pin_spatial_dims(model, 640)
-    assert [d.dim_param or d.dim_value for d in pinned.graph.input[0].type.tensor_type.shape.dim] == ["batch", 3, 640, 640]
+    dims = [d.dim_param or d.dim_value for d in pinned.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["batch", 3, 640, 640]
     static = ort.InferenceSession(pinned.SerializeToString(), providers=["CPUExecutionProvider"])
     rng = np.random.default_rng(1)
     x = rng.random((2, 3, 640, 640), dtype=np.float32)

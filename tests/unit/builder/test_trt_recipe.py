@@ -28,7 +28,8 @@ def test_spatial_profile_spans_rect_inputs_of_a_dynamic_export_and_pins_a_fixed_
     square takes that size only."""
     import onnx
 
-    dims = [d.dim_value or -1 for d in onnx.load(str(sample_model_dir / "model.onnx")).graph.input[0].type.tensor_type.shape.dim]
+    model = onnx.load(str(sample_model_dir / "model.onnx"))
+    dims = [d.dim_value or -1 for d in model.graph.input[0].type.tensor_type.shape.dim]
     assert dims == [-1, 3, -1, -1]
     assert spatial_profile(tuple(dims), 640) == ((32, 32), (640, 640), (640, 640))
     assert spatial_profile((-1, 3, 640, 640), 640) == ((640, 640), (640, 640), (640, 640))

@@ -146,7 +146,8 @@ def test_rect_runs_hold_images_of_one_size_and_the_lines_keep_the_folder_order(t
     from app.predict.folder import RECT_WINDOW_BATCHES, predict_folder
 
     bus, zidane = cv2.imread(str(assets_dir / "bus.jpg")), cv2.imread(str(assets_dir / "zidane.jpg"))
-    views = [bus, zidane, bus[:600], bus[:, ::-1], zidane[:, ::-1], bus[:600, ::-1], cv2.resize(zidane, (640, 360)), bus]
+    views = [bus, zidane, bus[:600], bus[:, ::-1], zidane[:, ::-1], bus[:600, ::-1], cv2.resize(zidane, (640, 360)),
+             bus]
     folder = tmp_path / "mixed"
     folder.mkdir()
     for k, view in enumerate(views):

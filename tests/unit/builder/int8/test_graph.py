@@ -13,7 +13,8 @@ def model(artifacts_dir, tmp_path_factory):
     """The sample export as the calibration reads it: pinned to the 640 square."""
     from app.builder.export import export_onnx, square_export
 
-    return onnx.load(str(square_export(export_onnx("sample", artifacts_dir=artifacts_dir), tmp_path_factory.mktemp("sq"))))
+    exported = export_onnx("sample", artifacts_dir=artifacts_dir)
+    return onnx.load(str(square_export(exported, tmp_path_factory.mktemp("square"))))
 
 
 def test_head_tail_is_everything_after_the_last_convs(model):
