@@ -108,15 +108,15 @@ def nms_numpy(pred: np.ndarray, params: DetectParams, keep_indices=nms_keep_indi
 
 def scale_boxes_stacked(boxes: np.ndarray, lbs: Sequence[Letterbox], counts: Sequence[int]) -> np.ndarray:
     """Input-pixel xyxy boxes → original-image pixels, clipped (Ultralytics' ``scale_boxes``), for
-    many images at once: ``boxes`` holds ``counts[i]`` boxes of image ``i`` (placed by ``lbs[i]``),
-    one image after another. The one letterbox undo: every path's boxes go through it.
+    many images at once: ``boxes`` holds ``counts[i]`` boxes of image ``i`` (placed by ``lbs[i]``,
+    undone by its ``Letterbox.undo``), one image after another. The one letterbox undo: every
+    path's boxes go through it.
 
     Per element ``(x - pad) / gain``, clipped to the source size, in float32 with each letterbox
     value rounded to float32 once, whatever the batch: the same bits for an image alone or in a
     batch of 128 (in a few array ops instead of three per image)."""
     out = np.array(boxes, dtype=np.float32, copy=True).reshape(-1, 4)
-    per_image = np.array([(lb.pad_left, lb.pad_top, lb.gain_x, lb.gain_y, lb.src_w, lb.src_h) for lb in lbs],
-                         np.float64).reshape(-1, 6).astype(np.float32)
+    per_image = np.array([(*lb.undo, lb.src_w, lb.src_h) for lb in lbs], np.float64).reshape(-1, 6).astype(np.float32)
     per_box = per_image[np.repeat(np.arange(len(per_image)), np.asarray(counts, np.int64))]
     out -= per_box[:, [0, 1, 0, 1]]
     out /= per_box[:, [2, 3, 2, 3]]

@@ -20,6 +20,11 @@ DecodeName = Literal["gpu", "nvimgcodec", "nvjpeg", "opencv"]  # GPU backends' J
 BACKENDS: tuple[str, ...] = get_args(BackendName)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 DECODERS: tuple[str, ...] = get_args(DecodeName)
+# How an image is placed in the model input: rect, Ultralytics' ``model.predict(source)`` default on
+# a .pt (the long side to imgsz, padded to the next multiple of the stride); square: the imgsz
+# square (its exported engines, ``rect=False``). ``app.imaging.letterbox``.
+LetterboxName = Literal["rect", "square"]
+LETTERBOXES: tuple[str, ...] = get_args(LetterboxName)
 VideoDecodeName = Literal["auto", "nvdec", "opencv"]  # videos and streams; auto: NVDEC on a GPU, else OpenCV (app.predict.sources)
 VIDEO_DECODERS: tuple[str, ...] = get_args(VideoDecodeName)
 # Old spellings still accepted, each resolved here only (``decoder_name``): ``cpu`` was the JPEG
@@ -126,6 +131,7 @@ class Settings(BaseSettings):
     compile: bool = True  # torch-cuda: the engine compiled ahead of time (app.builder.torch_build); False: eager
     batch_invariant: bool = True  # torch-cuda: that engine's kernels give an image one answer in any batch
     ort_threads: int = Field(0, ge=0)  # onnxruntime intra-op threads; 0: its default
+    letterbox: LetterboxName = "rect"  # rect: Ultralytics' predict default; square: imgsz × imgsz (serve --square)
 
     # serving
     host: str = "127.0.0.1"

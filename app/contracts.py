@@ -29,7 +29,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from app.config import CONF, IN_FLIGHT, IOU, MAX_DET, MAX_PIXELS, MAX_WAIT_MS, SERVE_MAX_BATCH, decoder_name
+from app.config import (
+    CONF,
+    IN_FLIGHT,
+    IOU,
+    LETTERBOXES,
+    MAX_DET,
+    MAX_PIXELS,
+    MAX_WAIT_MS,
+    SERVE_MAX_BATCH,
+    check_choice,
+    decoder_name,
+)
 from app.errors import InvalidParameter, YolopipeError
 from app.imaging.headers import ImageHeader
 from app.types import Detections, Letterbox, ModelMeta
@@ -84,9 +95,11 @@ class ImageResult:
 class HostBackend(Protocol):
     name: str  # "onnxruntime"
     precision: str  # "fp32" | "int8"
+    takes_rect: bool  # its model takes any input height and width (rect inputs), not only the imgsz square
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
-        """``[B, 3, S, S]`` float32 RGB in [0, 1] → ``[B, 4 + nc, anchors]`` float32."""
+        """``[B, 3, H, W]`` float32 RGB in [0, 1] (``H × W``: the square, or a rect input where
+        ``takes_rect``) → ``[B, 4 + nc, anchors]`` float32."""
 
     def release_memory(self) -> None:
         """Free what the backend keeps between batches; the next ``infer`` allocates again."""
@@ -166,10 +179,15 @@ class RunShape:
     video_decode: str = "auto"  # decoder of videos and streams (``app.config.VIDEO_DECODERS``)
     max_pixels: int = MAX_PIXELS  # per image or frame, read from its header before it is decoded
     max_wait_ms: float = MAX_WAIT_MS  # longest wait for a batch to fill (batcher, stream runners)
+    # where an image is placed in the model input (``app.config.LETTERBOXES``): rect, Ultralytics'
+    # ``model.predict(source)`` default (each image at the smallest multiple of the stride holding
+    # it: a run holds images of one input size); square, imgsz × imgsz (``--square``)
+    letterbox: str = "rect"
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.in_flight < 1 or self.max_pixels < 1 or self.max_wait_ms < 0:
             raise InvalidParameter(f"a run needs max_batch, in_flight and max_pixels >= 1 and max_wait_ms >= 0: {self}")
+        check_choice("letterbox", self.letterbox, LETTERBOXES)
         object.__setattr__(self, "decode", decoder_name(self.decode))  # an old alias resolved, once
         object.__setattr__(self, "video_decode", decoder_name(self.video_decode, video=True))
 
@@ -356,12 +374,17 @@ class Pipeline(Protocol):
     meta: ModelMeta
     decodes_jpeg: bool  # True: JPEGs (``EncodedImage``) may be passed and are decoded by the pipeline
     takes_nv12: bool  # True: ``DeviceNv12`` frames may be passed (a batch of them only)
+    # where its runs place an image (``RunShape.letterbox``, as ``app.runtime`` clamped it): rect (a
+    # run then holds images of one input size, ``Detector``'s runs) or square; a GPU pipeline's is
+    # square (its kernels write the imgsz square; rect is issue 47's GPU part)
+    letterbox: str
     # the CUDA device a GPU pipeline runs on (its NV12 frames' too), an ``app.gpu.device.CudaDevice``:
     # its index and the gate its NVDEC readers hold too; None on the CPU
     cuda: Any
 
     def run(self, images: Sequence[PipelineInput], params: DetectParams, *, decode: str | None = None) -> PipelineRun:
-        """At most ``max_batch`` images; a per-image error (e.g. a corrupt JPEG) stands in its place.
+        """At most ``max_batch`` images, under a rect ``letterbox`` all of one input size (else
+        ``InvalidParameter``); a per-image error (e.g. a corrupt JPEG) stands in its place.
         ``decode``: the JPEG decoder of this run (``RunShape.decode``; None: the one the pipeline
         was built with). Safe to call from ``in_flight`` threads at once."""
 

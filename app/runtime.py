@@ -11,8 +11,9 @@ passes it whole. Building and opening are two steps, as in NVIDIA Polygraphy's l
 * ``open_detector`` (``open_model_dir`` on a folder at hand) never builds: it finds the
   artifacts, or raises an ``ArtifactError`` naming the command that builds them. It resolves
   ``auto`` for the backend and the precision (the one place that does), clamps the run shape
-  (``RunShape``: batch, batches in flight, decoders, pixel limit, wait) to what the chosen
-  pipeline takes (the one place that does), and wires a backend into its pipeline. The Detector
+  (``RunShape``: batch, batches in flight, decoders, pixel limit, wait, letterbox) to what the
+  chosen pipeline takes (the one place that does: a GPU pipeline, or a model pinned to the
+  square, runs square), and wires a backend into its pipeline. The Detector
   it returns owns the pipeline and, through it, every GPU resource, and carries the clamped shape.
 """
 
@@ -74,7 +75,7 @@ def options_from(settings: Settings) -> OpenOptions:
         batch_invariant=settings.batch_invariant, ort_threads=settings.ort_threads,
         pad_to_captured=True,  # the worker captures the largest bucket, then the others while it serves
         shape=RunShape(max_batch=settings.max_batch, decode=settings.decode, max_pixels=settings.max_pixels,
-                       max_wait_ms=settings.max_wait_ms),
+                       max_wait_ms=settings.max_wait_ms, letterbox=settings.letterbox),
     )
 
 
@@ -198,17 +199,23 @@ def open_model_dir(model_dir: Path, options: OpenOptions | None = None, steps: S
     choice = choose_backend(options.backend, options.precision, model_dir, gpus=cuda_device_count())
     with contextlib.ExitStack() as cleanup:
         if choice.backend == "onnxruntime":
-            shape = cpu_shape(options.shape)
+            from app.pipeline.cpu import CpuPipeline
+
             with steps.step("opening ONNX Runtime"):
-                pipeline = _cpu_pipeline(onnx_path, meta, choice.precision, shape, options.ort_threads)
+                host = _host_backend(onnx_path, choice.precision, options.ort_threads)
+                cleanup.callback(host.close)
+                shape = cpu_shape(options.shape, rect=host.takes_rect)  # a model pinned to the square runs square
+                pipeline = CpuPipeline(host, meta, shape)
+            cleanup.pop_all()  # the pipeline owns the backend now
             cleanup.callback(pipeline.close)
         else:
             engine = _device_engine(choice, model_dir, meta, options, steps)
             cleanup.callback(engine.close)
             from app.pipeline.gpu import GpuPipeline
 
-            # a TensorRT profile's ceiling
-            shape = replace(options.shape, max_batch=min(options.shape.max_batch, engine.max_batch))
+            # a TensorRT profile's ceiling; the GPU pipeline letterboxes to the square (GpuPipeline.letterbox:
+            # rect inputs are issue 47's GPU part)
+            shape = replace(options.shape, max_batch=min(options.shape.max_batch, engine.max_batch), letterbox="square")
             with steps.step("setting up the GPU pipeline (buffers, decoder, kernels)"):
                 pipeline = GpuPipeline(engine, meta, shape, cuda_device(options.device),
                                        pad_to_captured=options.pad_to_captured)
@@ -219,10 +226,12 @@ def open_model_dir(model_dir: Path, options: OpenOptions | None = None, steps: S
     return detector
 
 
-def cpu_shape(shape: RunShape) -> RunShape:
+def cpu_shape(shape: RunShape, *, rect: bool = True) -> RunShape:
     """``shape`` as ONNX Runtime runs it: one batch at a time (its own threads use every core),
-    of at most ``CPU_MAX_BATCH`` images."""
-    return replace(shape, max_batch=min(shape.max_batch, CPU_MAX_BATCH), in_flight=1)
+    of at most ``CPU_MAX_BATCH`` images; letterboxed to the square where its model takes no
+    rect input (``rect`` False: the INT8 model, pinned to the square)."""
+    return replace(shape, max_batch=min(shape.max_batch, CPU_MAX_BATCH), in_flight=1,
+                   letterbox=shape.letterbox if rect else "square")
 
 
 def command(name: str, options: OpenOptions, *more: str) -> str:
@@ -306,15 +315,13 @@ def _torch_cuda_engine(model_dir: Path, meta: ModelMeta, precision: str, options
                                compile=bool(packages), packages=packages)
 
 
-def _cpu_pipeline(onnx_path: Path, meta: ModelMeta, precision: str, shape: RunShape, ort_threads: int):
+def _host_backend(onnx_path: Path, precision: str, ort_threads: int):
     from app.artifacts.int8 import int8_cpu_model_path
     from app.backends.onnxruntime import OnnxRuntimeBackend
-    from app.pipeline.cpu import CpuPipeline
 
     if precision == "int8":
         onnx_path = int8_cpu_model_path(onnx_path.parent)
-    host = OnnxRuntimeBackend(onnx_path, precision=precision, threads=ort_threads or None)
-    return CpuPipeline(host, meta, shape)  # it only keeps the backend: nothing after it can fail
+    return OnnxRuntimeBackend(onnx_path, precision=precision, threads=ort_threads or None)
 
 
 def inference_devices(settings: Settings) -> list[str | None]:

@@ -17,10 +17,12 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Letterbox:
-    """How one source image was placed into the square model input (Ultralytics' ``LetterBox``).
+    """How one source image was placed into the model input (Ultralytics' ``LetterBox``): an
+    ``input_h × input_w`` input, ``imgsz`` square or, rect, the smallest multiple of the stride
+    that holds the resized image (``app.imaging.letterbox.letterbox_params``).
 
     ``new_w``/``new_h`` is the resized image before padding; ``pad_left``/``pad_top`` are the
-    integer pads on the left and top. Boxes go back with ``(x - pad_left) / gain_x``.
+    integer pads on the left and top. Boxes go back by ``undo`` (Ultralytics' ``scale_boxes``).
     """
 
     src_h: int
@@ -29,15 +31,21 @@ class Letterbox:
     new_w: int
     pad_top: int
     pad_left: int
-    size: int  # the square input side (imgsz)
+    input_h: int  # the model input's height and width
+    input_w: int
 
     @property
-    def gain_x(self) -> float:
-        return self.new_w / self.src_w
-
-    @property
-    def gain_y(self) -> float:
-        return self.new_h / self.src_h
+    def undo(self) -> tuple[int, int, float, float]:
+        """``(pad_x, pad_y, gain_x, gain_y)``: a box in input pixels goes back to the source by
+        ``(x - pad_x) / gain_x``. As Ultralytics' ``scale_boxes`` recomputes them from the input
+        and source shapes alone: on a square input that is the placement itself; on a rect one its
+        gain is the smaller of the two sides' (not the square's), which for about one size in
+        150 rounds one side of the resized image differently from the placement, and Ultralytics'
+        boxes go back by that."""
+        gain = min(self.input_h / self.src_h, self.input_w / self.src_w)
+        new_h, new_w = max(round(self.src_h * gain), 1), max(round(self.src_w * gain), 1)
+        pad_x, pad_y = round((self.input_w - new_w) / 2 - 0.1), round((self.input_h - new_h) / 2 - 0.1)
+        return pad_x, pad_y, new_w / self.src_w, new_h / self.src_h
 
 
 @dataclass
@@ -72,8 +80,8 @@ class ModelMeta:
     stride: int
     input_name: str
     output_name: str
-    input_shape: list[Any]  # ["batch", 3, imgsz, imgsz]
-    output_shape: list[Any]  # ["batch", 4 + nc, anchors]
+    input_shape: list[Any]  # ["batch", 3, "height", "width"] (dynamic; up to imgsz × imgsz)
+    output_shape: list[Any]  # ["batch", 4 + nc, anchors at the imgsz square], e.g. ["batch", 6, 8400]
     opset: int
     weights_sha256: str
     onnx_sha256: str = ""
@@ -85,7 +93,14 @@ class ModelMeta:
 
     @property
     def num_anchors(self) -> int:
+        """The head's outputs per image at the ``imgsz`` square (the most any input has)."""
         return int(self.output_shape[2])
+
+    @property
+    def dynamic_hw(self) -> bool:
+        """The model takes any input height and width (multiples of the stride), not only the
+        square: every export since rect inputs; earlier ones were pinned to ``imgsz``."""
+        return all(isinstance(d, str) for d in self.input_shape[2:])
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")

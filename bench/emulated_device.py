@@ -33,7 +33,7 @@ import json
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,7 @@ class EmulatedDevice:
     precision = "fp16"
     decodes_jpeg = True
     takes_nv12 = False
+    letterbox = "square"  # as a GPU pipeline's (rows are replayed: the placement is never made)
     cuda = None  # no CUDA device: it is emulated
     max_det = 300
     buckets: tuple[int, ...] = ()
@@ -143,7 +144,7 @@ class EmulatedDevice:
             rows = self.fallback
             height, width = image.shape[:2]
         # In source pixels already: an identity placement (the Detector's undo leaves them as they are).
-        return self._filtered(rows, params), Letterbox(height, width, height, width, 0, 0, self.meta.imgsz)
+        return self._filtered(rows, params), Letterbox(height, width, height, width, 0, 0, height, width)
 
     def _filtered(self, rows: np.ndarray, params: DetectParams) -> np.ndarray:
         """The recorded rows a request with ``params`` keeps (as NMS would, but for iou and agnostic)."""
@@ -174,14 +175,14 @@ def open_emulated_detector(settings: Any, steps: Any = None, *, replay: Path | N
     from app.runtime import options_from
 
     table = Replay.load(replay) if replay is not None else Replay(generic_meta())
-    shape = options_from(settings).shape
+    shape = replace(options_from(settings).shape, letterbox=EmulatedDevice.letterbox)  # as app.runtime clamps a GPU's
     return Detector(EmulatedDevice(table, rate, max_batch=shape.max_batch, in_flight=shape.in_flight), shape)
 
 
 def generic_meta() -> ModelMeta:
     """An 80-class model's meta, for a device without a recorded replay."""
     return ModelMeta(name="emulated", names=[f"class{i}" for i in range(80)], imgsz=640, stride=32,
-                     input_name="images", output_name="output0", input_shape=["batch", 3, 640, 640],
+                     input_name="images", output_name="output0", input_shape=["batch", 3, "height", "width"],
                      output_shape=["batch", 84, 8400], opset=17, weights_sha256="0" * 64)
 
 

@@ -96,7 +96,7 @@ def run_worker(args) -> None:
     settings = Settings(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, request_timeout_s=30.0)
     device = emulated_device(args)
     detector = Detector(device, RunShape(max_batch=args.max_batch, in_flight=device.in_flight,
-                                         max_wait_ms=args.max_wait_ms))
+                                         max_wait_ms=args.max_wait_ms, letterbox=device.letterbox))
     spec = worker.WorkerSpec(0, None, RunLayout(layout_root, 1), 0, os.getppid())
     worker._run(worker._serve(spec, settings, detector, _Report()))
 

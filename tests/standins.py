@@ -31,6 +31,7 @@ class DecodesItself:
     def __init__(self, cpu) -> None:
         self.cpu = cpu
         self.backend, self.precision, self.meta = "decodes-itself", cpu.precision, cpu.meta
+        self.letterbox = cpu.letterbox
         self.max_batch, self.max_det, self.in_flight = cpu.max_batch, cpu.max_det, 1
         self.received: list = []
 
@@ -118,7 +119,7 @@ class Answers:
     decodes_jpeg = False
     cuda = None
     buckets: tuple[int, ...] = ()
-    backend, precision = "answers", "fp32"
+    backend, precision, letterbox = "answers", "fp32", "square"
 
     def __init__(self, *, max_batch: int = 16, per_batch_s: float = 0.002, takes_nv12: bool = False,
                  in_flight: int = 1) -> None:

@@ -14,10 +14,11 @@ CLIP_SIZE = (640, 480)  # width, height
 CLIP_FPS = 10.0
 
 
-def clip_frames(assets_dir: Path, count: int = 12) -> list[np.ndarray]:
-    """``count`` BGR frames: the first half pans over zidane.jpg, the second over bus.jpg."""
+def clip_frames(assets_dir: Path, count: int = 12, size: tuple[int, int] = CLIP_SIZE) -> list[np.ndarray]:
+    """``count`` BGR frames of ``size`` (width, height): the first half pans over zidane.jpg, the
+    second over bus.jpg."""
     photos = [cv2.imread(str(assets_dir / "zidane.jpg")), cv2.imread(str(assets_dir / "bus.jpg"))]
-    w, h = CLIP_SIZE
+    w, h = size
     frames = []
     for k in range(count):
         photo = photos[0] if k < count / 2 else photos[1]

@@ -13,7 +13,8 @@ WEIGHTS_COPY_NAME = "weights.pt"  # the torch-cuda backend and fidelity checks l
 
 
 def current_export(model_dir: Path, *, weights_sha256: str, imgsz: int) -> tuple[Path, ModelMeta] | None:
-    """The export in ``model_dir`` when it is complete and made from these weights at this size."""
+    """The export in ``model_dir`` when it is complete, made from these weights at this size, and
+    takes any input height and width (``ModelMeta.dynamic_hw``)."""
     onnx_path, meta_path = Path(model_dir) / ONNX_NAME, Path(model_dir) / META_NAME
     if not (onnx_path.is_file() and meta_path.is_file() and (Path(model_dir) / WEIGHTS_COPY_NAME).is_file()):
         return None
@@ -21,7 +22,8 @@ def current_export(model_dir: Path, *, weights_sha256: str, imgsz: int) -> tuple
         meta = ModelMeta.load(meta_path)
     except (OSError, ValueError, TypeError):  # unreadable or from another version: export again
         return None
-    if meta.weights_sha256 != weights_sha256 or meta.imgsz != imgsz:
+    # An export pinned to the square (made before rect inputs) cannot take them: exported again.
+    if meta.weights_sha256 != weights_sha256 or meta.imgsz != imgsz or not meta.dynamic_hw:
         return None
     return onnx_path, meta
 

@@ -42,7 +42,13 @@ class OnnxRuntimeBackend:
         self._shrink = ort.RunOptions()
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         _, *rest = self._session.get_inputs()[0].shape
-        self._empty_batch = np.zeros((0, *(d if isinstance(d, int) else 32 for d in rest)), np.float32)
+        # the export's height and width are named, free dims; a model pinned to the square (the
+        # INT8 one, an export from before rect inputs) has numbers there
+        self.takes_rect = not any(isinstance(d, int) for d in rest[1:])
+        # What release_memory runs: an empty batch (no compute) where the shapes are fixed; a
+        # dynamic model's head reshapes to "-1 anchors", which no empty batch can take, so one image
+        # at the smallest input (32 × 32, 1/400 of the square's work)
+        self._idle_batch = np.zeros((1, 3, 32, 32) if self.takes_rect else (0, *rest), np.float32)
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         return self._session.run([self._output_name], {self._input_name: batch})[0]
@@ -50,10 +56,10 @@ class OnnxRuntimeBackend:
     def release_memory(self) -> None:
         """Give the arena back: ONNX Runtime keeps it at the largest batch it ran (it grows by
         doubling regions and never shrinks by itself), so one burst of large batches would hold
-        it there for good. An empty batch (no compute) run with the shrink option frees every
+        it there for good. A batch of (almost) no compute run with the shrink option frees every
         region it does not use. Safe beside a running batch: only free regions are freed."""
         if self._session is not None:
-            self._session.run([self._output_name], {self._input_name: self._empty_batch}, self._shrink)
+            self._session.run([self._output_name], {self._input_name: self._idle_batch}, self._shrink)
 
     def close(self) -> None:
         self._session = None

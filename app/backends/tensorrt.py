@@ -124,9 +124,10 @@ class TensorRTEngine:
         size = self.meta.imgsz
         if tuple(max_shape[1:]) != (3, size, size):
             raise ArtifactError(f"engine input is {tuple(max_shape)}, expected [batch, 3, {size}, {size}]")
-        out_shape = tuple(engine.get_tensor_shape(self.output_name))  # (-1, 4 + nc, anchors)
+        # (-1, 4 + nc, anchors); anchors -1 in an engine whose height and width are dynamic
+        out_shape = tuple(engine.get_tensor_shape(self.output_name))
         expected = (4 + self.meta.num_classes, self.meta.num_anchors)
-        if out_shape[1:] != expected:
+        if out_shape[1] != expected[0] or out_shape[2] not in (expected[1], -1):
             raise ArtifactError(f"engine output is {out_shape}, expected [batch, {expected[0]}, {expected[1]}]")
 
         self._context = engine.create_execution_context()

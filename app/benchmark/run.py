@@ -223,8 +223,9 @@ def _best_batch(rows: list[dict], backend: str, precision: str, default: int = S
 
 
 def _fidelity_rows(detector, model_dir) -> list[dict]:
-    """The default GPU decode (and decode="opencv") against Ultralytics at the same precision, on
-    the generated varied JPEGs: F1 and the largest score difference of a matched box."""
+    """The default GPU decode (and decode="opencv") against Ultralytics at the same precision and
+    letterbox (rect: its predict defaults; square: rect=False), on the generated varied JPEGs: F1
+    and the largest score difference of a matched box."""
     from ultralytics import YOLO
 
     from app.benchmark.fidelity import agreement
@@ -236,8 +237,8 @@ def _fidelity_rows(detector, model_dir) -> list[dict]:
     params = detector.params()
     refs = []
     for _, data in varied:
-        r = model.predict(decode_image(data), imgsz=640, rect=False, conf=params.conf, iou=params.iou,
-                          quantize=detector.precision, device=0, verbose=False)[0].boxes
+        r = model.predict(decode_image(data), imgsz=640, rect=detector.shape.letterbox == "rect", conf=params.conf,
+                          iou=params.iou, quantize=detector.precision, device=0, verbose=False)[0].boxes
         refs.append((r.xyxy.cpu().numpy(), r.conf.cpu().numpy(), r.cls.cpu().numpy().astype(int)))
     rows = []
     for decode in ("gpu", "opencv"):

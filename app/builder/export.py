@@ -1,9 +1,10 @@
 """``.pt`` → ``model.onnx`` + ``meta.json`` in the model's artifacts folder (build time only).
 
-The ONNX model has a dynamic batch and a fixed ``imgsz × imgsz`` input. Ultralytics'
-``dynamic=True`` makes height and width dynamic too, so we export that way and then pin
-H and W and let onnxslim fold every shape computation that depended on them: the result is
-the same graph a static export gives, with only the batch left free.
+The ONNX model has a dynamic batch, height and width (``["batch", 3, "height", "width"]``):
+Ultralytics' ``dynamic=True`` export, which computes its anchors from the input's shape, so one
+model runs the ``imgsz`` square and every rect input (multiples of the stride, up to ``imgsz``)
+alike, with the square's outputs bit-equal to a static export's. Tools that need fixed shapes
+(the INT8 calibration) take a copy pinned to the square (``pin_spatial_dims``).
 
 The same weights give the same bytes on every export (Ultralytics stamps the export time into
 the model's metadata; that stamp is dropped), so an export's sha256 identifies it.
@@ -47,9 +48,13 @@ def _dims(value_info) -> list:
 
 
 def pin_spatial_dims(model, imgsz: int):
-    """Fix input H and W to ``imgsz``, keep the batch dynamic, and fold the shapes that follow."""
+    """A copy of the export with input H and W fixed to ``imgsz`` and the shapes that followed
+    from them folded (onnxslim): the graph a static export gives, the batch left free."""
+    import onnx
     import onnxslim
 
+    model, source = onnx.ModelProto(), model
+    model.CopyFrom(source)
     dims = model.graph.input[0].type.tensor_type.shape.dim
     dims[0].dim_param = "batch"
     for d in dims[2:]:
@@ -58,6 +63,26 @@ def pin_spatial_dims(model, imgsz: int):
     for out in model.graph.output:  # let shape inference recompute them from the pinned input
         out.type.tensor_type.shape.ClearField("dim")
     return onnxslim.slim(model)
+
+
+def square_export(export: ExportResult, folder: Path) -> Path:
+    """The export pinned to its ``imgsz`` square (``pin_spatial_dims``), for the tools that need
+    fixed shapes (the INT8 calibration: its models take the square only); written once into
+    ``folder``, named by the export's sha256 (the same export gives the same copy)."""
+    import onnx
+
+    meta = export.meta
+    path = Path(folder) / f"{meta.onnx_sha256[:16]}-square{meta.imgsz}.onnx"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".square-", suffix=".onnx", dir=path.parent)
+        os.close(fd)
+        try:
+            onnx.save(pin_spatial_dims(onnx.load(str(export.onnx_path)), meta.imgsz), tmp)
+            os.replace(tmp, path)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    return path
 
 
 @contextlib.contextmanager
@@ -114,17 +139,20 @@ def export_onnx(
     with _ultralytics_offline(), tempfile.TemporaryDirectory() as tmp:
         model = _load_detection_model(resolved, Path(tmp))
         names = [model.names[i] for i in sorted(model.names)]
-        stride = int(max(model.model.stride))
+        strides = [int(s) for s in model.model.stride]
+        stride, anchors = max(strides), sum((imgsz // s) ** 2 for s in strides)
         exported = Path(
             model.export(format="onnx", imgsz=imgsz, dynamic=True, simplify=True, opset=opset, verbose=False)
         )
-        graph = pin_spatial_dims(onnx.load(str(exported)), imgsz)
+        graph = onnx.load(str(exported))
     for prop in [p for p in graph.metadata_props if p.key in UNSTABLE_METADATA]:
         graph.metadata_props.remove(prop)
     onnx.checker.check_model(graph)
     input_shape, output_shape = _dims(graph.graph.input[0]), _dims(graph.graph.output[0])
-    if output_shape[1] != 4 + len(names):
-        raise ArtifactError(f"unexpected head output {output_shape} for {len(names)} classes")
+    if output_shape[1] != 4 + len(names) or not all(isinstance(d, str) for d in input_shape[2:]):
+        raise ArtifactError(f"unexpected export: input {input_shape}, head output {output_shape} "
+                            f"for {len(names)} classes")
+    output_shape[2] = anchors  # the dynamic graph's count at the square: one per cell of each stride's grid
 
     # Written into a fresh folder, then moved into place: a failed export leaves nothing behind.
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,8 @@ a precision is expressed (``app.builder.trt_recipe.build_recipe`` decides, and i
   accepted and ignored on 11.x, where every network is strongly typed).
 
 Everything else is the same API on both: ``OnnxParser.parse_from_file``, one optimization
-profile on the batch axis, ``MemoryPoolType.WORKSPACE``, the timing cache
+profile on the batch axis and, for a dynamic export, on height and width (``spatial_profile``:
+rect inputs up to the square), ``MemoryPoolType.WORKSPACE``, the timing cache
 (``create_timing_cache`` / ``set_timing_cache`` / ``get_timing_cache().serialize()``), an
 ``IProgressMonitor`` (10.0+) driving a rich progress bar, and ``build_serialized_network``.
 The runtime side lives in ``app.backends.tensorrt``; build and run never share a module.
@@ -27,7 +28,7 @@ from typing import Any
 
 from app.artifacts.engines import EngineMeta, engine_file_name, now_iso, save_engine_meta
 from app.artifacts.store import write_atomically
-from app.builder.trt_recipe import BuildRecipe, build_recipe, select_profile
+from app.builder.trt_recipe import BuildRecipe, build_recipe, select_profile, spatial_profile
 from app.config import ENGINE_MAX_BATCH, ENGINE_OPT_BATCH, ENGINE_PRECISIONS, check_choice
 from app.errors import ArtifactError, BackendUnavailable, CalibrationError, InvalidParameter
 from app.weights import sha256_file
@@ -275,10 +276,12 @@ def _build_serialized(
         config.clear_flag(trt.BuilderFlag.TF32)
 
     lo, opt, hi = profile
+    (min_h, min_w), (opt_h, opt_w), (max_h, max_w) = spatial_profile(tuple(network.get_input(0).shape), imgsz)
     opt_profile = builder.create_optimization_profile()
-    opt_profile.set_shape(input_name, (lo, 3, imgsz, imgsz), (opt, 3, imgsz, imgsz), (hi, 3, imgsz, imgsz))
+    opt_profile.set_shape(input_name, (lo, 3, min_h, min_w), (opt, 3, opt_h, opt_w), (hi, 3, max_h, max_w))
     if config.add_optimization_profile(opt_profile) < 0:
-        raise ArtifactError(f"TensorRT rejected the batch profile {lo}/{opt}/{hi} for input {input_name}")
+        raise ArtifactError(f"TensorRT rejected the profile: batch {lo}/{opt}/{hi}, height and width "
+                            f"{min_h}x{min_w}/{opt_h}x{opt_w}/{max_h}x{max_w}, for input {input_name}")
 
     cache = _load_timing_cache(config, cache_path, console)
 

@@ -23,6 +23,20 @@ def select_profile(min_batch: int, opt_batch: int, max_batch: int) -> tuple[int,
     return lo, opt, hi
 
 
+def spatial_profile(input_dims: tuple[int, ...], imgsz: int, stride: int = 32
+                    ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """``(min, opt, max)`` input ``(height, width)`` of the engine's optimization profile, from the
+    parsed network's input dims (``-1``: dynamic): a dynamic export takes every rect input, one
+    stride up to ``imgsz`` on each side, tuned for the square; a model pinned to the square (the
+    INT8 Q/DQ model) takes its own size only."""
+    height, width = input_dims[2], input_dims[3]
+    if height == width == -1:
+        return (stride, stride), (imgsz, imgsz), (imgsz, imgsz)
+    if -1 in (height, width):
+        raise InvalidParameter(f"input dims {tuple(input_dims)}: height and width are both dynamic or both fixed")
+    return (height, width), (height, width), (height, width)
+
+
 # --- how each TensorRT version builds each precision --------------------------------------
 @dataclass(frozen=True)
 class BuildRecipe:

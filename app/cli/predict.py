@@ -18,7 +18,16 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
-from app.cli.options import BATCH_INVARIANT_HELP, DECODE_HELP, ArtifactsDir, Backend, Imgsz, Precision, Weights
+from app.cli.options import (
+    BATCH_INVARIANT_HELP,
+    DECODE_HELP,
+    SQUARE_HELP,
+    ArtifactsDir,
+    Backend,
+    Imgsz,
+    Precision,
+    Weights,
+)
 from app.cli.terminal import ExitCode, console, counted
 from app.config import CONF, CPU_MAX_BATCH, IOU, MAX_DET, PREDICT_BATCH, decoder_name
 
@@ -45,6 +54,7 @@ class PredictOptions:
     precision: str
     decode: str
     batch_invariant: bool
+    square: bool
     artifacts_dir: Path | None
     device: int
     # the detections
@@ -86,7 +96,8 @@ class PredictOptions:
             # files: the last, smaller batch runs in a bucket already captured, rather than capturing its
             # own; streams' batches take every size, each captured once
             pad_to_captured=not streams,
-            shape=RunShape(max_batch=self.batch, decode=self.decode, video_decode=self.video_decode),
+            shape=RunShape(max_batch=self.batch, decode=self.decode, video_decode=self.video_decode,
+                           letterbox="square" if self.square else "rect"),
         )
 
 
@@ -105,6 +116,7 @@ def predict(
     decode: Annotated[str, typer.Option(help=DECODE_HELP)] = "gpu",
     batch_invariant: Annotated[bool, typer.Option("--batch-invariant/--no-batch-invariant",
                                                   help=BATCH_INVARIANT_HELP)] = True,
+    square: Annotated[bool, typer.Option("--square", help=SQUARE_HELP)] = False,
     classes: Annotated[list[int] | None, typer.Option("--classes", metavar="ID", help="Keep only these class ids (repeatable).")] = None,
     agnostic: Annotated[bool, typer.Option(help="Class-agnostic NMS.")] = False,
     save_images: Annotated[Path | None, typer.Option(help="Also write annotated images here.")] = None,
@@ -141,7 +153,8 @@ def predict(
     startup = StartupReport(verbose)  # first: it times the start-up up to here too
     options = checked(PredictOptions(
         source=source, out=out, weights=weights, imgsz=imgsz, batch=batch, backend=backend, precision=precision,
-        decode=decode, batch_invariant=batch_invariant, artifacts_dir=artifacts_dir, device=device, conf=conf,
+        decode=decode, batch_invariant=batch_invariant, square=square,
+        artifacts_dir=artifacts_dir, device=device, conf=conf,
         iou=iou, max_det=max_det, classes=classes, agnostic=agnostic, save_images=save_images, coco=coco,
         resume=resume, ray=ray, ray_address=ray_address, gpu_actors=gpu_actors, cpu_actors=cpu_actors,
         output_format=output_format, vid_stride=vid_stride, track=track, video_decode=video_decode, verbose=verbose,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from app.cli.options import BATCH_INVARIANT_HELP, DECODE_HELP, ArtifactsDir
+from app.cli.options import BATCH_INVARIANT_HELP, DECODE_HELP, SQUARE_HELP, ArtifactsDir
 from app.config import Settings
 
 
@@ -50,6 +50,7 @@ def serve(
     batch_invariant: Annotated[bool | None, typer.Option("--batch-invariant/--no-batch-invariant",
                                                             help=BATCH_INVARIANT_HELP)] = None,
     decode: Annotated[str | None, typer.Option(help=DECODE_HELP)] = None,
+    square: Annotated[bool, typer.Option("--square", help=SQUARE_HELP + " Env YOLOPIPE_LETTERBOX=square.")] = False,
     artifacts_dir: ArtifactsDir = None,
 ) -> None:
     """Serve detection over HTTP and gRPC.
@@ -64,4 +65,4 @@ def serve(
                              grpc_port=grpc_port, grpc_workers=grpc_workers, allow_client_shm=allow_client_shm,
                              max_batch=max_batch, max_wait_ms=max_wait_ms, workers=workers, gpus=gpus,
                              cpu_workers=cpu_workers, compile=compile, batch_invariant=batch_invariant,
-                             decode=decode, artifacts_dir=artifacts_dir))
+                             decode=decode, letterbox="square" if square else None, artifacts_dir=artifacts_dir))

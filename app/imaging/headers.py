@@ -82,6 +82,14 @@ class ImageHeader:
         return self.height * self.width
 
     @property
+    def upright_size(self) -> tuple[int, int]:
+        """``(height, width)`` as decoded: a JPEG's EXIF orientation 5-8 turns it by 90°, as
+        OpenCV's read (and every GPU decoder here) applies it."""
+        if self.jpeg is not None and self.jpeg.orientation in (5, 6, 7, 8):
+            return self.width, self.height
+        return self.height, self.width
+
+    @property
     def gpu_decodable(self) -> bool:
         """Whether a GPU JPEG decoder takes this image: the one test of it (``JpegHeader``'s),
         for the detector's routing and the GPU decoders' alike."""

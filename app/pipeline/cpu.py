@@ -21,6 +21,7 @@ from app.contracts import (
     StageTimes,
     measure_once,
 )
+from app.errors import InvalidParameter
 from app.imaging.letterbox import letterbox, to_input
 from app.pipeline.nms_cpu import nms_keep_indices_cpu
 from app.types import ModelMeta
@@ -29,8 +30,9 @@ from app.types import ModelMeta
 class CpuPipeline:
     """Implements ``app.contracts.Pipeline`` for a ``HostBackend``. One batch at a time
     (``in_flight = 1``): the backend's own threads already use every core. No bucket: ONNX
-    Runtime runs any batch size as it is, padding none. ``shape``: the run shape ``app.runtime``
-    clamped (``max_batch`` is read from it). It owns ``backend`` and closes it."""
+    Runtime runs any batch size, and any input size, as it is, padding none. ``shape``: the run
+    shape ``app.runtime`` clamped (``max_batch`` and ``letterbox`` are read from it; rect only
+    where the backend ``takes_rect``). It owns ``backend`` and closes it."""
 
     decodes_jpeg = False
     takes_nv12 = False
@@ -39,12 +41,16 @@ class CpuPipeline:
     buckets: tuple[int, ...] = ()
 
     def __init__(self, backend: HostBackend, meta: ModelMeta, shape: RunShape, *, max_det: int = MAX_DET) -> None:
+        if shape.letterbox == "rect" and not backend.takes_rect:
+            raise InvalidParameter(f"this {backend.name} {backend.precision} model takes the {meta.imgsz} square only")
         self.backend = backend.name
         self.precision = backend.precision
         self.meta = meta
         self.max_batch = shape.max_batch
+        self.letterbox = shape.letterbox
         self.max_det = max_det
         self._engine = backend
+        self._stride = meta.stride if shape.letterbox == "rect" else 0  # 0: the square
 
     def warmup(self, batches: Sequence[int] | None = None, *, nv12: bool = False,
                frame_size: tuple[int, int] | None = None) -> None:
@@ -53,7 +59,9 @@ class CpuPipeline:
     def run(self, images: Sequence[PipelineInput], params: DetectParams, *, decode: str | None = None) -> PipelineRun:
         """``decode`` is a GPU pipeline's: images come here decoded."""
         t0 = time.perf_counter()
-        placed = [letterbox(img, self.meta.imgsz) for img in images]
+        placed = [letterbox(img, self.meta.imgsz, self._stride) for img in images]
+        if len({p[0].shape for p in placed}) > 1:
+            raise InvalidParameter("a rect run's images must share one input size (the Detector's runs do)")
         batch = to_input([p[0] for p in placed])
         t1 = time.perf_counter()
         head = self._engine.infer(batch)

@@ -6,11 +6,12 @@ of already-read images (``EncodedImage``, BGR arrays, ``DeviceNv12`` frames, or 
 stands in for one) → a ``DetectedBatch``: per image its source size and its error or its rows,
 in source pixels (``app.boxes.scale_boxes_stacked``), the batch's stage times and its runs'
 facts. It decodes on the CPU what the pipeline does not decode itself, splits the batch into
-runs the pipeline takes (``RunShape.max_batch``; device frames apart from host ones), each with
-the shape's JPEG decoder (``RunShape.decode``), keeps up to ``RunShape.in_flight`` of them in
-flight (``app.pipeline.overlap``), and validates parameters. ``app.records`` writes the JSON of
-its answers. What the benchmarks and checks ask of the model beyond that, they ask through one
-method, ``diagnose``.
+runs the pipeline takes (``RunShape.max_batch``; under a rect letterbox one run per input size,
+``input_size``, so that no image's answer depends on its batch-mates; device frames apart from
+host ones), each with the shape's JPEG decoder (``RunShape.decode``), keeps up to
+``RunShape.in_flight`` of them in flight (``app.pipeline.overlap``), and validates parameters.
+``app.records`` writes the JSON of its answers. What the benchmarks and checks ask of the model
+beyond that, they ask through one method, ``diagnose``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from app.errors import InvalidParameter, YolopipeError
 from app.imaging.check import check_image
 from app.imaging.decode import decode_image
 from app.imaging.headers import ImageHeader
+from app.imaging.letterbox import input_size
 from app.pipeline.overlap import run_overlapped
 from app.types import ModelMeta
 
@@ -56,13 +58,17 @@ class Detector:
     model's whole face: front ends, the service and the benchmarks ask it, never its pipeline."""
 
     def __init__(self, pipeline: Pipeline, shape: RunShape | None = None, **changes: Any) -> None:
-        """``shape``: by default the pipeline's own batch and in-flight limits; ``changes``:
-        fields of it to set (``video_decode="nvdec"``)."""
-        shape = replace(shape or RunShape(max_batch=pipeline.max_batch, in_flight=pipeline.in_flight), **changes)
+        """``shape``: by default the pipeline's own batch and in-flight limits and letterbox;
+        ``changes``: fields of it to set (``video_decode="nvdec"``)."""
+        shape = replace(shape or RunShape(max_batch=pipeline.max_batch, in_flight=pipeline.in_flight,
+                                          letterbox=pipeline.letterbox), **changes)
         # A shape made for another pipeline (tests, a stand-in) could ask for runs this one cannot take.
         if shape.max_batch > pipeline.max_batch or shape.in_flight > pipeline.in_flight:
             raise InvalidParameter(f"run shape max_batch {shape.max_batch}, in_flight {shape.in_flight} is over the "
                                    f"{pipeline.backend} pipeline's {pipeline.max_batch}, {pipeline.in_flight}")
+        if shape.letterbox != pipeline.letterbox:
+            raise InvalidParameter(f"run shape letterbox {shape.letterbox} is not the {pipeline.backend} pipeline's "
+                                   f"{pipeline.letterbox}")
         self.pipeline = pipeline  # app.pipeline's own: everyone else uses the methods below
         self.shape = shape
 
@@ -119,12 +125,21 @@ class Detector:
         """The batch sizes a run is padded up to, each prepared by ``warmup``; (): none padded."""
         return self.pipeline.buckets
 
+    def input_size(self, height: int, width: int) -> tuple[int, int]:
+        """The model input's ``(height, width)`` an image of this size runs at: the imgsz square,
+        or under a rect letterbox the smallest multiple of the stride holding it. Images of one
+        input size may share a run (the batcher and the folder group them by it)."""
+        if self.shape.letterbox == "square":
+            return self.meta.imgsz, self.meta.imgsz
+        return input_size(height, width, self.meta.imgsz, self.meta.stride)
+
     def info(self) -> dict[str, Any]:
         return {
             "model": self.meta.name,
             "backend": self.backend,
             "precision": self.precision,
             "imgsz": self.meta.imgsz,
+            "letterbox": self.shape.letterbox,
             "max_batch": self.shape.max_batch,
             "class_names": self.names,
             "weights_sha256": self.meta.weights_sha256,
@@ -209,7 +224,16 @@ class Detector:
         return _detected(len(items), sorted(placed, key=lambda p: p[0]), errors, timings, tuple(facts))
 
     def _runs(self, ready: list[tuple[int, PipelineInput]]) -> list[list[tuple[int, PipelineInput]]]:
-        """Pipeline-sized runs, device frames apart from host images (a GPU run holds one kind)."""
+        """Pipeline-sized runs: under a rect letterbox one input size per run (sizes in the order
+        they first come), device frames apart from host images (a GPU run holds one kind)."""
+        if self.shape.letterbox == "rect":
+            sizes: dict[tuple[int, int], list[tuple[int, PipelineInput]]] = {}
+            for x in ready:
+                sizes.setdefault(self.input_size(*source_size(x[1])), []).append(x)
+            return [run for same in sizes.values() for run in self._kind_runs(same)]
+        return self._kind_runs(ready)
+
+    def _kind_runs(self, ready: list[tuple[int, PipelineInput]]) -> list[list[tuple[int, PipelineInput]]]:
         on_device = [x for x in ready if isinstance(x[1], DeviceNv12)]
         on_host = [x for x in ready if not isinstance(x[1], DeviceNv12)] if on_device else ready
         step = self.shape.max_batch
@@ -246,10 +270,10 @@ class Detector:
                  timeline: bool = False) -> Diagnostics:
         """What the model is and how it runs (``app.contracts.Diagnostics``), under this shape's
         JPEG decoder; each keyword asks for more: ``profile``: one run of these items (at most
-        ``max_batch``, each one that prepares) with ``params`` on the profiling path (each stage's
-        own time, device stages too); ``bare``: the engine alone on this letterboxed batch, its
-        calls timed by ``measure``; ``timeline`` (GPU): record every batch's stages from now on,
-        until the timeline it answers is closed."""
+        ``max_batch``, under a rect letterbox of one input size, each one that prepares) with
+        ``params`` on the profiling path (each stage's own time, device stages too); ``bare``: the
+        engine alone on this letterboxed batch, its calls timed by ``measure``; ``timeline`` (GPU):
+        record every batch's stages from now on, until the timeline it answers is closed."""
         run = ([self.prepare(x) for x in profile], params or DetectParams()) if profile is not None else None
         return self.pipeline.diagnose(decode=self.shape.decode, profile=run, bare=bare, measure=measure,
                                       timeline=timeline)
@@ -259,6 +283,16 @@ class Detector:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def source_size(image: PipelineInput) -> tuple[int, int]:
+    """An image's ``(height, width)`` as it will be decoded: its pixels', a device frame's, or
+    for a JPEG its header's, turned by its EXIF orientation as every decoder turns it."""
+    if isinstance(image, np.ndarray):
+        return image.shape[0], image.shape[1]
+    if isinstance(image, DeviceNv12):
+        return image.height, image.width
+    return image.header.upright_size
 
 
 def _detected(n: int, placed: list[tuple[int, Any]], errors: dict[int, YolopipeError], timings: StageTimes,

@@ -76,6 +76,7 @@ class GpuPipeline:
 
     decodes_jpeg = True
     takes_nv12 = True
+    letterbox = "square"  # its kernels write the imgsz square (rect inputs: issue 47's GPU part)
 
     def __init__(
         self,

@@ -14,7 +14,10 @@ names as strings (no ``Path`` per file), reads with ``os.read``, one header chec
 (``--save-images`` builds them), no dict or ``json.dumps`` per image (``--coco`` keeps a dict
 per image and detection, from the batch's arrays: ``app.records.CocoDocument``).
 
-Batches are the detector's own (``RunShape.max_batch``): nothing here sizes them.
+Batches are the detector's own (``RunShape.max_batch``): nothing here sizes them. Under a rect
+letterbox the detector takes a window of ``RECT_WINDOW_BATCHES`` batches' images at a time and
+runs them grouped by input size (``Detector.run_prepared``: photos of a few common sizes fill
+whole batches), answering in file order, so the output's order is the folder's either way.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ from app.predict.video import VIDEO_SUFFIXES, frames_to_read, predict_video
 from app.records import CocoDocument, FolderSummary, Written, image_lines, read_written
 
 MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES  # what ``predict`` reads: images and videos
+# Rect: images grouped by input size over windows of this many batches (one window read while the
+# other runs: as many images held as three batches in flight would hold)
+RECT_WINDOW_BATCHES = 2
 
 
 def _ends_with_newline(path: Path) -> bool:
@@ -192,16 +198,21 @@ def predict_folder(
     names, in_flight = detector.names, detector.shape.in_flight
 
     def detect_chunk(chunk: list[tuple[SourceImage, Any]]) -> tuple[list[SourceImage], DetectedBatch, list[str]]:
-        """In a batch thread: the detector on the batch's images, then its JSON lines."""
+        """In a batch thread: the detector on the batch's (rect: the window's) images, then its
+        JSON lines, in file order."""
         files = [img for img, _ in chunk]
         answers = detector.run_prepared([x for _, x in chunk], params)  # the readers prepared them
         return files, answers, image_lines([img.name for img in files], answers, names)
 
-    chunks = _batches(detector, todo, detector.shape.max_batch, workers, ahead_batches=in_flight + 2)
+    # Square: a batch at a time, in_flight of them at once. Rect: a window at a time, whose runs (a
+    # size each) the detector keeps in_flight at once itself.
+    rect = detector.shape.letterbox == "rect"
+    chunk = detector.shape.max_batch * (RECT_WINDOW_BATCHES if rect else 1)
+    chunks = _batches(detector, todo, chunk, workers, ahead_batches=2 if rect else in_flight + 2)
     with open(out, "a" if resume else "w") as fh:
         if resume and not _ends_with_newline(out):
             fh.write("\n")  # a torn last line stays torn, on its own, instead of swallowing the next one
-        for files, answers, lines in run_overlapped(detect_chunk, chunks, in_flight):
+        for files, answers, lines in run_overlapped(detect_chunk, chunks, 1 if rect else in_flight):
             fh.write("\n".join(lines) + "\n")
             fh.flush()
             summary.images += len(files)

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.requires_gpu
 def test_the_batcher_warms_the_buckets_and_answers_a_batch_as_the_detector_does(gpu, sample_model_dir, meta,
                                                                                  assets_dir, tmp_path, monkeypatch):
     pipeline = gpu.make_pipeline(sample_model_dir, meta, "fp16", max_batch=8, in_flight=2)
-    detector = Detector(pipeline, RunShape(max_batch=8, in_flight=2, max_wait_ms=50))
+    detector = Detector(pipeline, RunShape(max_batch=8, in_flight=2, max_wait_ms=50, letterbox="square"))
     answers: queue.Queue = queue.Queue()
 
     def deliver(jobs, batch_answers):

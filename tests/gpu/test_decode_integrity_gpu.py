@@ -106,7 +106,7 @@ def test_many_threads_through_the_batcher_cut_files_are_errors_and_photos_their_
     """16 client threads admit photos and cut files (these with the header the worker reads
     itself, as for bytes from elsewhere) into one batcher over a 3-slot pipeline."""
     pipeline = gpu.make_pipeline(sample_model_dir, meta, "fp16", max_batch=8, in_flight=3)
-    detector = Detector(pipeline, RunShape(max_batch=8, in_flight=3, max_wait_ms=2))
+    detector = Detector(pipeline, RunShape(max_batch=8, in_flight=3, max_wait_ms=2, letterbox="square"))
     names = detector.names
     valid = dict(photos)
     broken = {f"{src} {what}": cut for src in ("bus", "zidane", "bus_progressive") for what, cut in cuts(photos[src]).items()}

@@ -87,6 +87,20 @@ def test_scale_boxes_equals_ultralytics(shape):
     np.testing.assert_allclose(ours, theirs, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("shape", [(480, 640), (1080, 810), (517, 333), (101, 1000), (5, 99), (12, 239), (160, 90)])
+def test_rect_scale_boxes_equals_ultralytics_bit_for_bit(shape):
+    """Rect: boxes go back as Ultralytics' ``scale_boxes`` takes them from the rect input (its gain
+    recomputed from the input and source shapes, which for 5 × 99 and 12 × 239 is not the
+    placement's own), to the bit."""
+    lb = letterbox_params(*shape, 640, 32)
+    rng = np.random.default_rng(1)
+    boxes = rng.uniform(-20, 660, (50, 4)).astype(np.float32)
+    boxes[:, 2:] = boxes[:, :2] + rng.uniform(1, 100, (50, 2))
+    ours = scale_boxes(boxes, lb)
+    theirs = ul_scale_boxes((lb.input_h, lb.input_w), torch.from_numpy(boxes.copy()), shape).numpy()
+    assert ours.tobytes() == theirs.tobytes()
+
+
 @pytest.mark.parametrize("iou", [0.6, 0.45, 0.5, 0.7, 0.3])
 def test_threshold_compares_like_torchvision_at_exact_ties(iou):
     """IoU exactly equal to float32(iou): torchvision compares with the double threshold."""
@@ -105,7 +119,7 @@ def test_scale_boxes_stacked_is_bitwise_scale_boxes_per_image():
     rng = np.random.default_rng(3)
     shapes = [(480, 640), (1080, 810), (33, 1000), (720, 1280), (1, 1), (4000, 3), (640, 640)]
     counts = [int(rng.integers(0, 9)) if i % 3 else 0 for i in range(40)]
-    lbs = [letterbox_params(*shapes[i % len(shapes)], 640) for i in range(len(counts))]
+    lbs = [letterbox_params(*shapes[i % len(shapes)], 640, 32 * (i % 2)) for i in range(len(counts))]  # square, rect
     per_image = [rng.uniform(-50, 700, (n, 4)).astype(np.float32) for n in counts]
     stacked = scale_boxes_stacked(np.concatenate(per_image), lbs, counts)
     expected = np.concatenate([scale_boxes(b, lb) for b, lb in zip(per_image, lbs)])

@@ -189,6 +189,16 @@ def test_calibrate_writes_both_models_and_its_report(tmp_path, sample_model_dir,
     report = json.loads((private / "int8_report.json").read_text())
     assert report["passed"] is True and report["installed"] is True
     assert sorted(tmp_path.iterdir()) == sorted([root, images])  # nothing written where it ran
+    # The INT8 models were made from the export pinned to the square: the CPU one runs square,
+    # whatever the run asks (the runtime clamps it); FP32 beside it runs rect.
+    from app.runtime import OpenOptions, open_model_dir
+
+    with open_model_dir(private, OpenOptions(backend="onnxruntime", precision="int8")) as int8:
+        assert (int8.precision, int8.shape.letterbox, int8.pipeline.letterbox) == ("int8", "square", "square")
+        (bus,) = int8.detect([(assets_dir / "bus.jpg").read_bytes()])
+        assert int8.input_size(1080, 810) == (640, 640) and bus.error is None and len(bus.detections) > 0
+    with open_model_dir(private, OpenOptions(backend="onnxruntime")) as fp32:
+        assert fp32.shape.letterbox == "rect" and fp32.input_size(1080, 810) == (640, 480)
 
     # an impossible gate: the report is written, the models stay as they were, exit status 1
     before = (private / "model.int8.onnx").stat().st_mtime_ns

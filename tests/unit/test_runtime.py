@@ -220,3 +220,30 @@ def test_opening_never_exports_and_names_the_command_that_does(tmp_path, linked_
     assert ensure_artifacts(options) == folder
     with open_detector(options) as det, open_detector(OpenOptions("sample", backend="onnxruntime")) as ref:
         assert det.meta == ref.meta and det.detect([bus])[0].width == ref.detect([bus])[0].width == 810
+
+
+def test_a_model_pinned_to_the_square_runs_square_whatever_is_asked(sample_model_dir, tmp_path, bus):
+    """An export from before rect inputs (H and W pinned to imgsz), opened as it is: the runtime
+    reads from the model that it takes the square only and clamps the run to square, whose answers
+    are those of the dynamic export run square, never a rect input it cannot take."""
+    import shutil
+
+    import onnx
+
+    from app.builder.export import pin_spatial_dims
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, open_model_dir
+
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in ("meta.json", "weights.pt"):
+        shutil.copyfile(sample_model_dir / name, old / name)
+    onnx.save(pin_spatial_dims(onnx.load(str(sample_model_dir / "model.onnx")), 640), str(old / "model.onnx"))
+    square = OpenOptions(backend="onnxruntime", shape=RunShape(letterbox="square"))
+    with open_model_dir(old, OpenOptions(backend="onnxruntime")) as pinned, \
+            open_model_dir(sample_model_dir, square) as sq:
+        assert (pinned.shape.letterbox, pinned.pipeline.letterbox) == ("square", "square")
+        square_rows = sq.run([bus]).rows.tobytes()
+        assert pinned.run([bus]).rows.tobytes() == square_rows
+    with open_model_dir(sample_model_dir, OpenOptions(backend="onnxruntime")) as rect:
+        assert rect.shape.letterbox == "rect" and rect.run([bus]).rows.tobytes() != square_rows

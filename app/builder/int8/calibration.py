@@ -97,7 +97,7 @@ OVERESTIMATE_NOTE = (
 @dataclass
 class CalibrationResult:
     model_dir: Path
-    onnx_path: Path  # the FP32 model calibrated
+    onnx_path: Path  # the FP32 model calibrated: the export pinned to the square
     tensorrt_qdq_path: Path  # model.int8.onnx: s8 Q/DQ for TensorRT (build-engine --precision int8)
     cpu_qdq_path: Path  # model.int8-cpu.onnx: u8 Q/DQ for ONNX Runtime (--precision int8 on a CPU)
     report_path: Path  # int8_report.json
@@ -197,7 +197,7 @@ def calibrate(
     """
     from rich.console import Console
 
-    from app.builder.export import export_onnx
+    from app.builder.export import export_onnx, square_export
     from app.weights import sha256_file
 
     console = console or Console(stderr=True)
@@ -229,8 +229,10 @@ def calibrate(
                       f"({needed_images_hint(holdout)})")
 
     exported = export_onnx(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
-    onnx_path, meta, model_dir = exported.onnx_path, exported.meta, exported.model_dir
+    meta, model_dir = exported.meta, exported.model_dir
     cache_root = calibration_root or calibration_cache_dir(model_dir)
+    # The Q/DQ tools (shape inference, FLOPs) work on fixed shapes: the INT8 models take the square only.
+    onnx_path = square_export(exported, cache_root)
     timings["export_s"] = time.perf_counter() - t0
     discard_staged(model_dir)  # what a killed calibration left, never installed
 

@@ -5,10 +5,11 @@ its ``max_wait_ms`` for a batch to fill.
 * **Admission in time.** ``admit`` refuses at once (``Overloaded`` → 503) when the work
   already admitted, at the measured seconds per image (an EWMA over recent batches), would
   not be done within the budget. An empty queue always admits.
-* **Fair.** Images wait in one queue per request, and a batch takes one image from each
-  request in turn (round-robin), so a big ``/v1/detect/batch`` request never holds single
-  images back by more than one batch; the HTTP side also keeps only ``request_window``
-  images of one request here at a time.
+* **Fair, by shape.** Images wait in one queue per request, and a batch takes one image from
+  each request in turn (round-robin), of one group: equal parameters and one model input size
+  (under a rect letterbox, from the header the HTTP worker read; ``rounds``), so a big
+  ``/v1/detect/batch`` request never holds single images back by more than one batch; the HTTP
+  side also keeps only ``request_window`` images of one request here at a time.
 * **Lazy decode.** Bytes stay in the HTTP worker's ring until their batch is formed, then are
   copied out with the header the HTTP worker read (``EncodedImage``: never parsed again),
   decoded (CPU pool; a JPEG passes through to a GPU pipeline that decodes it) and freed;
@@ -43,6 +44,7 @@ from app.ipc.answers import Answers
 from app.ipc.wire import DRAINING, READY, ImageRef, Load, Outcome, over_budget, queued_seconds
 from app.pipeline.detector import Detector
 from app.service.inference.answers import answers_of
+from app.service.inference.rounds import take_round_robin
 from app.service.inference.warmup import is_sticky_device_error, warmup
 
 log = logging.getLogger("yolopipe.serving")
@@ -61,6 +63,7 @@ class Job:
     data: Any  # a view of the bytes in the owner's ring until decoded (or a stream's BGR frame)
     admitted_at: float = field(default_factory=time.perf_counter)
     decode_ms: float = 0.0
+    group: Hashable = None  # what it may share a batch by: its parameters and input size (set when admitted)
 
     @property
     def key(self) -> tuple[Hashable, int]:
@@ -174,11 +177,21 @@ class Batcher:
             return over_budget(queued_s, self.budget_s)
         self._pending += 1
         self._queued += 1
+        job.group = (job.ref.params, self._input_size(job))
         queue = self._requests.get(job.key)
         if queue is None:
             self._requests[job.key] = queue = deque()
         queue.append(job)
         return None
+
+    def _input_size(self, job: Job) -> tuple[int, int] | None:
+        """The model input size ``job``'s image will run at: from a stream frame's shape, or the
+        header the HTTP worker read (turned by its EXIF orientation); None where neither is known
+        yet (the detector reads it, and runs it at its size whatever its batch)."""
+        if isinstance(job.data, np.ndarray):
+            return self.detector.input_size(*job.data.shape[:2])
+        header = job.ref.header
+        return None if header is None else self.detector.input_size(*header.upright_size)
 
     def cancel(self, owner: Hashable, req_id: int) -> None:
         """The request is over (failed or timed out): answer its queued images without running them."""
@@ -233,7 +246,7 @@ class Batcher:
         self._publish()
 
     def _next_batch(self) -> tuple[list[Job] | None, list[Job]]:
-        """Wait for work; up to max_batch jobs with equal parameters, one per request in turn.
+        """Wait for work; up to max_batch jobs of one group, one per request in turn (``rounds``).
         ``None`` once stopped. Jobs whose deadline passed come back separately."""
         with self._cond:
             while not self._queued and not self._stop:
@@ -250,27 +263,7 @@ class Batcher:
             return self._take_round_robin()
 
     def _take_round_robin(self) -> tuple[list[Job], list[Job]]:
-        now = time.monotonic()
-        batch: list[Job] = []
-        expired: list[Job] = []
-        params = None
-        progress = True
-        while progress and len(batch) < self.max_batch:
-            progress = False
-            for key in list(self._requests):
-                queue = self._requests[key]
-                while queue and queue[0].ref.deadline < now:
-                    expired.append(queue.popleft())
-                if queue and params is None:
-                    params = queue[0].ref.params
-                if queue and queue[0].ref.params == params:
-                    batch.append(queue.popleft())
-                    progress = True
-                    self._requests.move_to_end(key)  # served: to the back of the round
-                if not queue:
-                    del self._requests[key]
-                if len(batch) == self.max_batch:
-                    break
+        batch, expired = take_round_robin(self._requests, self.max_batch, time.monotonic())
         self._queued -= len(batch) + len(expired)
         self._pending -= len(expired)
         if self._queued:  # work left over: another batch thread starts forming the next batch

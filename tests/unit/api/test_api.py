@@ -128,6 +128,22 @@ def test_batch_requests_coalesce_into_one_detector_batch(artifacts_dir, bus):
     assert batches(after) == (batches(before)[0] + 1, batches(before)[1] + 3)  # one batch of all three
 
 
+def test_a_square_server_answers_as_the_square_detector(artifacts_dir, detector, bus, zidane):
+    """``YOLOPIPE_LETTERBOX=square`` (``serve --square``): the served answers are the square
+    detector's (Ultralytics' ``rect=False``), not the default rect one's, and ``/v1/model`` says so."""
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, open_detector
+
+    app = create_service_app(Settings(backend="onnxruntime", artifacts_dir=artifacts_dir, letterbox="square"))
+    options = OpenOptions("sample", backend="onnxruntime", artifacts_dir=artifacts_dir,
+                          shape=RunShape(letterbox="square"))
+    with TestClient(app, raise_server_exceptions=False) as client, open_detector(options) as square:
+        assert client.get("/v1/model").json()["letterbox"] == "square"
+        for data, name in ((bus, "bus.jpg"), (zidane, "zidane.jpg")):
+            served = without_timings(client.post("/v1/detect", files={"image": (name, data, "image/jpeg")}).json())
+            assert served == direct(square, data, name) != direct(detector, data, name)
+
+
 def test_health_ready_model_docs(client, detector):
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz").json()
@@ -139,7 +155,7 @@ def test_health_ready_model_docs(client, detector):
     assert steps[-1] == "warming up batch size 1 (1 of 1)" and all(s["s"] >= 0 for s in worker["steps"])
     info = client.get("/v1/model").json()
     ModelInfo.model_validate(info)
-    assert info["backend"] == "onnxruntime" and info["precision"] == "fp32"
+    assert info["backend"] == "onnxruntime" and info["precision"] == "fp32" and info["letterbox"] == "rect"
     assert info["class_names"] == detector.names and info["meta"]["imgsz"] == 640
     assert info["serving"]["max_pixels"] == 50_000_000 and info["weights"] == "sample"
     assert client.get("/docs").status_code == 200

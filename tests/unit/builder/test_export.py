@@ -1,4 +1,5 @@
-"""Export: dynamic batch only, fixed H and W, meta.json, re-export only when the weights change."""
+"""Export: dynamic batch, height and width; meta.json; the same bytes for the same weights; re-export
+only when the weights change or the export is one pinned to the square."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from app.artifacts.exports import load_export
-from app.builder.export import export_onnx
+from app.artifacts.exports import current_export, load_export
+from app.builder.export import export_onnx, pin_spatial_dims
 from app.types import ModelMeta
 from app.weights import resolve_weights, sha256_file
 
@@ -16,12 +17,12 @@ def test_export_shapes_and_meta(sample_model_dir):
     onnx_path, meta = load_export(sample_model_dir)
     model = onnx.load(str(onnx_path))
     dims = [d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
-    assert dims == ["batch", 3, 640, 640]
+    assert dims == ["batch", 3, "height", "width"] == meta.input_shape and meta.dynamic_hw
     assert model.opset_import[0].version >= 17
-    assert meta.names == ["Normal", "Fall"] and meta.output_shape == ["batch", 6, 8400]
+    # the output at the 640 square: 80² + 40² + 20² anchors
+    assert meta.names == ["Normal", "Fall"] and meta.output_shape == ["batch", 6, 8400] and meta.num_anchors == 8400
     assert meta.stride == 32 and len(meta.weights_sha256) == 64
     assert ModelMeta.load(sample_model_dir / "meta.json") == meta
-    assert not any(n.op_type in ("Shape", "Range") for n in model.graph.node)  # shapes folded away
 
 
 def test_dynamic_batch_runs(sample_model_dir):
@@ -31,6 +32,45 @@ def test_dynamic_batch_runs(sample_model_dir):
     single = sess.run(None, {"images": x[1:2]})[0]
     assert out.shape == (3, 6, 8400)
     np.testing.assert_allclose(out[1:2], single, rtol=1e-4, atol=1e-3)
+
+
+def test_any_multiple_of_the_stride_runs_and_the_square_equals_a_static_export(sample_model_dir):
+    """Height and width are free (multiples of 32 up to imgsz, as rect letterboxes them): each
+    gives one anchor per grid cell of strides 8, 16 and 32; at 640 × 640 the outputs are the very
+    bits of the same export pinned to the square (what exports were before rect inputs)."""
+    model = onnx.load(str(sample_model_dir / "model.onnx"))
+    dynamic = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    pinned = pin_spatial_dims(model, 640)
+    dims = [d.dim_param or d.dim_value for d in pinned.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["batch", 3, 640, 640]
+    static = ort.InferenceSession(pinned.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    x = rng.random((2, 3, 640, 640), dtype=np.float32)
+    assert dynamic.run(None, {"images": x})[0].tobytes() == static.run(None, {"images": x})[0].tobytes()
+    for h, w in [(640, 480), (480, 640), (352, 640), (640, 32), (32, 32), (96, 160)]:
+        out = dynamic.run(None, {"images": rng.random((2, 3, h, w), dtype=np.float32)})[0]
+        assert out.shape == (2, 6, sum((h // s) * (w // s) for s in (8, 16, 32)))
+
+
+def test_export_is_deterministic(tmp_path):
+    """The same weights exported twice (another folder, another process state) give the same bytes."""
+    first = export_onnx("sample", imgsz=64, artifacts_dir=tmp_path / "a")
+    second = export_onnx("sample", imgsz=64, artifacts_dir=tmp_path / "b")
+    assert not second.reused and first.onnx_path.read_bytes() == second.onnx_path.read_bytes()
+    assert first.meta == second.meta and first.meta.onnx_sha256 == sha256_file(second.onnx_path)
+
+
+def test_an_export_pinned_to_the_square_is_exported_again(tmp_path):
+    """An export made before rect inputs (H and W pinned to imgsz) is stale: the next export
+    replaces it rather than leave the CPU pipeline a model that takes only the square."""
+    root = tmp_path / "artifacts"
+    fresh = export_onnx("sample", imgsz=64, artifacts_dir=root)
+    old = fresh.meta
+    old.input_shape = ["batch", 3, 64, 64]  # what meta.json said of a pinned export
+    old.save(fresh.model_dir / "meta.json")
+    assert current_export(fresh.model_dir, weights_sha256=old.weights_sha256, imgsz=64) is None
+    again = export_onnx("sample", imgsz=64, artifacts_dir=root)
+    assert not again.reused and again.meta.dynamic_hw and again.meta.onnx_sha256 == fresh.meta.onnx_sha256
 
 
 def test_reexport_only_when_weights_change(artifacts_dir, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.builder.trt_recipe import build_recipe, select_profile
+from app.builder.trt_recipe import build_recipe, select_profile, spatial_profile
 from app.errors import BackendUnavailable, InvalidParameter
 from tests.engine_files import HAS_TENSORRT
 
@@ -20,6 +20,21 @@ def test_valid_profiles(profile):
 def test_invalid_profiles(profile):
     with pytest.raises(InvalidParameter):
         select_profile(*profile)
+
+
+def test_spatial_profile_spans_rect_inputs_of_a_dynamic_export_and_pins_a_fixed_one(sample_model_dir):
+    """The export's input (read as TensorRT's parser reports it: -1 where dynamic) takes every
+    multiple of 32 up to imgsz on each side, tuned for the square; the Q/DQ model pinned to the
+    square takes that size only."""
+    import onnx
+
+    model = onnx.load(str(sample_model_dir / "model.onnx"))
+    dims = [d.dim_value or -1 for d in model.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [-1, 3, -1, -1]
+    assert spatial_profile(tuple(dims), 640) == ((32, 32), (640, 640), (640, 640))
+    assert spatial_profile((-1, 3, 640, 640), 640) == ((640, 640), (640, 640), (640, 640))
+    with pytest.raises(InvalidParameter):
+        spatial_profile((-1, 3, -1, 640), 640)
 
 
 # --- the recipe per TensorRT version -----------------------------------------------------------

@@ -72,13 +72,13 @@ def test_the_ray_job_gets_the_detector_predict_opens(tmp_path, monkeypatch):
 
     monkeypatch.setattr(app.distributed, "predict_with_ray", job)
     args = ["--ray", "--backend", "onnxruntime", "--batch", "6", "--imgsz", "320", "--decode", "cpu", "--conf", "0.5",
-            "--classes", "1", "--no-batch-invariant", "--device", "1"]
+            "--classes", "1", "--no-batch-invariant", "--device", "1", "--square"]
     result = CliRunner().invoke(cli, ["predict", "s3://bucket/photos", "--out", str(tmp_path / "p.jsonl"), *args])
     assert result.exit_code == ExitCode.OK, result.output
     (kwargs,) = calls
     options = kwargs["options"]
     assert (options.backend, options.imgsz, options.device, options.batch_invariant) == ("onnxruntime", 320, 1, False)
-    assert options.shape == RunShape(max_batch=6, decode="opencv")
+    assert options.shape == RunShape(max_batch=6, decode="opencv", letterbox="square")  # shipped to the actors
     assert kwargs["detect"] == {"conf": 0.5, "iou": 0.7, "max_det": 300, "classes": [1], "agnostic": False}
 
 

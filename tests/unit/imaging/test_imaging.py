@@ -13,7 +13,7 @@ from ultralytics.data.augment import LetterBox
 from app.errors import ImageTooLarge, InvalidImage, UnsupportedMediaType
 from app.imaging.decode import decode_image
 from app.imaging.headers import read_header, sniff_format
-from app.imaging.letterbox import letterbox, letterbox_params, to_input
+from app.imaging.letterbox import input_size, letterbox, letterbox_params, to_input
 
 
 @pytest.mark.parametrize("shape", [(480, 640), (640, 480), (1080, 810), (160, 90), (33, 1000), (1, 1), (641, 639), (720, 1280)])
@@ -27,11 +27,46 @@ def test_letterbox_equals_ultralytics(shape):
     assert (lb.src_h, lb.src_w) == shape
 
 
+# Odd and extreme sizes, sizes below imgsz (scaled up), and sizes whose rect placement rounds a
+# side differently from what ``scale_boxes`` later recomputes (5 × 99, 12 × 239).
+RECT_SHAPES = [(480, 640), (640, 480), (1080, 810), (720, 1280), (517, 333), (101, 1000), (160, 90), (33, 1000),
+               (1, 1), (641, 639), (5, 99), (12, 239), (300, 300), (1000, 3), (479, 640), (427, 640)]
+
+
+@pytest.mark.parametrize("shape", RECT_SHAPES)
+def test_rect_letterbox_equals_ultralytics_predict_default(shape):
+    """Rect: Ultralytics' ``LetterBox`` as ``model.predict(source)`` makes it on a ``.pt``
+    (``auto=True``, the model's stride): the same pixels at the same smallest stride multiple."""
+    rng = np.random.default_rng(sum(shape))
+    img = rng.integers(0, 256, (*shape, 3), dtype=np.uint8)
+    ours, lb = letterbox(img, 640, 32)
+    theirs = LetterBox(640, auto=True, stride=32)(image=img)
+    assert ours.shape == theirs.shape
+    np.testing.assert_array_equal(ours, theirs)
+    assert (lb.input_h, lb.input_w) == ours.shape[:2] == input_size(*shape, 640, 32)
+    assert lb.input_h % 32 == 0 and lb.input_w % 32 == 0 and max(lb.input_h, lb.input_w) == 640
+
+
+def test_square_placement_is_unchanged_by_the_rect_one():
+    """``stride`` 0 is the square placement it always was: every size's fields as before."""
+    for h, w in RECT_SHAPES:
+        lb = letterbox_params(h, w, 640)
+        r = min(640 / h, 640 / w)
+        new_w, new_h = max(round(w * r), 1), max(round(h * r), 1)
+        assert (lb.new_h, lb.new_w, lb.input_h, lb.input_w) == (new_h, new_w, 640, 640)
+        assert (lb.pad_top, lb.pad_left) == (round((640 - new_h) / 2 - 0.1), round((640 - new_w) / 2 - 0.1))
+        assert lb.undo == (lb.pad_left, lb.pad_top, new_w / w, new_h / h)
+
+
 def test_letterbox_params_round_trip_is_centered():
     lb = letterbox_params(480, 640, 640)
     assert (lb.new_h, lb.new_w, lb.pad_top, lb.pad_left) == (480, 640, 80, 0)
     lb = letterbox_params(1080, 810, 640)
     assert (lb.new_h, lb.new_w) == (640, 480) and lb.pad_left == 80 and lb.pad_top == 0
+    lb = letterbox_params(1080, 810, 640, 32)  # rect: nothing to pad, 480 is a multiple of 32
+    assert (lb.input_h, lb.input_w, lb.pad_top, lb.pad_left) == (640, 480, 0, 0)
+    lb = letterbox_params(427, 640, 640, 32)  # 427 rows padded to 448: 10 above, 11 below
+    assert (lb.input_h, lb.input_w, lb.new_h, lb.pad_top) == (448, 640, 427, 10)
 
 
 def test_to_input_is_rgb_chw_unit_range():

@@ -35,8 +35,8 @@ def test_a_batch_is_taken_to_source_pixels_bit_for_bit_as_each_image_alone(detec
     batch = detector.run(images, params)
     assert list(batch.errors) == [2] and batch.errors[2].code == "unsupported_media_type"
     ok = [0, 1, 3, 4]
-    run = detector.pipeline.run([detector.prepare(images[i]) for i in ok], params)
-    for i, (rows, lb) in zip(ok, run.images):
+    for i in ok:
+        (rows, lb), = detector.pipeline.run([detector.prepare(images[i])], params).images
         alone = rows_to_detections(rows, lb)
         mine = batch.detections(i)
         assert (int(batch.widths[i]), int(batch.heights[i])) == (lb.src_w, lb.src_h)
@@ -54,20 +54,22 @@ class Recorder:
     buckets: tuple[int, ...] = ()
     backend, precision, max_det, in_flight = "recorder", "fp32", 300, 2
 
-    def __init__(self, meta, max_batch: int) -> None:
-        self.meta, self.max_batch = meta, max_batch
+    def __init__(self, meta, max_batch: int, letterbox: str = "square") -> None:
+        self.meta, self.max_batch, self.letterbox = meta, max_batch, letterbox
         self.runs: list[list[str]] = []
+        self.sizes: list[list[tuple[int, int]]] = []  # each run's images' (height, width)
         self.decodes: list[str | None] = []
 
     def run(self, images, params, *, decode=None) -> PipelineRun:
         self.runs.append(["device" if isinstance(x, DeviceNv12) else "host" for x in images])
+        self.sizes.append([(x.height, x.width) if isinstance(x, DeviceNv12) else x.shape[:2] for x in images])
         self.decodes.append(decode)
         if len(images) > self.max_batch:
             raise AssertionError("a run over the pipeline's max_batch")
         out = []
         for x in images:
             h, w = (x.height, x.width) if isinstance(x, DeviceNv12) else x.shape[:2]
-            out.append((np.array([[1, 2, 3, 4, 0.5, 0]], np.float32), Letterbox(h, w, h, w, 0, 0, 640)))
+            out.append((np.array([[1, 2, 3, 4, 0.5, 0]], np.float32), Letterbox(h, w, h, w, 0, 0, h, w)))
         facts = RunFacts(len(images), bucket=4, slot=1, launch="driver")
         return PipelineRun(out, StageTimes(decode_ms=0.5, infer_ms=1.0), facts)
 
@@ -79,7 +81,7 @@ def test_runs_are_pipeline_sized_and_device_frames_go_apart(detector):
     """The detector splits a batch into runs of at most ``RunShape.max_batch`` (no caller
     re-chunks), device and host frames in runs of their own, and answers in the batch's order."""
     recorder = Recorder(detector.meta, max_batch=8)
-    det = Detector(recorder, RunShape(max_batch=3, in_flight=2))
+    det = Detector(recorder, RunShape(max_batch=3, in_flight=2, letterbox="square"))
     frames = [DeviceNv12(None, 4, 10 + k) if k % 3 == 0 else np.zeros((4, 10 + k, 3), np.uint8) for k in range(10)]
     batch = det.run([*frames, InvalidImage("unreadable")], det.params())
     assert sorted(map(tuple, recorder.runs)) == sorted([("host",) * 3, ("host",) * 3, ("device",) * 3, ("device",)])
@@ -90,11 +92,42 @@ def test_runs_are_pipeline_sized_and_device_frames_go_apart(detector):
     assert sorted(f.batch for f in batch.runs) == [1, 3, 3, 3] and {(f.bucket, f.slot) for f in batch.runs} == {(4, 1)}
 
 
+def test_rect_runs_hold_one_input_size_each(detector):
+    """Under a rect letterbox a batch is split into runs of one input size (the smallest multiple
+    of the stride holding the image), sizes in the order they first come, each at most max_batch
+    and device frames apart; the answers stay in the batch's order."""
+    recorder = Recorder(detector.meta, max_batch=8, letterbox="rect")
+    det = Detector(recorder, RunShape(max_batch=2, in_flight=2))
+    assert det.shape.letterbox == "rect" and det.info()["letterbox"] == "rect"
+    # (480, 640) and (470, 640) both run at 480 × 640; (1080, 810) at 640 × 480; (720, 1280) at 384 × 640
+    sizes = [(480, 640), (1080, 810), (470, 640), (480, 640), (720, 1280), (1080, 810), (480, 640)]
+    frames = [np.zeros((*s, 3), np.uint8) for s in sizes] + [DeviceNv12(None, 1080, 810), DeviceNv12(None, 480, 640)]
+    batch = det.run(frames, det.params())
+    assert batch.heights.tolist() == [s[0] for s in sizes] + [1080, 480]
+    assert recorder.sizes == [[(480, 640), (470, 640)], [(480, 640), (480, 640)], [(480, 640)],
+                              [(1080, 810), (1080, 810)], [(1080, 810)], [(720, 1280)]]
+    for run in recorder.sizes:
+        assert len({det.input_size(*s) for s in run}) == 1
+    assert det.input_size(1080, 810) == (640, 480) and det.input_size(720, 1280) == (384, 640)
+    assert det.reshaped(letterbox="rect").input_size(1, 1) == (640, 640)  # scaled up: 640 × 640
+
+
+def test_a_square_pipeline_takes_no_rect_run_shape(detector):
+    """A pipeline that letterboxes to the square (a GPU one, the INT8 CPU model) cannot take a rect
+    run shape: the runtime clamps it to square where it opens them; a shape made elsewhere is refused."""
+    square = Recorder(detector.meta, max_batch=8)
+    assert Detector(square).shape.letterbox == "square" and Detector(square).input_size(1080, 810) == (640, 640)
+    with pytest.raises(InvalidParameter, match="letterbox rect"):
+        Detector(square, RunShape(max_batch=8, in_flight=2))
+    with pytest.raises(InvalidParameter, match="letterbox"):
+        RunShape(letterbox="wide")
+
+
 def test_the_jpeg_decoder_is_a_setting_of_the_run_shape(detector):
     """Each run takes the decoder of its detector's shape; a reshaped detector's runs take its
     own, and the first detector's are unchanged (nothing on the pipeline was switched)."""
     recorder = Recorder(detector.meta, max_batch=8)
-    det = Detector(recorder, RunShape(max_batch=8, in_flight=2))
+    det = Detector(recorder, RunShape(max_batch=8, in_flight=2, letterbox="square"))
     frames = [np.zeros((4, 10, 3), np.uint8)]
     det.run(frames)
     det.reshaped(decode="cpu").run(frames)  # the old name of opencv

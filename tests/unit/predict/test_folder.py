@@ -137,6 +137,43 @@ def test_each_images_header_is_read_once_and_reaches_a_pipeline_that_decodes_it(
     assert out.read_text() == expected.read_text() and summary.errors == 2
 
 
+def test_rect_runs_hold_images_of_one_size_and_the_lines_keep_the_folder_order(tmp_path, assets_dir, cpu_detector):
+    """Rect: photos of three input sizes, interleaved in the folder, run in batches of one size
+    each (a window of batches grouped by size), fuller than the folder's order would make them;
+    the lines are the folder's order, each the very bytes the image gets alone."""
+    import cv2
+
+    from app.predict.folder import RECT_WINDOW_BATCHES, predict_folder
+
+    bus, zidane = cv2.imread(str(assets_dir / "bus.jpg")), cv2.imread(str(assets_dir / "zidane.jpg"))
+    views = [bus, zidane, bus[:600], bus[:, ::-1], zidane[:, ::-1], bus[:600, ::-1], cv2.resize(zidane, (640, 360)),
+             bus]
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for k, view in enumerate(views):
+        cv2.imwrite(str(folder / f"{k:02d}.jpg"), view)
+    det = cpu_detector.reshaped(max_batch=4)
+    assert det.shape.letterbox == "rect" and RECT_WINDOW_BATCHES == 2
+    runs: list[list[tuple[int, int]]] = []
+    real_run = det.pipeline.run
+
+    def recorded(images, params, **kwargs):
+        runs.append([det.input_size(*x.shape[:2]) for x in images])
+        return real_run(images, params, **kwargs)
+
+    det.pipeline.run = recorded
+    try:
+        out = tmp_path / "p.jsonl"
+        predict_folder(det, str(folder), out, det.params(), workers=2)
+    finally:
+        del det.pipeline.run
+    # one window of eight: 640 × 480 (three bus views), 384 × 640 (three zidane views), 480 × 640 (two crops)
+    assert runs == [[(640, 480)] * 3, [(384, 640)] * 3, [(480, 640)] * 2]
+    images = list_images(str(folder))
+    alone = [image_json(det.detect([img.path.read_bytes()], det.params())[0], img.name, det.names) for img in images]
+    assert out.read_text() == "".join(json.dumps(rec) + "\n" for rec in alone)
+
+
 def test_read_gives_the_bytes_or_the_reason(tmp_path):
     from app.errors import InvalidImage
     from app.predict.folder import SourceImage, _read

@@ -71,7 +71,7 @@ def test_frames_match_ultralytics_on_the_same_frames(media, full_run, ultralytic
     frames = decoded_frames(media / "cams" / "clip.avi")
     tp = n_ref = n_pred = 0
     for frame, rec in zip(frames, frame_lines(lines(full_run[0]))):
-        r = ultralytics_model.predict(frame, imgsz=640, rect=False, conf=0.25, iou=0.7, verbose=False)[0]
+        r = ultralytics_model.predict(frame, conf=0.25, iou=0.7, verbose=False)[0]  # its defaults: rect, as ours
         ours_boxes = [d["box"] for d in rec["detections"]]
         ours_cls = [d["class_id"] for d in rec["detections"]]
         import numpy as np

@@ -9,8 +9,12 @@ from app.builder.int8 import graph
 
 
 @pytest.fixture(scope="module")
-def model(sample_model_dir):
-    return onnx.load(str(sample_model_dir / "model.onnx"))
+def model(artifacts_dir, tmp_path_factory):
+    """The sample export as the calibration reads it: pinned to the 640 square."""
+    from app.builder.export import export_onnx, square_export
+
+    exported = export_onnx("sample", artifacts_dir=artifacts_dir)
+    return onnx.load(str(square_export(exported, tmp_path_factory.mktemp("square"))))
 
 
 def test_head_tail_is_everything_after_the_last_convs(model):

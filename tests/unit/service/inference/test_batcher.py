@@ -34,6 +34,15 @@ def detector(cpu_detector):
     return cpu_detector
 
 
+@pytest.fixture(scope="module")
+def bus_mirror(bus) -> bytes:
+    """Another photo of bus.jpg's size (810 × 1080): one input size (640 × 480) with it."""
+    import cv2
+    import numpy as np
+
+    return cv2.imencode(".jpg", cv2.imdecode(np.frombuffer(bus, np.uint8), cv2.IMREAD_COLOR)[:, ::-1])[1].tobytes()
+
+
 class Harness:
     """A started batcher, a ring holding the images, and every answer in delivery order."""
 
@@ -115,12 +124,12 @@ def wait_until(predicate, timeout: float = 60.0) -> None:
         time.sleep(0.005)
 
 
-def test_waiting_images_of_many_requests_run_as_one_batch_and_equal_the_detector(harness, detector, bus, zidane):
+def test_waiting_images_of_many_requests_run_as_one_batch_and_equal_the_detector(harness, detector, bus, bus_mirror):
     h = harness()
     with gated(detector) as (gate, entered):
         h.admit(h.job(bus, 1))
         wait_until(lambda: entered == [1])  # a batch thread is inside the first batch
-        images = [bus, zidane, bus]
+        images = [bus, bus_mirror, bus]
         h.admit(*(h.job(data, 10 + i) for i, data in enumerate(images)))
         gate.set()
         answers = h.collect(4)
@@ -135,6 +144,55 @@ def test_waiting_images_of_many_requests_run_as_one_batch_and_equal_the_detector
         assert timings["batch_ms"] > 0 and outcome.queue_ms > 0 and outcome.decode_ms > 0
         assert set(timings) == {"batch_ms", "pipeline_decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms"}
     assert h.batcher.load().pending == 0
+
+
+def test_waiting_images_are_batched_by_their_input_size(harness, detector, bus, bus_mirror, zidane):
+    """Rect: a batch holds images of one model input size, read from the header the HTTP worker
+    read, turned by its EXIF orientation (a photo stored on its side with orientation 6 runs with
+    the upright ones); the oldest request's size goes first, and every answer is the image's own."""
+    import cv2
+    import numpy as np
+
+    from app.benchmark.workloads import with_exif_orientation
+    from app.imaging.check import check_image
+
+    upright = cv2.imdecode(np.frombuffer(bus_mirror, np.uint8), cv2.IMREAD_COLOR)
+    on_its_side = with_exif_orientation(cv2.imencode(".jpg", cv2.rotate(upright, cv2.ROTATE_90_COUNTERCLOCKWISE))[1]
+                                        .tobytes(), 6)
+    assert check_image(on_its_side).height == 810 and check_image(on_its_side).upright_size == (1080, 810)
+    h = harness()
+    with gated(detector) as (gate, entered):
+        h.admit(h.job(bus, 1, header=check_image(bus)))
+        wait_until(lambda: entered == [1])
+        images = [zidane, bus, on_its_side, zidane]  # 384 × 640, 640 × 480, 640 × 480, 384 × 640
+        h.admit(*(h.job(data, 10 + i, header=check_image(data)) for i, data in enumerate(images)))
+        gate.set()
+        answers = h.collect(5)
+    assert entered == [1, 2, 2]  # the zidanes first (request 10 waited longest), then the two of bus' size
+    assert [o.req_id for o, _ in answers][1:] == [10, 13, 11, 12]
+    by_req = {o.req_id: o for o, _ in answers}
+    for i, data in enumerate(images):
+        (direct,) = detector.detect([data], detector.params())
+        assert (by_req[10 + i].width, by_req[10 + i].height) == (direct.width, direct.height)
+        assert detections_json(by_req[10 + i].detections, detector.names) == \
+            detections_json(direct.detections, detector.names) != []
+
+
+def test_a_batch_request_of_two_sizes_is_taken_a_size_at_a_time(harness, detector, bus, zidane):
+    """One request's images of two sizes: each batch takes the request's images of its size,
+    wherever they wait in its queue, rather than one image per batch."""
+    from app.imaging.check import check_image
+
+    h = harness()
+    with gated(detector) as (gate, entered):
+        h.admit(h.job(bus, 1, header=check_image(bus)))
+        wait_until(lambda: entered == [1])
+        images = [zidane, bus, zidane, bus, zidane]
+        h.admit(*(h.job(data, 2, i, header=check_image(data)) for i, data in enumerate(images)))
+        gate.set()
+        answers = h.collect(6)
+    assert entered == [1, 3, 2]
+    assert [o.index for o, _ in answers][1:] == [0, 2, 4, 1, 3] and all(o.error is None for o, _ in answers)
 
 
 def test_round_robin_runs_a_single_image_before_a_big_request_is_done(harness, detector, bus):
@@ -423,7 +481,7 @@ def stage_latencies(metrics: WorkerMetrics) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("shaped", ["gpu", "cpu"])
-def test_metrics_hold_only_stage_times_each_plausible(harness, detector, bus, zidane, shaped):
+def test_metrics_hold_only_stage_times_each_plausible(harness, detector, bus, bus_mirror, shaped):
     """``/metrics``' stage latencies after GPU-shaped batches (a stand-in that reports what the GPU
     pipeline reports: beside its stage times, the bucket, slot and launch of each run) and
     CPU-shaped ones (the real CPU pipeline): only stage names; per batch one observation of the
@@ -443,7 +501,7 @@ def test_metrics_hold_only_stage_times_each_plausible(harness, detector, bus, zi
 
     pipeline.run = timed
     try:
-        images = [bus, zidane, bus, zidane, bus]
+        images = [bus, bus_mirror, bus, bus_mirror, bus]  # one input size: a batch is one pipeline run
         for i, data in enumerate(images):  # five requests: the batcher makes batches of up to two
             h.admit(h.job(data, 20 + i))
             if i % 2:
