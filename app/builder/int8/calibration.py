@@ -45,6 +45,7 @@ from app.artifacts.int8 import (
 from app.builder.int8 import graph, mixed
 from app.builder.int8.bias import IMAGES as BIAS_IMAGES
 from app.builder.int8.bias import bias_errors, correct_biases
+from app.builder.int8.distill_plan import distill_and_keep_better, plan
 from app.builder.int8.histograms import HISTOGRAM_BINS, OVERSAMPLE, load_histograms, save_histograms
 from app.builder.int8.images import (
     ADVISED_CALIBRATION,
@@ -60,9 +61,18 @@ from app.builder.int8.images import (
     warn,
 )
 from app.builder.int8.mixed import PLACEMENT_VERSION, MixedPrecisionChoice, accuracy_control, sensitivity_key
-from app.builder.int8.distill_plan import distill_and_keep_better, plan
 from app.builder.int8.qdq import TARGETS, write_qdq_model
-from app.builder.int8.report import HeldOut, Int8Report, detect, print_report, save_report, summarize
+from app.builder.int8.report import (
+    HeldOut,
+    Int8Report,
+    detect,
+    gate_error,
+    good_enough,
+    passes,
+    print_report,
+    save_report,
+    summarize,
+)
 from app.builder.int8.sensitivity import (
     MAX_FLOAT_LAYERS,
     SENSITIVITY_IMAGES,
@@ -81,7 +91,7 @@ from app.builder.int8.thresholds import (
     silu_preactivation_ranges,
     to_tensors_data,
 )
-from app.errors import AccuracyGateFailed, CalibrationError
+from app.errors import CalibrationError
 from app.imaging.letterbox import to_input
 
 # mse: the TensorRT model's F1 on another distribution 0.935 → 0.960 over percentile, the CPU
@@ -116,28 +126,6 @@ class CalibrationResult:
     cpu_sensitivity: list[LayerSensitivity] = field(default_factory=list)
     timings_s: dict[str, float] = field(default_factory=dict)
     distillation: dict = field(default_factory=dict)  # target → distill_plan.DistillOutcome, when it ran
-
-
-def passes(report: Int8Report, min_f1: float) -> bool:
-    return report.f1_ci95[0] >= min_f1 and not report.lost_all
-
-
-def good_enough(report: Int8Report, min_f1: float, target_f1: float) -> bool:
-    """Accuracy control's aim: the F1 interval's lower bound at ``target_f1`` (the same confidence
-    the gate asks of ``min_f1``: held-out images of the calibration's scenes flatter the point F1)."""
-    return passes(report, max(min_f1, target_f1))
-
-
-def gate_error(report: Int8Report, min_f1: float) -> AccuracyGateFailed:
-    lost = f"; INT8 found nothing on {len(report.lost_all)} of them" if report.lost_all else ""
-    return AccuracyGateFailed(
-        f"{report.int8_model} agrees with FP32 at F1 {report.f1:.3f} (95 % interval {report.f1_ci95[0]:.3f}–"
-        f"{report.f1_ci95[1]:.3f}) on {report.images} held-out images, below the required {min_f1:.2f}{lost}; "
-        "the INT8 models were not installed",
-        hint="use more images like the ones you serve (--images), raise --max-float-layers, try another --method, "
-        "or install them anyway with --allow-low-accuracy (the ranges and layer sensitivities are cached: it does "
-        "not measure them again); --heldout-images DIR gives a figure for other scenes and cameras",
-    )
 
 
 def _settings_key() -> str:

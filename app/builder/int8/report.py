@@ -28,6 +28,7 @@ import numpy as np
 
 from app.boxes import f1, match_pairs, nms_numpy, rows_to_detections
 from app.contracts import DetectParams
+from app.errors import AccuracyGateFailed
 from app.imaging.letterbox import to_input
 from app.types import Detections, Letterbox
 
@@ -267,3 +268,26 @@ def save_report(path: Path, payload: dict[str, Any]) -> None:
     tmp = Path(path).with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, indent=2) + "\n")
     tmp.replace(path)
+
+
+# --- the accuracy gate -------------------------------------------------------------------
+def passes(report: Int8Report, min_f1: float) -> bool:
+    return report.f1_ci95[0] >= min_f1 and not report.lost_all
+
+
+def good_enough(report: Int8Report, min_f1: float, target_f1: float) -> bool:
+    """Accuracy control's aim: the F1 interval's lower bound at ``target_f1`` (the same confidence
+    the gate asks of ``min_f1``: held-out images of the calibration's scenes flatter the point F1)."""
+    return passes(report, max(min_f1, target_f1))
+
+
+def gate_error(report: Int8Report, min_f1: float) -> AccuracyGateFailed:
+    lost = f"; INT8 found nothing on {len(report.lost_all)} of them" if report.lost_all else ""
+    return AccuracyGateFailed(
+        f"{report.int8_model} agrees with FP32 at F1 {report.f1:.3f} (95 % interval {report.f1_ci95[0]:.3f}–"
+        f"{report.f1_ci95[1]:.3f}) on {report.images} held-out images, below the required {min_f1:.2f}{lost}; "
+        "the INT8 models were not installed",
+        hint="use more images like the ones you serve (--images), raise --max-float-layers, try another --method, "
+        "or install them anyway with --allow-low-accuracy (the ranges and layer sensitivities are cached: it does "
+        "not measure them again); --heldout-images DIR gives a figure for other scenes and cameras",
+    )

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from app.builder.int8.fake_quant import fake_int, per_axis
 from app.builder.int8.shift import conv_input_chain
 from app.errors import CalibrationError
 
@@ -46,27 +47,6 @@ def _type_name(tensor) -> str:
     import onnx
 
     return onnx.TensorProto.DataType.Name(tensor.data_type)
-
-
-def round_ste(x):
-    """Round half to even forwards, identity backwards."""
-    return x + (x.round() - x).detach()
-
-
-def fake_int(x, scale, zero, lo: float, hi: float):
-    """QuantizeLinear's integers (as floats): ``clamp(round(x / scale) + zero, lo, hi)``."""
-    import torch
-
-    return torch.clamp(round_ste(x / scale) + zero, lo, hi)
-
-
-def _per_axis(value, axis: int, ndim: int):
-    """A per-channel scale or zero point shaped to broadcast along ``axis`` of an ``ndim`` tensor."""
-    if value.ndim == 0:
-        return value
-    shape = [1] * ndim
-    shape[axis % ndim] = value.shape[0]
-    return value.reshape(shape)
 
 
 def _weight_range(ints: np.ndarray, inits: dict, dq) -> tuple[float, float]:
@@ -123,7 +103,7 @@ class QdqGraph:
                 if array.dtype.kind == "f":
                     value = array.astype(np.float32)
                 else:  # an integer initializer behind a DQ: a float latent in the DQ's units
-                    scale = _per_axis(numpy_helper.to_array(self.inits[dq.input[1]]).astype(np.float32),
+                    scale = per_axis(numpy_helper.to_array(self.inits[dq.input[1]]).astype(np.float32),
                                       _attrs(dq).get("axis", 1), array.ndim)
                     given = start[slot - 1] if start is not None and len(start) >= slot else None
                     value = (np.asarray(given, np.float32) if given is not None else array.astype(np.float32) * scale)
@@ -260,14 +240,14 @@ class QdqGraph:
             lo, hi = INT_RANGES[_type_name(self.inits[inputs[2]])] if len(inputs) > 2 else INT_RANGES["UINT8"]
             zero = get(inputs[2]) if len(inputs) > 2 else 0.0
             axis = a.get("axis", 1)
-            return fake_int(x, _per_axis(scale, axis, x.ndim), _per_axis(zero, axis, x.ndim) if
+            return fake_int(x, per_axis(scale, axis, x.ndim), per_axis(zero, axis, x.ndim) if
                             torch.is_tensor(zero) else zero, lo, hi)
         if op == "DequantizeLinear":
             q, scale = get(inputs[0]), get(inputs[1])
             zero = get(inputs[2]) if len(inputs) > 2 and inputs[2] else 0.0
             axis = a.get("axis", 1)
-            scale_b = _per_axis(scale, axis, q.ndim)
-            zero_b = _per_axis(zero, axis, q.ndim) if torch.is_tensor(zero) else zero
+            scale_b = per_axis(scale, axis, q.ndim)
+            zero_b = per_axis(zero, axis, q.ndim) if torch.is_tensor(zero) else zero
             if inputs[0] in self.latent:  # latent float → its integers on this DQ's grid
                 q = fake_int(q, scale_b, zero_b, *self.latent[inputs[0]])
             return (q - zero_b) * scale_b
@@ -361,7 +341,7 @@ class QdqGraph:
                     scale = self.const(node.input[1])
                     if scale.ndim:
                         w = self.params[node.input[0]]
-                        self._weight_bounds.append((w, _per_axis(scale, _attrs(node).get("axis", 1), w.ndim)
+                        self._weight_bounds.append((w, per_axis(scale, _attrs(node).get("axis", 1), w.ndim)
                                                     * WEIGHT_RANGE[1]))
         with torch.no_grad():
             for w, bound in self._weight_bounds:
@@ -393,9 +373,9 @@ class QdqGraph:
             old = numpy_helper.to_array(inits[name])
             if name in self.latent:
                 dq = next(c for c in consumers[name] if c.op_type == "DequantizeLinear")
-                scale = _per_axis(numpy_helper.to_array(self.inits[dq.input[1]]).astype(np.float32),
+                scale = per_axis(numpy_helper.to_array(self.inits[dq.input[1]]).astype(np.float32),
                                   _attrs(dq).get("axis", 1), old.ndim)
-                zero = (_per_axis(numpy_helper.to_array(self.inits[dq.input[2]]).astype(np.float32),
+                zero = (per_axis(numpy_helper.to_array(self.inits[dq.input[2]]).astype(np.float32),
                                   _attrs(dq).get("axis", 1), old.ndim) if len(dq.input) > 2 and dq.input[2] else 0.0)
                 lo, hi = self.latent[name]
                 value = np.clip(np.rint(value / scale) + zero, lo, hi)

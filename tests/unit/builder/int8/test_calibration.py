@@ -296,7 +296,7 @@ def test_the_gate_hint_names_options_the_command_has():
 
     import typer
 
-    from app.builder.int8.calibration import gate_error
+    from app.builder.int8.report import gate_error
     from app.builder.int8.report import summarize
     from app.cli import cli
 
