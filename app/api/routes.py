@@ -46,6 +46,8 @@ router = APIRouter()
 
 
 # --- dependencies ----------------------------------------------------------------------
+# Every dependency is ``async def``: FastAPI runs a plain ``def`` one in anyio's thread pool, a
+# hand-off to another thread and back for each (five per /v1 request), though none blocks.
 def get_inference(request: Request) -> InferenceClient:
     client: InferenceClient | None = request.app.state.inference
     if client is None or client.info is None:
@@ -53,15 +55,19 @@ def get_inference(request: Request) -> InferenceClient:
     return client
 
 
-def get_settings(request: Request) -> Settings:
+async def inference_dependency(request: Request) -> InferenceClient:
+    return get_inference(request)
+
+
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
-InferenceDep = Annotated[InferenceClient, Depends(get_inference)]
+InferenceDep = Annotated[InferenceClient, Depends(inference_dependency)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
@@ -76,12 +82,12 @@ def check_query(request: Request, known: tuple[str, ...]) -> None:
                                + takes)
 
 
-def no_query(request: Request) -> None:
+async def no_query(request: Request) -> None:
     """A dependency: the endpoint takes no query parameters."""
     check_query(request, ())
 
 
-def detect_params(
+async def detect_params(
     inference: InferenceDep,
     conf: Annotated[float, Query(ge=0.0, le=1.0, description="confidence threshold")] = CONF,
     iou: Annotated[float, Query(ge=0.0, le=1.0, description="NMS IoU threshold")] = IOU,
@@ -106,7 +112,7 @@ ParamsDep = Annotated[DetectParams, Depends(detect_params)]
 DETECT_QUERY = tuple(name for name in inspect.signature(detect_params).parameters if name != "inference")
 
 
-def detect_query(request: Request) -> None:
+async def detect_query(request: Request) -> None:
     """A dependency: the detect endpoints take ``detect_params``' query parameters only."""
     check_query(request, DETECT_QUERY)
 
