@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from python_multipart.multipart import parse_options_header
-from starlette.datastructures import UploadFile
+from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
@@ -42,15 +42,31 @@ async def read_form_images(
     (400); no part named ``field`` → ``InvalidParameter`` (422). The body limit
     (``ImageTooLarge``) and a client hanging up (``ClientDisconnect``) propagate.
     """
-    coding = request.headers.get("content-encoding", "identity").strip().lower()
+    return await _parse_form(request.headers, request.stream(), field, max_parts=max_parts,
+                             max_body_bytes=max_body_bytes)
+
+
+async def form_images(body: bytes, headers: Headers, field: str, *, max_parts: int,
+                      max_body_bytes: int) -> list[tuple[str, bytes]]:
+    """``read_form_images`` of a body already read whole."""
+
+    async def whole() -> AsyncIterator[bytes]:
+        yield body
+
+    return await _parse_form(headers, whole(), field, max_parts=max_parts, max_body_bytes=max_body_bytes)
+
+
+async def _parse_form(headers: Headers, stream: AsyncIterator[bytes], field: str, *, max_parts: int,
+                      max_body_bytes: int) -> list[tuple[str, bytes]]:
+    coding = headers.get("content-encoding", "identity").strip().lower()
     if coding != "identity":
         raise UnsupportedMediaType(f"a {coding[:40]!r}-encoded multipart body is not read here: send it as is")
-    boundary = parse_options_header(request.headers.get("content-type", ""))[1].get(b"boundary")
+    boundary = parse_options_header(headers.get("content-type", ""))[1].get(b"boundary")
     if not boundary:
         raise BadRequest("malformed multipart body: its Content-Type names no boundary")
     if len(boundary) > 70:  # RFC 2046 §5.1.1
         raise BadRequest("malformed multipart body: its boundary is over 70 characters")
-    parser = _BytesPartsParser(request.headers, _without_preamble(request.stream(), boundary), max_files=max_parts,
+    parser = _BytesPartsParser(headers, _without_preamble(stream, boundary), max_files=max_parts,
                                max_fields=max_parts, spool_max_size=max_body_bytes)
     try:
         form = await parser.parse()
