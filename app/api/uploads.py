@@ -80,7 +80,8 @@ async def _parse_form(headers: Headers, stream: AsyncIterator[bytes], field: str
     try:
         images = []
         for i, value in enumerate(form.getlist(field)):
-            assert isinstance(value, UploadFile)  # every part is a file here
+            if not isinstance(value, UploadFile):  # an unbalanced quote hid the file name added to it
+                raise BadRequest("malformed multipart body: a part's Content-Disposition cannot be read")
             images.append((value.filename or f"{field}[{i}]", await value.read()))
     finally:
         await form.close()
