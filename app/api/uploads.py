@@ -20,6 +20,7 @@ from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
+from app.api.form_parts import boundary_of, split_form
 from app.config import MAX_DECODE_BYTES, MAX_PIXELS, MAX_REQUEST_PIXELS
 from app.errors import BadRequest, ImageTooLarge, InvalidParameter, UnsupportedMediaType, YolopipeError
 from app.imaging.check import check_image
@@ -48,7 +49,13 @@ async def read_form_images(
 
 async def form_images(body: bytes, headers: Headers, field: str, *, max_parts: int,
                       max_body_bytes: int) -> list[tuple[str, bytes]]:
-    """``read_form_images`` of a body already read whole."""
+    """``read_form_images`` of a body already read whole: split in one pass when it has the plain
+    shape (``app.api.form_parts``), else read by the same parser as a streamed one."""
+    boundary = boundary_of(headers.get("content-type", ""))
+    if boundary is not None and "content-encoding" not in headers:
+        images = split_form(body, boundary, field, max_parts)
+        if images:
+            return images
 
     async def whole() -> AsyncIterator[bytes]:
         yield body
