@@ -47,6 +47,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from app.api.errors import error_body
 from app.api.statuses import status_for
+from app.api.transport import ConnectionTransport
 from app.config import Settings
 from app.errors import (
     BadRequest,
@@ -129,8 +130,9 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
 
     # --- connection -------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-        # Uvicorn's request cycles close the transport they are given: this one lingers.
-        super().connection_made(_LingeringTransport(transport, self))
+        # Uvicorn's request cycles close the transport they are given: this one lingers (and
+        # sends a response's head with its body).
+        super().connection_made(ConnectionTransport(transport, self))
         self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._on_head_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -343,27 +345,6 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
                  b"connection: close\r\n\r\n"]
         self.transport.write(b"".join(head) + body)
         self.transport.close()
-
-
-class _LingeringTransport:
-    """The connection's transport, whose ``close()`` is the protocol's lingering one; it reads
-    as closing from then on. Everything else is the transport's own."""
-
-    def __init__(self, transport: Any, protocol: JsonHttpToolsProtocol) -> None:
-        self._transport = transport
-        self._protocol = protocol
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-    def close(self) -> None:
-        self._protocol._close(self._transport)
-
-    def close_now(self) -> None:
-        self._transport.close()
-
-    def is_closing(self) -> bool:
-        return self._protocol._lingering or self._transport.is_closing()
 
 
 def _error_for(exc: httptools.HttpParserError, data: bytes | None) -> YolopipeError:
