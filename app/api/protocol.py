@@ -164,8 +164,6 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         began_here, completed = not self._request_begun, self._completed
         if self._in_head or self._in_trailer:
             self._head_bytes += len(data)
-            if self._head_timer is None and self._in_head:
-                self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._on_head_timeout)
         while data:
             try:
                 self.parser.feed_data(data)
@@ -184,6 +182,20 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
                 return
         if (self._in_head or self._in_trailer) and self._head_bytes > self.limits.max_head_bytes:
             self._refuse(HeadersTooLarge(f"request headers are over {self.limits.max_head_bytes:,} bytes"))
+            return
+        self._arm_timers(completed)
+
+    def _arm_timers(self, completed: int) -> None:
+        """The read timeouts of what this read left incomplete: armed once a read ends, not per
+        request, so a request whose head and body came in one read never needs a timer.
+        ``completed``: the requests completed before this read."""
+        if self._in_head:
+            # A head begun and not complete, or a read that held no request (blank lines): waited
+            # on for ``head_timeout_s``. An idle connection between requests is uvicorn's keep-alive.
+            if self._head_timer is None and (self._request_begun or self._completed == completed):
+                self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._on_head_timeout)
+        elif self._body_timer is None:  # a body still to come
+            self._body_timer = self.loop.call_later(self.limits.body_idle_timeout_s, self._on_body_timeout)
 
     # --- parser callbacks -------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -223,7 +235,6 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         if not any(queued is self.cycle for queued, _ in self.pipeline):
             self._running = self.cycle  # started now, not queued behind another
         self._last_body_at = self.loop.time()
-        self._body_timer = self.loop.call_later(self.limits.body_idle_timeout_s, self._on_body_timeout)
 
     def on_chunk_header(self) -> None:
         self._in_trailer, self._head_bytes = True, 0
