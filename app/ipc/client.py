@@ -105,6 +105,7 @@ class _Link(asyncio.Protocol):
         self.index = index
         self.status = wire.StatusBlock(client.layout.status(index), writable=False)
         self.transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []  # frames to write at the end of this turn of the event loop
         self.ring: Ring | None = None
         self.reader = wire.FrameReader()
         self.waiting: dict[tuple[int, int], tuple[_Request, int]] = {}  # (req, index) → (request, ring offset)
@@ -152,6 +153,7 @@ class _Link(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.connected = False
         self.transport = None
+        self._out = []  # the images they named are failed below
         waiting, self.waiting = self.waiting, {}
         if self.ring is not None:
             self.ring.close()  # the worker may still map it (if alive): a new connection gets a new ring
@@ -191,12 +193,24 @@ class _Link(asyncio.Protocol):
         self.waiting[(request.id, index)] = (request, offset)
         request.links.add(self)
         header = request.headers[index] if request.headers is not None else None
-        self.transport.write(wire.image(wire.ImageRef(request.id, index, offset, len(data), request.deadline,
-                                                      request.params, header)))
+        self._write(wire.image(wire.ImageRef(request.id, index, offset, len(data), request.deadline, request.params,
+                                             header)))
 
     def cancel(self, req_id: int) -> None:
         if self.transport is not None:
-            self.transport.write(wire.cancel(req_id))
+            self._write(wire.cancel(req_id))
+
+    def _write(self, frame: bytes) -> None:
+        """Frames go out together at the end of this turn of the event loop: the requests that
+        send in one turn make one write (one system call, one wake-up of the worker), in order."""
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(frame)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self.transport is not None and out:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def close(self) -> None:
         if self.transport is not None:
