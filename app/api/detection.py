@@ -29,14 +29,16 @@ from app.ipc.client import SERVER_SIDE, InferenceClient
 from app.records import HTTP, records
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]  # the request's ASGI receive, its body read already
+OnDisconnect = Callable[[Callable[[], None] | None], None]  # app.api.protocol.ON_DISCONNECT
 
 
 async def detect_one(inference: InferenceClient, metrics: Metrics, receive: Receive, name: str, data: bytes,
-                     params: DetectParams, max_pixels: int, start: float) -> bytes | Overloaded:
+                     params: DetectParams, max_pixels: int, start: float,
+                     on_disconnect: OnDisconnect | None = None) -> bytes | Overloaded:
     """``/v1/detect``'s answer to one image read at ``start`` (``time.perf_counter``), or the
     ``Overloaded`` refusal to answer unlogged (under overload there are thousands a second)."""
     header = check_image(data, max_pixels=max_pixels)  # format, size and memory, before any decode
-    answered = await detect_images(inference, metrics, receive, [data], [header], params)
+    answered = await detect_images(inference, metrics, receive, [data], [header], params, on_disconnect)
     if isinstance(answered, Overloaded):
         return answered
     batch, timings = _answered_images(answered, (time.perf_counter() - start) * 1e3)
@@ -47,7 +49,7 @@ async def detect_one(inference: InferenceClient, metrics: Metrics, receive: Rece
 
 async def detect_many(inference: InferenceClient, metrics: Metrics, receive: Receive,
                       images: list[tuple[str, bytes]], params: DetectParams, max_pixels: int,
-                      start: float) -> bytes | Overloaded:
+                      start: float, on_disconnect: OnDisconnect | None = None) -> bytes | Overloaded:
     """``/v1/detect/batch``'s answer: each image's record in request order, an image that fails
     answered in its place; or the ``Overloaded`` refusal of the whole request."""
     # Each header is checked (format, size, memory, the request's pixel budget) before anything is
@@ -56,7 +58,7 @@ async def detect_many(inference: InferenceClient, metrics: Metrics, receive: Rec
     refused = [i for i, c in enumerate(checked) if isinstance(c, YolopipeError)]
     sent = [i for i, c in enumerate(checked) if not isinstance(c, YolopipeError)]
     answered = await detect_images(inference, metrics, receive, [images[i][1] for i in sent],
-                                   [checked[i] for i in sent], params) if sent else None  # type: ignore[misc]
+                                   [checked[i] for i in sent], params, on_disconnect) if sent else None  # type: ignore[misc]
     if isinstance(answered, Overloaded):
         return answered
     total_ms = (time.perf_counter() - start) * 1e3
@@ -95,22 +97,32 @@ def one_image(images: list[tuple[str, bytes]]) -> tuple[str, bytes]:
 
 
 async def detect_images(inference: InferenceClient, metrics: Metrics, receive: Receive, images: list[bytes],
-                        headers: list[ImageHeader], params: DetectParams) -> RequestAnswers | Overloaded:
+                        headers: list[ImageHeader], params: DetectParams,
+                        on_disconnect: OnDisconnect | None = None) -> RequestAnswers | Overloaded:
     """The images' answers, or the ``Overloaded`` refusal of a request refused under load. A
     client that hangs up meanwhile stops its work: what it left queued is never run
-    (``ClientDisconnected``, 499). One watcher task listens for the hang-up and cancels this
-    one; the inference client stops the request's queued work when cancelled."""
+    (``ClientDisconnected``, 499). The server tells of a hang-up through ``on_disconnect``
+    where it offers it (``app.api.protocol.ON_DISCONNECT``), else a watcher task waits for it in
+    ``receive``; either cancels this task, and the inference client stops the request's queued
+    work when cancelled."""
     task = asyncio.current_task()
     gone = False
 
-    async def watch() -> None:
+    def went_away() -> None:
         nonlocal gone
-        while (await receive())["type"] != "http.disconnect":
-            pass
         gone = True
         task.cancel()  # type: ignore[union-attr]
 
-    watcher = asyncio.get_running_loop().create_task(watch())
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        went_away()
+
+    if on_disconnect is not None:
+        on_disconnect(went_away)
+        watcher = None
+    else:
+        watcher = asyncio.get_running_loop().create_task(watch())
     try:
         return await inference.detect(images, params, headers)
     except asyncio.CancelledError:
@@ -124,7 +136,10 @@ async def detect_images(inference: InferenceClient, metrics: Metrics, receive: R
             return exc.with_traceback(None)  # its traceback would hold this frame, and it ``images``
         raise
     finally:
-        watcher.cancel()
+        if watcher is not None:
+            watcher.cancel()
+        else:
+            on_disconnect(None)  # type: ignore[misc]
 
 
 def _answered_images(answered: RequestAnswers, total_ms: float) -> tuple[DetectedBatch, list[str]]:

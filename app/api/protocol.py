@@ -63,6 +63,11 @@ log = logging.getLogger("yolopipe.api.protocol")
 
 # Where the status answered by the protocol is left for the middleware (ASGI scope extensions).
 ANSWERED_STATUS = "yolopipe.answered_status"
+# What the protocol offers each request (an ASGI scope extension): ``on_disconnect(callback)``
+# has ``callback()`` called once if the client goes away before the request's answer is complete
+# (``on_disconnect(None)``: no longer). Without it, an application learns of a hang-up only by
+# waiting in ``receive`` (a task of its own per request).
+ON_DISCONNECT = "yolopipe.on_disconnect"
 LINGER_S = 5.0  # nginx's lingering_timeout
 LINGER_BYTES = 16 << 20
 _TOKEN_METHOD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ ")
@@ -143,8 +148,7 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         running, queued, self.pipeline = self._running, [c for c, _ in self.pipeline], deque()
         for cycle in (running, *queued):
             if cycle is not None and not cycle.response_complete:
-                cycle.disconnected = True
-                cycle.message_event.set()
+                _went_away(cycle)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -232,8 +236,11 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
             self._head_timer.cancel()
             self._head_timer = None
         super().on_headers_complete()
-        if not any(queued is self.cycle for queued, _ in self.pipeline):
-            self._running = self.cycle  # started now, not queued behind another
+        cycle = self.cycle
+        if cycle.scope is self.scope:  # (uvicorn made a cycle for it: not a WebSocket upgrade)
+            self.scope.setdefault("extensions", {})[ON_DISCONNECT] = partial(_on_disconnect, cycle)
+        if not any(queued is cycle for queued, _ in self.pipeline):
+            self._running = cycle  # started now, not queued behind another
         self._last_body_at = self.loop.time()
 
     def on_chunk_header(self) -> None:
@@ -342,8 +349,7 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not None and not cycle.response_complete:
             # The application is reading this request's body: it sees a disconnect, sends nothing.
             cycle.scope.setdefault("extensions", {})[ANSWERED_STATUS] = status_for(error)  # type: ignore[typeddict-item]
-            cycle.disconnected = True
-            cycle.message_event.set()
+            _went_away(cycle)
         self._answer_and_close(error)
 
     def _answer_and_close(self, error: YolopipeError) -> None:
@@ -356,6 +362,20 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
                  b"connection: close\r\n\r\n"]
         self.transport.write(b"".join(head) + body)
         self.transport.close()
+
+
+def _on_disconnect(cycle: Any, callback: Any) -> None:
+    cycle.yolopipe_on_disconnect = callback
+
+
+def _went_away(cycle: Any) -> None:
+    """A request's client is gone: its application hears it (``receive``, ``ON_DISCONNECT``)."""
+    cycle.disconnected = True
+    cycle.message_event.set()
+    callback = getattr(cycle, "yolopipe_on_disconnect", None)
+    if callback is not None:
+        cycle.yolopipe_on_disconnect = None
+        callback()
 
 
 def _error_for(exc: httptools.HttpParserError, data: bytes | None) -> YolopipeError:

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response
 from app.api.detection import detect_many, detect_one, one_image, unsupported_batch, unsupported_single
 from app.api.errors import error_body, error_response
 from app.api.metrics import Metrics
+from app.api.protocol import ON_DISCONNECT
 from app.api.schemas import (
     DETECT_ERRORS,
     BatchResponse,
@@ -145,7 +146,7 @@ async def detect(request: Request, params: ParamsDep, inference: InferenceDep, s
     start = time.perf_counter()
     name, data = await _read_single_image(request, settings)
     return answer(await detect_one(inference, metrics, request.receive, name, data, params, settings.max_pixels,
-                                   start))
+                                   start, request.scope.get("extensions", {}).get(ON_DISCONNECT)))
 
 
 @router.post(
@@ -164,7 +165,8 @@ async def detect_batch(request: Request, params: ParamsDep, inference: Inference
         raise unsupported_batch(media)
     images = await read_form_images(request, "images", max_parts=settings.max_images_per_request,
                                     max_body_bytes=settings.max_body_bytes)
-    return answer(await detect_many(inference, metrics, request.receive, images, params, settings.max_pixels, start))
+    return answer(await detect_many(inference, metrics, request.receive, images, params, settings.max_pixels, start,
+                                    request.scope.get("extensions", {}).get(ON_DISCONNECT)))
 
 
 @router.get("/healthz", summary="The process is alive", response_model=Health)

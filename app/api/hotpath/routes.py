@@ -16,6 +16,7 @@ from app.api.hotpath.query import detect_params
 from app.api.oip.infer import model_name
 from app.api.oip.rest import infer_answer
 from app.api.oip.shm_routes import region_access_of
+from app.api.protocol import ON_DISCONNECT
 from app.api.uploads import form_images
 from app.errors import InvalidParameter, Overloaded
 
@@ -54,13 +55,14 @@ class DetectRoute(Route):
             images = [("image", body)]
         else:
             raise unsupported_single(media)
+        on_disconnect = request.scope.get("extensions", {}).get(ON_DISCONNECT)
         if self.batch:
             result = await detect_many(state.inference, state.metrics, request.receive, images, request.params,
-                                       settings.max_pixels, start)
+                                       settings.max_pixels, start, on_disconnect)
         else:
             name, data = one_image(images)
             result = await detect_one(state.inference, state.metrics, request.receive, name, data, request.params,
-                                      settings.max_pixels, start)
+                                      settings.max_pixels, start, on_disconnect)
         if isinstance(result, Overloaded):
             return error_answer(result, oip=False)
         return 200, [(b"content-length", b"%d" % len(result)), (b"content-type", _JSON)], result
