@@ -88,13 +88,20 @@ class _Request:
 
     def fail(self, error: YolopipeError) -> None:
         if not self.done.done():
-            self.client._unsent -= self.count - self.sent  # never to be sent now
-            self.sent = self.count
-            self.error = error
+            self.stop(error)
             self.done.set_result(None)
-            self.images = self.headers = None  # nothing more is sent (the worker has its copies)
-            for link in self.links:
-                link.cancel(self.id)
+
+    def stop(self, error: YolopipeError) -> None:
+        """Nothing more is sent, and what the workers still hold is cancelled."""
+        self.client._unsent -= self.count - self.sent  # never to be sent now
+        self.sent = self.count
+        self.error = error
+        self.images = self.headers = None  # (the worker has its copies)
+        for link in self.links:
+            link.cancel(self.id)
+
+    def time_out(self, timeout: float) -> None:
+        self.fail(RequestTimeout(f"no result within {timeout:g} s"))
 
 
 class _Link(asyncio.Protocol):
@@ -352,13 +359,16 @@ class InferenceClient:
         request = _Request(self, images, params, time.monotonic() + timeout, headers)
         for _ in range(min(len(images), self.window)):
             request.send_next()
+        # One timer, not wait_for and shield (a future, a timer and callbacks of each per request).
+        expiry = asyncio.get_running_loop().call_later(timeout + _GRACE_S, request.time_out, timeout)
         try:
-            await asyncio.wait_for(asyncio.shield(request.done), timeout + _GRACE_S)
-        except asyncio.TimeoutError:
-            request.fail(RequestTimeout(f"no result within {timeout:g} s"))
+            await request.done
         except asyncio.CancelledError:  # the client went away: stop the work it left queued
-            request.fail(RequestTimeout("the client went away"))
+            if request.done.cancelled():  # (else every image was answered just before)
+                request.stop(RequestTimeout("the client went away"))
             raise
+        finally:
+            expiry.cancel()
         # Raised below, the error's traceback holds this frame (and ``images``): neither the
         # request (a worker may still answer its images) nor this frame may hold the error.
         shares, error, request.error = request.shares, request.error, None
