@@ -21,7 +21,7 @@ from app.api.errors import image_error_fields
 from app.api.metrics import Metrics
 from app.api.uploads import check_request_images
 from app.contracts import DetectedBatch, DetectParams
-from app.errors import ClientDisconnected, InvalidParameter, Overloaded, UnsupportedMediaType, YolopipeError
+from app.errors import ClientDisconnected, InvalidParameter, Overloaded, YolopipeError
 from app.imaging.check import check_image
 from app.imaging.headers import ImageHeader
 from app.ipc.answers import RequestAnswers
@@ -74,19 +74,6 @@ async def detect_many(inference: InferenceClient, metrics: Metrics, receive: Rec
     results = _image_records([name for name, _ in images], batch, timings, inference.info["class_names"])
     return ('{"results":[' + ",".join(results) + '],' + HTTP.fields(timings={"total_ms": round(total_ms, 3)})
             + "}").encode()
-
-
-def unsupported_single(media: str) -> UnsupportedMediaType:
-    return UnsupportedMediaType(
-        f"content type {media or '(none)'!r} is not accepted: send multipart/form-data with a field "
-        "'image', or the raw image with an image/* content type"
-    )
-
-
-def unsupported_batch(media: str) -> UnsupportedMediaType:
-    return UnsupportedMediaType(
-        f"content type {media or '(none)'!r} is not accepted: send multipart/form-data with repeated field 'images'"
-    )
 
 
 def one_image(images: list[tuple[str, bytes]]) -> tuple[str, bytes]:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.api.detection import detect_many, detect_one, one_image, unsupported_batch, unsupported_single
+from app.api.detection import detect_many, detect_one, one_image
 from app.api.errors import error_body, error_response
 from app.api.metrics import Metrics
 from app.api.protocol import ON_DISCONNECT
@@ -29,7 +29,7 @@ from app.api.schemas import (
 from app.api.uploads import read_form_images
 from app.config import CONF, IOU, MAX_DET, Settings
 from app.contracts import DetectParams, make_params
-from app.errors import InvalidParameter, Overloaded
+from app.errors import InvalidParameter, Overloaded, UnsupportedMediaType
 from app.ipc.client import InferenceClient
 
 router = APIRouter()
@@ -120,6 +120,19 @@ async def _read_single_image(request: Request, settings: Settings) -> tuple[str,
     if media.startswith("image/"):
         return "image", await request.body()
     raise unsupported_single(media)
+
+
+def unsupported_single(media: str) -> UnsupportedMediaType:
+    return UnsupportedMediaType(
+        f"content type {media or '(none)'!r} is not accepted: send multipart/form-data with a field "
+        "'image', or the raw image with an image/* content type"
+    )
+
+
+def unsupported_batch(media: str) -> UnsupportedMediaType:
+    return UnsupportedMediaType(
+        f"content type {media or '(none)'!r} is not accepted: send multipart/form-data with repeated field 'images'"
+    )
 
 
 def answer(result: bytes | Overloaded) -> Response:

@@ -55,6 +55,10 @@ class Request:
         value = self.headers.get(name)
         return None if value is None else value.decode("latin-1")
 
+    def media_type(self) -> str:
+        """The Content-Type's media type, lower-cased ("" when none)."""
+        return (self.header(b"content-type") or "").split(";")[0].strip().lower()
+
 
 class Route:
     """One hot route: ``prepare`` (before the body is read: False sends the request to FastAPI)

@@ -10,7 +10,8 @@ from typing import Any
 
 from starlette.datastructures import Headers
 
-from app.api.detection import detect_many, detect_one, one_image, unsupported_batch, unsupported_single
+from app.api.detection import detect_many, detect_one, one_image
+from app.api.form_parts import boundary_of
 from app.api.hotpath.front import Answer, Request, Route, error_answer
 from app.api.hotpath.query import detect_params
 from app.api.oip.infer import model_name
@@ -18,7 +19,7 @@ from app.api.oip.rest import infer_answer
 from app.api.oip.shm_routes import region_access_of
 from app.api.protocol import ON_DISCONNECT
 from app.api.uploads import form_images
-from app.errors import InvalidParameter, Overloaded
+from app.errors import InvalidParameter, ModelNotFound, Overloaded
 
 _JSON = b"application/json"
 
@@ -36,6 +37,14 @@ class DetectRoute(Route):
         inference = self.state.inference
         if inference is None or inference.info is None:
             return False  # starting: FastAPI's dependency answers the 503
+        # What FastAPI's route refuses before reading the body (answered there, with connection:
+        # close): another media type; a multipart body encoded, or whose boundary is not plain.
+        media = request.media_type()
+        if media == "multipart/form-data":
+            if b"content-encoding" in request.headers or boundary_of(request.header(b"content-type") or "") is None:
+                return False
+        elif self.batch or not media.startswith("image/"):
+            return False
         try:
             request.params = detect_params(request.scope["query_string"], len(inference.info["class_names"]))
         except InvalidParameter:  # a class id the model has not: FastAPI's route answers the 422
@@ -45,16 +54,11 @@ class DetectRoute(Route):
     async def answer(self, request: Request, body: bytes) -> Answer:
         start = time.perf_counter()
         state, settings = self.state, self.state.settings
-        media = (request.header(b"content-type") or "").split(";")[0].strip().lower()
-        if media == "multipart/form-data":
+        if request.media_type() == "multipart/form-data":  # else an image/* body (``prepare`` took no other)
             images = await form_images(body, Headers(raw=request.scope["headers"]), "images" if self.batch else "image",
                                        max_parts=settings.max_images_per_request, max_body_bytes=settings.max_body_bytes)
-        elif self.batch:
-            raise unsupported_batch(media)
-        elif media.startswith("image/"):
-            images = [("image", body)]
         else:
-            raise unsupported_single(media)
+            images = [("image", body)]
         on_disconnect = request.scope.get("extensions", {}).get(ON_DISCONNECT)
         if self.batch:
             result = await detect_many(state.inference, state.metrics, request.receive, images, request.params,
@@ -80,12 +84,16 @@ class InferRoute(Route):
         inference = self.state.inference
         if inference is None or inference.info is None:
             return False  # starting: FastAPI's route answers the 503
-        request.params = path_params
+        try:
+            request.params = model_name(path_params[0], path_params[1] if len(path_params) > 1 else None,
+                                        self.state.settings)
+        except ModelNotFound:  # FastAPI's route answers the 404 before reading the body (and closes)
+            return False
         return True
 
     async def answer(self, request: Request, body: bytes) -> Answer:
         state = self.state
-        name = model_name(request.params[0], request.params[1] if len(request.params) > 1 else None, state.settings)
+        name = request.params
         client = request.scope.get("client")
         regions = region_access_of(state, client[0] if client else None)
         result = await infer_answer(state.inference, state.settings, state.metrics.rejected, name, body,
