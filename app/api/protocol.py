@@ -36,16 +36,17 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import httptools
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from app.api.errors import error_body
+from app.api.parser_errors import Refuse, parser_error
 from app.api.statuses import status_for
 from app.api.transport import ConnectionTransport
 from app.config import Settings
@@ -53,7 +54,6 @@ from app.errors import (
     BadRequest,
     HeadersTooLarge,
     HttpVersionNotSupported,
-    MethodNotImplemented,
     ReadTimeout,
     UriTooLong,
     YolopipeError,
@@ -70,7 +70,6 @@ ANSWERED_STATUS = "yolopipe.answered_status"
 ON_DISCONNECT = "yolopipe.on_disconnect"
 LINGER_S = 5.0  # nginx's lingering_timeout
 LINGER_BYTES = 16 << 20
-_TOKEN_METHOD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ ")
 
 
 @dataclass(frozen=True)
@@ -104,14 +103,6 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-class _Refuse(Exception):
-    """Raised inside a parser callback to stop parsing and answer ``error``."""
-
-    def __init__(self, error: YolopipeError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
 class JsonHttpToolsProtocol(HttpToolsProtocol):
     """Uvicorn's httptools protocol with limits, read timeouts and JSON protocol errors."""
 
@@ -129,6 +120,7 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: Any = None
         self._body_timer: Any = None
         self._last_body_at = 0.0
+        self._grown: type | None = None  # the type uvicorn's request cycles grow a body in
         self._lingering = False
         self._lingered = 0  # bytes dropped while lingering
         self._linger_timer: Any = None
@@ -182,7 +174,7 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
                 offset = exc.args[0] if exc.args and isinstance(exc.args[0], int) else len(data)
                 data = data[offset:]
             except httptools.HttpParserError as exc:
-                self._refuse(_error_for(exc, data if began_here and self._completed == completed else None))
+                self._refuse(parser_error(exc, data if began_here and self._completed == completed else None))
                 return
         if (self._in_head or self._in_trailer) and self._head_bytes > self.limits.max_head_bytes:
             self._refuse(HeadersTooLarge(f"request headers are over {self.limits.max_head_bytes:,} bytes"))
@@ -209,7 +201,7 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
         if len(self.url) > self.limits.max_url_bytes:
-            raise _Refuse(UriTooLong(f"the request target is over {self.limits.max_url_bytes:,} bytes"))
+            raise Refuse(UriTooLong(f"the request target is over {self.limits.max_url_bytes:,} bytes"))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._in_head:
@@ -219,18 +211,18 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         # would append it to the headers the application already holds).
         self._head_bytes += len(name) + len(value)
         if self._head_bytes > self.limits.max_head_bytes:
-            raise _Refuse(HeadersTooLarge(f"request trailers are over {self.limits.max_head_bytes:,} bytes"))
+            raise Refuse(HeadersTooLarge(f"request trailers are over {self.limits.max_head_bytes:,} bytes"))
 
     def on_headers_complete(self) -> None:
         size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
         if size > self.limits.max_head_bytes:
-            raise _Refuse(HeadersTooLarge(f"request headers are over {self.limits.max_head_bytes:,} bytes"))
+            raise Refuse(HeadersTooLarge(f"request headers are over {self.limits.max_head_bytes:,} bytes"))
         version = self.parser.get_http_version()
         if version not in ("1.0", "1.1"):  # llhttp reads HTTP/2.0 or 0.9 in a request line as valid
-            raise _Refuse(HttpVersionNotSupported(f"only HTTP/1.0 and HTTP/1.1 are served here (HTTP/{version})"))
+            raise Refuse(HttpVersionNotSupported(f"only HTTP/1.0 and HTTP/1.1 are served here (HTTP/{version})"))
         if self.parser.should_upgrade() and any(n in (b"content-length", b"transfer-encoding") for n, _ in self.headers):
             # llhttp would leave its body unread and parse it as the next request.
-            raise _Refuse(BadRequest("malformed HTTP request: an Upgrade request must not carry a body here"))
+            raise Refuse(BadRequest("malformed HTTP request: an Upgrade request must not carry a body here"))
         self._in_head = False
         if self._head_timer is not None:
             self._head_timer.cancel()
@@ -252,6 +244,20 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         self._in_trailer = False
         self._last_body_at = self.loop.time()
+        cycle = self.cycle
+        if not cycle.body and not cycle.response_complete and not self.parser.should_upgrade():
+            # The first piece is kept as the bytes it came in, which uvicorn's receive hands on
+            # as they are: a body that arrives in one read is never copied (uvicorn grew a
+            # bytearray with it, then copied that to bytes).
+            if self._grown is None:
+                self._grown = type(cycle.body)  # what this uvicorn grows a body in
+            cycle.body = body
+            if len(body) > HIGH_WATER_LIMIT:
+                self.flow.pause_reading()
+            cycle.message_event.set()
+            return
+        if type(cycle.body) is bytes and self._grown is bytearray:
+            cycle.body = bytearray(cycle.body)  # a second piece: grown as uvicorn grows it
         super().on_body(body)
 
     def on_message_complete(self) -> None:
@@ -376,20 +382,3 @@ def _went_away(cycle: Any) -> None:
     if callback is not None:
         cycle.yolopipe_on_disconnect = None
         callback()
-
-
-def _error_for(exc: httptools.HttpParserError, data: bytes | None) -> YolopipeError:
-    """The answer to a parser error: ours when a callback refused, else from llhttp's reason.
-    ``data``: the refused request's first bytes, or None where they are not known."""
-    if isinstance(exc.__context__, _Refuse):
-        return exc.__context__.error
-    if isinstance(exc.__context__, httptools.HttpParserInvalidURLError):  # raised by uvicorn parsing the URL
-        return BadRequest("malformed HTTP request: invalid request target")
-    if exc.__context__ is not None:
-        log.warning("HTTP parser callback failed: %r", exc.__context__)
-    reason = str(exc) or "malformed request"
-    if isinstance(exc, httptools.HttpParserInvalidMethodError) and data is not None and _TOKEN_METHOD.match(data):
-        return MethodNotImplemented(f"request method {data.split(b' ', 1)[0][:32].decode('latin-1')!r} is not implemented")
-    if reason in ("Invalid HTTP version", "Pause on PRI/Upgrade"):
-        return HttpVersionNotSupported(f"only HTTP/1.0 and HTTP/1.1 are served here ({reason})")
-    return BadRequest(f"malformed HTTP request: {reason}")
