@@ -119,7 +119,9 @@ def _detection_texts(batch: DetectedBatch, class_names: Sequence[str], style: St
     boxes = batch.rows[:, :4].astype(np.float64)
     scores = batch.rows[:, 4].astype(np.float64)
     class_ids = batch.rows[:, 5].astype(np.int32).tolist()
-    labels = {i: style.dumps(n) for i, n in enumerate(class_names)}
+    # Only the classes present are written (a model's 80 names through json.dumps cost more than
+    # a whole answer); an id the model has not is written as its number, as a string.
+    labels = {i: style.dumps(class_names[i]) for i in set(class_ids) if 0 <= i < len(class_names)}
     names = [labels.get(cid) or style.dumps(str(cid)) for cid in class_ids]
     template = ('{"box"' + key + "[%s" + item + "%s" + item + "%s" + item + "%s]" + item + '"score"' + key + "%s"
                 + item + '"class_id"' + key + "%d" + item + '"class_name"' + key + "%s}")

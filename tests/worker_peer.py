@@ -9,17 +9,25 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+
 from app.errors import Overloaded
 from app.ipc import wire
 from app.ipc.answers import results
 from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
+from app.types import Detections
+
+# What the "detect" action answers for every image.
+DETECTIONS = Detections(np.array([[1.5, 2.25, 30.125, 40.5], [0.0, 0.0, 10.0, 12.0]], np.float32),
+                        np.array([0.875, 0.3125], np.float32), np.array([1, 0], np.int32))
 
 
 class Peer(asyncio.Protocol):
     """One connection of the scripted inference worker. ``script``: what each connection does
     in turn — "hello-then-close" (the link drops right after the handshake), "close-on-image"
     (mid-request), "answer" (reads the image from the ring and answers with its length),
+    "detect" (answers each image with ``DETECTIONS``, its size its length × 1, and fixed timings),
     "overloaded" (answers each image with that error), "silent" (never answers)."""
 
     def __init__(self, script: list[str], seen: list[bytes]) -> None:
@@ -50,6 +58,11 @@ class Peer(asyncio.Protocol):
                 if self.action == "silent":
                     return
                 self.seen.append(bytes(self.ring[ref.offset : ref.offset + ref.length]))
+                if self.action == "detect":
+                    self.transport.write(results([wire.Outcome(
+                        ref.req_id, ref.index, width=ref.length, height=1, detections=DETECTIONS, decode_ms=1.25,
+                        queue_ms=0.5)], {"batch_ms": 2.5, "batch_size": 1}))
+                    continue
                 self.transport.write(results([wire.Outcome(ref.req_id, ref.index, width=ref.length, height=1)]))
 
 

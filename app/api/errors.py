@@ -95,6 +95,11 @@ async def _http_handler(request: Request, exc: Exception) -> JSONResponse:
 async def _unexpected_handler(request: Request, exc: Exception) -> JSONResponse:
     # The traceback goes to the server log, never to the client.
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    return unexpected_error_response()
+
+
+def unexpected_error_response() -> JSONResponse:
+    """The answer to an error nobody expected (500, no traceback)."""
     return JSONResponse(error_body("internal_error", "internal server error"), status_code=500)
 
 

@@ -114,7 +114,7 @@ class ConnectionCloseMiddleware:
         self.app = app
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not _closes_after(scope):
+        if scope["type"] != "http" or not closes_after(scope):
             await self.app(scope, receive, send)
             return
 
@@ -126,7 +126,7 @@ class ConnectionCloseMiddleware:
         await self.app(scope, receive, send_saying_close)
 
 
-def _closes_after(scope: dict) -> bool:
+def closes_after(scope: dict) -> bool:
     """Whether the server closes the connection after answering this request: HTTP/1.0 (uvicorn
     keeps no 1.0 connection alive, ``Connection: keep-alive`` or not) or ``Connection: close``."""
     return scope.get("http_version") == "1.0" or _says_close(scope.get("headers", ()))

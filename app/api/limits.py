@@ -17,6 +17,18 @@ from app.errors import ClientDisconnected, ImageTooLarge, Overloaded
 log = logging.getLogger("yolopipe.api")
 
 
+class BodyHolds:
+    """The requests with a body one HTTP worker holds, from their first byte to the end of their
+    answer (``count``), and how many it may hold (``limit``; 0: no limit)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+    def full(self) -> bool:
+        return bool(self.limit) and self.count >= self.limit
+
+
 class BodyLimitMiddleware:
     """Pure ASGI middleware.
 
@@ -32,21 +44,21 @@ class BodyLimitMiddleware:
     the gone client carries 499 (or the status ``JsonHttpToolsProtocol`` already answered, e.g.
     408 or 400) so that /metrics counts it as what it was, not as a 500.
 
-    At most ``max_in_flight`` requests with a body (a Content-Length or chunked) are held at
+    At most ``holds.limit`` requests with a body (a Content-Length or chunked) are held at
     once, from their first byte to the end of their answer: one more is answered 503 before its
-    body is read. So the bodies this process holds stay under ``max_in_flight`` × the body
-    limit, whatever the clients do; requests without a body (probes, /metrics) are never refused.
+    body is read. So the bodies this process holds stay under ``holds.limit`` × the body
+    limit, whatever the clients do (the hot path, ``app/api/hotpath``, takes its slots from the
+    same ``holds``); requests without a body (probes, /metrics) are never refused.
     """
 
     def __init__(self, app: Any, max_body_bytes: int, limits: dict[str, int] | None = None,
-                 max_in_flight: int = 0) -> None:
+                 holds: BodyHolds | None = None) -> None:
         """``limits``: a smaller limit for the paths under each prefix (the streams API's JSON);
-        ``max_in_flight``: 0 for no limit."""
+        ``holds``: the requests with a body this process holds (shared with the hot path)."""
         self.app = app
         self.default = max_body_bytes
         self.limits = sorted((limits or {}).items(), key=lambda item: -len(item[0]))
-        self.max_in_flight = max_in_flight
-        self.in_flight = 0
+        self.holds = holds or BodyHolds(0)
 
     def limit_for(self, path: str) -> int:
         for prefix, limit in self.limits:
@@ -68,14 +80,14 @@ class BodyLimitMiddleware:
             return
         received = 0
         body_unread = bool(declared) or _header(scope, b"transfer-encoding") is not None
-        if body_unread and self.max_in_flight and self.in_flight >= self.max_in_flight:
+        if body_unread and self.holds.full():
             response = error_response(Overloaded(
-                f"this server process holds {self.in_flight} requests already, its limit; retry shortly"))
+                f"this server process holds {self.holds.count} requests already, its limit; retry shortly"))
             response.headers["connection"] = "close"
             await response(scope, receive, send)
             return
         holds = int(body_unread)
-        self.in_flight += holds
+        self.holds.count += holds
         started = False
         over: ImageTooLarge | None = None
 
@@ -116,7 +128,7 @@ class BodyLimitMiddleware:
                 await send({"type": "http.response.start", "status": status, "headers": []})
                 await send({"type": "http.response.body", "body": b""})
         finally:
-            self.in_flight -= holds
+            self.holds.count -= holds
 
 
 def _header(scope: dict, name: bytes) -> bytes | None:

@@ -47,11 +47,18 @@ class Metrics:
         )
         self.rejected = rejected_counter(r)
         self._rendering = asyncio.Lock()  # one scrape at a time reads the files; others wait for it
+        # (path, status) → its two series: ``labels`` looks them up under a lock on every call
+        self._series: dict[tuple[str, int], tuple[Any, Any]] = {}
 
     def observe_request(self, path: str, status: int, seconds: float) -> None:
-        label = path if path in KNOWN_PATHS else "other"
-        self.requests.labels(label, str(status)).inc()
-        self.request_latency.labels(label).observe(seconds)
+        series = self._series.get((path, status))
+        if series is None:
+            label = path if path in KNOWN_PATHS else "other"
+            series = self.requests.labels(label, str(status)), self.request_latency.labels(label)
+            if path in KNOWN_PATHS:  # other paths are any a client makes up: not kept
+                self._series[path, status] = series
+        series[0].inc()
+        series[1].observe(seconds)
 
     async def render_off_loop(self) -> tuple[bytes, str]:
         """``render`` in a thread: it reads a file per process, which must not stall requests."""

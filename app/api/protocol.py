@@ -36,23 +36,24 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import httptools
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from app.api.errors import error_body
+from app.api.parser_errors import Refuse, parser_error
 from app.api.statuses import status_for
+from app.api.transport import ConnectionTransport
 from app.config import Settings
 from app.errors import (
     BadRequest,
     HeadersTooLarge,
     HttpVersionNotSupported,
-    MethodNotImplemented,
     ReadTimeout,
     UriTooLong,
     YolopipeError,
@@ -62,9 +63,13 @@ log = logging.getLogger("yolopipe.api.protocol")
 
 # Where the status answered by the protocol is left for the middleware (ASGI scope extensions).
 ANSWERED_STATUS = "yolopipe.answered_status"
+# What the protocol offers each request (an ASGI scope extension): ``on_disconnect(callback)``
+# has ``callback()`` called once if the client goes away before the request's answer is complete
+# (``on_disconnect(None)``: no longer). Without it, an application learns of a hang-up only by
+# waiting in ``receive`` (a task of its own per request).
+ON_DISCONNECT = "yolopipe.on_disconnect"
 LINGER_S = 5.0  # nginx's lingering_timeout
 LINGER_BYTES = 16 << 20
-_TOKEN_METHOD = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ ")
 
 
 @dataclass(frozen=True)
@@ -98,14 +103,6 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-class _Refuse(Exception):
-    """Raised inside a parser callback to stop parsing and answer ``error``."""
-
-    def __init__(self, error: YolopipeError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
 class JsonHttpToolsProtocol(HttpToolsProtocol):
     """Uvicorn's httptools protocol with limits, read timeouts and JSON protocol errors.
 
@@ -126,14 +123,16 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: Any = None
         self._body_timer: Any = None
         self._last_body_at = 0.0
+        self._grown: type | None = None  # the type uvicorn's request cycles grow a body in
         self._lingering = False
         self._lingered = 0  # bytes dropped while lingering
         self._linger_timer: Any = None
 
     # --- connection -------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-        # Uvicorn's request cycles close the transport they are given: this one lingers.
-        super().connection_made(_LingeringTransport(transport, self))
+        # Uvicorn's request cycles close the transport they are given: this one lingers (and
+        # sends a response's head with its body).
+        super().connection_made(ConnectionTransport(transport, self))
         self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._on_head_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -144,8 +143,7 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         running, queued, self.pipeline = self._running, [c for c, _ in self.pipeline], deque()
         for cycle in (running, *queued):
             if cycle is not None and not cycle.response_complete:
-                cycle.disconnected = True
-                cycle.message_event.set()
+                _went_away(cycle)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -165,8 +163,6 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         began_here, completed = not self._request_begun, self._completed
         if self._in_head or self._in_trailer:
             self._head_bytes += len(data)
-            if self._head_timer is None and self._in_head:
-                self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._on_head_timeout)
         while data:
             try:
                 self.parser.feed_data(data)
@@ -181,10 +177,24 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
                 offset = exc.args[0] if exc.args and isinstance(exc.args[0], int) else len(data)
                 data = data[offset:]
             except httptools.HttpParserError as exc:
-                self._refuse(_error_for(exc, data if began_here and self._completed == completed else None))
+                self._refuse(parser_error(exc, data if began_here and self._completed == completed else None))
                 return
         if (self._in_head or self._in_trailer) and self._head_bytes > self.limits.max_head_bytes:
             self._refuse(HeadersTooLarge(f"request headers are over {self.limits.max_head_bytes:,} bytes"))
+            return
+        self._arm_timers(completed)
+
+    def _arm_timers(self, completed: int) -> None:
+        """The read timeouts of what this read left incomplete: armed once a read ends, not per
+        request, so a request whose head and body came in one read never needs a timer.
+        ``completed``: the requests completed before this read."""
+        if self._in_head:
+            # A head begun and not complete, or a read that held no request (blank lines): waited
+            # on for ``head_timeout_s``. An idle connection between requests is uvicorn's keep-alive.
+            if self._head_timer is None and (self._request_begun or self._completed == completed):
+                self._head_timer = self.loop.call_later(self.limits.head_timeout_s, self._on_head_timeout)
+        elif self._body_timer is None:  # a body still to come
+            self._body_timer = self.loop.call_later(self.limits.body_idle_timeout_s, self._on_body_timeout)
 
     # --- parser callbacks -------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -194,7 +204,7 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
     def on_url(self, url: bytes) -> None:
         super().on_url(url)
         if len(self.url) > self.limits.max_url_bytes:
-            raise _Refuse(UriTooLong(f"the request target is over {self.limits.max_url_bytes:,} bytes"))
+            raise Refuse(UriTooLong(f"the request target is over {self.limits.max_url_bytes:,} bytes"))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if self._in_head:
@@ -204,27 +214,29 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         # would append it to the headers the application already holds).
         self._head_bytes += len(name) + len(value)
         if self._head_bytes > self.limits.max_head_bytes:
-            raise _Refuse(HeadersTooLarge(f"request trailers are over {self.limits.max_head_bytes:,} bytes"))
+            raise Refuse(HeadersTooLarge(f"request trailers are over {self.limits.max_head_bytes:,} bytes"))
 
     def on_headers_complete(self) -> None:
         size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
         if size > self.limits.max_head_bytes:
-            raise _Refuse(HeadersTooLarge(f"request headers are over {self.limits.max_head_bytes:,} bytes"))
+            raise Refuse(HeadersTooLarge(f"request headers are over {self.limits.max_head_bytes:,} bytes"))
         version = self.parser.get_http_version()
         if version not in ("1.0", "1.1"):  # llhttp reads HTTP/2.0 or 0.9 in a request line as valid
-            raise _Refuse(HttpVersionNotSupported(f"only HTTP/1.0 and HTTP/1.1 are served here (HTTP/{version})"))
+            raise Refuse(HttpVersionNotSupported(f"only HTTP/1.0 and HTTP/1.1 are served here (HTTP/{version})"))
         if self.parser.should_upgrade() and any(n in (b"content-length", b"transfer-encoding") for n, _ in self.headers):
             # llhttp would leave its body unread and parse it as the next request.
-            raise _Refuse(BadRequest("malformed HTTP request: an Upgrade request must not carry a body here"))
+            raise Refuse(BadRequest("malformed HTTP request: an Upgrade request must not carry a body here"))
         self._in_head = False
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
         super().on_headers_complete()
-        if not any(queued is self.cycle for queued, _ in self.pipeline):
-            self._running = self.cycle  # started now, not queued behind another
+        cycle = self.cycle
+        if cycle.scope is self.scope:  # (uvicorn made a cycle for it: not a WebSocket upgrade)
+            self.scope.setdefault("extensions", {})[ON_DISCONNECT] = partial(_on_disconnect, cycle)
+        if not any(queued is cycle for queued, _ in self.pipeline):
+            self._running = cycle  # started now, not queued behind another
         self._last_body_at = self.loop.time()
-        self._body_timer = self.loop.call_later(self.limits.body_idle_timeout_s, self._on_body_timeout)
 
     def on_chunk_header(self) -> None:
         self._in_trailer, self._head_bytes = True, 0
@@ -235,6 +247,20 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
     def on_body(self, body: bytes) -> None:
         self._in_trailer = False
         self._last_body_at = self.loop.time()
+        cycle = self.cycle
+        if not cycle.body and not cycle.response_complete and not self.parser.should_upgrade():
+            # The first piece is kept as the bytes it came in, which uvicorn's receive hands on
+            # as they are: a body that arrives in one read is never copied (uvicorn grew a
+            # bytearray with it, then copied that to bytes).
+            if self._grown is None:
+                self._grown = type(cycle.body)  # what this uvicorn grows a body in
+            cycle.body = body
+            if len(body) > HIGH_WATER_LIMIT:
+                self.flow.pause_reading()
+            cycle.message_event.set()
+            return
+        if type(cycle.body) is bytes and self._grown is bytearray:
+            cycle.body = bytearray(cycle.body)  # a second piece: grown as uvicorn grows it
         super().on_body(body)
 
     def on_message_complete(self) -> None:
@@ -332,8 +358,7 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         if cycle is not None and not cycle.response_complete:
             # The application is reading this request's body: it sees a disconnect, sends nothing.
             cycle.scope.setdefault("extensions", {})[ANSWERED_STATUS] = status_for(error)  # type: ignore[typeddict-item]
-            cycle.disconnected = True
-            cycle.message_event.set()
+            _went_away(cycle)
         self._answer_and_close(error)
 
     def _answer_and_close(self, error: YolopipeError) -> None:
@@ -348,39 +373,15 @@ class JsonHttpToolsProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-class _LingeringTransport:
-    """The connection's transport, whose ``close()`` is the protocol's lingering one; it reads
-    as closing from then on. Everything else is the transport's own."""
-
-    def __init__(self, transport: Any, protocol: JsonHttpToolsProtocol) -> None:
-        self._transport = transport
-        self._protocol = protocol
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-    def close(self) -> None:
-        self._protocol._close(self._transport)
-
-    def close_now(self) -> None:
-        self._transport.close()
-
-    def is_closing(self) -> bool:
-        return self._protocol._lingering or self._transport.is_closing()
+def _on_disconnect(cycle: Any, callback: Any) -> None:
+    cycle.yolopipe_on_disconnect = callback
 
 
-def _error_for(exc: httptools.HttpParserError, data: bytes | None) -> YolopipeError:
-    """The answer to a parser error: ours when a callback refused, else from llhttp's reason.
-    ``data``: the refused request's first bytes, or None where they are not known."""
-    if isinstance(exc.__context__, _Refuse):
-        return exc.__context__.error
-    if isinstance(exc.__context__, httptools.HttpParserInvalidURLError):  # raised by uvicorn parsing the URL
-        return BadRequest("malformed HTTP request: invalid request target")
-    if exc.__context__ is not None:
-        log.warning("HTTP parser callback failed: %r", exc.__context__)
-    reason = str(exc) or "malformed request"
-    if isinstance(exc, httptools.HttpParserInvalidMethodError) and data is not None and _TOKEN_METHOD.match(data):
-        return MethodNotImplemented(f"request method {data.split(b' ', 1)[0][:32].decode('latin-1')!r} is not implemented")
-    if reason in ("Invalid HTTP version", "Pause on PRI/Upgrade"):
-        return HttpVersionNotSupported(f"only HTTP/1.0 and HTTP/1.1 are served here ({reason})")
-    return BadRequest(f"malformed HTTP request: {reason}")
+def _went_away(cycle: Any) -> None:
+    """A request's client is gone: its application hears it (``receive``, ``ON_DISCONNECT``)."""
+    cycle.disconnected = True
+    cycle.message_event.set()
+    callback = getattr(cycle, "yolopipe_on_disconnect", None)
+    if callback is not None:
+        cycle.yolopipe_on_disconnect = None
+        callback()

@@ -1,20 +1,20 @@
-"""Thin HTTP handlers: read the body and the parameters, check each image's header, hand the
-bytes (with their headers) to the inference workers, write the JSON (``app.records``, in the
-compact form Starlette's ``JSONResponse`` writes). No image is decoded here."""
+"""Thin HTTP handlers: read the body and the parameters, hand the images to
+``app/api/detection.py`` (each header checked, the bytes sent to the inference workers, the
+JSON written from the arrays). No image is decoded here."""
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import time
 from typing import Annotated, Any
 
-import numpy as np
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.api.errors import error_body, error_response, image_error_fields
+from app.api.detection import detect_many, detect_one, one_image
+from app.api.errors import error_body, error_response
 from app.api.metrics import Metrics
+from app.api.protocol import ON_DISCONNECT
 from app.api.schemas import (
     DETECT_ERRORS,
     BatchResponse,
@@ -26,26 +26,18 @@ from app.api.schemas import (
     batch_request_body,
     detect_request_body,
 )
-from app.api.uploads import check_request_images, read_form_images
+from app.api.uploads import read_form_images
 from app.config import CONF, IOU, MAX_DET, Settings
-from app.contracts import DetectedBatch, DetectParams, make_params
-from app.errors import (
-    ClientDisconnected,
-    InvalidParameter,
-    Overloaded,
-    UnsupportedMediaType,
-    YolopipeError,
-)
-from app.imaging.check import check_image
-from app.imaging.headers import ImageHeader
-from app.ipc.answers import RequestAnswers
-from app.ipc.client import SERVER_SIDE, InferenceClient
-from app.records import HTTP, records
+from app.contracts import DetectParams, make_params
+from app.errors import InvalidParameter, Overloaded, UnsupportedMediaType
+from app.ipc.client import InferenceClient
 
 router = APIRouter()
 
 
 # --- dependencies ----------------------------------------------------------------------
+# Every dependency is ``async def``: FastAPI runs a plain ``def`` one in anyio's thread pool, a
+# hand-off to another thread and back for each (five per /v1 request), though none blocks.
 def get_inference(request: Request) -> InferenceClient:
     client: InferenceClient | None = request.app.state.inference
     if client is None or client.info is None:
@@ -53,15 +45,19 @@ def get_inference(request: Request) -> InferenceClient:
     return client
 
 
-def get_settings(request: Request) -> Settings:
+async def inference_dependency(request: Request) -> InferenceClient:
+    return get_inference(request)
+
+
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
-InferenceDep = Annotated[InferenceClient, Depends(get_inference)]
+InferenceDep = Annotated[InferenceClient, Depends(inference_dependency)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 
@@ -76,12 +72,12 @@ def check_query(request: Request, known: tuple[str, ...]) -> None:
                                + takes)
 
 
-def no_query(request: Request) -> None:
+async def no_query(request: Request) -> None:
     """A dependency: the endpoint takes no query parameters."""
     check_query(request, ())
 
 
-def detect_params(
+async def detect_params(
     inference: InferenceDep,
     conf: Annotated[float, Query(ge=0.0, le=1.0, description="confidence threshold")] = CONF,
     iou: Annotated[float, Query(ge=0.0, le=1.0, description="NMS IoU threshold")] = IOU,
@@ -106,7 +102,7 @@ ParamsDep = Annotated[DetectParams, Depends(detect_params)]
 DETECT_QUERY = tuple(name for name in inspect.signature(detect_params).parameters if name != "inference")
 
 
-def detect_query(request: Request) -> None:
+async def detect_query(request: Request) -> None:
     """A dependency: the detect endpoints take ``detect_params``' query parameters only."""
     check_query(request, DETECT_QUERY)
 
@@ -119,81 +115,37 @@ def _media_type(request: Request) -> str:
 async def _read_single_image(request: Request, settings: Settings) -> tuple[str, bytes]:
     media = _media_type(request)
     if media == "multipart/form-data":
-        images = await read_form_images(request, "image", max_parts=settings.max_images_per_request,
-                                        max_body_bytes=settings.max_body_bytes)
-        if len(images) != 1:
-            raise InvalidParameter(f"send one file in field 'image' (got {len(images)}); use /v1/detect/batch for more")
-        return images[0]
+        return one_image(await read_form_images(request, "image", max_parts=settings.max_images_per_request,
+                                                max_body_bytes=settings.max_body_bytes))
     if media.startswith("image/"):
         return "image", await request.body()
-    raise UnsupportedMediaType(
+    raise unsupported_single(media)
+
+
+def unsupported_single(media: str) -> UnsupportedMediaType:
+    return UnsupportedMediaType(
         f"content type {media or '(none)'!r} is not accepted: send multipart/form-data with a field "
         "'image', or the raw image with an image/* content type"
     )
 
 
-async def _detect(request: Request, inference: InferenceClient, metrics: Metrics, images: list[bytes],
-                  headers: list[ImageHeader], params: DetectParams) -> RequestAnswers | JSONResponse:
-    """The images' answers, or the 503 for a request refused under load: answered here, unlogged (under
-    overload there are thousands a second; /metrics counts them). A client that hangs up
-    meanwhile stops its work: what it left queued is never run (``ClientDisconnected``, 499)."""
-    detecting = asyncio.ensure_future(inference.detect(images, params, headers))
-    gone = asyncio.ensure_future(_until_disconnected(request))
-    try:
-        await asyncio.wait((detecting, gone), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # this handler was cancelled (the server stops): so is the work
-        detecting.cancel()
-        raise
-    finally:
-        gone.cancel()
-    if not detecting.done():
-        detecting.cancel()  # the client's cancel: its queued images are answered without running
-        raise ClientDisconnected("the client went away before its answer")
-    error = detecting.exception()
-    if error is None:
-        return detecting.result()
-    # Raised here, the error's traceback would hold this frame, and through ``detecting`` the
-    # frame would hold the error: a cycle that keeps ``images`` until a full collection.
-    del detecting
-    if isinstance(error, SERVER_SIDE):
-        metrics.rejected.labels(error.code).inc()
-    if isinstance(error, Overloaded):
-        return error_response(error)
-    try:
-        raise error
-    finally:
-        del error
+def unsupported_batch(media: str) -> UnsupportedMediaType:
+    return UnsupportedMediaType(
+        f"content type {media or '(none)'!r} is not accepted: send multipart/form-data with repeated field 'images'"
+    )
 
 
-async def _until_disconnected(request: Request) -> None:
-    """Returns once the client has gone (the body was read to its end before: only the
-    disconnect is left to receive)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-def _timings(answered: RequestAnswers, total_ms: float) -> list[str]:
-    """Each answered image's ``timings`` field (none for one that failed)."""
-    failed = answered.detected.errors
-    return ["" if i in failed else
-            HTTP.fields(timings={"decode_ms": round(decode_ms, 3), "queue_ms": round(queue_ms, 3), **batch_timings,
-                                 "total_ms": round(total_ms, 3)})
-            for i, (decode_ms, queue_ms, batch_timings) in enumerate(zip(answered.decode_ms, answered.queue_ms,
-                                                                         answered.batch_timings))]
-
-
-def _image_records(names: list[str], batch: DetectedBatch, timings: list[str], class_names: list[str]) -> list[str]:
-    """Each image's JSON object: a line of ``predict`` plus its ``timings``, or, for an image that
-    failed, its error with the status it would have alone."""
-    return records([HTTP.fields(image=name) for name in names], batch, class_names, tails=timings, style=HTTP,
-                   error_fields=image_error_fields)
-
-
-def _json(text: str) -> Response:
-    return Response(text.encode(), media_type="application/json")
+def answer(result: bytes | Overloaded) -> Response:
+    """A detect endpoint's answer: its JSON, or the refusal under load (unlogged: there are thousands a second)."""
+    if isinstance(result, Overloaded):
+        return error_response(result)
+    return Response(result, media_type="application/json")
 
 
 # --- endpoints -------------------------------------------------------------------------
+# The hot path (``app/api/hotpath``) answers the ordinary requests of these two before FastAPI
+# sees them, through the same ``app/api/detection.py``; these declarations give the schema and
+# answer the rest (chunked bodies, unusual query strings, ...).
 @router.post(
     "/v1/detect",
     summary="Detect objects in one image",
@@ -206,15 +158,8 @@ async def detect(request: Request, params: ParamsDep, inference: InferenceDep, s
                  metrics: MetricsDep) -> Response:
     start = time.perf_counter()
     name, data = await _read_single_image(request, settings)
-    header = check_image(data, max_pixels=settings.max_pixels)  # format, size and memory, before any decode
-    answered = await _detect(request, inference, metrics, [data], [header], params)
-    if isinstance(answered, JSONResponse):
-        return answered
-    if answered.detected.errors:
-        raise answered.detected.errors[0]
-    total_ms = (time.perf_counter() - start) * 1e3
-    timings = _timings(answered, total_ms)
-    return _json(_image_records([name], answered.detected, timings, inference.info["class_names"])[0])
+    return answer(await detect_one(inference, metrics, request.receive, name, data, params, settings.max_pixels,
+                                   start, request.scope.get("extensions", {}).get(ON_DISCONNECT)))
 
 
 @router.post(
@@ -230,32 +175,11 @@ async def detect_batch(request: Request, params: ParamsDep, inference: Inference
     start = time.perf_counter()
     media = _media_type(request)
     if media != "multipart/form-data":
-        raise UnsupportedMediaType(
-            f"content type {media or '(none)'!r} is not accepted: send multipart/form-data with repeated field 'images'"
-        )
+        raise unsupported_batch(media)
     images = await read_form_images(request, "images", max_parts=settings.max_images_per_request,
                                     max_body_bytes=settings.max_body_bytes)
-    # Each header is checked (format, size, memory, the request's pixel budget) before anything is
-    # decoded; images that fail are answered here, in their places, the rest go to the inference workers.
-    checked = check_request_images([data for _, data in images], max_pixels=settings.max_pixels)
-    refused = [i for i, c in enumerate(checked) if isinstance(c, YolopipeError)]
-    sent = [i for i, c in enumerate(checked) if not isinstance(c, YolopipeError)]
-    answered = await _detect(request, inference, metrics, [images[i][1] for i in sent],
-                             [checked[i] for i in sent], params) if sent else None  # type: ignore[misc]
-    if isinstance(answered, JSONResponse):
-        return answered
-    total_ms = (time.perf_counter() - start) * 1e3
-    # The answered images, then the refused ones, each put back in its place in the request.
-    parts = [DetectedBatch.failed([checked[i] for i in refused])]  # type: ignore[misc]
-    timings = [""] * len(images)
-    if answered is not None:
-        parts.insert(0, answered.detected)
-        for i, text in zip(sent, _timings(answered, total_ms)):
-            timings[i] = text
-    batch = DetectedBatch.concat(parts).take(np.argsort(sent + refused))
-    results = _image_records([name for name, _ in images], batch, timings, inference.info["class_names"])
-    return _json('{"results":[' + ",".join(results) + '],' + HTTP.fields(timings={"total_ms": round(total_ms, 3)})
-                 + "}")
+    return answer(await detect_many(inference, metrics, request.receive, images, params, settings.max_pixels, start,
+                                    request.scope.get("extensions", {}).get(ON_DISCONNECT)))
 
 
 @router.get("/healthz", summary="The process is alive", response_model=Health)

@@ -16,10 +16,11 @@ from typing import Any
 from urllib.parse import unquote
 
 from python_multipart.multipart import parse_options_header
-from starlette.datastructures import UploadFile
+from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
+from app.api.form_parts import boundary_of, split_form
 from app.config import MAX_DECODE_BYTES, MAX_PIXELS, MAX_REQUEST_PIXELS
 from app.errors import BadRequest, ImageTooLarge, InvalidParameter, UnsupportedMediaType, YolopipeError
 from app.imaging.check import check_image
@@ -42,15 +43,37 @@ async def read_form_images(
     (400); no part named ``field`` → ``InvalidParameter`` (422). The body limit
     (``ImageTooLarge``) and a client hanging up (``ClientDisconnect``) propagate.
     """
-    coding = request.headers.get("content-encoding", "identity").strip().lower()
+    return await _parse_form(request.headers, request.stream(), field, max_parts=max_parts,
+                             max_body_bytes=max_body_bytes)
+
+
+async def form_images(body: bytes, headers: Headers, field: str, *, max_parts: int,
+                      max_body_bytes: int) -> list[tuple[str, bytes]]:
+    """``read_form_images`` of a body already read whole: split in one pass when it has the plain
+    shape (``app.api.form_parts``), else read by the same parser as a streamed one."""
+    boundary = boundary_of(headers.get("content-type", ""))
+    if boundary is not None and "content-encoding" not in headers:
+        images = split_form(body, boundary, field, max_parts)
+        if images:
+            return images
+
+    async def whole() -> AsyncIterator[bytes]:
+        yield body
+
+    return await _parse_form(headers, whole(), field, max_parts=max_parts, max_body_bytes=max_body_bytes)
+
+
+async def _parse_form(headers: Headers, stream: AsyncIterator[bytes], field: str, *, max_parts: int,
+                      max_body_bytes: int) -> list[tuple[str, bytes]]:
+    coding = headers.get("content-encoding", "identity").strip().lower()
     if coding != "identity":
         raise UnsupportedMediaType(f"a {coding[:40]!r}-encoded multipart body is not read here: send it as is")
-    boundary = parse_options_header(request.headers.get("content-type", ""))[1].get(b"boundary")
+    boundary = parse_options_header(headers.get("content-type", ""))[1].get(b"boundary")
     if not boundary:
         raise BadRequest("malformed multipart body: its Content-Type names no boundary")
     if len(boundary) > 70:  # RFC 2046 §5.1.1
         raise BadRequest("malformed multipart body: its boundary is over 70 characters")
-    parser = _BytesPartsParser(request.headers, _without_preamble(request.stream(), boundary), max_files=max_parts,
+    parser = _BytesPartsParser(headers, _without_preamble(stream, boundary), max_files=max_parts,
                                max_fields=max_parts, spool_max_size=max_body_bytes)
     try:
         form = await parser.parse()
@@ -64,7 +87,8 @@ async def read_form_images(
     try:
         images = []
         for i, value in enumerate(form.getlist(field)):
-            assert isinstance(value, UploadFile)  # every part is a file here
+            if not isinstance(value, UploadFile):  # an unbalanced quote hid the file name added to it
+                raise BadRequest("malformed multipart body: a part's Content-Disposition cannot be read")
             images.append((value.filename or f"{field}[{i}]", await value.read()))
     finally:
         await form.close()

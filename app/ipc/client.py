@@ -88,13 +88,20 @@ class _Request:
 
     def fail(self, error: YolopipeError) -> None:
         if not self.done.done():
-            self.client._unsent -= self.count - self.sent  # never to be sent now
-            self.sent = self.count
-            self.error = error
+            self.stop(error)
             self.done.set_result(None)
-            self.images = self.headers = None  # nothing more is sent (the worker has its copies)
-            for link in self.links:
-                link.cancel(self.id)
+
+    def stop(self, error: YolopipeError) -> None:
+        """Nothing more is sent, and what the workers still hold is cancelled."""
+        self.client._unsent -= self.count - self.sent  # never to be sent now
+        self.sent = self.count
+        self.error = error
+        self.images = self.headers = None  # (the worker has its copies)
+        for link in self.links:
+            link.cancel(self.id)
+
+    def time_out(self, timeout: float) -> None:
+        self.fail(RequestTimeout(f"no result within {timeout:g} s"))
 
 
 class _Link(asyncio.Protocol):
@@ -105,6 +112,7 @@ class _Link(asyncio.Protocol):
         self.index = index
         self.status = wire.StatusBlock(client.layout.status(index), writable=False)
         self.transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []  # frames to write at the end of this turn of the event loop
         self.ring: Ring | None = None
         self.reader = wire.FrameReader()
         self.waiting: dict[tuple[int, int], tuple[_Request, int]] = {}  # (req, index) → (request, ring offset)
@@ -152,6 +160,7 @@ class _Link(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.connected = False
         self.transport = None
+        self._out = []  # the images they named are failed below
         waiting, self.waiting = self.waiting, {}
         if self.ring is not None:
             self.ring.close()  # the worker may still map it (if alive): a new connection gets a new ring
@@ -191,12 +200,24 @@ class _Link(asyncio.Protocol):
         self.waiting[(request.id, index)] = (request, offset)
         request.links.add(self)
         header = request.headers[index] if request.headers is not None else None
-        self.transport.write(wire.image(wire.ImageRef(request.id, index, offset, len(data), request.deadline,
-                                                      request.params, header)))
+        self._write(wire.image(wire.ImageRef(request.id, index, offset, len(data), request.deadline, request.params,
+                                             header)))
 
     def cancel(self, req_id: int) -> None:
         if self.transport is not None:
-            self.transport.write(wire.cancel(req_id))
+            self._write(wire.cancel(req_id))
+
+    def _write(self, frame: bytes) -> None:
+        """Frames go out together at the end of this turn of the event loop: the requests that
+        send in one turn make one write (one system call, one wake-up of the worker), in order."""
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.append(frame)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self.transport is not None and out:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
     def close(self) -> None:
         if self.transport is not None:
@@ -338,13 +359,16 @@ class InferenceClient:
         request = _Request(self, images, params, time.monotonic() + timeout, headers)
         for _ in range(min(len(images), self.window)):
             request.send_next()
+        # One timer, not wait_for and shield (a future, a timer and callbacks of each per request).
+        expiry = asyncio.get_running_loop().call_later(timeout + _GRACE_S, request.time_out, timeout)
         try:
-            await asyncio.wait_for(asyncio.shield(request.done), timeout + _GRACE_S)
-        except asyncio.TimeoutError:
-            request.fail(RequestTimeout(f"no result within {timeout:g} s"))
+            await request.done
         except asyncio.CancelledError:  # the client went away: stop the work it left queued
-            request.fail(RequestTimeout("the client went away"))
+            if request.done.cancelled():  # (else every image was answered just before)
+                request.stop(RequestTimeout("the client went away"))
             raise
+        finally:
+            expiry.cancel()
         # Raised below, the error's traceback holds this frame (and ``images``): neither the
         # request (a worker may still answer its images) nor this frame may hold the error.
         shares, error, request.error = request.shares, request.error, None

@@ -370,6 +370,8 @@ CASES: dict[str, Case] = {
     "multipart_no_delimiter_at_all": Case(lambda c: [multipart_body(c["jpeg"])], 400, "bad_request"),
     "multipart_only_closing_boundary": Case(lambda c: [multipart_body(b"--b0und--\r\n")], 422, "invalid_parameter"),
     "multipart_boundary_200_bytes": Case(lambda c: [multipart_body(b"x", boundary="b" * 200)], 400, "bad_request"),
+    "multipart_unbalanced_quote_in_disposition": Case(lambda c: [multipart_body(_framed(_part(
+        c["jpeg"], 'name="image"; fi"ename="a.jpg"')))], 400, "bad_request"),
     "multipart_bad_part_content_type": Case(lambda c: [multipart_body(_framed(_part(c["jpeg"]).replace(
         b"application/octet-stream", b"text/plain; charset=nonsense")))], 200),
     # --- static assets: a path names a file or nothing; Range bounded

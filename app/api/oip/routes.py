@@ -13,7 +13,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from app.api.errors import error_response
-from app.api.oip.infer import MODEL, VERSION, extensions, infer_outputs, model_name
+from app.api.oip.infer import MODEL, VERSION, extensions, model_name
+from app.api.oip.rest import infer_answer
 from app.api.oip.schemas import (
     INFER_REQUEST_BODY,
     INFER_RESPONSES,
@@ -25,9 +26,8 @@ from app.api.oip.schemas import (
     errors,
 )
 from app.api.oip.shm_routes import region_access
-from app.api.oip.tensors import INPUT, OUTPUTS, decompress, encode_response, parse_infer_request
+from app.api.oip.tensors import INPUT, OUTPUTS
 from app.api.routes import get_inference
-from app.config import Settings
 from app.errors import Overloaded
 from app.ipc.client import InferenceClient
 
@@ -88,22 +88,16 @@ async def model_metadata(request: Request, name: str, version: str | None = None
              responses=INFER_RESPONSES, openapi_extra=INFER_REQUEST_BODY)
 @router.post("/models/{name}/versions/{version}/infer", include_in_schema=False)
 async def infer(request: Request, name: str, version: str | None = None) -> Response:
+    # The hot path (``app/api/hotpath``) answers the ordinary requests of this route before
+    # FastAPI sees them, through the same ``infer_answer``; this declaration gives the schema and
+    # answers the rest (a chunked body, ...).
     name = _model_name(request, name, version)
     inference = get_inference(request)
-    settings: Settings = request.app.state.settings
-    # The body limit bounds what is read (BodyLimitMiddleware); decompressing is held to it too.
-    body = decompress(await request.body(), request.headers.get("content-encoding"), settings.max_body_bytes)
-    regions = region_access(request)
-    parsed = parse_infer_request(body, request.headers.get("inference-header-content-length"),
-                                 max_images=settings.max_images_per_request, regions=regions)
-    del body  # the images are copies: the decompressed body need not live through the inference
-    try:
-        tensors = await infer_outputs(inference, parsed, settings, regions, request.app.state.metrics.rejected,
-                                      parsed.timeout_s)
-    except Overloaded as exc:  # answered unlogged, as /v1 does: under overload there are thousands
-        return error_response(exc)
-    content, header_length = encode_response(name, parsed.id, tensors, parsed.outputs, parsed.output_places)
-    if header_length is None:
-        return Response(content, media_type="application/json")
-    return Response(content, media_type="application/octet-stream",
-                    headers={"Inference-Header-Content-Length": str(header_length)})
+    result = await infer_answer(inference, request.app.state.settings, request.app.state.metrics.rejected, name,
+                                await request.body(), request.headers.get("content-encoding"),
+                                request.headers.get("inference-header-content-length"), region_access(request))
+    if isinstance(result, Overloaded):
+        return error_response(result)
+    content, media_type, header_length = result
+    headers = None if header_length is None else {"Inference-Header-Content-Length": str(header_length)}
+    return Response(content, media_type=media_type, headers=headers)

@@ -27,6 +27,7 @@ What a client can make the server touch is bounded:
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import ipaddress
 import json
@@ -85,6 +86,7 @@ def tensor_place(parameters: dict[str, Any], where: str) -> TensorPlace | None:
     return TensorPlace(region, offset, size)  # type: ignore[arg-type]
 
 
+@functools.lru_cache(maxsize=1024)  # asked per inference request; a server sees few client addresses
 def is_loopback(host: str | None) -> bool:
     """A client address on this host (``127.0.0.0/8``, ``::1``, IPv4-mapped loopback)."""
     if not host:

@@ -46,13 +46,18 @@ _ANSWERS = errors(400, 503)
 
 def registry(request: Request) -> SharedMemoryRegistry:
     """This server's registry (in the run folder of the inference workers it talks to)."""
-    found: SharedMemoryRegistry | None = getattr(request.app.state, "shared_memory", None)
+    return registry_of(request.app.state)
+
+
+def registry_of(state: Any) -> SharedMemoryRegistry:
+    """``registry`` of an app's ``state``."""
+    found: SharedMemoryRegistry | None = getattr(state, "shared_memory", None)
     if found is None:
-        inference = request.app.state.inference
+        inference = state.inference
         if inference is None:
             raise Overloaded("the service is starting; retry shortly")
-        found = run_registry(inference.layout.root, enabled=request.app.state.settings.allow_client_shm)
-        request.app.state.shared_memory = found
+        found = run_registry(inference.layout.root, enabled=state.settings.allow_client_shm)
+        state.shared_memory = found
     return found
 
 
@@ -62,9 +67,14 @@ def _local(request: Request) -> bool:
 
 def region_access(request: Request) -> RegionAccess | None:
     """What an inference request may do with the regions (None before the service is up)."""
-    if request.app.state.inference is None:
+    return region_access_of(request.app.state, request.client.host if request.client is not None else None)
+
+
+def region_access_of(state: Any, client_host: str | None) -> RegionAccess | None:
+    """``region_access`` of an app's ``state`` for a client at ``client_host``."""
+    if state.inference is None:
         return None
-    return RegionAccess(registry(request), _local(request), request.app.state.settings.max_body_bytes)
+    return RegionAccess(registry_of(state), is_loopback(client_host), state.settings.max_body_bytes)
 
 
 @router.get("/systemsharedmemory/status", summary="Every registered system shared-memory region",

@@ -106,13 +106,14 @@ def parse_infer_request(body: bytes, header_length: str | None, *, max_images: i
         header = json.loads(body[:json_end])
     except (ValueError, RecursionError):
         raise BadRequest("the inference request header is not valid JSON") from None
-    return read_infer_header(header, body[json_end:], max_images=max_images, regions=regions)
+    # A view of the binary data, not a copy: each image is copied out of it once (split_bytes_tensor).
+    return read_infer_header(header, memoryview(body)[json_end:], max_images=max_images, regions=regions)
 
 
-def read_infer_header(header: Any, binary: bytes, *, max_images: int,
+def read_infer_header(header: Any, binary: bytes | memoryview, *, max_images: int,
                       regions: RegionAccess | None = None) -> InferRequest:
     """The request a parsed header describes; ``binary``: the bytes after it (binary tensor
-    data); ``regions``: the shared-memory regions this request may use."""
+    data, or a view of them); ``regions``: the shared-memory regions this request may use."""
     if not isinstance(header, dict):
         raise InvalidParameter("the inference request must be a JSON object")
     request_id = header.get("id")
@@ -140,7 +141,8 @@ def _object(value: Any, where: str) -> dict[str, Any]:
     return dict(value)
 
 
-def _read_inputs(inputs: Any, binary: bytes, max_images: int, regions: RegionAccess | None) -> list[bytes]:
+def _read_inputs(inputs: Any, binary: bytes | memoryview, max_images: int,
+                 regions: RegionAccess | None) -> list[bytes]:
     if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
         raise InvalidParameter(f"inputs must hold exactly one tensor, {INPUT!r}")
     tensor = inputs[0]
@@ -177,7 +179,7 @@ def _read_inputs(inputs: Any, binary: bytes, max_images: int, regions: RegionAcc
     return split_bytes_tensor(binary, count)
 
 
-def split_bytes_tensor(data: bytes, count: int) -> list[bytes]:
+def split_bytes_tensor(data: bytes | memoryview, count: int) -> list[bytes]:
     """A BYTES tensor's binary form: ``count`` elements, each a 4-byte LE length and its bytes."""
     elements = []
     pos = 0
@@ -252,6 +254,12 @@ def output_tensors(batch: DetectedBatch) -> dict[str, np.ndarray]:
     """The four EfficientNMS-style outputs of a batch whose every image was answered, each
     image's rows in its row of the outputs, zero-padded to the batch's largest count."""
     counts = batch.counts
+    if len(counts) == 1 and len(batch.rows):  # one image with detections (the usual call): no padding
+        rows = batch.rows
+        return {"num_dets": counts.astype(np.int32).reshape(1, 1),
+                "det_boxes": np.array(rows[:, :4], np.float32).reshape(1, -1, 4),
+                "det_scores": np.array(rows[:, 4], np.float32).reshape(1, -1),
+                "det_classes": rows[:, 5].astype(np.int32).reshape(1, -1)}
     n, k = len(counts), max(1, int(counts.max(initial=0)))
     image = np.repeat(np.arange(n), counts)  # each row's image, and its place among that image's rows
     slot = np.arange(len(batch.rows)) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -275,25 +283,27 @@ def write_output_regions(tensors: dict[str, np.ndarray], places: dict[str, Tenso
 def encode_response(model: str, request_id: str | None, tensors: dict[str, np.ndarray],
                     wanted: dict[str, bool], in_regions: Collection[str] = ()) -> tuple[bytes, int | None]:
     """The response body and, when any output is binary, the length of its JSON header. An
-    output in ``in_regions`` (written to shared memory) is described without data, as Triton does."""
+    output in ``in_regions`` (written to shared memory) is described without data, as Triton does.
+
+    The header is what ``json.dumps`` writes for ``{"model_name", "model_version", "outputs",
+    "id"}`` (compact), written piece by piece: the names and datatypes are the model's own, so
+    only the model's name, the id and the outputs asked for as JSON data go through ``json``."""
     described = []
     blobs = []
     for name, binary in wanted.items():
         array = tensors[name]
-        entry: dict[str, Any] = {"name": name, "datatype": OUTPUTS[name][0], "shape": list(array.shape)}
+        shape = ",".join(map(str, array.shape))
+        entry = f'{{"name":"{name}","datatype":"{OUTPUTS[name][0]}","shape":[{shape}]'
         if name in in_regions:
-            pass
+            described.append(entry + "}")
         elif binary:
             blob = array.tobytes()  # C order, little-endian on every host this runs on
-            entry["parameters"] = {"binary_data_size": len(blob)}
+            described.append(f'{entry},"parameters":{{"binary_data_size":{len(blob)}}}}}')
             blobs.append(blob)
         else:
-            entry["data"] = array.ravel().tolist()
-        described.append(entry)
-    head: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": described}
-    if request_id is not None:
-        head["id"] = request_id
-    header = json.dumps(head, separators=(",", ":")).encode()
+            described.append(entry + ',"data":' + json.dumps(array.ravel().tolist(), separators=(",", ":")) + "}")
+    header = ('{"model_name":' + json.dumps(model) + ',"model_version":"1","outputs":[' + ",".join(described) + "]"
+              + ("" if request_id is None else ',"id":' + json.dumps(request_id)) + "}").encode()
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)

@@ -195,3 +195,66 @@ def test_error_bodies_take_the_protocols_shape():
     assert json.loads(reshape(b'{"error": {"code": "overloaded", "message": "retry"}}')) == {"error": "retry"}
     assert reshape(b'{"error": "already"}') == b'{"error": "already"}'
     assert reshape(b"not json") == b"not json"
+
+
+def padded_outputs(results: list[ImageResult]) -> dict[str, np.ndarray]:
+    """The four outputs built the readable way, image by image: the reference for ``output_tensors``."""
+    k = max([1] + [len(r.detections) for r in results])
+    out = {"num_dets": np.zeros((len(results), 1), np.int32), "det_boxes": np.zeros((len(results), k, 4), np.float32),
+           "det_scores": np.zeros((len(results), k), np.float32), "det_classes": np.zeros((len(results), k), np.int32)}
+    for i, r in enumerate(results):
+        n = len(r.detections)
+        out["num_dets"][i, 0] = n
+        out["det_boxes"][i, :n], out["det_scores"][i, :n] = r.detections.boxes, r.detections.scores
+        out["det_classes"][i, :n] = r.detections.class_ids
+    return out
+
+
+detections = st.integers(0, 5).flatmap(lambda n: st.builds(
+    lambda boxes, scores, classes: Detections(np.array(boxes, np.float32).reshape(n, 4), np.array(scores, np.float32),
+                                              np.array(classes, np.int32)),
+    st.lists(st.floats(0, 4000, width=32), min_size=4 * n, max_size=4 * n),
+    st.lists(st.floats(0, 1, width=32), min_size=n, max_size=n), st.lists(st.integers(0, 79), min_size=n, max_size=n)))
+
+
+@given(st.lists(detections, min_size=1, max_size=4))
+def test_output_tensors_equal_the_padded_outputs_built_image_by_image(dets):
+    results = [ImageResult(64, 48, d) for d in dets]
+    got, expected = output_tensors(detected_batch(results)), padded_outputs(results)
+    assert list(got) == list(expected)
+    for name, array in expected.items():
+        assert got[name].dtype == array.dtype and got[name].flags.c_contiguous and np.array_equal(got[name], array)
+
+
+@given(st.one_of(st.none(), st.text(max_size=12)), st.sampled_from(["yolopipe", "sample", 'we"ird\\ü']),
+       st.lists(st.tuples(st.sampled_from(list(OUTPUTS)), st.booleans(), st.booleans()), max_size=6,
+                unique_by=lambda t: t[0]), detections)
+def test_the_response_header_is_what_json_dumps_writes(request_id, model, wanted, dets):
+    tensors = output_tensors(detected_batch([ImageResult(64, 48, dets)]))
+    outputs = {name: binary for name, binary, _ in wanted}
+    in_regions = {name for name, _, region in wanted if region}
+    body, header_length = encode_response(model, request_id, tensors, outputs, in_regions)
+    described, blobs = [], []
+    for name, binary in outputs.items():  # the readable way: a dict per output, json.dumps of the whole
+        entry = {"name": name, "datatype": OUTPUTS[name][0], "shape": list(tensors[name].shape)}
+        if name in in_regions:
+            pass
+        elif binary:
+            entry["parameters"] = {"binary_data_size": tensors[name].nbytes}
+            blobs.append(tensors[name].tobytes())
+        else:
+            entry["data"] = tensors[name].ravel().tolist()
+        described.append(entry)
+    head = {"model_name": model, "model_version": "1", "outputs": described}
+    if request_id is not None:
+        head["id"] = request_id
+    header = json.dumps(head, separators=(",", ":")).encode()
+    assert body == b"".join([header, *blobs]) and header_length == (len(header) if blobs else None)
+
+
+def test_the_binary_data_is_read_through_a_view_of_the_body():
+    """Each image is copied out of the body once: the request's images own their bytes."""
+    elements = [b"\xff\xd8one", b"\xff\xd8two!"]
+    body, header_length = tritonclient_body(elements)
+    parsed = parse_infer_request(body, header_length, max_images=4)
+    assert parsed.images == elements and all(type(image) is bytes for image in parsed.images)

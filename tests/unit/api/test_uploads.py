@@ -82,8 +82,10 @@ def test_same_bytes_as_an_httpx_upload(jpeg):
          f"--{BOUNDARY}--\r\n".encode(), None, BadRequest),  # a part header over python-multipart's 4 KB
         (body_of(*[(f'name="image"; filename="{i}"', b"x") for i in range(11)]), None, BadRequest),  # too many
         (body_of(('name="file"; filename="a.jpg"', b"abc")), None, InvalidParameter),  # no such field
+        (body_of(('name="image"; fi"ename="a.jpg"', b"abc")), None, BadRequest),  # was a 500 (an assertion)
     ],
-    ids=["cut_short", "garbage", "no_boundary", "no_name", "long_part_header", "too_many_parts", "wrong_field"],
+    ids=["cut_short", "garbage", "no_boundary", "no_name", "long_part_header", "too_many_parts", "wrong_field",
+         "unbalanced_quote"],
 )
 def test_malformed_bodies(body, content_type, error):
     with pytest.raises(error):
