@@ -45,7 +45,9 @@ class StandInEngine:
 
 
 class StandInPipeline:
-    def __init__(self, engine, meta, shape, *, device, pad_to_captured=False):
+    letterbox = "square"  # as GpuPipeline's kernels
+
+    def __init__(self, engine, meta, shape, cuda, *, pad_to_captured=False):
         self.engine, self.meta, self.max_batch, self.in_flight = engine, meta, shape.max_batch, shape.in_flight
         self.backend, self.precision = engine.name, engine.precision
         self.buckets = (shape.max_batch,)
