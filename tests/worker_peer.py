@@ -9,9 +9,12 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+
+from app.contracts import DetectedBatch
 from app.errors import Overloaded
 from app.ipc import wire
-from app.ipc.answers import results
+from app.ipc.answers import Answers, answers_frame, tickets
 from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
 
@@ -45,12 +48,13 @@ class Peer(asyncio.Protocol):
                     return
                 if self.action == "overloaded":
                     error = Overloaded("the queue holds 99 s of work")
-                    self.transport.write(results([wire.Outcome(ref.req_id, ref.index, error=error)]))
+                    self.transport.write(answers_frame(Answers.failed([ref.req_id], [ref.index], [error])))
                     return
                 if self.action == "silent":
                     return
                 self.seen.append(bytes(self.ring[ref.offset : ref.offset + ref.length]))
-                self.transport.write(results([wire.Outcome(ref.req_id, ref.index, width=ref.length, height=1)]))
+                answer = DetectedBatch(np.array([ref.length]), np.array([1]), np.array([0]), np.zeros((0, 6), np.float32))
+                self.transport.write(answers_frame(Answers(answer, tickets([ref.req_id], [ref.index]))))
 
 
 @contextlib.contextmanager

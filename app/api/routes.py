@@ -38,7 +38,7 @@ from app.errors import (
 )
 from app.imaging.check import check_image
 from app.imaging.headers import ImageHeader
-from app.ipc.answers import RequestAnswers
+from app.ipc.answers import Answers
 from app.ipc.client import SERVER_SIDE, InferenceClient
 from app.records import HTTP, records
 
@@ -133,7 +133,7 @@ async def _read_single_image(request: Request, settings: Settings) -> tuple[str,
 
 
 async def _detect(request: Request, inference: InferenceClient, metrics: Metrics, images: list[bytes],
-                  headers: list[ImageHeader], params: DetectParams) -> RequestAnswers | JSONResponse:
+                  headers: list[ImageHeader], params: DetectParams) -> Answers | JSONResponse:
     """The images' answers, or the 503 for a request refused under load: answered here, unlogged (under
     overload there are thousands a second; /metrics counts them). A client that hangs up
     meanwhile stops its work: what it left queued is never run (``ClientDisconnected``, 499)."""
@@ -172,14 +172,13 @@ async def _until_disconnected(request: Request) -> None:
         pass
 
 
-def _timings(answered: RequestAnswers, total_ms: float) -> list[str]:
-    """Each answered image's ``timings`` field (none for one that failed)."""
+def _timings(answered: Answers, total_ms: float) -> list[str]:
+    """Each answered image's ``timings`` field (none for one that failed): its times and its
+    batch's (``Answers.times``), then the request's total."""
     failed = answered.detected.errors
-    return ["" if i in failed else
-            HTTP.fields(timings={"decode_ms": round(decode_ms, 3), "queue_ms": round(queue_ms, 3), **batch_timings,
-                                 "total_ms": round(total_ms, 3)})
-            for i, (decode_ms, queue_ms, batch_timings) in enumerate(zip(answered.decode_ms, answered.queue_ms,
-                                                                         answered.batch_timings))]
+    total = round(total_ms, 3)
+    return ["" if i in failed else HTTP.fields(timings={**{k: round(v, 3) for k, v in times.items()}, "total_ms": total})
+            for i, times in enumerate(answered.times())]
 
 
 def _image_records(names: list[str], batch: DetectedBatch, timings: list[str], class_names: list[str]) -> list[str]:

@@ -39,17 +39,15 @@ import numpy as np
 
 from app.contracts import DetectedBatch, EncodedImage
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
-from app.ipc.answers import Answers
-from app.ipc.wire import DRAINING, READY, ImageRef, Load, Outcome, over_budget, queued_seconds
+from app.ipc.answers import STAGES, Answers
+from app.ipc.wire import DRAINING, READY, ImageRef, Load, over_budget, queued_seconds
 from app.pipeline.detector import Detector
-from app.service.inference.answers import answers_of
+from app.service.inference.answers import answers_of, failed_answers
 from app.service.inference.warmup import is_sticky_device_error, warmup
 
 log = logging.getLogger("yolopipe.serving")
 
 _EWMA_WEIGHT = 0.2  # of the newest batch: about the last five batches count
-# Times the batcher and the HTTP side report themselves; a pipeline stage of the same name gets a prefix.
-_BATCHER_TIMINGS = frozenset({"decode_ms", "queue_ms", "batch_ms", "total_ms"})
 
 
 @dataclass(slots=True)
@@ -216,9 +214,9 @@ class Batcher:
             log.error("a batch thread failed on a batch of %d; answering it with an error", len(batch), exc_info=exc)
             self.metrics.device_errors.inc()
             error = DeviceError(f"the inference worker failed on this batch ({type(exc).__name__}); retry")
-            answers = Answers.of([Outcome(j.ref.req_id, j.ref.index, error=error) for j in batch])
+            answers = failed_answers(batch, [error] * len(batch))
             self._check_sticky(exc)
-        ok = len(batch) - len(answers.errors)
+        ok = len(batch) - len(answers.detected.errors)
         end = time.perf_counter()
         with self._cond:
             if ok:
@@ -288,18 +286,15 @@ class Batcher:
         detected = self._detect(prepared, batch[0].ref.params)
         end = time.perf_counter()
         # Times only (the run's facts, its batch size, bucket and slot, are never latencies).
-        timings: dict[str, float] = {"batch_ms": round((end - run_start) * 1e3, 3)}
         m.stage("batch").observe(end - run_start)
-        for name, ms in detected.timings.as_dict().items():
-            name = f"pipeline_{name}" if name in _BATCHER_TIMINGS else name
+        for name, ms in zip(STAGES, detected.timings.as_dict().values()):
             m.stage(name.removesuffix("_ms")).observe(ms / 1e3)
-            timings[name] = round(ms, 3)
         failed = len(detected.errors)
         if len(batch) > failed:
             m.images("ok").inc(len(batch) - failed)
         if failed:
             m.images("failed").inc(failed)
-        return answers_of(batch, start, detected, timings)
+        return answers_of(batch, start, detected, (end - run_start) * 1e3)
 
     def _prepare(self, batch: list[Job]) -> list[Any]:
         """Decoded pixels (or the JPEG, with its header, for a pipeline that decodes it) or the
@@ -371,7 +366,7 @@ class Batcher:
     # --- bookkeeping -----------------------------------------------------------------------
     def _answer(self, jobs: list[Job], error: YolopipeError) -> None:
         if jobs:
-            answers = Answers.of([Outcome(j.ref.req_id, j.ref.index, error=error) for j in jobs])
+            answers = failed_answers(jobs, [error] * len(jobs))
             for job in jobs:
                 job.data = None
             self._safe_deliver(jobs, answers)

@@ -31,10 +31,10 @@ from typing import Any
 from app.errors import YolopipeError
 from app.heap import limit_malloc_arenas
 from app.ipc import wire
-from app.ipc.answers import Answers, results
+from app.ipc.answers import Answers, answers_frame
 from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
-from app.service.inference.answers import answer_frames
+from app.service.inference.answers import answer_frames, failed_answers
 from app.service.inference.batcher import Batcher, Job
 from app.service.memory import IdleRelease, release_memory
 from app.types import StartupSteps, process_age_s
@@ -329,4 +329,4 @@ class _Connection(asyncio.Protocol):
         for job, _ in refused:
             job.data = None
         if refused:
-            self.send(results([wire.Outcome(j.ref.req_id, j.ref.index, error=e) for j, e in refused]))
+            self.send(answers_frame(failed_answers([j for j, _ in refused], [e for _, e in refused])))
