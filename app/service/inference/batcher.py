@@ -9,9 +9,10 @@ its ``max_wait_ms`` for a batch to fill.
   request in turn (round-robin), so a big ``/v1/detect/batch`` request never holds single
   images back by more than one batch; the HTTP side also keeps only ``request_window``
   images of one request here at a time.
-* **Lazy decode.** Bytes stay in the HTTP worker's ring until their batch is formed, then are
-  copied out with the header the HTTP worker read (``EncodedImage``: never parsed again),
-  decoded (CPU pool; a JPEG passes through to a GPU pipeline that decodes it) and freed;
+* **Lazy decode.** Bytes stay in the HTTP worker's ring until their image is answered; once
+  their batch is formed they are read there, in place, with the header the HTTP worker read
+  (``EncodedImage`` over a view of the ring: never copied, never parsed again), decoded (CPU
+  pool; a JPEG passes through to a GPU pipeline that decodes it within the batch's run);
   decoded pixels exist only for the batches running.
 * **Batches in flight.** One thread per batch in flight (``RunShape.in_flight``), each forming
   and running its own batch.
@@ -322,9 +323,11 @@ class Batcher:
         t0 = time.perf_counter()
         try:
             data = job.data
-            if not isinstance(data, np.ndarray):  # bytes out of the ring, with the header that came with them
-                data = bytes(data)
-                data = data if job.ref.header is None else EncodedImage(data, job.ref.header)
+            if not isinstance(data, np.ndarray):  # a view of the bytes in the owner's ring
+                # Read in place with the header that came with them, never copied (decoded here, or
+                # in the batch's run): the ring keeps them until the image is answered.
+                header = job.ref.header
+                data = bytes(data) if header is None else EncodedImage(np.frombuffer(data, np.uint8), header)
             return self.detector.prepare(data)
         except YolopipeError as exc:
             return exc
@@ -384,9 +387,7 @@ class Batcher:
         self._wake_closer()
 
     def _wake_closer(self) -> None:
-        """Less admitted work (with the lock held): ``close`` waits for none to be left. Nothing
-        else waits on it, so no batch thread is woken for it (a wake-up per batch cost the
-        worker a quarter of its time holding the GIL)."""
+        """Less admitted work (lock held): only ``close`` waits on it, no batch thread is woken."""
         if self._closing:
             self._cond.notify_all()
 

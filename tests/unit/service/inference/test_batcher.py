@@ -15,6 +15,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from app.contracts import DetectParams, EncodedImage
@@ -349,6 +350,9 @@ def test_a_jpeg_that_comes_with_its_header_reaches_a_pipeline_that_decodes_it_un
     answers = {o.req_id: o for o, _ in h.collect(2)}
     assert reads == []
     assert [(type(x), x.header) for x in pipeline.received] == [(EncodedImage, headers[1]), (EncodedImage, headers[2])]
+    ring = np.frombuffer(h.view, np.uint8)
+    for x, data in zip(pipeline.received, (bus, zidane)):  # read where the HTTP worker put them, never copied
+        assert x.data.tobytes() == data and np.shares_memory(x.data, ring)
     for req, data in ((1, bus), (2, zidane)):
         (direct,) = detector.detect([data], detector.params())
         assert (detections_json(answers[req].detections, detector.names)
