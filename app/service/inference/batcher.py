@@ -40,7 +40,7 @@ import numpy as np
 
 from app.contracts import DetectedBatch, EncodedImage
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
-from app.ipc.answers import STAGES, Answers
+from app.ipc.answers import Answers
 from app.ipc.wire import DRAINING, READY, ImageRef, Load, over_budget, queued_seconds
 from app.pipeline.detector import Detector
 from app.service.inference.answers import answers_of, failed_answers
@@ -139,6 +139,7 @@ class Batcher:
         self._answer(dropped, Overloaded("the server is shutting down; retry"))
         for t in self._threads:
             t.join(timeout=drain_s + 5)
+        self.metrics.write()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # --- the IO side (the worker's event loop) ---------------------------------------------
@@ -199,6 +200,8 @@ class Batcher:
     # --- the batch threads -------------------------------------------------------------------
     def _batch_loop(self) -> None:
         while True:
+            if not self._queued:  # about to wait for work: what the batches observed is written first
+                self.metrics.write()
             batch, expired = self._next_batch()
             self._answer(expired, RequestTimeout("the request's deadline passed while it waited"))
             if batch is None:
@@ -278,23 +281,16 @@ class Batcher:
 
     def _compute(self, batch: list[Job], start: float) -> Answers:
         """Every job's answer, as arrays: rows go from the detector to the wire in one go per batch."""
-        m = self.metrics
-        m.observe_stage("queue", [start - j.admitted_at for j in batch])
         prepared = self._prepare(batch)
-        ok = sum(not isinstance(p, YolopipeError) for p in prepared)
-        m.batch_size.observe(ok)
         run_start = time.perf_counter()
         detected = self._detect(prepared, batch[0].ref.params)
         end = time.perf_counter()
-        # Times only (the run's facts, its batch size, bucket and slot, are never latencies).
-        m.stage("batch").observe(end - run_start)
-        for name, ms in zip(STAGES, detected.timings.as_dict().values()):
-            m.stage(name.removesuffix("_ms")).observe(ms / 1e3)
         failed = len(detected.errors)
-        if len(batch) > failed:
-            m.images("ok").inc(len(batch) - failed)
-        if failed:
-            m.images("failed").inc(failed)
+        # Times only (the run's facts, its bucket and slot, are never latencies); written before
+        # the answers go when no work is left (what a client that was answered reads is there).
+        self.metrics.observe_batch([start - j.admitted_at for j in batch], [j.decode_ms / 1e3 for j in batch],
+                                   sum(not isinstance(p, YolopipeError) for p in prepared), end - run_start,
+                                   detected.timings, len(batch) - failed, failed, write=not self._queued)
         return answers_of(batch, start, detected, (end - run_start) * 1e3)
 
     def _prepare(self, batch: list[Job]) -> list[Any]:
@@ -308,7 +304,6 @@ class Batcher:
             out = [self._prepare_one(j) for j in batch]
         for job in batch:
             job.data = None  # nothing reads the ring from here on
-        self.metrics.observe_stage("decode", [j.decode_ms / 1e3 for j in batch])
         return out
 
     def _passes_through(self, job: Job) -> bool:
