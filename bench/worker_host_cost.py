@@ -323,9 +323,10 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip()
-    summary = {name: {key: round(statistics.median(x[key] for x in rs), 2) for key in
+    answered = {name: [x for x in rs if x["requests_per_s"]] for name, rs in runs.items()}  # a round may fail whole
+    summary = {name: {key: round(statistics.median(x[key] for x in rs), 2) if rs else None for key in
                       ("requests_per_s", "worker_cpu_us_per_request", "loop_thread_us_per_request",
-                       "other_threads_us_per_request", "worker_cores_busy", "p99_ms")} for name, rs in runs.items()}
+                       "other_threads_us_per_request", "worker_cores_busy", "p99_ms")} for name, rs in answered.items()}
     out = {
         "benchmark": "worker_host_cost",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
