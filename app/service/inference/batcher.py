@@ -228,7 +228,10 @@ class Batcher:
                 spi = self._seconds_per_image
                 self._seconds_per_image = sample if spi == 0 else spi + _EWMA_WEIGHT * (sample - spi)
             self._pending -= len(batch)
+            idle = not self._pending
             self._wake_closer()
+        if idle:  # the last admitted work: what the batches observed is written before its answers go
+            self.metrics.write()
         for job in batch:
             job.data = None
         self._safe_deliver(batch, answers)
@@ -286,11 +289,10 @@ class Batcher:
         detected = self._detect(prepared, batch[0].ref.params)
         end = time.perf_counter()
         failed = len(detected.errors)
-        # Times only (the run's facts, its bucket and slot, are never latencies); written before
-        # the answers go when no work is left (what a client that was answered reads is there).
+        # Times only (the run's facts, its bucket and slot, are never latencies).
         self.metrics.observe_batch([start - j.admitted_at for j in batch], [j.decode_ms / 1e3 for j in batch],
                                    sum(not isinstance(p, YolopipeError) for p in prepared), end - run_start,
-                                   detected.timings, len(batch) - failed, failed, write=not self._queued)
+                                   detected.timings, len(batch) - failed, failed)
         return answers_of(batch, start, detected, (end - run_start) * 1e3)
 
     def _prepare(self, batch: list[Job]) -> list[Any]:

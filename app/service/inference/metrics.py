@@ -78,13 +78,13 @@ class WorkerMetrics:
         return child
 
     def observe_batch(self, queue_s: list[float], decode_s: list[float], size: int, batch_s: float,
-                      stages: StageTimes, ok: int, failed: int, *, write: bool) -> None:
+                      stages: StageTimes, ok: int, failed: int) -> None:
         """One batch's observations: per image its queue wait and decode, then the batch's size
         (images that reached the detector), the detector call and the pipeline's stage times,
         and its images by outcome. Each written value costs a ``getpid`` and a write to this
-        process's metrics file, so they are held and written together: now when ``write`` (the
-        batcher has no work left: nothing may wait unwritten) or ``WRITE_EVERY_S`` after the
-        last write. The histograms and counters are those of observing each value at once."""
+        process's metrics file, so they are held and written together: by ``write`` (the
+        batcher calls it once it has no admitted work left) or ``WRITE_EVERY_S`` after the last
+        write. The histograms and counters are those of observing each value at once."""
         with self._lock:
             held = self._held
             held.queue += queue_s
@@ -95,7 +95,7 @@ class WorkerMetrics:
                 values.append(ms / 1e3)
             held.ok += ok
             held.failed += failed
-            write = write or time.monotonic() - self._written_at >= WRITE_EVERY_S
+            write = time.monotonic() - self._written_at >= WRITE_EVERY_S
         if write:
             self.write()
 

@@ -44,8 +44,9 @@ BATCHES = [  # queue and decode per image (s), batch size, the detector call (s)
 
 def test_batches_held_then_written_are_the_histograms_of_observing_each_value(monkeypatch):
     """``observe_batch`` holds a batch's observations (each written value costs a getpid and a
-    write to the metrics file) and writes them together: when asked (the batcher has no work
-    left) or once ``WRITE_EVERY_S`` has passed; what it writes is each value observed alone."""
+    write to the metrics file) and writes them together: when asked (``write``: the batcher has
+    no admitted work left) or once ``WRITE_EVERY_S`` has passed; what it writes is each value
+    observed alone."""
     monkeypatch.setattr("app.service.inference.metrics.WRITE_EVERY_S", 3600.0)
     held, each = WorkerMetrics("0"), WorkerMetrics("0")
     empty = _samples(held.registry)
@@ -62,9 +63,11 @@ def test_batches_held_then_written_are_the_histograms_of_observing_each_value(mo
             if n:
                 each.images(outcome).inc(n)
     for queue, decode, size, batch_s, stages, ok, failed in BATCHES[:2]:
-        held.observe_batch(queue, decode, size, batch_s, stages, ok, failed, write=False)
+        held.observe_batch(queue, decode, size, batch_s, stages, ok, failed)
     assert _samples(held.registry) == empty  # held: not written yet
-    held.observe_batch(*BATCHES[2], write=True)
+    held.observe_batch(*BATCHES[2])
+    assert _samples(held.registry) == empty
+    held.write()
     assert _samples(held.registry) == _samples(each.registry)
     assert 'yolopipe_stage_latency_seconds_count{stage="queue"} 6.0' in _samples(held.registry)
     assert 'yolopipe_batch_size_count 3.0' in _samples(held.registry)
@@ -75,8 +78,8 @@ def test_batches_held_then_written_are_the_histograms_of_observing_each_value(mo
 def test_a_batch_observed_after_the_interval_is_written_with_those_held(monkeypatch):
     monkeypatch.setattr("app.service.inference.metrics.WRITE_EVERY_S", 3600.0)
     metrics = WorkerMetrics("0")
-    metrics.observe_batch(*BATCHES[0], write=False)
+    metrics.observe_batch(*BATCHES[0])
     assert "yolopipe_batch_size_count 0.0" in _samples(metrics.registry)
     monkeypatch.setattr("app.service.inference.metrics.WRITE_EVERY_S", 0.0)
-    metrics.observe_batch(*BATCHES[1], write=False)
+    metrics.observe_batch(*BATCHES[1])
     assert "yolopipe_batch_size_count 2.0" in _samples(metrics.registry)
