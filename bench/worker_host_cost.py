@@ -106,7 +106,10 @@ def run_worker(args) -> None:
     detector = Detector(device, RunShape(max_batch=args.max_batch, in_flight=device.in_flight,
                                          max_wait_ms=args.max_wait_ms))
     spec = worker.WorkerSpec(0, None, RunLayout(layout_root, 1), 0, os.getppid())
-    worker._run(worker._serve(spec, settings, detector, _Report()))
+    run = getattr(worker, "_run", None)  # where older trees kept it
+    if run is None:
+        from app.service.processes import run_event_loop as run
+    run(worker._serve(spec, settings, detector, _Report()))
     print(json.dumps(["batches", batches["runs"], batches["images"]]), flush=True)
 
 
