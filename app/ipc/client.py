@@ -86,6 +86,9 @@ class _Request:
         for _ in range(len(share)):
             self.send_next()
 
+    def expire(self, timeout_s: float) -> None:
+        self.fail(RequestTimeout(f"no result within {timeout_s:g} s"))
+
     def fail(self, error: YolopipeError) -> None:
         if not self.done.done():
             self.client._unsent -= self.count - self.sent  # never to be sent now
@@ -338,17 +341,20 @@ class InferenceClient:
         request = _Request(self, images, params, time.monotonic() + timeout, headers)
         for _ in range(min(len(images), self.window)):
             request.send_next()
+        # A timer, not asyncio.wait_for (a task, futures and callbacks per call): at the deadline
+        # the request fails as a whole, which ends the wait.
+        expiry = asyncio.get_running_loop().call_later(timeout + _GRACE_S, request.expire, timeout)
         try:
-            await asyncio.wait_for(asyncio.shield(request.done), timeout + _GRACE_S)
-        except asyncio.TimeoutError:
-            request.fail(RequestTimeout(f"no result within {timeout:g} s"))
+            await asyncio.shield(request.done)
         except asyncio.CancelledError:  # the client went away: stop the work it left queued
             request.fail(RequestTimeout("the client went away"))
             raise
+        finally:
+            expiry.cancel()
         # Raised below, the error's traceback holds this frame (and ``images``): neither the
         # request (a worker may still answer its images) nor this frame may hold the error.
         shares, error, request.error = request.shares, request.error, None
-        del request
+        del request, expiry
         if error is None:
             return Answers.joined(shares)
         try:
