@@ -15,6 +15,7 @@ to the least loaded worker and to refuse at once what would not finish in time.
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
@@ -196,6 +197,7 @@ def error_from_code(code: str, message: str) -> YolopipeError:
     return cls(message)
 
 
+@functools.cache  # app.errors' classes are all defined when it is imported: walked once, not per error
 def _errors_by_code() -> dict[str, type[YolopipeError]]:
     found: dict[str, type[YolopipeError]] = {}
     todo: list[type[YolopipeError]] = [YolopipeError]
