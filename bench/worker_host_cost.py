@@ -96,20 +96,20 @@ def run_worker(args) -> None:
     settings = Settings(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, request_timeout_s=30.0)
     device = emulated_device(args)
     batches = collections.Counter()  # device runs and their images (a batch's size is a run fact: no answer has it)
-    run = device.run
+    device_run = device.run
 
     def counted(images, params, **kwargs):
         batches.update(runs=1, images=len(images))
-        return run(images, params, **kwargs)
+        return device_run(images, params, **kwargs)
 
     device.run = counted
     detector = Detector(device, RunShape(max_batch=args.max_batch, in_flight=device.in_flight,
                                          max_wait_ms=args.max_wait_ms))
     spec = worker.WorkerSpec(0, None, RunLayout(layout_root, 1), 0, os.getppid())
-    run = getattr(worker, "_run", None)  # where older trees kept it
-    if run is None:
-        from app.service.processes import run_event_loop as run
-    run(worker._serve(spec, settings, detector, _Report()))
+    serve = getattr(worker, "_run", None)  # where older trees kept it
+    if serve is None:
+        from app.service.processes import run_event_loop as serve
+    serve(worker._serve(spec, settings, detector, _Report()))
     print(json.dumps(["batches", batches["runs"], batches["images"]]), flush=True)
 
 
