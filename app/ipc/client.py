@@ -116,6 +116,7 @@ class _Link(asyncio.Protocol):
         self._hello: asyncio.Future | None = None
         self._lost: asyncio.Future | None = None
         self._serial = itertools.count()
+        self._unwritten: list[bytes] = []  # frames written at the end of this turn of the event loop
 
     async def keep_connected(self) -> None:
         loop = asyncio.get_running_loop()
@@ -155,6 +156,7 @@ class _Link(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.connected = False
         self.transport = None
+        self._unwritten.clear()  # their requests fail below
         waiting, self.waiting = self.waiting, {}
         if self.ring is not None:
             self.ring.close()  # the worker may still map it (if alive): a new connection gets a new ring
@@ -194,12 +196,24 @@ class _Link(asyncio.Protocol):
         self.waiting[(request.id, index)] = (request, offset)
         request.links.add(self)
         header = request.headers[index] if request.headers is not None else None
-        self.transport.write(wire.image(wire.ImageRef(request.id, index, offset, len(data), request.deadline,
-                                                      request.params, header)))
+        self._write(wire.image(wire.ImageRef(request.id, index, offset, len(data), request.deadline, request.params,
+                                             header)))
 
     def cancel(self, req_id: int) -> None:
         if self.transport is not None:
-            self.transport.write(wire.cancel(req_id))
+            self._write(wire.cancel(req_id))
+
+    def _write(self, frame: bytes) -> None:
+        """``frame`` goes out with the others written in this turn of the event loop: one write
+        (a system call, and a wake-up of the inference worker) for the calls that arrived together."""
+        if not self._unwritten:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._unwritten.append(frame)
+
+    def _flush(self) -> None:
+        frames, self._unwritten = self._unwritten, []
+        if frames and self.transport is not None:
+            self.transport.write(b"".join(frames))
 
     def close(self) -> None:
         if self.transport is not None:
