@@ -154,9 +154,11 @@ class DeviceNv12:
 class EncodedImage:
     """An image's encoded bytes and the header whoever first read them parsed and checked
     (``app.imaging.check.check_image``: format, size, decode memory). The header travels with the
-    bytes to the decoder, so nothing on the way parses it again."""
+    bytes to the decoder, so nothing on the way parses it again. ``data``: the bytes, or a uint8
+    array viewing them where they lie (the inference worker's view of an HTTP worker's ring,
+    valid until the image is answered)."""
 
-    data: bytes
+    data: bytes | np.ndarray
     header: ImageHeader
 
 

@@ -76,10 +76,11 @@ def serving_env(args: Any, **given: Any) -> dict:
 # ----------------------------------------------------------------------------- inputs and answers
 def record_replay(images: list[bytes], args: Any, out: Path) -> Path:
     """The sample model's answers to ``images``, from the real CPU model, for the emulated device."""
-    from app.runtime import open_detector
+    from app.runtime import OpenOptions, ensure_artifacts, open_model_dir
 
     started = time.monotonic()
-    with open_detector(args.weights, backend="onnxruntime", artifacts_dir=args.artifacts_dir) as detector:
+    options = OpenOptions(args.weights, backend="onnxruntime", artifacts_dir=args.artifacts_dir)
+    with open_model_dir(ensure_artifacts(options), options) as detector:
         Replay.record(detector, images).save(out)
     print(f"host: the CPU model's answers to {len(images)} images recorded in {time.monotonic() - started:.1f} s",
           flush=True)

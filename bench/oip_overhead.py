@@ -20,8 +20,10 @@ import datetime as dt
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -33,7 +35,8 @@ from app.api.main import create_app  # noqa: E402
 from app.api.oip.tensors import join_bytes_tensor  # noqa: E402
 from app.benchmark.machine import machine_info, versions  # noqa: E402
 from app.config import Settings  # noqa: E402
-from app.ipc.wire import Outcome  # noqa: E402
+from app.contracts import DetectedBatch  # noqa: E402
+from app.ipc.answers import Answers, tickets  # noqa: E402
 from app.types import Detections  # noqa: E402
 
 BOUNDARY = "yolopipe-wrk-boundary-7d1c2b"
@@ -45,12 +48,15 @@ class CannedInference:
     info = {"class_names": ["Normal", "Fall"], "backend": "onnxruntime"}
     ready = True
 
-    def __init__(self, detections: Detections) -> None:
+    def __init__(self, detections: Detections, run_folder: Path) -> None:
         self.detections = detections
+        self.layout = SimpleNamespace(root=run_folder)  # the run folder (the OIP routes' shared-memory registry)
 
-    async def detect(self, images: list[bytes], params: object) -> list[Outcome]:
-        return [Outcome(0, i, 640, 480, self.detections, decode_ms=1.0, queue_ms=1.0,
-                        batch={"batch_ms": 1.0, "batch_size": 1}) for i in range(len(images))]
+    async def detect(self, images: list[bytes], params: object, headers: object = None) -> Answers:
+        n, d = len(images), self.detections
+        rows = np.concatenate([d.boxes, d.scores[:, None], d.class_ids[:, None].astype(np.float32)], 1)
+        batch = DetectedBatch(np.full(n, 640), np.full(n, 480), np.full(n, len(d)), np.tile(rows, (n, 1)))
+        return Answers(batch, tickets([0] * n, list(range(n)), 1.0, 1.0, 1.0))
 
 
 def requests(image: bytes) -> dict[str, tuple[str, dict[str, str], bytes]]:
@@ -98,18 +104,20 @@ async def measure(image: bytes, detections: int, rounds: int, per_round: int) ->
     canned = Detections(rng.uniform(0, 480, (detections, 4)).astype(np.float32),
                         rng.uniform(0.25, 1, detections).astype(np.float32),
                         rng.integers(0, 2, detections).astype(np.int32))
-    app = create_app(Settings(), CannedInference(canned))  # type: ignore[arg-type]
-    app.state.inference = CannedInference(canned)  # no lifespan: nothing to start
     cases = requests(image)
-    for path, headers, body in cases.values():
-        assert await call(app, path, headers, body) == 200
     times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, (path, headers, body) in cases.items():
-            start = time.process_time()
-            for _ in range(per_round):
-                await call(app, path, headers, body)
-            times[name].append((time.process_time() - start) / per_round * 1e6)
+    with tempfile.TemporaryDirectory(prefix="yolopipe-oip-overhead-") as run_folder:
+        inference = CannedInference(canned, Path(run_folder))
+        app = create_app(Settings(), inference)  # type: ignore[arg-type]
+        app.state.inference = inference  # no lifespan: nothing to start
+        for path, headers, body in cases.values():
+            assert await call(app, path, headers, body) == 200
+        for _ in range(rounds):
+            for name, (path, headers, body) in cases.items():
+                start = time.process_time()
+                for _ in range(per_round):
+                    await call(app, path, headers, body)
+                times[name].append((time.process_time() - start) / per_round * 1e6)
     rows = {name: {"cpu_us_per_request": round(statistics.median(t), 1), "rounds_us": [round(x, 1) for x in t]}
             for name, t in times.items()}
     v1, v2 = (rows[n]["cpu_us_per_request"] for n in cases)

@@ -4,13 +4,14 @@ per box; tests hold its bytes (and what the service answers) to ``json.dumps`` o
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from app.contracts import DetectedBatch, ImageResult
+from app.errors import YolopipeError
 from app.ipc.answers import Answers
-from app.ipc.wire import Outcome
 from app.types import Detections
 
 
@@ -79,17 +80,30 @@ def detected_batch(results: list[ImageResult]) -> DetectedBatch:
     return DetectedBatch(widths, heights, counts, rows, errors)
 
 
-def outcomes_of(answers: Answers) -> list[Outcome]:
-    """A RESULTS frame's answers (``app.ipc.answers.read_answers``) as an object per image, for
-    tests that look at one image at a time (the service reads them as arrays)."""
+@dataclass
+class ImageAnswer:
+    """One image's answer as an object: its ticket's request, index and times, then its size
+    and detections or its error."""
+
+    req_id: int
+    index: int
+    width: int = 0
+    height: int = 0
+    detections: Detections | None = None
+    error: YolopipeError | None = None
+    decode_ms: float = 0.0
+    queue_ms: float = 0.0
+    batch: dict[str, float] = field(default_factory=dict)  # its batch's times: batch_ms and the pipeline's stages
+
+
+def image_answers(answers: Answers) -> list[ImageAnswer]:
+    """Answers (e.g. a RESULTS frame's, ``app.ipc.answers.read_answers``) as an object per
+    image, for tests that look at one image at a time (the service reads them as arrays)."""
     out = []
-    pos = 0
-    for i, (req_id, index, ok, width, height, decode_ms, queue_ms, n) in enumerate(answers.records.tolist()):
-        o = Outcome(req_id, index, width, height, decode_ms=decode_ms, queue_ms=queue_ms, batch=answers.timings)
-        if ok:
-            o.detections = Detections.from_rows(answers.rows[pos : pos + n])
-            pos += n
-        else:
-            o.error = answers.errors[i]
-        out.append(o)
+    for i, (ticket, times) in enumerate(zip(answers.tickets.tolist(), answers.times())):
+        req_id, index = ticket[:2]
+        batch = {k: v for k, v in times.items() if k not in ("decode_ms", "queue_ms")}
+        result = answers.detected.result(i)
+        out.append(ImageAnswer(req_id, index, result.width, result.height, result.detections, result.error,
+                               times["decode_ms"], times["queue_ms"], batch))
     return out

@@ -21,7 +21,8 @@ class DecodesItself:
     """An ``app.contracts.Pipeline`` that takes JPEGs (``decodes_jpeg``) and decodes each with the
     header that came with its bytes, reading none, then runs the real CPU pipeline (``cpu``) on
     the pixels: what reaches a GPU pipeline, seen on a machine without one. ``received`` holds
-    every item it was given."""
+    every item it was given, ``bytes_seen`` the bytes of each JPEG as the run found them (a view
+    of them is valid only until its image is answered)."""
 
     decodes_jpeg = True
     takes_nv12 = False
@@ -34,9 +35,11 @@ class DecodesItself:
         self.letterbox = cpu.letterbox
         self.max_batch, self.max_det, self.in_flight = cpu.max_batch, cpu.max_det, 1
         self.received: list = []
+        self.bytes_seen: list[bytes] = []
 
     def run(self, images, params, *, decode=None):
         self.received.extend(images)
+        self.bytes_seen.extend(bytes(x.data) for x in images if isinstance(x, EncodedImage))
         t0 = time.perf_counter()
         out: list = []
         for x in images:  # an image that does not decode fails alone, as on the GPU

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from app.contracts import DetectedBatch
 from app.errors import Overloaded
 from app.ipc import wire
-from app.ipc.answers import results
+from app.ipc.answers import Answers, answers_frame, tickets
 from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
 from app.types import Detections
@@ -53,17 +54,19 @@ class Peer(asyncio.Protocol):
                     return
                 if self.action == "overloaded":
                     error = Overloaded("the queue holds 99 s of work")
-                    self.transport.write(results([wire.Outcome(ref.req_id, ref.index, error=error)]))
+                    self.transport.write(answers_frame(Answers.failed([ref.req_id], [ref.index], [error])))
                     return
                 if self.action == "silent":
                     return
                 self.seen.append(bytes(self.ring[ref.offset : ref.offset + ref.length]))
                 if self.action == "detect":
-                    self.transport.write(results([wire.Outcome(
-                        ref.req_id, ref.index, width=ref.length, height=1, detections=DETECTIONS, decode_ms=1.25,
-                        queue_ms=0.5)], {"batch_ms": 2.5, "batch_size": 1}))
+                    rows = np.column_stack([DETECTIONS.boxes, DETECTIONS.scores, DETECTIONS.class_ids]).astype(np.float32)
+                    answer = DetectedBatch(np.array([ref.length]), np.array([1]), np.array([len(rows)]), rows)
+                    self.transport.write(answers_frame(Answers(answer, tickets(
+                        [ref.req_id], [ref.index], decode_ms=1.25, queue_ms=0.5, batch_ms=2.5))))
                     continue
-                self.transport.write(results([wire.Outcome(ref.req_id, ref.index, width=ref.length, height=1)]))
+                answer = DetectedBatch(np.array([ref.length]), np.array([1]), np.array([0]), np.zeros((0, 6), np.float32))
+                self.transport.write(answers_frame(Answers(answer, tickets([ref.req_id], [ref.index]))))
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from app.contracts import DetectedBatch, DetectParams
 from app.errors import ClientDisconnected, InvalidParameter, Overloaded, YolopipeError
 from app.imaging.check import check_image
 from app.imaging.headers import ImageHeader
-from app.ipc.answers import RequestAnswers
+from app.ipc.answers import Answers
 from app.ipc.client import SERVER_SIDE, InferenceClient
 from app.records import HTTP, records
 
@@ -85,7 +85,7 @@ def one_image(images: list[tuple[str, bytes]]) -> tuple[str, bytes]:
 
 async def detect_images(inference: InferenceClient, metrics: Metrics, receive: Receive, images: list[bytes],
                         headers: list[ImageHeader], params: DetectParams,
-                        on_disconnect: OnDisconnect | None = None) -> RequestAnswers | Overloaded:
+                        on_disconnect: OnDisconnect | None = None) -> Answers | Overloaded:
     """The images' answers, or the ``Overloaded`` refusal of a request refused under load. A
     client that hangs up meanwhile stops its work: what it left queued is never run
     (``ClientDisconnected``, 499). The server tells of a hang-up through ``on_disconnect``
@@ -129,15 +129,14 @@ async def detect_images(inference: InferenceClient, metrics: Metrics, receive: R
             on_disconnect(None)  # type: ignore[misc]
 
 
-def _answered_images(answered: RequestAnswers, total_ms: float) -> tuple[DetectedBatch, list[str]]:
-    """The inference client's answers as what the JSON writer takes: the batch, and each image's
-    ``timings`` field (none for one that failed). The one reader of ``RequestAnswers`` here."""
+def _answered_images(answered: Answers, total_ms: float) -> tuple[DetectedBatch, list[str]]:
+    """The request's detections, and each answered image's ``timings`` field (none for one that
+    failed): its times and its batch's (``Answers.times``), then the request's total. The one
+    reader of ``Answers`` here."""
     failed = answered.detected.errors
-    timings = ["" if i in failed else
-               HTTP.fields(timings={"decode_ms": round(decode_ms, 3), "queue_ms": round(queue_ms, 3), **batch_timings,
-                                    "total_ms": round(total_ms, 3)})
-               for i, (decode_ms, queue_ms, batch_timings) in enumerate(zip(answered.decode_ms, answered.queue_ms,
-                                                                            answered.batch_timings))]
+    total = round(total_ms, 3)
+    timings = ["" if i in failed else HTTP.fields(timings={**{k: round(v, 3) for k, v in times.items()}, "total_ms": total})
+               for i, times in enumerate(answered.times())]
     return answered.detected, timings
 
 

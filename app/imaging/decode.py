@@ -15,7 +15,7 @@ from app.imaging.headers import ImageHeader
 
 
 def decode_image(
-    data: bytes, *, max_pixels: int = MAX_PIXELS, max_decode_bytes: int = MAX_DECODE_BYTES,
+    data: bytes | np.ndarray, *, max_pixels: int = MAX_PIXELS, max_decode_bytes: int = MAX_DECODE_BYTES,
     header: ImageHeader | None = None,
 ) -> np.ndarray:
     """Bytes → BGR uint8 ``[H, W, 3]``, as Ultralytics' ``imread`` reads a file.
@@ -24,10 +24,12 @@ def decode_image(
     three channels and drops alpha; 16-bit images keep their high byte. A colour TIFF is read
     as Ultralytics reads ``.tif`` files (its own depth, then the high byte), so a 16-bit one
     truncates rather than rounds. OpenCV's own errors (its pixel cap, a corrupt stream) become
-    ``ImageTooLarge`` or ``InvalidImage``, never an unexpected exception.
+    ``ImageTooLarge`` or ``InvalidImage``, never an unexpected exception. ``data``: the bytes, or
+    a uint8 array viewing them (``app.contracts.EncodedImage``'s), decoded where they lie.
     """
-    if header is None:  # else checked already (by whoever read it: an HTTP worker)
-        header = check_image(data, max_pixels=max_pixels, max_decode_bytes=max_decode_bytes)
+    if header is None:  # else checked already (by whoever read it: an HTTP worker); the header reader reads bytes
+        header = check_image(data if isinstance(data, bytes) else bytes(data), max_pixels=max_pixels,
+                             max_decode_bytes=max_decode_bytes)
     else:
         check_whole(header)  # whoever read it may have read it only
     flags = cv2.IMREAD_COLOR

@@ -1,147 +1,151 @@
-"""What the inference worker answers, as arrays: a batch's answers and their RESULTS frames.
+"""What the inference worker answers, across the process boundary: ``Answers``, the detector's
+arrays (a ``DetectedBatch``) with a ticket per image (``TICKET``: whose image it is, how long it
+waited and was read, and the times of the batch it ran in), as numbers all the way.
 
-A RESULTS body is the batch's timings (JSON), the record count, one ``RECORD`` per image, the
-rows of every ok image (rows × 6 float32: x1, y1, x2, y2, score, class in source pixels, in
-record order), then each failed image's error code and message (UTF-8, in record order):
-fixed-size parts the inference worker writes from arrays (a ``DetectedBatch``'s, with each
-image's request, index and waits: ``app.service.inference.answers``), a batch at a time, with
-no object per image. An HTTP worker reads them back as arrays too, and gathers each request's
-shares of the batches its images ran in into one ``RequestAnswers``: a ``DetectedBatch`` in the
-request's order, what the formatters take.
+An answer's walk from a POST to its JSON holds three forms: these arrays (built once per batch
+in the inference worker, ``app.service.inference.answers``), one RESULTS frame per owner of the
+batch's images (``answers_frame``: the arrays' bytes, no object per image, no JSON), and the
+arrays again in the HTTP or gRPC worker (``read_answers``: views of the frame), split once per
+request (``Answers.split``) and joined in the request's order (``Answers.joined``) for the
+formatters, which write the JSON or the output tensors from them.
+
+A RESULTS body (little-endian): images n, rows m and failed images e (u32 each); n ``TICKET``s;
+the n widths, then heights, then row counts (i8 each); m rows (x1, y1, x2, y2, score, class as
+f4, in source pixels, image after image); then per failed image its position (u32), its error's
+code and message lengths (u8, u32), the code and the message (UTF-8).
 """
 
 from __future__ import annotations
 
-import json
 import struct
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import astuple, dataclass
 
 import numpy as np
 
-from app.contracts import DetectedBatch
+from app.contracts import DetectedBatch, StageTimes
 from app.errors import YolopipeError
-from app.ipc.wire import RESULTS, Outcome, error_from_code, frame
-from app.types import Detections
+from app.ipc.wire import FRAME, RESULTS, error_from_code
 
-_ERROR_TEXT = struct.Struct("<BI")  # code and message lengths
-# One record per answered image: req_id, index, ok, width, height, decode_ms, queue_ms, rows.
-RECORD = np.dtype([("req_id", "<u8"), ("index", "<u4"), ("ok", "u1"), ("width", "<u4"), ("height", "<u4"),
-                   ("decode_ms", "<f4"), ("queue_ms", "<f4"), ("rows", "<u4")])
+# Each image's times in ms, in ``/v1``'s ``timings`` order: its own (``decode_ms``: read, or
+# decoded, before its batch; ``queue_ms``: admitted to its batch's start), then its batch's
+# (``batch_ms``: the detector call; the pipeline's ``StageTimes``, summed over its runs, the
+# pipeline's own decode named ``pipeline_decode_ms``).
+TIMES = ("decode_ms", "queue_ms", "batch_ms", "pipeline_decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms")
+STAGES = TIMES[3:]  # the StageTimes fields, in their order
+TICKET = np.dtype([("req_id", "<u8"), ("index", "<u4"), *((name, "<f8") for name in TIMES)])
+_HEAD = struct.Struct("<III")  # images, rows, failed images
+_ERROR = struct.Struct("<IBI")  # position, code length, message length
+
+
+def tickets(req_ids: Sequence[int], indexes: Sequence[int], decode_ms: Sequence[float] | float = 0.0,
+            queue_ms: Sequence[float] | float = 0.0, batch_ms: float = 0.0,
+            stages: StageTimes | None = None) -> np.ndarray:
+    """A batch's tickets: per image its request and place in it and its own times, and the
+    batch's times (``batch_ms``, ``stages``) on every ticket."""
+    out = np.zeros(len(req_ids), TICKET)
+    out["req_id"], out["index"], out["decode_ms"], out["queue_ms"] = req_ids, indexes, decode_ms, queue_ms
+    out["batch_ms"] = batch_ms
+    if stages is not None:
+        for name, ms in zip(STAGES, astuple(stages)):
+            out[name] = ms
+    return out
 
 
 @dataclass(slots=True)
 class Answers:
-    """Several images' answers as arrays (what the inference worker writes, a batch at a time):
-    a ``RECORD`` per image, the rows of the ok ones in record order (x1, y1, x2, y2, score,
-    class in source pixels), and each failed image's error by its position."""
+    """Images' answers: ``detected`` (the detector's arrays: sizes, row counts, rows, errors by
+    position) and, image by image in the same order, ``tickets`` (``TICKET``). After the wire,
+    the batch's stage times are in the tickets only (``detected.timings`` and ``runs`` stay
+    the inference worker's)."""
 
-    records: np.ndarray
-    rows: np.ndarray
-    errors: dict[int, YolopipeError]
-    timings: dict[str, float]
+    detected: DetectedBatch
+    tickets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tickets)
 
     @classmethod
-    def of(cls, outcomes: list[Outcome], timings: dict[str, float] | None = None) -> Answers:
-        records = np.zeros(len(outcomes), RECORD)
-        rows, errors = [], {}
-        for i, o in enumerate(outcomes):
-            if o.error is None:
-                det = o.detections if o.detections is not None else Detections.empty()
-                part = np.empty((len(det), 6), np.float32)
-                part[:, :4], part[:, 4], part[:, 5] = det.boxes, det.scores, det.class_ids
-                rows.append(part)
-                records[i] = (o.req_id, o.index, 1, o.width, o.height, o.decode_ms, o.queue_ms, len(det))
-            else:
-                errors[i] = o.error
-                records[i] = (o.req_id, o.index, 0, 0, 0, o.decode_ms, o.queue_ms, 0)
-        return cls(records, np.concatenate(rows) if rows else np.empty((0, 6), np.float32), errors, timings or {})
+    def failed(cls, req_ids: Sequence[int], indexes: Sequence[int], errors: Sequence[YolopipeError]) -> Answers:
+        """Images answered with an error each, never run (refused, cancelled, a failed batch)."""
+        return cls(DetectedBatch.failed(errors), tickets(req_ids, indexes))
+
+    def times(self) -> list[dict[str, float]]:
+        """Per image, in order, its times in ms by name (``TIMES``, in ``/v1``'s order): its own
+        decode and queue wait, its batch's call and pipeline stages."""
+        return [dict(zip(TIMES, row)) for row in self.tickets[list(TIMES)].tolist()]
+
+    def take(self, positions: Sequence[int]) -> Answers:
+        """The images at ``positions``, in that order."""
+        return Answers(self.detected.take(positions), self.tickets[np.asarray(positions, np.int64)])
 
     def split(self, groups: list[list[int]]) -> list[Answers]:
-        """The answers at each group of positions (each owner's share of a batch), in that
-        order: records and rows gathered once for all groups, then sliced."""
-        order = np.concatenate([np.asarray(g, np.int64) for g in groups])
-        counts = self.records["rows"].astype(np.int64)
-        starts = np.cumsum(counts) - counts
-        taken = counts[order]
-        ends = np.cumsum(taken)
-        rows = self.rows[np.repeat(starts[order] - (ends - taken), taken) + np.arange(int(ends[-1]) if len(ends) else 0)]
-        records = self.records[order]
+        """The answers at each group of positions (each owner's or request's share), in that
+        order: gathered once for all groups, then sliced."""
+        if len(groups) == 1 and groups[0] == list(range(len(self))):
+            return [self]
+        whole = self.take(np.concatenate([np.asarray(g, np.int64) for g in groups]))
+        d = whole.detected
+        ends = np.cumsum(d.counts).tolist()
         out = []
         first = first_row = 0
         for group in groups:
             last = first + len(group)
-            last_row = int(ends[last - 1]) if last else 0
-            errors = {k: self.errors[p] for k, p in enumerate(group) if p in self.errors}
-            out.append(Answers(records[first:last], rows[first_row:last_row], errors, self.timings))
+            last_row = ends[last - 1] if last else first_row
+            errors = {k - first: e for k, e in d.errors.items() if first <= k < last}
+            out.append(Answers(DetectedBatch(d.widths[first:last], d.heights[first:last], d.counts[first:last],
+                                             d.rows[first_row:last_row], errors, d.timings, d.runs),
+                               whole.tickets[first:last]))
             first, first_row = last, last_row
         return out
 
-    def detected(self) -> DetectedBatch:
-        """The same answers as the detector's arrays (views, no copy of the rows)."""
-        return DetectedBatch(self.records["width"].astype(np.int64), self.records["height"].astype(np.int64),
-                             self.records["rows"].astype(np.int64), self.rows, dict(self.errors))
+    @classmethod
+    def joined(cls, shares: list[Answers]) -> Answers:
+        """One request's answers, in the request's order (its tickets' ``index``), from its
+        shares of the batches its images ran in (in any order)."""
+        if len(shares) == 1:
+            joined = shares[0]
+        elif not shares:
+            return cls(DetectedBatch.failed([]), tickets([], []))
+        else:
+            joined = cls(DetectedBatch.concat([s.detected for s in shares]), np.concatenate([s.tickets for s in shares]))
+        index = joined.tickets["index"]
+        if len(index) > 1 and (np.diff(index.astype(np.int64)) < 0).any():
+            return joined.take(np.argsort(index, kind="stable"))
+        return joined
 
-def answers_frame(answers: Answers, timings_json: bytes | None = None) -> bytes:
-    """One RESULTS frame; ``timings_json``: the batch's timings already encoded (shared by owners)."""
-    timings = json.dumps(answers.timings).encode() if timings_json is None else timings_json
-    parts = [struct.pack("<H", len(timings)), timings, struct.pack("<I", len(answers.records)),
-             answers.records.tobytes(), np.ascontiguousarray(answers.rows, np.float32).tobytes()]
-    for i in sorted(answers.errors):
-        error = answers.errors[i]
+
+def answers_frame(answers: Answers) -> bytes:
+    """One RESULTS frame of ``answers``: the arrays' bytes, joined once."""
+    d = answers.detected
+    n = len(answers)
+    rows = np.ascontiguousarray(d.rows, np.float32)
+    parts: list = [b"", _HEAD.pack(n, len(rows), len(d.errors)), np.ascontiguousarray(answers.tickets),
+                   np.ascontiguousarray(np.stack([d.widths, d.heights, d.counts]), "<i8"), rows]
+    for position in sorted(d.errors):
+        error = d.errors[position]
         code, message = error.code.encode(), str(error).encode()
-        parts += [_ERROR_TEXT.pack(len(code), len(message)), code, message]
-    return frame(RESULTS, b"".join(parts))
-
-
-def results(outcomes: list[Outcome], batch_timings: dict[str, float] | None = None) -> bytes:
-    """One frame for several answers given one by one (errors, tests)."""
-    return answers_frame(Answers.of(outcomes, batch_timings))
+        parts += [_ERROR.pack(position, len(code), len(message)), code, message]
+    length = sum(memoryview(p).nbytes for p in parts)
+    parts[0] = FRAME.pack(length, RESULTS)
+    return b"".join(parts)
 
 
 def read_answers(body: bytes) -> Answers:
-    (n_timings,) = struct.unpack_from("<H", body)
-    pos = 2 + n_timings
-    timings = json.loads(bytes(body[2:pos])) if n_timings else {}
-    (count,) = struct.unpack_from("<I", body, pos)
-    pos += 4
-    records = np.frombuffer(body, RECORD, count, pos)
-    pos += records.nbytes
-    n_rows = int(records["rows"].sum())
-    rows = np.frombuffer(body, np.float32, n_rows * 6, pos).reshape(n_rows, 6)
+    """A RESULTS body's answers, as arrays (views of ``body``)."""
+    n, m, e = _HEAD.unpack_from(body)
+    pos = _HEAD.size
+    ticket_array = np.frombuffer(body, TICKET, n, pos)
+    pos += ticket_array.nbytes
+    widths, heights, counts = np.frombuffer(body, "<i8", 3 * n, pos).reshape(3, n)
+    pos += 24 * n
+    rows = np.frombuffer(body, "<f4", 6 * m, pos).reshape(m, 6)
     pos += rows.nbytes
     errors = {}
-    for i in np.flatnonzero(records["ok"] == 0).tolist():
-        n_code, n_msg = _ERROR_TEXT.unpack_from(body, pos)
-        pos += _ERROR_TEXT.size
+    for _ in range(e):
+        position, n_code, n_message = _ERROR.unpack_from(body, pos)
+        pos += _ERROR.size
         code = bytes(body[pos : pos + n_code]).decode()
-        message = bytes(body[pos + n_code : pos + n_code + n_msg]).decode()
-        pos += n_code + n_msg
-        errors[i] = error_from_code(code, message)
-    return Answers(records, rows, errors, timings)
-
-
-@dataclass(slots=True)
-class RequestAnswers:
-    """One request's answers, image by image in its order: the detector's arrays (``detected``),
-    and per image how long it decoded and waited and the timings of the batch it ran in."""
-
-    detected: DetectedBatch
-    decode_ms: list[float]
-    queue_ms: list[float]
-    batch_timings: list[dict[str, float]]
-
-
-def request_answers(shares: list[Answers]) -> RequestAnswers:
-    """A request's answers from its shares of the batches its images ran in (in any order; each
-    record's ``index``: the image's place in the request)."""
-    if not shares:
-        return RequestAnswers(DetectedBatch.failed([]), [], [], [])
-    joined = Answers(np.concatenate([s.records for s in shares]), np.concatenate([s.rows for s in shares]), {}, {})
-    batch_timings: list[dict[str, float]] = []
-    for share in shares:
-        joined.errors.update((len(batch_timings) + k, e) for k, e in share.errors.items())
-        batch_timings += [share.timings] * len(share.records)
-    order = np.argsort(joined.records["index"], kind="stable")
-    records = joined.records[order]
-    return RequestAnswers(joined.detected().take(order), records["decode_ms"].tolist(), records["queue_ms"].tolist(),
-                          [batch_timings[p] for p in order.tolist()])
+        errors[position] = error_from_code(code, bytes(body[pos + n_code : pos + n_code + n_message]).decode())
+        pos += n_code + n_message
+    return Answers(DetectedBatch(widths, heights, counts, rows, errors), ticket_array)

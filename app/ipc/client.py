@@ -24,7 +24,7 @@ from app.contracts import DetectParams
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
 from app.imaging.headers import ImageHeader
 from app.ipc import wire
-from app.ipc.answers import Answers, RequestAnswers, read_answers, request_answers
+from app.ipc.answers import Answers, read_answers
 from app.ipc.layout import RunLayout
 from app.ipc.ring import Ring
 
@@ -74,16 +74,16 @@ class _Request:
         """Some of its images' answers (its share of one batch)."""
         if self.done.done():
             return
-        for error in share.errors.values():
+        for error in share.detected.errors.values():
             if isinstance(error, SERVER_SIDE):
                 self.fail(error)
                 return
         self.shares.append(share)
-        self.answered += len(share.records)
+        self.answered += len(share)
         if self.answered == self.count:
             self.done.set_result(None)
             return
-        for _ in range(len(share.records)):
+        for _ in range(len(share)):
             self.send_next()
 
     def fail(self, error: YolopipeError) -> None:
@@ -121,6 +121,7 @@ class _Link(asyncio.Protocol):
         self._hello: asyncio.Future | None = None
         self._lost: asyncio.Future | None = None
         self._serial = itertools.count()
+        self._unwritten: list[bytes] = []  # frames written at the end of this turn of the event loop
 
     async def keep_connected(self) -> None:
         loop = asyncio.get_running_loop()
@@ -178,7 +179,7 @@ class _Link(asyncio.Protocol):
             if kind == wire.RESULTS:
                 answers = read_answers(body)
                 positions: dict[_Request, list[int]] = {}  # each waiting request's images in this batch
-                keys = zip(answers.records["req_id"].tolist(), answers.records["index"].tolist())
+                keys = zip(answers.tickets["req_id"].tolist(), answers.tickets["index"].tolist())
                 for position, key in enumerate(keys):
                     entry = self.waiting.pop(key, None)
                     if entry is None:
@@ -340,8 +341,8 @@ class InferenceClient:
             raise wire.over_budget(seconds, self.settings.budget_s, images=images, ahead=ahead)
 
     async def detect(self, images: list[bytes], params: DetectParams,
-                     headers: list[ImageHeader] | None = None) -> RequestAnswers:
-        """Each image's answer, in order (its own error inside). ``headers``: each image's, as
+                     headers: list[ImageHeader] | None = None) -> Answers:
+        """Each image's answer, in the request's order (its own error inside). ``headers``: each image's, as
         checked here; they travel with the bytes, so the inference worker does not read them
         again. Raises Overloaded, DeviceError or RequestTimeout when the request as a whole
         cannot be served."""
@@ -353,7 +354,7 @@ class InferenceClient:
             self.calls_in_flight -= 1
 
     async def _detect(self, images: list[bytes], params: DetectParams,
-                      headers: list[ImageHeader] | None) -> RequestAnswers:
+                      headers: list[ImageHeader] | None) -> Answers:
         timeout = self.settings.request_timeout_s
         self.admit(len(images))
         request = _Request(self, images, params, time.monotonic() + timeout, headers)
@@ -372,9 +373,9 @@ class InferenceClient:
         # Raised below, the error's traceback holds this frame (and ``images``): neither the
         # request (a worker may still answer its images) nor this frame may hold the error.
         shares, error, request.error = request.shares, request.error, None
-        del request
+        del request, expiry
         if error is None:
-            return request_answers(shares)
+            return Answers.joined(shares)
         try:
             raise error
         finally:

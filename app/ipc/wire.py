@@ -15,6 +15,7 @@ to the least loaded worker and to refuse at once what would not finish in time.
 
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
@@ -27,7 +28,6 @@ from app import errors
 from app.contracts import DetectParams
 from app.errors import YolopipeError
 from app.imaging.headers import ImageHeader, JpegHeader
-from app.types import Detections
 
 FRAME = struct.Struct("<IB")
 HELLO, IMAGE, CANCEL, RESULTS = 1, 2, 3, 4
@@ -191,27 +191,13 @@ def read_cancel(body: bytes) -> int:
 
 
 # --- inference worker → HTTP worker (the RESULTS frames: app.ipc.answers) -----------------
-@dataclass(slots=True)
-class Outcome:
-    """One image's answer: detections with the source size, or the error that stopped it."""
-
-    req_id: int
-    index: int
-    width: int = 0
-    height: int = 0
-    detections: Detections | None = None
-    error: YolopipeError | None = None
-    decode_ms: float = 0.0
-    queue_ms: float = 0.0
-    batch: dict[str, float] | None = None  # the batch it ran in: batch_ms, pipeline stages (times only)
-
-
 def error_from_code(code: str, message: str) -> YolopipeError:
     """The ``app.errors`` class a code names (so its HTTP status survives the trip)."""
     cls = _errors_by_code().get(code, YolopipeError)
     return cls(message)
 
 
+@functools.cache  # app.errors' classes are all defined when it is imported: walked once, not per error
 def _errors_by_code() -> dict[str, type[YolopipeError]]:
     found: dict[str, type[YolopipeError]] = {}
     todo: list[type[YolopipeError]] = [YolopipeError]

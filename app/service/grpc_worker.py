@@ -16,7 +16,7 @@ from typing import Any
 from app.config import Settings
 from app.ipc.layout import RunLayout
 from app.service.memory import IdleRelease, release_memory
-from app.service.processes import die_with_parent, setup_logging, write_metrics_to
+from app.service.processes import die_with_parent, run_event_loop, setup_logging, write_metrics_to
 
 log = logging.getLogger("yolopipe.grpc")
 
@@ -26,7 +26,7 @@ def grpc_worker_main(settings: Settings, layout: RunLayout, parent_pid: int, rep
     die_with_parent(parent_pid)
     write_metrics_to(layout.metrics_dir)  # before prometheus_client is imported
     setup_logging()
-    asyncio.run(_serve(settings, layout, report))
+    run_event_loop(_serve(settings, layout, report))  # grpc.aio and the inference client on uvloop
 
 
 async def _serve(settings: Settings, layout: RunLayout, report: Any) -> None:

@@ -1,15 +1,18 @@
-"""What every serving process does the same way: dying with its parent, logging, metrics files."""
+"""What every serving process does the same way: dying with its parent, logging, metrics files,
+its event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
@@ -60,3 +63,13 @@ def metrics_folder(folder: Path) -> Iterator[None]:
 
 def setup_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s")
+
+
+def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
+    """``main`` on uvloop's event loop where it is installed (as uvicorn runs the HTTP workers;
+    sockets, transports and callbacks in C), else on asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)

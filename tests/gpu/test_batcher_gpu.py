@@ -18,7 +18,7 @@ from app.ipc.wire import FrameReader, ImageRef, image, read_image
 from app.pipeline.detector import Detector
 from app.service.inference.batcher import Batcher, Job
 from app.service.inference.metrics import WorkerMetrics
-from tests.references import detections_json, outcomes_of
+from tests.references import detections_json, image_answers
 from tests.standins import count_header_reads
 
 pytestmark = pytest.mark.requires_gpu
@@ -31,7 +31,7 @@ def test_the_batcher_warms_the_buckets_and_answers_a_batch_as_the_detector_does(
     answers: queue.Queue = queue.Queue()
 
     def deliver(jobs, batch_answers):
-        for outcome in outcomes_of(read_answers(FrameReader().feed(answers_frame(batch_answers))[0][1])):
+        for outcome in image_answers(read_answers(FrameReader().feed(answers_frame(batch_answers))[0][1])):
             answers.put(outcome)
 
     steps: list[str] = []

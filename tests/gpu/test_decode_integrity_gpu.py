@@ -24,7 +24,7 @@ from app.ipc.wire import FrameReader, ImageRef
 from app.pipeline.detector import Detector
 from app.service.inference.batcher import Batcher, Job
 from app.service.inference.metrics import WorkerMetrics
-from tests.references import detections_json, outcomes_of
+from tests.references import detections_json, image_answers
 
 pytestmark = pytest.mark.requires_gpu
 
@@ -115,7 +115,7 @@ def test_many_threads_through_the_batcher_cut_files_are_errors_and_photos_their_
     answers: queue.Queue = queue.Queue()
 
     def deliver(jobs, batch_answers):
-        for outcome in outcomes_of(read_answers(FrameReader().feed(answers_frame(batch_answers))[0][1])):
+        for outcome in image_answers(read_answers(FrameReader().feed(answers_frame(batch_answers))[0][1])):
             answers.put(outcome)
 
     batcher = Batcher(detector, budget_s=120.0, deliver=deliver, metrics=WorkerMetrics("0"))

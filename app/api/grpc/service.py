@@ -48,6 +48,15 @@ class GrpcMetrics:
         self.latency = Histogram("yolopipe_grpc_request_latency_seconds", "Whole-call latency of gRPC calls",
                                  ["method"], buckets=LATENCY_BUCKETS, registry=r)
         self.rejected = rejected_counter(r)
+        self._children: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    def answered(self, method: str, code: str, seconds: float) -> None:
+        """One call (or stream request) of ``method`` ended with ``code`` after ``seconds``."""
+        children = self._children.get((method, code))
+        if children is None:  # looked up once per method and code: ``labels`` costs more than ``inc``
+            children = self._children[(method, code)] = (self.calls.labels(method, code), self.latency.labels(method))
+        children[0].inc()
+        children[1].observe(seconds)
 
 
 class Malformed:
@@ -72,6 +81,7 @@ def _parser(cls: Any) -> Callable[[bytes], Any]:
     return parse
 
 
+@functools.lru_cache(maxsize=4096)  # a connection's every call asks about the same peer
 def peer_is_local(peer: str) -> bool:
     """A gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) on this host."""
     kind, _, address = unquote(peer).partition(":")
@@ -102,8 +112,7 @@ def _call(method: Callable) -> Callable:
             log.error("unexpected error in %s", method.__name__, exc_info=exc)
             await context.abort(grpc.StatusCode.INTERNAL, "internal server error")
         finally:
-            self.metrics.calls.labels(method.__name__, code).inc()
-            self.metrics.latency.labels(method.__name__).observe(time.perf_counter() - start)
+            self.metrics.answered(method.__name__, code, time.perf_counter() - start)
 
     return answer
 
@@ -208,8 +217,7 @@ class InferenceService:
             log.error("unexpected error in ModelStreamInfer", exc_info=exc)
             return self._stream_error(request, "internal server error")
         finally:
-            self.metrics.calls.labels("ModelStreamInfer", code).inc()
-            self.metrics.latency.labels("ModelStreamInfer").observe(time.perf_counter() - start)
+            self.metrics.answered("ModelStreamInfer", code, time.perf_counter() - start)
 
     @staticmethod
     def _stream_error(request: Any, message: str) -> Any:

@@ -21,7 +21,7 @@ from app.api.uploads import check_request_images
 from app.config import CONF, IOU, MAX_DET, Settings
 from app.contracts import DetectParams, make_params
 from app.errors import InvalidParameter, ModelNotFound, RequestTimeout, YolopipeError
-from app.ipc.answers import RequestAnswers
+from app.ipc.answers import Answers
 from app.ipc.client import SERVER_SIDE, InferenceClient
 
 MODEL = "yolopipe"
@@ -43,7 +43,7 @@ def model_name(name: str, version: str | None, settings: Settings) -> str:
 
 
 async def detect_within(inference: InferenceClient, images: list[bytes], headers: list[Any], params: DetectParams,
-                        timeout_s: float | None, settings: Settings) -> RequestAnswers:
+                        timeout_s: float | None, settings: Settings) -> Answers:
     """The inference client's answer, within the request's own timeout when it asks for a shorter
     one than the server's (Triton's ``timeout`` parameter, a gRPC deadline); cancelling stops its
     queued work. ``headers``: each image's, as read here; they travel with the bytes, so the

@@ -10,9 +10,10 @@ its ``max_wait_ms`` for a batch to fill.
   (under a rect letterbox, from the header the HTTP worker read; ``rounds``), so a big
   ``/v1/detect/batch`` request never holds single images back by more than one batch; the HTTP
   side also keeps only ``request_window`` images of one request here at a time.
-* **Lazy decode.** Bytes stay in the HTTP worker's ring until their batch is formed, then are
-  copied out with the header the HTTP worker read (``EncodedImage``: never parsed again),
-  decoded (CPU pool; a JPEG passes through to a GPU pipeline that decodes it) and freed;
+* **Lazy decode.** Bytes stay in the HTTP worker's ring until their image is answered; once
+  their batch is formed they are read there, in place, with the header the HTTP worker read
+  (``EncodedImage`` over a view of the ring: never copied, never parsed again), decoded (CPU
+  pool; a JPEG passes through to a GPU pipeline that decodes it within the batch's run);
   decoded pixels exist only for the batches running.
 * **Batches in flight.** One thread per batch in flight (``RunShape.in_flight``), each forming
   and running its own batch.
@@ -41,17 +42,15 @@ import numpy as np
 from app.contracts import DetectedBatch, EncodedImage
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
 from app.ipc.answers import Answers
-from app.ipc.wire import DRAINING, READY, ImageRef, Load, Outcome, over_budget, queued_seconds
+from app.ipc.wire import DRAINING, READY, ImageRef, Load, over_budget, queued_seconds
 from app.pipeline.detector import Detector
-from app.service.inference.answers import answers_of
+from app.service.inference.answers import answers_of, failed_answers
 from app.service.inference.rounds import take_round_robin
 from app.service.inference.warmup import is_sticky_device_error, warmup
 
 log = logging.getLogger("yolopipe.serving")
 
 _EWMA_WEIGHT = 0.2  # of the newest batch: about the last five batches count
-# Times the batcher and the HTTP side report themselves; a pipeline stage of the same name gets a prefix.
-_BATCHER_TIMINGS = frozenset({"decode_ms", "queue_ms", "batch_ms", "total_ms"})
 
 
 @dataclass(slots=True)
@@ -143,6 +142,7 @@ class Batcher:
         self._answer(dropped, Overloaded("the server is shutting down; retry"))
         for t in self._threads:
             t.join(timeout=drain_s + 5)
+        self.metrics.write()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # --- the IO side (the worker's event loop) ---------------------------------------------
@@ -213,6 +213,8 @@ class Batcher:
     # --- the batch threads -------------------------------------------------------------------
     def _batch_loop(self) -> None:
         while True:
+            if not self._queued:  # about to wait for work: what the batches observed is written first
+                self.metrics.write()
             batch, expired = self._next_batch()
             self._answer(expired, RequestTimeout("the request's deadline passed while it waited"))
             if batch is None:
@@ -229,9 +231,9 @@ class Batcher:
             log.error("a batch thread failed on a batch of %d; answering it with an error", len(batch), exc_info=exc)
             self.metrics.device_errors.inc()
             error = DeviceError(f"the inference worker failed on this batch ({type(exc).__name__}); retry")
-            answers = Answers.of([Outcome(j.ref.req_id, j.ref.index, error=error) for j in batch])
+            answers = failed_answers(batch, [error] * len(batch))
             self._check_sticky(exc)
-        ok = len(batch) - len(answers.errors)
+        ok = len(batch) - len(answers.detected.errors)
         end = time.perf_counter()
         with self._cond:
             if ok:
@@ -239,7 +241,10 @@ class Batcher:
                 spi = self._seconds_per_image
                 self._seconds_per_image = sample if spi == 0 else spi + _EWMA_WEIGHT * (sample - spi)
             self._pending -= len(batch)
-            self._cond.notify_all()
+            idle = not self._pending
+            self._wake_closer()
+        if idle:  # the last admitted work: what the batches observed is written before its answers go
+            self.metrics.write()
         for job in batch:
             job.data = None
         self._safe_deliver(batch, answers)
@@ -272,27 +277,16 @@ class Batcher:
 
     def _compute(self, batch: list[Job], start: float) -> Answers:
         """Every job's answer, as arrays: rows go from the detector to the wire in one go per batch."""
-        m = self.metrics
-        m.observe_stage("queue", [start - j.admitted_at for j in batch])
         prepared = self._prepare(batch)
-        ok = sum(not isinstance(p, YolopipeError) for p in prepared)
-        m.batch_size.observe(ok)
         run_start = time.perf_counter()
         detected = self._detect(prepared, batch[0].ref.params)
         end = time.perf_counter()
-        # Times only (the run's facts, its batch size, bucket and slot, are never latencies).
-        timings: dict[str, float] = {"batch_ms": round((end - run_start) * 1e3, 3)}
-        m.stage("batch").observe(end - run_start)
-        for name, ms in detected.timings.as_dict().items():
-            name = f"pipeline_{name}" if name in _BATCHER_TIMINGS else name
-            m.stage(name.removesuffix("_ms")).observe(ms / 1e3)
-            timings[name] = round(ms, 3)
         failed = len(detected.errors)
-        if len(batch) > failed:
-            m.images("ok").inc(len(batch) - failed)
-        if failed:
-            m.images("failed").inc(failed)
-        return answers_of(batch, start, detected, timings)
+        # Times only (the run's facts, its bucket and slot, are never latencies).
+        self.metrics.observe_batch([start - j.admitted_at for j in batch], [j.decode_ms / 1e3 for j in batch],
+                                   sum(not isinstance(p, YolopipeError) for p in prepared), end - run_start,
+                                   detected.timings, len(batch) - failed, failed)
+        return answers_of(batch, start, detected, (end - run_start) * 1e3)
 
     def _prepare(self, batch: list[Job]) -> list[Any]:
         """Decoded pixels (or the JPEG, with its header, for a pipeline that decodes it) or the
@@ -305,7 +299,6 @@ class Batcher:
             out = [self._prepare_one(j) for j in batch]
         for job in batch:
             job.data = None  # nothing reads the ring from here on
-        self.metrics.observe_stage("decode", [j.decode_ms / 1e3 for j in batch])
         return out
 
     def _passes_through(self, job: Job) -> bool:
@@ -320,9 +313,11 @@ class Batcher:
         t0 = time.perf_counter()
         try:
             data = job.data
-            if not isinstance(data, np.ndarray):  # bytes out of the ring, with the header that came with them
-                data = bytes(data)
-                data = data if job.ref.header is None else EncodedImage(data, job.ref.header)
+            if not isinstance(data, np.ndarray):  # a view of the bytes in the owner's ring
+                # Read in place with the header that came with them, never copied (decoded here, or
+                # in the batch's run): the ring keeps them until the image is answered.
+                header = job.ref.header
+                data = bytes(data) if header is None else EncodedImage(np.frombuffer(data, np.uint8), header)
             return self.detector.prepare(data)
         except YolopipeError as exc:
             return exc
@@ -364,7 +359,7 @@ class Batcher:
     # --- bookkeeping -----------------------------------------------------------------------
     def _answer(self, jobs: list[Job], error: YolopipeError) -> None:
         if jobs:
-            answers = Answers.of([Outcome(j.ref.req_id, j.ref.index, error=error) for j in jobs])
+            answers = failed_answers(jobs, [error] * len(jobs))
             for job in jobs:
                 job.data = None
             self._safe_deliver(jobs, answers)
@@ -379,7 +374,12 @@ class Batcher:
     def _forget(self, n: int) -> None:
         self._queued -= n
         self._pending -= n
-        self._cond.notify_all()
+        self._wake_closer()
+
+    def _wake_closer(self) -> None:
+        """Less admitted work (lock held): only ``close`` waits on it, no batch thread is woken."""
+        if self._closing:
+            self._cond.notify_all()
 
     def _drain_queue(self) -> list[Job]:
         jobs = [j for q in self._requests.values() for j in q]

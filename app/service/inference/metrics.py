@@ -8,15 +8,35 @@ import ctypes
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from app.contracts import StageTimes
+from app.ipc.answers import STAGES
 from app.ipc.metrics import LATENCY_BUCKETS
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Under load, a batch's observations are written at most this late (with the others held since).
+WRITE_EVERY_S = 0.1
+_PIPELINE_STAGES = tuple(name.removesuffix("_ms") for name in STAGES)  # pipeline_decode, preprocess, ...
+
+
+@dataclass
+class _Held:
+    """Observations of batches not yet written to the metrics files."""
+
+    queue: list[float] = field(default_factory=list)
+    decode: list[float] = field(default_factory=list)
+    sizes: list[float] = field(default_factory=list)
+    batch: list[float] = field(default_factory=list)
+    stages: tuple[list[float], ...] = field(default_factory=lambda: tuple([] for _ in _PIPELINE_STAGES))
+    ok: int = 0
+    failed: int = 0
 
 
 class WorkerMetrics:
@@ -43,6 +63,9 @@ class WorkerMetrics:
             "the whole device, from NVML)", ["worker", "source"], multiprocess_mode="livesum", registry=r)
 
         self._stages: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._held = _Held()
+        self._written_at = time.monotonic()
 
     def images(self, outcome: str) -> Any:
         return self._images.labels(outcome, self.worker)
@@ -54,10 +77,43 @@ class WorkerMetrics:
             child = self._stages[name] = self.stage_latency.labels(name)
         return child
 
-    def observe_stage(self, name: str, seconds: list[float]) -> None:
-        """Several observations of one stage at once (a batch's images): the same histogram as
-        observing each, with one write per bucket touched instead of two per value."""
-        observe_many(self.stage(name), seconds)
+    def observe_batch(self, queue_s: list[float], decode_s: list[float], size: int, batch_s: float,
+                      stages: StageTimes, ok: int, failed: int) -> None:
+        """One batch's observations: per image its queue wait and decode, then the batch's size
+        (images that reached the detector), the detector call and the pipeline's stage times,
+        and its images by outcome. Each written value costs a ``getpid`` and a write to this
+        process's metrics file, so they are held and written together: by ``write`` (the
+        batcher calls it once it has no admitted work left) or ``WRITE_EVERY_S`` after the last
+        write. The histograms and counters are those of observing each value at once."""
+        with self._lock:
+            held = self._held
+            held.queue += queue_s
+            held.decode += decode_s
+            held.sizes.append(size)
+            held.batch.append(batch_s)
+            for values, ms in zip(held.stages, astuple(stages)):
+                values.append(ms / 1e3)
+            held.ok += ok
+            held.failed += failed
+            write = time.monotonic() - self._written_at >= WRITE_EVERY_S
+        if write:
+            self.write()
+
+    def write(self) -> None:
+        """Write the observations held (``observe_batch``), if any."""
+        with self._lock:
+            held, self._held = self._held, _Held()
+            self._written_at = time.monotonic()
+        if not held.sizes:
+            return
+        for name, values in (("queue", held.queue), ("decode", held.decode), ("batch", held.batch),
+                             *zip(_PIPELINE_STAGES, held.stages)):
+            observe_many(self.stage(name), values)
+        observe_many(self.batch_size, held.sizes)
+        if held.ok:
+            self.images("ok").inc(held.ok)
+        if held.failed:
+            self.images("failed").inc(held.failed)
 
     def set_pending(self, n: int) -> None:
         self._pending.set(n)

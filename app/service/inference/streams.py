@@ -165,8 +165,8 @@ class BatcherFrames:
 
     def take_answers(self, answers: Answers) -> None:
         """This owner's share of a batch's answers: each frame's own, to the runner waiting for it."""
-        detected = answers.detected()
-        keys = zip(answers.records["req_id"].tolist(), answers.records["index"].tolist())
+        detected = answers.detected
+        keys = zip(answers.tickets["req_id"].tolist(), answers.tickets["index"].tolist())
         for k, key in enumerate(keys):
             with self._lock:
                 future = self._waiting.pop(key, None)

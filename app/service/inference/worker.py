@@ -31,10 +31,10 @@ from typing import Any
 from app.errors import YolopipeError
 from app.heap import limit_malloc_arenas
 from app.ipc import wire
-from app.ipc.answers import Answers, results
+from app.ipc.answers import Answers, answers_frame
 from app.ipc.layout import RunLayout
 from app.ipc.ring import map_ring
-from app.service.inference.answers import answer_frames
+from app.service.inference.answers import answer_frames, failed_answers
 from app.service.inference.batcher import Batcher, Job
 from app.service.memory import IdleRelease, release_memory
 from app.types import StartupSteps, process_age_s
@@ -67,7 +67,7 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = Non
     pool) this is a standby: it opens and warms its detector, reports ``("standby", pid)``,
     and takes over the worker's socket only when the pool sends it a generation number."""
     from app.runtime import ensure_artifacts, open_model_dir, options_from
-    from app.service.processes import die_with_parent, setup_logging, write_metrics_to
+    from app.service.processes import die_with_parent, run_event_loop, setup_logging, write_metrics_to
 
     die_with_parent(spec.parent_pid)
     limit_malloc_arenas(2)  # before the decode and backend threads start: see app.service.memory
@@ -103,20 +103,12 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = Non
         if phase is not None:
             phase.close()
     try:
-        lost = _run(_serve(spec, settings, detector, report, promote, steps))
+        lost = run_event_loop(_serve(spec, settings, detector, report, promote, steps))
     finally:
         if not lost:  # a dead context cannot free anything: just exit
             detector.close()
     if lost:
         os._exit(EXIT_DEVICE_LOST)
-
-
-def _run(main: Any) -> Any:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 async def _serve(spec: WorkerSpec, settings: Any, detector: Any, report: Any, promote: Any = None,
@@ -329,4 +321,4 @@ class _Connection(asyncio.Protocol):
         for job, _ in refused:
             job.data = None
         if refused:
-            self.send(results([wire.Outcome(j.ref.req_id, j.ref.index, error=e) for j, e in refused]))
+            self.send(answers_frame(failed_answers([j for j, _ in refused], [e for _, e in refused])))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from app.errors import YolopipeError
-from app.gpu.decoded import route
+from app.gpu.decoded import cpu_decode, route
 from app.imaging.decode import decode_image
 
 
@@ -37,3 +37,15 @@ def test_headerless_bytes_get_the_cpu_paths_own_error_and_only_whole_jpegs_reach
             np.testing.assert_array_equal(got, want)
         else:
             assert type(got) is type(want) and str(got) == str(want), (i, got, want)
+
+
+def test_a_view_of_the_bytes_gets_the_verdict_of_the_bytes(datas):
+    """A JPEG handed on as a uint8 view of its bytes where they lie (the inference worker's
+    ``EncodedImage`` over an HTTP worker's ring) decodes on the CPU path as its bytes do, also
+    where no header came with it (a GPU decoder that refused it falls back to ``cpu_decode``)."""
+    for data in datas:
+        want, got = cpu_verdict(data), cpu_decode(np.frombuffer(data, np.uint8))
+        if isinstance(want, np.ndarray):
+            np.testing.assert_array_equal(got, want)
+        else:
+            assert type(got) is type(want) and str(got) == str(want), (data[:16], got, want)

@@ -75,6 +75,7 @@ def test_each_header_is_read_once_from_v1_and_v2_to_the_decoder(service, bus, zi
 
     async def requests(http):
         pipeline.received.clear()  # the warm-up's gray frames
+        pipeline.bytes_seen.clear()
         spy = count_header_reads(monkeypatch)
         one = await http.post("/v1/detect", content=bus, headers={"content-type": "image/jpeg"})
         two = await http.post("/v1/detect/batch", files=[("images", ("b.jpg", bus)), ("images", ("z.jpg", zidane))])
@@ -89,8 +90,8 @@ def test_each_header_is_read_once_from_v1_and_v2_to_the_decoder(service, bus, zi
     assert len(one.json()["detections"]) > 0 and len(v2.json()["outputs"]) == 4
     assert sorted(reads) == sorted(len(d) for d in sent)  # the HTTP worker's one read of each
     assert all(isinstance(x, EncodedImage) for x in pipeline.received) and len(pipeline.received) == len(sent)
-    assert sorted((len(x.data), x.header == check_image(x.data)) for x in pipeline.received) == \
-        sorted((len(d), True) for d in sent)
+    seen = zip(pipeline.received, pipeline.bytes_seen)  # each JPEG's bytes as its run found them
+    assert sorted((len(data), x.header == check_image(data)) for x, data in seen) == sorted((len(d), True) for d in sent)
 
 
 def test_the_service_reports_one_max_batch_the_run_shapes(service):

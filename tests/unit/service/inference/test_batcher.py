@@ -15,6 +15,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from app.contracts import DetectParams, EncodedImage
@@ -25,7 +26,7 @@ from app.ipc.wire import FrameReader, ImageRef
 from app.pipeline.detector import Detector
 from app.service.inference.batcher import Batcher, Job
 from app.service.inference.metrics import WorkerMetrics
-from tests.references import detections_json, outcomes_of
+from tests.references import detections_json, image_answers
 from tests.standins import DecodesItself, ReportsLikeTheGpu, count_header_reads
 
 
@@ -60,10 +61,10 @@ class Harness:
     def _deliver(self, jobs, answers) -> None:
         # Through the wire, as the HTTP worker reads them.
         read = read_answers(FrameReader().feed(answers_frame(answers))[0][1])
-        timings, outcomes = read.timings, outcomes_of(read)
+        outcomes = image_answers(read)
         assert [(o.req_id, o.index) for o in outcomes] == [(j.ref.req_id, j.ref.index) for j in jobs]
         for outcome in outcomes:
-            self.answers.put((outcome, timings))
+            self.answers.put((outcome, outcome.batch))
 
     def job(self, data: bytes, req_id: int, index: int = 0, *, owner: str = "a", deadline_s: float = 60.0,
             params: DetectParams = DetectParams(), header=None) -> Job:
@@ -143,6 +144,9 @@ def test_waiting_images_of_many_requests_run_as_one_batch_and_equal_the_detector
         assert detections_json(outcome.detections, names) == detections_json(direct.detections, names) != []
         assert timings["batch_ms"] > 0 and outcome.queue_ms > 0 and outcome.decode_ms > 0
         assert set(timings) == {"batch_ms", "pipeline_decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms"}
+        # the CPU pipeline's stage times travel as numbers (its images come decoded: no pipeline decode)
+        assert timings["preprocess_ms"] > 0 and timings["infer_ms"] > 0 and timings["pipeline_decode_ms"] == 0
+        assert timings["infer_ms"] < timings["batch_ms"]
     assert h.batcher.load().pending == 0
 
 
@@ -404,6 +408,9 @@ def test_a_jpeg_that_comes_with_its_header_reaches_a_pipeline_that_decodes_it_un
     answers = {o.req_id: o for o, _ in h.collect(2)}
     assert reads == []
     assert [(type(x), x.header) for x in pipeline.received] == [(EncodedImage, headers[1]), (EncodedImage, headers[2])]
+    ring = np.frombuffer(h.view, np.uint8)
+    for x, data in zip(pipeline.received, (bus, zidane)):  # read where the HTTP worker put them, never copied
+        assert x.data.tobytes() == data and np.shares_memory(x.data, ring)
     for req, data in ((1, bus), (2, zidane)):
         (direct,) = detector.detect([data], detector.params())
         assert (detections_json(answers[req].detections, detector.names)
