@@ -1,4 +1,4 @@
-"""TensorRT runtime: a built engine as a ``DeviceEngine`` (see ``app.contracts``).
+"""TensorRT runtime: a built engine as a ``DeviceEngine`` (see ``app.engine_contracts``).
 
 Shaped after NVIDIA's ``samples/python/common_runtime.py`` and Polygraphy's ``TrtRunner``: every
 TensorRT call that reports failure (None / False) is checked and turned into a clear error, one

@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from app.contracts import BareRun, DeviceEngine, measure_once
+from app.contracts import BareRun, measure_once
+from app.engine_contracts import DeviceEngine
 
 
 def engine_alone(engine: DeviceEngine, batch: np.ndarray,

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from app.contracts import DeviceEngine
+from app.engine_contracts import DeviceEngine
 from app.errors import DeviceError, YolopipeError
 from app.gpu.memory import CapturedBatch, InputBuffer, StreamPair
 from app.gpu.nv12_input import clear_params as clear_nv12_params

@@ -13,7 +13,6 @@ from app.contracts import (
     BareRun,
     DetectParams,
     Diagnostics,
-    HostBackend,
     PipelineInput,
     PipelineRun,
     RunFacts,
@@ -21,6 +20,7 @@ from app.contracts import (
     StageTimes,
     measure_once,
 )
+from app.engine_contracts import HostBackend
 from app.errors import InvalidParameter
 from app.imaging.letterbox import letterbox, to_input
 from app.pipeline.nms_cpu import nms_keep_indices_cpu

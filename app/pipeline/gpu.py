@@ -35,7 +35,6 @@ from typing import Any
 from app.config import MAX_DET
 from app.contracts import (
     DetectParams,
-    DeviceEngine,
     DeviceNv12,
     Diagnostics,
     EncodedImage,
@@ -46,6 +45,7 @@ from app.contracts import (
     StageTimes,
     measure_once,
 )
+from app.engine_contracts import DeviceEngine
 from app.errors import DeviceError, InvalidParameter, YolopipeError
 from app.gpu import nv12_input, pack
 from app.gpu.bare import engine_alone

@@ -30,7 +30,8 @@
 # Every part but setup runs setup first if this command has not. Knobs (environment): OUT (/tmp/out);
 # <PART>_TIMEOUT seconds (SETUP 120, BUILD 420, TESTS 300, NVDEC 180, BENCH 360, STARTUP 360, HTTP 540,
 # STREAMS 330, MEMORY 420, INT8 540);
-# <PART>_ARGS more options for its command; TEST_PATHS; STARTUP_ROUNDS (2); SOAK_MINUTES (3),
+# <PART>_ARGS more options for its command (BUILD_ARGS=--no-batch-invariant: the cuDNN package, ~100 s);
+# TEST_PATHS; STARTUP_ROUNDS (2); SOAK_MINUTES (3),
 # DURATION (20 s a load row); NVDEC_STREAMS (64,128), OPENCV_STREAMS (16), CLIP
 # (.data/video/dance-1080p30.mp4);
 # YOLOPIPE_IMAGES (.data/images).
@@ -89,7 +90,7 @@ for name in "$@"; do
   [ "$name" = setup ] || [ "$ready" = 1 ] || setup
   case "$name" in
     setup)   setup ;;
-    build)   part build "${BUILD_TIMEOUT:-420}" /usr/bin/time -f "build-engine: %e s wall" python3 -m app.cli build-engine --weights sample ;;
+    build)   part build "${BUILD_TIMEOUT:-420}" /usr/bin/time -f "build-engine: %e s wall" python3 -m app.cli build-engine --weights sample ${BUILD_ARGS:-} ;;
     nvdec)   YOLOPIPE_NVDEC_CLIP=$CLIP part nvdec-tests "${NVDEC_TIMEOUT:-180}" python3 -m pytest tests/gpu/test_nvdec.py -v -rs -p no:cacheprovider --durations=10 ;;
     tests)   part gpu-tests "${TESTS_TIMEOUT:-300}" python3 -m pytest ${TEST_PATHS:-tests/kernels tests/gpu tests/tensorrt} -v -rs -p no:cacheprovider --durations=15 ${TESTS_ARGS:-} ;;
     bench)   part bench "${BENCH_TIMEOUT:-360}" python3 -m app.benchmark --images "$YOLOPIPE_IMAGES" --out "$OUT/bench.json" ${BENCH_ARGS:-} ;;
