@@ -400,10 +400,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def git_commit() -> str | None:
-    """This checkout's commit, ``-dirty`` when it has changes."""
+    """This checkout's commit, ``-dirty`` when it has changes; where the copy has no git history
+    (the GPU machine's), ``BENCH_COMMIT`` as the command gave it."""
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
     if head.returncode != 0:
-        return None
+        return os.environ.get("BENCH_COMMIT")
     dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True, check=False).stdout.strip()
     return head.stdout.strip() + ("-dirty" if dirty else "")

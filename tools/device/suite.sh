@@ -34,7 +34,7 @@
 # TEST_PATHS; STARTUP_ROUNDS (2); SOAK_MINUTES (3),
 # DURATION (20 s a load row); NVDEC_STREAMS (64,128), OPENCV_STREAMS (16), CLIP
 # (.data/video/dance-1080p30.mp4);
-# YOLOPIPE_IMAGES (.data/images).
+# YOLOPIPE_IMAGES (.data/images); BENCH_COMMIT (the commit a result records: the copy here has no git history).
 set -uo pipefail
 cd "$(dirname "$0")/../.."  # the repository root
 export OUT=${OUT:-/tmp/out}
