@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ipc",),  # transport only: below every part that holds a model, a pipeline or a device
     ("weights",),
     ("artifacts", "boxes", "records"),
-    ("contracts", "files"),
+    ("contracts", "engine_contracts", "files"),
     ("imaging",),
     ("types", "versions", "source_urls", "heap"),
     ("config",),
