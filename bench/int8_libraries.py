@@ -1,36 +1,20 @@
-"""Issue #20's INT8 benchmark: yolopipe's two models against NNCF and ModelOpt, one run, same images.
+"""The INT8 comparison (issues #20, #39): yolopipe's two models against NNCF and ModelOpt, one run,
+the same images. Every model is calibrated on the 84 images a new user would give and scored
+against FP32 on 108 images of another distribution (``bench/int8_heldout.py``) through the
+serving path (``app.builder.int8.report``: F1 at conf 0.25 with its bootstrap 95 % interval);
+then CPU latency at batch 1, all rows interleaved in one loop.
 
-Sets (``bench/int8_heldout.py``): calibration = the 84 images a new user would give (20 photos +
-every 3rd frame of dance.avi); held out = 108 images of another distribution (the 1080p clip later
-on, crops, degraded frames, photos shipped in packages and their variants), never calibrated on.
+* yolopipe: ``yolopipe calibrate`` with default options (timed; on a GPU it distils), both
+  models; then (``--runs``) ``--max-float-layers 12`` and ``--method percentile`` from its caches;
+* NNCF PTQ (performance preset, the head tail and Sigmoid ignored as Ultralytics' OpenVINO
+  export ignores them), where ``nncf`` imports (``--nncf auto``);
+* ModelOpt ONNX PTQ (int8, entropy), run with ``--modelopt-python`` (a venv of its own: its
+  ``[onnx]`` extra pins onnx and onnxruntime-gpu, which would replace this venv's).
 
-Rows, each calibrated on the same 84 images with the same letterbox:
+``--import NAME=PATH`` scores another model in the same run (one built elsewhere);
+``--calibration DIR`` calibrates on a given folder instead of making the 84 images from ``--data``.
 
-* yolopipe: ``yolopipe calibrate --images <84>`` with default options (the CLI, timed; its own
-  report holds out 42 of the 84), both installed models; then ``--max-float-layers 12`` (a larger
-  float budget for accuracy control; histograms and sensitivities from the cache) and
-  ``--method percentile`` (the same histograms);
-* NNCF PTQ (``nncf.quantize``, performance preset), the head tail and Sigmoid ignored as
-  Ultralytics' OpenVINO export ignores them (its patterns, on the ONNX node names);
-* ModelOpt ONNX PTQ (``python -m modelopt.onnx.quantization``, int8, entropy, CPU calibration), run
-  with ``--modelopt-python`` (a separate venv: its ``[onnx]`` extra pins onnx 1.21 and
-  onnxruntime-gpu, which would replace this venv's).
-
-Every model is scored against FP32 on the held-out folder through the serving path (letterbox,
-NumPy NMS, boxes in original pixels; ``app.builder.int8.report``): F1 at conf 0.25 with its
-bootstrap 95 % interval. Then CPU latency at batch 1, all rows interleaved in one loop.
-
-The libraries' rows run where their packages are importable (``--nncf auto``): the GPU machine
-has neither NNCF nor ModelOpt, so there they are left out and run on the CPU in a separate run.
-``--import name=path`` scores more models in the same run (a model built elsewhere, brought
-back; a ``*.packed.onnx`` from ``bench/int8_transport.py`` is unpacked first). ``--calibration
-DIR`` calibrates on a given folder (issue #39: the set the GPU run distilled on, whose models
-are imported). ``--keep DIR`` copies the yolopipe models out.
-
-    python bench/int8_libraries.py --data ../shared/data --modelopt-python /path/to/venv/bin/python --tag=-v2
-    python bench/int8_libraries.py --data ../shared/data --calibration .data/int8-calibration --runs default \
-        --modelopt-python /path/to/venv/bin/python \
-        --import "distilled model.int8.onnx (H200)=models/distilled-model.int8.packed.onnx" ... --tag=-issue39
+    python bench/int8_libraries.py --data DATA_DIR --modelopt-python /path/to/venv/bin/python
 """
 
 from __future__ import annotations
@@ -59,7 +43,6 @@ from app.builder.int8.images import letterboxed, list_items
 from app.builder.int8.report import OrtModel, detect, summarize
 from app.imaging.letterbox import letterbox, to_input
 from bench.int8_heldout import make_calibration, make_heldout
-from bench.int8_transport import unpack
 
 ASSETS = Path(importlib.util.find_spec("ultralytics").origin).parent / "assets"
 
@@ -171,8 +154,7 @@ def main() -> None:
     ap.add_argument("--import", dest="imports", action="append", default=[], metavar="NAME=PATH",
                     help="another model to score in the same run")
     ap.add_argument("--calibration", type=Path, default=None,
-                    help="calibrate every model on this folder instead of making the 84 images from --data (the "
-                         "set a GPU run used: bench/int8_heldout.py --calibration-only)")
+                    help="calibrate every model on this folder instead of making the 84 images from --data")
     ap.add_argument("--photo-cache", type=Path, default=None,
                     help="holds skimage/*.png for the held-out set (bench/int8_heldout.py), where pip cannot fetch")
     ap.add_argument("--keep", type=Path, default=None, help="copy the yolopipe models here")
@@ -219,13 +201,9 @@ def main() -> None:
                 shutil.copyfile(private / name, args.keep / kept.name)
             title = f"yolopipe {name}" + (" (TensorRT-bound, run in ORT)" if name == "model.int8.onnx" else "")
             rows[title + suffix] = {"path": kept, "calibration_s": seconds}
-    for k, spec in enumerate(args.imports):
+    for spec in args.imports:
         name, _, path = spec.partition("=")
-        path = Path(path)
-        if path.name.endswith(".packed.onnx"):  # brought back from the GPU machine (bench/int8_transport.py)
-            unpack(path, work / f"import{k}-{path.name.replace('.packed', '')}")
-            path = work / f"import{k}-{path.name.replace('.packed', '')}"
-        rows[name] = {"path": path, "calibration_s": None}
+        rows[name] = {"path": Path(path), "calibration_s": None}
 
     fp32 = private / "model.onnx"
     fp32_b1 = batch1(fp32, work / "model-b1.onnx")
