@@ -1,13 +1,10 @@
-"""Memory after bursts (issue #30): does ``yolopipe serve`` give back what a burst took?
+"""Memory after bursts (issues #30, #49): does ``yolopipe serve`` give back what a burst took?
 
-It starts ``yolopipe serve``, warms it, measures the process tree at rest, then runs each burst
-(``batch32``: one ``/v1/detect/batch`` of 32 copies of a photo; ``pipelined40``: 40 clients that
-pipeline requests, never read and vanish; ``concurrent500``: 500 concurrent ``/v1/detect``),
-sampling the tree's RSS and PSS until ``--settle-s`` after its last response. At rest, at the
-last response and settled: each process's role, RSS and GPU memory (nvidia-smi). Exit status 1
-when a burst did not come back within ``--tolerance`` of rest. ``--config`` (issue #49) runs the
-bursts against servers of several configurations in turn; ``--engine-sweep`` runs ONNX Runtime
-alone, a fresh process per batch size and memory options. Usage and fields: bench/README.md.
+A server started and warmed up, its process tree at rest, then each burst (``batch32``,
+``pipelined40``, ``concurrent500``), the tree's RSS and PSS sampled until ``--settle-s`` after its
+last response; exit status 1 when a burst did not come back within ``--tolerance`` of rest.
+``--config``: the bursts against servers of several configurations in turn. ``--engine-sweep``:
+ONNX Runtime alone, a fresh process per batch size and memory options. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -42,8 +39,7 @@ BURSTS = ("batch32", "pipelined40", "concurrent500")
 ORT_OPTIONS = {"arena+pattern": (True, True), "arena": (True, False), "pattern": (False, True), "none": (False, False)}
 
 
-def proc_bytes(pid: int, name: str, field: str) -> int:
-    """A ``field:`` line of ``/proc/<pid>/<name>`` in bytes (0 for a process gone)."""
+def proc_bytes(pid: int, name: str, field: str) -> int:  # 0 for a process gone
     try:
         with open(f"/proc/{pid}/{name}") as f:
             return next((int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":")), 0)
@@ -55,8 +51,7 @@ def rss_bytes(pid: int) -> int:
     return proc_bytes(pid, "status", "VmRSS")
 
 
-def pss_bytes(pid: int) -> int:
-    """Each shared page (the rings, libraries) split among its mappers: a sum counts it once."""
+def pss_bytes(pid: int) -> int:  # each shared page split among its mappers: a sum counts it once
     return proc_bytes(pid, "smaps_rollup", "Pss")
 
 
@@ -66,11 +61,8 @@ def gpu_bytes_by_pid() -> dict[int, int]:
                              capture_output=True, text=True, check=False).stdout
     except FileNotFoundError:
         return {}
-    used: dict[int, int] = {}
-    for pid, mib in (line.split(",") for line in out.splitlines() if line.count(",") == 1):
-        if pid.strip().isdigit() and mib.strip().isdigit():
-            used[int(pid)] = used.get(int(pid), 0) + int(mib) * MB
-    return used
+    rows = [[int(v) for v in line.split(",")] for line in out.splitlines() if re.fullmatch(r"\d+, *\d+", line.strip())]
+    return {pid: sum(mib * MB for p, mib in rows if p == pid) for pid, _ in rows}
 
 
 class Tree:
@@ -86,8 +78,7 @@ class Tree:
         return httpx.get(f"{self.url}/v1/model", timeout=10).json()["serving"]["inference_workers"]
 
     def refresh(self) -> None:
-        """pid → supervisor, http (listens on the port), grpc (listens elsewhere), inference, standby
-        or resource-tracker."""
+        """pid → supervisor, http (listens on the port), grpc (elsewhere), inference, standby, resource-tracker."""
         import psutil
 
         inference = {w["pid"] for w in self.workers() if w.get("pid")}
@@ -122,8 +113,7 @@ class Tree:
 
 @contextmanager
 def peaks(pids: Callable[[], list[int]], period: float, *, pss: bool = True) -> Iterator[dict[str, int]]:
-    """The peaks of the summed RSS (and PSS) of ``pids()``, sampled every ``period`` s on a thread
-    (the processes listed again every half second, not at each sample: sampling costs little)."""
+    """The peaks of the summed RSS (and PSS) of ``pids()`` every ``period`` s (listed every 0.5 s)."""
     found, stop = {"rss": 0, "pss": 0}, threading.Event()
 
     def sample() -> None:
@@ -144,7 +134,13 @@ def peaks(pids: Callable[[], list[int]], period: float, *, pss: bool = True) -> 
         thread.join()
 
 
-# ----------------------------------------------------------------------------- the bursts
+def gather(coroutines: Iterable[Coroutine]) -> list:
+    async def run() -> list:
+        return await asyncio.gather(*coroutines)
+
+    return asyncio.run(run())
+
+
 def http_request(path: str, body: bytes, content_type: str) -> bytes:
     return (f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: {content_type}\r\n"
             f"content-length: {len(body)}\r\n\r\n").encode() + body
@@ -172,39 +168,27 @@ def statuses(port: int, requests: list[bytes], timeout: float = 900.0) -> dict[s
         finally:
             writer.close()
 
-    async def run() -> list[int | None]:
-        return await asyncio.gather(*(exchange(r) for r in requests))
-
-    found = [str(s) if s is not None else "no-answer" for s in asyncio.run(run())]
+    found = [str(s) if s is not None else "no-answer" for s in gather(exchange(r) for r in requests)]
     return {key: found.count(key) for key in dict.fromkeys(found)}
 
 
 def pipelined(port: int, request: bytes, clients: int = 40, requests: int = 8, linger_s: float = 3.0) -> dict:
-    """Each client writes ``requests`` requests back to back, reads nothing, and after
-    ``linger_s`` closes its socket with a reset (it vanishes)."""
-    socks = []
-    for _ in range(clients):
-        s = socket.create_connection(("127.0.0.1", port), timeout=10)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the answers pile up on the server's side
-        s.setblocking(False)
-        socks.append([s, request * requests, 0])
-    deadline = time.monotonic() + linger_s
-    while time.monotonic() < deadline:
-        progress = False
-        for entry in (e for e in socks if e[2] < len(e[1])):
-            try:
-                entry[2] += entry[0].send(entry[1][entry[2] : entry[2] + 65536])
-                progress = True
-            except (BlockingIOError, InterruptedError):
-                pass
-            except OSError:
-                entry[2] = len(entry[1])
-        if not progress:
-            time.sleep(0.02)
-    written = sum(min(sent, len(data)) for _, data, sent in socks)
-    for s, _, _ in socks:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # reset on close
-        s.close()
+    """Each client writes ``requests`` requests back to back, reads nothing, and after ``linger_s``
+    closes its socket with a reset (it vanishes); what reached the server's side, in all."""
+
+    async def vanish() -> int:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.transport.pause_reading()  # not even the transport reads
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the answers pile up on the server's side
+        writer.write(request * requests)
+        await asyncio.sleep(linger_s)
+        sent = len(request) * requests - writer.transport.get_write_buffer_size()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # reset on close
+        writer.transport.abort()
+        return sent
+
+    written = sum(gather(vanish() for _ in range(clients)))
     return {"bytes_written": written, "requests_written": written // len(request)}
 
 
@@ -250,19 +234,14 @@ def run_burst(tree: Tree, name: str, photo: bytes, rest: dict, args: argparse.Na
            "at_last_response": at_last, "settled": settled}
     if "images" in outcome:
         row["images_per_s"] = round(outcome["images"] / (last - t0), 3)
-    gpu = ""
     if "gpu_mb" in settled and "gpu_mb" in rest:  # device memory back to rest too
         row.update(gpu_rest_mb=rest["gpu_mb"], gpu_at_last_response_mb=at_last["gpu_mb"], gpu_settled_mb=settled["gpu_mb"])
         row["returned"] = row["returned"] and settled["gpu_mb"] <= rest["gpu_mb"] * (1 + tolerance)
-        gpu = f"; GPU {rest['gpu_mb']:.0f} MB at rest, {at_last['gpu_mb']:.0f} at the last response, then {settled['gpu_mb']:.0f}"
-    print(f"{name:>14}: {before_mb:.0f} MB before, peak {row['peak_mb']:.0f} (+{row['peak_over_rest_mb']:.0f} over rest,"
-          f" PSS +{row['peak_pss_over_rest_mb']:.0f}), {at_last['tree_rss_mb']:.0f} at the last response, "
-          f"{settled['tree_rss_mb']:.0f} after {watched:.1f} s (rest {rest_mb:.0f}; back within {100 * tolerance:g} % "
-          f"after {back_at} s){gpu}  {outcome}", flush=True)
+    print(f"{name:>14}: {' '.join(f'{k} {row[k]}' for k in row if k.endswith(('_mb', '_s')) and k != 'series_mb')}"
+          f"  {outcome}", flush=True)
     return row
 
 
-# ----------------------------------------------------------------------------- servers
 def start_server(args: argparse.Namespace, env: list[str], code: str | None, log: Path) -> tuple[subprocess.Popen, int]:
     """``yolopipe serve`` of the checkout ``code`` (default this one): ready, standbys warm, warmed up."""
     import httpx
@@ -306,7 +285,7 @@ def summarize(rows: list[dict], keys: tuple[str, ...], columns: dict[str, Callab
     summary = []
     for group in dict.fromkeys(tuple(r[k] for k in keys) for r in rows):
         mine = [r for r in rows if tuple(r[k] for k in keys) == group]
-        summary.append({**dict(zip(keys, group)), **{c: fold(r.get(c) or 0 for r in mine) for c, fold in columns.items()}})
+        summary.append({**dict(zip(keys, group)), **{c: round(fold(r.get(c) or 0 for r in mine), 3) for c, fold in columns.items()}})
         print("  ".join(f"{k} {v}" for k, v in summary[-1].items()), flush=True)
     return summary
 
@@ -320,13 +299,13 @@ def bursts(args: argparse.Namespace) -> dict:
 
     from app.benchmark.machine import machine_info, versions
 
-    configs = [("", [], args.code)]
-    if args.config:
-        configs = [(text.partition("=")[0], [t for t in text.partition("=")[2].split() if not t.startswith("@")],
-                    next((t[1:] for t in text.partition("=")[2].split() if t.startswith("@")), args.code))
-                   for text in args.config]
-        if any(not name or any("=" not in t for t in env) for name, env, _ in configs):
-            raise SystemExit("--config NAME=VAR=VALUE ... or NAME=@DIR ...")
+    configs = [] if args.config else [("", [], args.code)]  # (name, environment, checkout)
+    for text in args.config:
+        name, _, spec = text.partition("=")
+        env, dirs = [t for t in spec.split() if t[0] != "@"], [t[1:] for t in spec.split() if t[0] == "@"]
+        if not name or any("=" not in t for t in env):
+            raise SystemExit(f"--config {text!r}: NAME=VAR=VALUE ... or NAME=@DIR ...")
+        configs.append((name, env, dirs[0] if dirs else args.code))
     photo, logs = bus_jpg().read_bytes(), Path(tempfile.mkdtemp(prefix="yolopipe-memory-"))
     servers: dict[str, tuple[subprocess.Popen, int]] = {}
     rests: dict[str, dict] = {}
@@ -344,9 +323,7 @@ def bursts(args: argparse.Namespace) -> dict:
                         tree.refresh()
                         pss = sum(pss_bytes(pid) for pid in tree.pids()) / MB
                         rests[name] = {**tree.snapshot(), "tree_pss_mb": round(pss, 1)}
-                        print(f"[{name or 'server'}, round {k + 1}] rest {rests[name]['tree_rss_mb']:.0f} MB (PSS "
-                              f"{pss:.0f})  " + ", ".join(f"{p['role']} {p['rss_mb']:.0f}"
-                                                          for p in rests[name]["processes"]), flush=True)
+                        print(f"[{name or 'server'}, round {k + 1}] rest:", rests[name], flush=True)
                     tree.refresh()
                     rows.append({**({"config": name} if args.config else {}), "round": k + 1,
                                  **run_burst(tree, burst, photo, rests[name], args)})
@@ -369,12 +346,9 @@ def bursts(args: argparse.Namespace) -> dict:
     return {**result, "rest": rests[""], "bursts": rows, "returned": all(r["returned"] for r in rows)}
 
 
-# ----------------------------------------------------------------------------- the engine alone
 def engine_child(model: str, batch: int, options: str, threads: int, runs: int, photo: str) -> dict:
-    """One ONNX Runtime configuration in this (fresh) process: the server's backend class on
-    ``batch`` letterboxed copies of ``photo``; the resident peak over its level before the first
-    run (sampled every 5 ms: the arena and the activations), wall and CPU time (all threads) of
-    ``runs`` timed runs after one untimed."""
+    """One ONNX Runtime configuration in this fresh process, the server's backend class on ``batch``
+    copies of ``photo``: the resident peak over rest (every 5 ms), wall and CPU time of ``runs`` runs."""
     import cv2
     import numpy as np
 
@@ -417,7 +391,7 @@ def engine_sweep(args: argparse.Namespace) -> dict:
             if out.returncode:
                 raise SystemExit(f"batch {batch}, {options}: exit {out.returncode}\n{out.stderr[-3000:]}")
             rows.append({"round": k + 1, **json.loads(out.stdout.strip().splitlines()[-1])})
-            print("  ".join(f"{key} {v}" for key, v in rows[-1].items()), flush=True)
+            print(rows[-1], flush=True)
     # On a shared machine the best run is the least disturbed one: its rate is the cleaner figure.
     summary = summarize(rows, ("batch", "ort"), {"peak_over_rest_mb": max, "images_per_s": statistics.median,
                                                  "best_images_per_s": max, "cpu_ms_per_image": statistics.median})
