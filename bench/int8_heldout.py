@@ -1,13 +1,9 @@
-"""The INT8 comparison's image sets (issue #20, ``bench/int8_libraries.py``), deterministic, from a
-data folder (photos and ``video/dance.avi``, ``video/dance-1080p30.mp4``) and images shipped in
-packages.
-
-* calibration (84 images): the 20 photos of ``images/`` and every 3rd frame of ``dance.avi``;
-* held out (108 images, never calibrated on): the 1080p clip after the 4.1 s ``dance.avi``
-  covers, 12 frames each whole, zoomed and degraded; Ultralytics' ``bus.jpg`` and ``zidane.jpg``,
-  Matplotlib's ``grace_hopper.jpg`` and five of scikit-image's photos (from its wheel, ``pip
-  download``, when it is not installed), each whole and in 8 variants.
-"""
+"""The INT8 comparison's image sets (issue #20), the same files every run, from a data folder
+(``images/``, ``video/dance.avi``, ``video/dance-1080p30.mp4``) and photos shipped in packages:
+calibration, the 20 photos and every 3rd frame of ``dance.avi`` (84); held out, the 1080p clip
+after the 4.1 s ``dance.avi`` covers (12 frames each whole, zoomed and degraded), Ultralytics',
+Matplotlib's and scikit-image's photos (its wheel's when it is not installed), each whole and in
+8 variants (108)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,12 @@
 """The INT8 comparison (issues #20, #39): yolopipe's two models against NNCF and ModelOpt, one run,
-the same images. Every model is calibrated on the 84 images a new user would give and scored
-against FP32 on 108 images of another distribution (``bench/int8_heldout.py``) through the
-serving path (``app.builder.int8.report``: F1 at conf 0.25 with its bootstrap 95 % interval);
-then CPU latency at batch 1, all rows interleaved in one loop.
+the same images: each calibrated on the 84 images a new user would give, scored against FP32 on
+108 of another distribution (``bench/int8_heldout.py``) through the serving path (F1 at conf 0.25
+with its bootstrap 95 % interval), then CPU latency at batch 1, all rows interleaved.
 
 * yolopipe: ``yolopipe calibrate`` with default options (timed; on a GPU it distils), both
   models; then (``--runs``) ``--max-float-layers 12`` and ``--method percentile`` from its caches;
-* NNCF PTQ (performance preset, the head tail and Sigmoid ignored as Ultralytics' OpenVINO
-  export ignores them), where ``nncf`` imports (``--nncf auto``);
-* ModelOpt ONNX PTQ (int8, entropy), run with ``--modelopt-python`` (a venv of its own: its
-  ``[onnx]`` extra pins onnx and onnxruntime-gpu, which would replace this venv's).
-
-``--import NAME=PATH`` scores another model in the same run (one built elsewhere);
-``--calibration DIR`` calibrates on a given folder instead of making the 84 images from ``--data``.
+* NNCF PTQ (performance preset; the head tail and Sigmoid ignored as Ultralytics' OpenVINO export
+  ignores them) where ``nncf`` imports; ModelOpt ONNX PTQ (int8, entropy) with ``--modelopt-python``.
 
     python bench/int8_libraries.py --data DATA_DIR --modelopt-python /path/to/venv/bin/python
 """
@@ -120,15 +114,6 @@ def cpu_flags() -> list[str]:
     return sorted(flags & {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8"})
 
 
-def _gpu_name() -> str | None:
-    try:
-        import torch
-
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        return None
-
-
 def figures(report) -> dict:
     return {"f1": round(report.f1, 4), "f1_ci95": [round(v, 4) for v in report.f1_ci95],
             "precision": round(report.precision, 4), "recall": round(report.recall, 4),
@@ -157,9 +142,8 @@ def main() -> None:
                     help="calibrate every model on this folder instead of making the 84 images from --data")
     ap.add_argument("--photo-cache", type=Path, default=None,
                     help="holds skimage/*.png for the held-out set (bench/int8_heldout.py), where pip cannot fetch")
-    ap.add_argument("--keep", type=Path, default=None, help="copy the yolopipe models here")
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--work", type=Path, default=None, help="keep the sets and models here")
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--tag", default="-cpu", help="the result file's name ends with it (keeps an earlier run's file)")
     args = ap.parse_args()
@@ -196,9 +180,6 @@ def main() -> None:
         for name in ("model.int8-cpu.onnx", "model.int8.onnx"):
             kept = work / f"{label.replace(' ', '_').strip('-')}-{name}"
             shutil.copyfile(private / name, kept)
-            if args.keep:
-                args.keep.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(private / name, args.keep / kept.name)
             title = f"yolopipe {name}" + (" (TensorRT-bound, run in ORT)" if name == "model.int8.onnx" else "")
             rows[title + suffix] = {"path": kept, "calibration_s": seconds}
     for spec in args.imports:
@@ -236,7 +217,6 @@ def main() -> None:
                     "note": "every model scored and timed with ONNX Runtime on this machine's CPU; latency rows "
                             "interleaved in one loop so the load hit them alike"},
         "versions": versions(("onnxruntime", "onnx", "numpy", "nncf", "opencv-python-headless", "torch")),
-        "gpu": _gpu_name(),
         "modelopt": subprocess.run([args.modelopt_python, "-c", "import modelopt; print(modelopt.__version__)"],
                                    capture_output=True, text=True, check=False).stdout.strip() if args.modelopt_python else None,
         "model": "sample (YOLOv8s-size, 2 classes), imgsz 640",
@@ -249,13 +229,9 @@ def main() -> None:
         "yolopipe_runs": run_info,
         "libraries_left_out": [name for name, present in (("nncf", has_nncf), ("modelopt", bool(args.modelopt_python)))
                                if not present],
-        "goal": "issue 39: F1 >= 0.98 vs FP32 on the other distribution for both yolopipe models; CPU model <= 0.7x "
-                "FP32",
         "rows": [{"model": name, "calibration_s": None if row["calibration_s"] is None else round(row["calibration_s"], 1),
-                  **row["heldout"],
-                  "latency_ms": latency[name]["median_ms"], "latency_over_fp32": round(latency[name]["median_ms"] /
-                                                                                        fp32_ms, 3)}
-                 for name, row in rows.items()],
+                  **row["heldout"], "latency_ms": latency[name]["median_ms"],
+                  "latency_over_fp32": round(latency[name]["median_ms"] / fp32_ms, 3)} for name, row in rows.items()],
         "fp32_latency_ms": latency["fp32"],
         "latency": latency,
     }
