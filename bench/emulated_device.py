@@ -24,7 +24,7 @@ table (the warm-up's gray frames, a stream's frames, any other upload) is answer
 
 ``open_emulated_detector`` is the service's detector factory
 (``app.service.inference.worker.DetectorFactory``): ``bench/emulated_server.py`` runs the real
-``yolopipe serve`` around it. ``bench/worker_host_cost.py`` uses the device with synthetic rows.
+``yolopipe serve`` around it.
 """
 
 from __future__ import annotations
@@ -185,12 +185,3 @@ def generic_meta() -> ModelMeta:
                      input_name="images", output_name="output0", input_shape=["batch", 3, "height", "width"],
                      output_shape=["batch", 84, 8400], opset=17, weights_sha256="0" * 64)
 
-
-def synthetic_rows(n: int, size: tuple[int, int] = (640, 480), seed: int = 0) -> np.ndarray:
-    """``n`` detections spread over a ``size`` (width, height) image, as fallback rows."""
-    rng = np.random.default_rng(seed)
-    w, h = size
-    xy = rng.uniform(0, [w - 80, h - 80], (n, 2))
-    wh = rng.uniform(10, 80, (n, 2))
-    return np.concatenate([xy, xy + wh, rng.uniform(0.3, 1.0, (n, 1)), rng.integers(0, 80, (n, 1))],
-                          1).astype(np.float32)

@@ -1,29 +1,12 @@
-"""The INT8 benchmark's image sets (issue #20): the calibration set a new user would give, and a
-held-out folder of another distribution to score the INT8 models against FP32.
-
-Calibration (``calibration/``, 84 images): the 20 COCO photos of ``images/`` and every 3rd frame
-of ``video/dance.avi`` (frames 0, 3, …, 189: 64 of them, written as PNG).
-
-Held out (``heldout/``, never calibrated on), other cameras, framings and pictures:
-
-* ``dance-1080p30.mp4`` after the 4.1 s that ``dance.avi`` covers (frames 130–299, another
-  camera file and resolution): 12 whole frames, 12 zoomed crops (the crowd at ~2× the scale),
-  12 degraded frames (grayscale, JPEG quality 25, dark, bright, blur, rotated, in turn);
-* photos shipped inside packages: Ultralytics' ``bus.jpg`` and ``zidane.jpg``, Matplotlib's
-  ``grace_hopper.jpg``, scikit-image's ``astronaut``, ``camera`` (grayscale), ``coffee``,
-  ``chelsea`` and ``motorcycle_left`` (no people: false positives count too), each whole and in 8
-  variants (mirror, crop, half and 1.6× scale, JPEG 25, grayscale, dark, bright).
-
-scikit-image's images come from its wheel (``pip download --no-deps scikit-image==0.26.0``, not
-installed) when scikit-image is not importable. Deterministic: the same files every run.
-
-    python bench/int8_heldout.py --data ../shared/data --out /tmp/int8-sets
-    python bench/int8_heldout.py --data ../shared/data --calibration-only .data/int8-calibration  # to carry
-"""
+"""The INT8 comparison's image sets (issue #20), the same files every run, from a data folder
+(``images/``, ``video/dance.avi``, ``video/dance-1080p30.mp4``) and photos shipped in packages:
+calibration, the 20 photos and every 3rd frame of ``dance.avi`` (84); held out, the 1080p clip
+after the 4.1 s ``dance.avi`` covers (12 frames each whole, zoomed and degraded), Ultralytics',
+Matplotlib's and scikit-image's photos (its wheel's when it is not installed), each whole and in
+8 variants (108)."""
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import zipfile
@@ -117,23 +100,13 @@ def read_frames(path: Path, indices: list[int]) -> dict[int, np.ndarray]:
     return out
 
 
-def make_calibration(data: Path, out: Path, max_side: int | None = None) -> Path:
-    """The issue's 84 images: the 20 photos and every 3rd frame of dance.avi (64 frames).
-
-    ``max_side``: the frames shrunk to it (INTER_AREA) and written as JPEG quality 93, the set
-    small enough to carry to the GPU machine (6 MB at 640, the model's input side, against 63 MB
-    of PNGs); the photos stay as they are."""
+def make_calibration(data: Path, out: Path) -> Path:
+    """The issue's 84 images: the 20 photos and every 3rd frame of dance.avi (64 frames)."""
     out.mkdir(parents=True, exist_ok=True)
     for photo in sorted((data / "images").glob("*.jpg")):
         (out / photo.name).write_bytes(photo.read_bytes())
     for index, frame in read_frames(data / "video" / "dance.avi", list(range(0, 192, 3))).items():
-        if max_side is None:
-            cv2.imwrite(str(out / f"dance_{index:03d}.png"), frame)
-            continue
-        h, w = frame.shape[:2]
-        f = max_side / max(h, w)
-        small = cv2.resize(frame, (round(w * f), round(h * f)), interpolation=cv2.INTER_AREA) if f < 1 else frame
-        cv2.imwrite(str(out / f"dance_{index:03d}.jpg"), small, [cv2.IMWRITE_JPEG_QUALITY, 93])
+        cv2.imwrite(str(out / f"dance_{index:03d}.png"), frame)
     return out
 
 
@@ -163,25 +136,3 @@ def make_heldout(data: Path, out: Path, cache: Path) -> Path:
             cv2.imwrite(str(out / f"{photo.stem}_v{k}.png"), np.ascontiguousarray(variant))
     return out
 
-
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--data", type=Path, default=Path("../shared/data"))
-    ap.add_argument("--out", type=Path, default=None, help="writes calibration/ and heldout/ here")
-    ap.add_argument("--calibration-only", type=Path, default=None, metavar="DIR",
-                    help="only the calibration set, into DIR, its frames at --max-side (tools/device/carry.sh int8)")
-    ap.add_argument("--max-side", type=int, default=640)
-    args = ap.parse_args()
-    if args.calibration_only:
-        calib = make_calibration(args.data, args.calibration_only, args.max_side)
-        print(f"{calib}: {len(list(calib.iterdir()))} images")
-        return
-    if args.out is None:
-        ap.error("give --out or --calibration-only")
-    calib = make_calibration(args.data, args.out / "calibration")
-    held = make_heldout(args.data, args.out / "heldout", args.out / "cache")
-    print(f"{calib}: {len(list(calib.iterdir()))} images; {held}: {len(list(held.iterdir()))} images")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,36 +1,14 @@
-"""Issue #20's INT8 benchmark: yolopipe's two models against NNCF and ModelOpt, one run, same images.
+"""The INT8 comparison (issues #20, #39): yolopipe's two models against NNCF and ModelOpt, one run,
+the same images: each calibrated on the 84 images a new user would give, scored against FP32 on
+108 of another distribution (``bench/int8_heldout.py``) through the serving path (F1 at conf 0.25
+with its bootstrap 95 % interval), then CPU latency at batch 1, all rows interleaved.
 
-Sets (``bench/int8_heldout.py``): calibration = the 84 images a new user would give (20 photos +
-every 3rd frame of dance.avi); held out = 108 images of another distribution (the 1080p clip later
-on, crops, degraded frames, photos shipped in packages and their variants), never calibrated on.
+* yolopipe: ``yolopipe calibrate`` with default options (timed; on a GPU it distils), both
+  models; then (``--runs``) ``--max-float-layers 12`` and ``--method percentile`` from its caches;
+* NNCF PTQ (performance preset; the head tail and Sigmoid ignored as Ultralytics' OpenVINO export
+  ignores them) where ``nncf`` imports; ModelOpt ONNX PTQ (int8, entropy) with ``--modelopt-python``.
 
-Rows, each calibrated on the same 84 images with the same letterbox:
-
-* yolopipe: ``yolopipe calibrate --images <84>`` with default options (the CLI, timed; its own
-  report holds out 42 of the 84), both installed models; then ``--max-float-layers 12`` (a larger
-  float budget for accuracy control; histograms and sensitivities from the cache) and
-  ``--method percentile`` (the same histograms);
-* NNCF PTQ (``nncf.quantize``, performance preset), the head tail and Sigmoid ignored as
-  Ultralytics' OpenVINO export ignores them (its patterns, on the ONNX node names);
-* ModelOpt ONNX PTQ (``python -m modelopt.onnx.quantization``, int8, entropy, CPU calibration), run
-  with ``--modelopt-python`` (a separate venv: its ``[onnx]`` extra pins onnx 1.21 and
-  onnxruntime-gpu, which would replace this venv's).
-
-Every model is scored against FP32 on the held-out folder through the serving path (letterbox,
-NumPy NMS, boxes in original pixels; ``app.builder.int8.report``): F1 at conf 0.25 with its
-bootstrap 95 % interval. Then CPU latency at batch 1, all rows interleaved in one loop.
-
-The libraries' rows run where their packages are importable (``--nncf auto``): the GPU machine
-has neither NNCF nor ModelOpt, so there they are left out and run on the CPU in a separate run.
-``--import name=path`` scores more models in the same run (a model built elsewhere, brought
-back; a ``*.packed.onnx`` from ``bench/int8_transport.py`` is unpacked first). ``--calibration
-DIR`` calibrates on a given folder (issue #39: the set the GPU run distilled on, whose models
-are imported). ``--keep DIR`` copies the yolopipe models out.
-
-    python bench/int8_libraries.py --data ../shared/data --modelopt-python /path/to/venv/bin/python --tag=-v2
-    python bench/int8_libraries.py --data ../shared/data --calibration .data/int8-calibration --runs default \
-        --modelopt-python /path/to/venv/bin/python \
-        --import "distilled model.int8.onnx (H200)=models/distilled-model.int8.packed.onnx" ... --tag=-issue39
+    python bench/int8_libraries.py --data DATA_DIR --modelopt-python /path/to/venv/bin/python
 """
 
 from __future__ import annotations
@@ -59,7 +37,6 @@ from app.builder.int8.images import letterboxed, list_items
 from app.builder.int8.report import OrtModel, detect, summarize
 from app.imaging.letterbox import letterbox, to_input
 from bench.int8_heldout import make_calibration, make_heldout
-from bench.int8_transport import unpack
 
 ASSETS = Path(importlib.util.find_spec("ultralytics").origin).parent / "assets"
 
@@ -137,15 +114,6 @@ def cpu_flags() -> list[str]:
     return sorted(flags & {"avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8"})
 
 
-def _gpu_name() -> str | None:
-    try:
-        import torch
-
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except ImportError:
-        return None
-
-
 def figures(report) -> dict:
     return {"f1": round(report.f1, 4), "f1_ci95": [round(v, 4) for v in report.f1_ci95],
             "precision": round(report.precision, 4), "recall": round(report.recall, 4),
@@ -171,13 +139,11 @@ def main() -> None:
     ap.add_argument("--import", dest="imports", action="append", default=[], metavar="NAME=PATH",
                     help="another model to score in the same run")
     ap.add_argument("--calibration", type=Path, default=None,
-                    help="calibrate every model on this folder instead of making the 84 images from --data (the "
-                         "set a GPU run used: bench/int8_heldout.py --calibration-only)")
+                    help="calibrate every model on this folder instead of making the 84 images from --data")
     ap.add_argument("--photo-cache", type=Path, default=None,
                     help="holds skimage/*.png for the held-out set (bench/int8_heldout.py), where pip cannot fetch")
-    ap.add_argument("--keep", type=Path, default=None, help="copy the yolopipe models here")
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--work", type=Path, default=None, help="keep the sets and models here")
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--tag", default="-cpu", help="the result file's name ends with it (keeps an earlier run's file)")
     args = ap.parse_args()
@@ -214,18 +180,11 @@ def main() -> None:
         for name in ("model.int8-cpu.onnx", "model.int8.onnx"):
             kept = work / f"{label.replace(' ', '_').strip('-')}-{name}"
             shutil.copyfile(private / name, kept)
-            if args.keep:
-                args.keep.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(private / name, args.keep / kept.name)
             title = f"yolopipe {name}" + (" (TensorRT-bound, run in ORT)" if name == "model.int8.onnx" else "")
             rows[title + suffix] = {"path": kept, "calibration_s": seconds}
-    for k, spec in enumerate(args.imports):
+    for spec in args.imports:
         name, _, path = spec.partition("=")
-        path = Path(path)
-        if path.name.endswith(".packed.onnx"):  # brought back from the GPU machine (bench/int8_transport.py)
-            unpack(path, work / f"import{k}-{path.name.replace('.packed', '')}")
-            path = work / f"import{k}-{path.name.replace('.packed', '')}"
-        rows[name] = {"path": path, "calibration_s": None}
+        rows[name] = {"path": Path(path), "calibration_s": None}
 
     fp32 = private / "model.onnx"
     fp32_b1 = batch1(fp32, work / "model-b1.onnx")
@@ -258,7 +217,6 @@ def main() -> None:
                     "note": "every model scored and timed with ONNX Runtime on this machine's CPU; latency rows "
                             "interleaved in one loop so the load hit them alike"},
         "versions": versions(("onnxruntime", "onnx", "numpy", "nncf", "opencv-python-headless", "torch")),
-        "gpu": _gpu_name(),
         "modelopt": subprocess.run([args.modelopt_python, "-c", "import modelopt; print(modelopt.__version__)"],
                                    capture_output=True, text=True, check=False).stdout.strip() if args.modelopt_python else None,
         "model": "sample (YOLOv8s-size, 2 classes), imgsz 640",
@@ -271,13 +229,9 @@ def main() -> None:
         "yolopipe_runs": run_info,
         "libraries_left_out": [name for name, present in (("nncf", has_nncf), ("modelopt", bool(args.modelopt_python)))
                                if not present],
-        "goal": "issue 39: F1 >= 0.98 vs FP32 on the other distribution for both yolopipe models; CPU model <= 0.7x "
-                "FP32",
         "rows": [{"model": name, "calibration_s": None if row["calibration_s"] is None else round(row["calibration_s"], 1),
-                  **row["heldout"],
-                  "latency_ms": latency[name]["median_ms"], "latency_over_fp32": round(latency[name]["median_ms"] /
-                                                                                        fp32_ms, 3)}
-                 for name, row in rows.items()],
+                  **row["heldout"], "latency_ms": latency[name]["median_ms"],
+                  "latency_over_fp32": round(latency[name]["median_ms"] / fp32_ms, 3)} for name, row in rows.items()],
         "fp32_latency_ms": latency["fp32"],
         "latency": latency,
     }

@@ -8,21 +8,19 @@
 #   .data/images/          the 20 shared photos
 #   .data/video/dance-1080p30.mp4  with "video": the clip of the streams part
 #   .wrk/                  with "wrk": Debian's wrk and LuaJIT, unpacked (the http part's load generator)
-#   .data/int8-calibration/  with "int8": the INT8 benchmark's 84 calibration images, frames at 640
-#                          (bench/int8_heldout.py --calibration-only; the int8 part's --images)
 # and prints the size of each and the total with the repository: a command on the GPU machine
 # carries at most 64 MiB (carry: [".whlx", ".cache", ".data"], and ".wrk" for the http part).
 #
-#   bash tools/device/run.sh carry [video] [wrk] [int8] [extra requirement ...]
+#   bash tools/device/run.sh carry [video] [wrk] [extra requirement ...]
 #
 # Knobs: PYTHON (python3: the pip that downloads), SHARED_DATA (/work/shared/data: photos and
 # clip), XZ_LEVEL (9), WHEELS (where the downloaded wheels are kept for the next build:
 # ~/.cache/yolopipe/carry-wheels).
 set -euo pipefail
 cd "$(dirname "$0")/../.."  # the repository root
-video=0 wrk=0 int8=0 extra=()
+video=0 wrk=0 extra=()
 for arg in "$@"; do
-  case "$arg" in video) video=1 ;; wrk) wrk=1 ;; int8) int8=1 ;; *) extra+=("$arg") ;; esac
+  case "$arg" in video) video=1 ;; wrk) wrk=1 ;; *) extra+=("$arg") ;; esac
 done
 PYTHON=${PYTHON:-python3}
 SHARED_DATA=${SHARED_DATA:-/work/shared/data}
@@ -85,10 +83,6 @@ if [ "$video" = 1 ]; then
   mkdir -p .data/video
   cp "$SHARED_DATA/video/dance-1080p30.mp4" .data/video/
 fi
-if [ "$int8" = 1 ]; then
-  rm -rf .data/int8-calibration
-  "$PYTHON" bench/int8_heldout.py --data "$SHARED_DATA" --calibration-only .data/int8-calibration
-fi
 if [ "$wrk" = 1 ]; then  # Debian's packages, unpacked: the GPU image has no wrk
   debs=$(mktemp -d)
   (cd "$debs" && apt-get download wrk libluajit-5.1-2 libluajit-5.1-common >/dev/null)
@@ -103,7 +97,7 @@ carried=(.whlx .cache .data)
 [ -d .wrk ] && carried+=(.wrk)
 total=$(awk -v a="$repo" -v b="$(mib "${carried[@]}")" 'BEGIN {printf "%.1f", a + b}')
 sizes=""
-for p in .whlx/site.tar.xz .cache .data/images .data/video .data/int8-calibration .wrk; do [ -e "$p" ] && sizes+="$p $(mib "$p"), "; done
+for p in .whlx/site.tar.xz .cache .data/images .data/video .wrk; do [ -e "$p" ] && sizes+="$p $(mib "$p"), "; done
 echo "carry (MiB): ${sizes}the repository's files $repo; total $total of 64"
 echo "carry with the command: [$(printf '"%s", ' "${carried[@]}" | sed 's/, $//')]"
 awk -v t="$total" 'BEGIN {exit !(t > 64)}' && { echo "over the 64 MiB one command carries" >&2; exit 1; }

@@ -2,8 +2,8 @@
 # The GPU machine's harness, one entry point (tools/device/README.md): that machine reaches no
 # package index and takes at most 64 MiB sent along with each command.
 #
-#   bash tools/device/run.sh carry [video] [wrk] [int8] [extra requirement ...]   here: build what a command carries
-#   bash tools/device/run.sh PART...              there: setup build tests nvdec bench startup http streams memory int8 cache
+#   bash tools/device/run.sh carry [video] [wrk] [extra requirement ...]   here: build what a command carries
+#   bash tools/device/run.sh PART...              there: setup build tests nvdec bench startup http streams memory cache
 #
 # Each job is a script beside this one (carry.sh, suite.sh; pack.sh is sourced by suite.sh),
 # whose header lists its parts and knobs. They run from the repository root, where the carried

@@ -23,13 +23,10 @@
 #            OpenCV at 16, Ultralytics' best case, more NVDEC streams while real time, fidelity
 #                                                                → $OUT/streams.json, streams.log
 #   memory   bench/memory_probe.py: issue #30's bursts, 2 rounds  → $OUT/memory-bursts.json, .log
-#   int8     bench/int8_device.py: yolopipe calibrate with its defaults (distillation on this GPU), then
-#            --distill off, on .data/int8-calibration (carry int8) → $OUT/int8-device.json, the
-#            reports and logs, $OUT/models/ (the four models, for bench/int8_libraries.py here)
 #   cache    the torch.compile cache, to carry next time as .whlx/torch-cache.tgz → $OUT/torch-cache.tgz
 # Every part but setup runs setup first if this command has not. Knobs (environment): OUT (/tmp/out);
 # <PART>_TIMEOUT seconds (SETUP 120, BUILD 420, TESTS 300, NVDEC 180, BENCH 360, STARTUP 360, HTTP 540,
-# STREAMS 330, MEMORY 420, INT8 540);
+# STREAMS 330, MEMORY 420);
 # <PART>_ARGS more options for its command (BUILD_ARGS=--no-batch-invariant: the cuDNN package, ~100 s);
 # TEST_PATHS; STARTUP_ROUNDS (2); SOAK_MINUTES (3),
 # DURATION (20 s a load row); NVDEC_STREAMS (64,128), OPENCV_STREAMS (16), CLIP
@@ -43,7 +40,7 @@ export SITE=${SITE:-/tmp/site}
 export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 YOLO_OFFLINE=1 YOLOPIPE_REAL_GPU=1
 export YOLOPIPE_CACHE_DIR=${YOLOPIPE_CACHE_DIR:-/tmp/yolopipe-cache} YOLOPIPE_IMAGES=${YOLOPIPE_IMAGES:-$PWD/.data/images}
 export CLIP=${CLIP:-$PWD/.data/video/dance-1080p30.mp4}
-usage="usage: bash tools/device/run.sh PART...   (parts: setup build tests nvdec bench startup http streams memory int8 cache)"
+usage="usage: bash tools/device/run.sh PART...   (parts: setup build tests nvdec bench startup http streams memory cache)"
 [ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
 status=0
 ready=0
@@ -84,7 +81,7 @@ setup() {
 }
 
 for name in "$@"; do
-  case "$name" in setup|build|tests|nvdec|bench|startup|http|streams|memory|int8|cache) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
+  case "$name" in setup|build|tests|nvdec|bench|startup|http|streams|memory|cache) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
 done
 for name in "$@"; do
   [ "$name" = setup ] || [ "$ready" = 1 ] || setup
@@ -98,7 +95,6 @@ for name in "$@"; do
     http)    part http-full "${HTTP_TIMEOUT:-540}" python3 bench/http_load.py --images "$YOLOPIPE_IMAGES" --parts load,soak,kill,sigterm --clients 64,256 --naive-clients 64 --naive-workers 4 --gpus 0 --duration "${DURATION:-20}" --warmup 3 --soak-minutes "${SOAK_MINUTES:-3}" --sample-s 5 --out "$OUT/http-full.json" ${HTTP_ARGS:-} ;;
     streams) part streams "${STREAMS_TIMEOUT:-330}" python3 bench/streams.py --clip "$CLIP" --nvdec-streams "${NVDEC_STREAMS:-64,128}" --opencv-streams "${OPENCV_STREAMS:-16}" --budget-s $(( ${STREAMS_TIMEOUT:-330} - 45 )) --out "$OUT/streams.json" ${STREAMS_ARGS:-} ;;
     memory)  part memory-bursts "${MEMORY_TIMEOUT:-420}" python3 bench/memory_probe.py --backend auto --rounds "${MEMORY_ROUNDS:-2}" --out "$OUT/memory-bursts.json" ${MEMORY_ARGS:-} ;;
-    int8)    part int8 "${INT8_TIMEOUT:-540}" python3 bench/int8_device.py --images "$PWD/.data/int8-calibration" --out "$OUT" ${INT8_ARGS:-} ;;
     cache)   part cache 60 bash -c 'cd "$YOLOPIPE_CACHE_DIR" && find artifacts -path "*torch-cache*" -type f | tar -czf "$0/torch-cache.tgz" -T - && ls -la "$0/torch-cache.tgz"' "$OUT" ;;
   esac
 done
