@@ -252,7 +252,8 @@ def process_kinds(server: Server, reference: bool) -> dict[int, str]:
     inference = set() if reference else {
         w["pid"] for w in httpx.get(f"{server.url}/v1/model", timeout=10).json()["serving"]["inference_workers"]}
     for child in psutil.Process(server.proc.pid).children(recursive=True):
-        ports = {c.laddr.port for c in child.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+        connections = getattr(child, "net_connections", None) or child.connections  # psutil < 6 names it so
+        ports = {c.laddr.port for c in connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
         if reference:
             kinds[child.pid] = "worker" if server.port in ports else "other"
         else:
