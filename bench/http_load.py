@@ -52,12 +52,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-from app.benchmark.machine import machine_info, versions  # noqa: E402
-from bench.grpc_client import run_h2load  # noqa: E402
-from bench.host_tier import INPUTS as HOST_INPUTS  # noqa: E402
-from bench.host_tier import run_host, serving_env  # noqa: E402
-from bench.server_meter import Server, cpu_us_per_request, wait_for_standbys  # noqa: E402
-from bench.wrk_client import OIP_SCRIPT, run_wrk  # noqa: E402
+from app.benchmark.machine import machine_info, versions
+from bench.grpc_client import run_h2load
+from bench.host_tier import INPUTS as HOST_INPUTS
+from bench.host_tier import run_host, serving_env
+from bench.server_meter import Server, cpu_us_per_request, git_commit, wait_for_standbys
+from bench.wrk_client import OIP_SCRIPT, run_wrk
 
 RESULTS = ROOT / "bench" / "results"
 # What a load row sends: (input name, path). Another protocol's row is one more entry (and, if
@@ -397,17 +397,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.duration, args.warmup, args.soak_minutes, args.sample_s = min(args.duration, 8.0), 2.0, 0.5, 3.0
         args.rounds, args.round_s = 1, min(args.round_s, 3.0)
     return args
-
-
-def git_commit() -> str | None:
-    """This checkout's commit, ``-dirty`` when it has changes; where the copy has no git history
-    (the GPU machine's), ``BENCH_COMMIT`` as the command gave it."""
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    if head.returncode != 0:
-        return os.environ.get("BENCH_COMMIT")
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, check=False).stdout.strip()
-    return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> None:

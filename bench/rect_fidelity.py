@@ -29,6 +29,8 @@ sys.path.insert(0, str(ROOT))  # a checkout without `pip install -e`
 
 import numpy as np
 
+from bench.server_meter import git_commit
+
 CONF, IOU = 0.25, 0.7  # both sides' defaults, said once
 
 
@@ -85,11 +87,6 @@ def row(set_name: str, letterbox: str, reference: str, ours: dict, theirs: dict)
     keys = sorted(theirs, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
     return {"set": set_name, "letterbox": letterbox, "reference": reference, "images": len(keys),
             **agreement([(theirs[k], ours[k]) for k in keys], conf=CONF)}
-
-
-def git_commit() -> str | None:
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    return head.stdout.strip() or None
 
 
 def main() -> None:

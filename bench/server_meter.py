@@ -15,6 +15,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def git_commit() -> str | None:
+    """This checkout's commit, ``-dirty`` when it has changes; where the copy has no git history
+    (the GPU machine's), ``BENCH_COMMIT`` as the command gave it."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    if head.returncode != 0:
+        return os.environ.get("BENCH_COMMIT")
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, check=False).stdout.strip()
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-from app.benchmark.machine import machine_info, versions  # noqa: E402
+from app.benchmark.machine import machine_info, versions
 
 GPU_MODULES = ("torch.cuda", "numba.cuda", "cupy", "tensorrt", "nvidia.nvimgcodec")
 STEP = re.compile(r"^\s+(\d+\.\d+) s  (.+)$")
