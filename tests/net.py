@@ -1,13 +1,17 @@
-"""Loopback helpers for tests that start a server: a free port, waiting until it is ready, the
-photos the protocol tests send, a `/v1/detect` reference answer, reading `/metrics`, raw HTTP/1.1
-requests, and the resident memory of the server's process tree."""
+"""Loopback helpers for tests that start a server: a free port, waiting until it is ready, a
+``yolopipe serve`` with gRPC (``GrpcServer``), the photos the protocol tests send, a
+`/v1/detect` reference answer, reading `/metrics`, raw HTTP/1.1 requests, and the resident
+memory of the server's process tree."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -63,6 +67,55 @@ def wait_ready(base: str, proc: subprocess.Popen, log: Path, *, timeout: float =
             pass
         time.sleep(0.25)
     pytest.fail(f"server not ready in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+class GrpcServer:
+    """``yolopipe serve`` on loopback with gRPC on a port of its own (CPU backend; one HTTP, one
+    gRPC and one inference worker, no standby), ready on both; ``env``: more settings.
+    ``client``: a tritonclient gRPC client of it."""
+
+    def __init__(self, artifacts_dir: Path, log: Path, **env: str) -> None:
+        import tritonclient.grpc
+
+        self.port, self.grpc_port, self.log = free_port(), free_port(), log
+        full_env = {**os.environ, "YOLOPIPE_ARTIFACTS_DIR": str(artifacts_dir), "YOLO_OFFLINE": "1",
+                    "YOLOPIPE_MAX_WAIT_MS": "5", "YOLOPIPE_STANDBY": "false", "YOLOPIPE_WORKERS": "1",
+                    "YOLOPIPE_GRPC_WORKERS": "1", "YOLOPIPE_GRPC_PORT": str(self.grpc_port), **env}
+        with log.open("w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--backend", "onnxruntime",
+                                          "--host", "127.0.0.1", "--port", str(self.port)],
+                                         stdout=out, stderr=subprocess.STDOUT, env=full_env)
+        self.client = tritonclient.grpc.InferenceServerClient(self.grpc_target)
+        wait_ready(self.url, self.proc, log, timeout=300)
+        wait_ready(self.url, self.proc, log, timeout=60, ready=lambda _: self._grpc_ready())
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def _grpc_ready(self) -> bool:
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            return self.client.is_server_ready()
+        except InferenceServerException:  # not listening yet
+            return False
+
+    def stop(self) -> int:
+        """SIGTERM: every worker drains and the supervisor exits (0 when all went well)."""
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
 
 
 def four_photos(bus: bytes, zidane: bytes) -> list[bytes]:

@@ -121,7 +121,6 @@ class _Link(asyncio.Protocol):
         self._hello: asyncio.Future | None = None
         self._lost: asyncio.Future | None = None
         self._serial = itertools.count()
-        self._unwritten: list[bytes] = []  # frames written at the end of this turn of the event loop
 
     async def keep_connected(self) -> None:
         loop = asyncio.get_running_loop()

@@ -10,12 +10,9 @@ from __future__ import annotations
 import os
 import queue
 import random
-import signal
-import socket
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import cv2
@@ -29,59 +26,13 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from tests.net import four_photos, metric_sum, wait_until_idle
+from tests.net import GrpcServer, four_photos, metric_sum, wait_until_idle
 from tests.net import v1_detect as net_v1_detect
 
 BODY_LIMIT = 2 * 1024 * 1024
 MAX_IMAGES = 48
 OUTPUTS = ("num_dets", "det_boxes", "det_scores", "det_classes")
 INFER = "/inference.GRPCInferenceService/ModelInfer"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """``yolopipe serve`` with gRPC on a port of its own (one HTTP, one gRPC, one inference worker)."""
-
-    def __init__(self, artifacts_dir: Path, log: Path, **env: str) -> None:
-        self.port, self.grpc_port, self.log = free_port(), free_port(), log
-        full_env = {**os.environ, "YOLOPIPE_ARTIFACTS_DIR": str(artifacts_dir), "YOLO_OFFLINE": "1",
-                    "YOLOPIPE_MAX_WAIT_MS": "5", "YOLOPIPE_STANDBY": "false", "YOLOPIPE_WORKERS": "1",
-                    "YOLOPIPE_GRPC_WORKERS": "1", "YOLOPIPE_GRPC_PORT": str(self.grpc_port), **env}
-        with log.open("w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--backend", "onnxruntime",
-                                          "--host", "127.0.0.1", "--port", str(self.port)],
-                                         stdout=out, stderr=subprocess.STDOUT, env=full_env)
-        self.client = tgrpc.InferenceServerClient(f"127.0.0.1:{self.grpc_port}")
-        deadline = time.monotonic() + 300
-        while True:
-            assert self.proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            try:
-                if self.client.is_server_ready():
-                    return
-            except InferenceServerException:
-                pass
-            time.sleep(0.25)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> int:
-        """SIGTERM: every worker drains and the supervisor exits (0 when all went well)."""
-        self.client.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +42,9 @@ def server(artifacts_dir, tmp_path_factory):
     # leaves most of its images queued, where cancelling them shows. A queue budget far over the
     # timeout: on a loaded 2-core box the worker's own estimate of 40 images passed the default
     # (the timeout) and the deadline test was refused UNAVAILABLE before its deadline could pass.
-    running = Server(artifacts_dir, log, YOLOPIPE_ALLOW_CLIENT_SHM="true", YOLOPIPE_REQUEST_WINDOW="2",
-                     YOLOPIPE_QUEUE_BUDGET_S="600",
-                     YOLOPIPE_MAX_BODY_BYTES=str(BODY_LIMIT), YOLOPIPE_MAX_IMAGES_PER_REQUEST=str(MAX_IMAGES))
+    running = GrpcServer(artifacts_dir, log, YOLOPIPE_ALLOW_CLIENT_SHM="true", YOLOPIPE_REQUEST_WINDOW="2",
+                         YOLOPIPE_QUEUE_BUDGET_S="600",
+                         YOLOPIPE_MAX_BODY_BYTES=str(BODY_LIMIT), YOLOPIPE_MAX_IMAGES_PER_REQUEST=str(MAX_IMAGES))
     yield running
     assert running.stop() == 0, log.read_text()[-3000:]
     text = log.read_text()
@@ -110,7 +61,7 @@ def images(bus, zidane) -> list[bytes]:
     return four_photos(bus, zidane)
 
 
-def v1_detect(server: Server, data: bytes, **params) -> list[dict]:
+def v1_detect(server: GrpcServer, data: bytes, **params) -> list[dict]:
     return net_v1_detect(server.url, data, **params)
 
 
@@ -130,7 +81,7 @@ def rows(result, i: int) -> list[dict]:
              "class_id": int(classes[i, j])} for j in range(n)]
 
 
-def assert_equals_v1(server: Server, result, images: list[bytes], **params) -> None:
+def assert_equals_v1(server: GrpcServer, result, images: list[bytes], **params) -> None:
     counts = result.as_numpy("num_dets")
     assert counts.shape == (len(images), 1) and counts.dtype == np.int32
     assert result.as_numpy("det_boxes").dtype == np.float32 and result.as_numpy("det_classes").dtype == np.int32
@@ -185,7 +136,7 @@ def test_shape_b_by_1_parameters_and_a_subset_of_outputs(client, server, images)
     assert np.array_equal(subset.as_numpy("det_scores"), result.as_numpy("det_scores"))
 
 
-def stub_call(server: Server, request, timeout: float = 120.0):
+def stub_call(server: GrpcServer, request, timeout: float = 120.0):
     """One ModelInfer call made without tritonclient's InferInput (the message as built)."""
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
         call = channel.unary_unary(INFER, request_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString(),
@@ -374,7 +325,7 @@ def test_errors_map_to_status_codes(client, images, forge, case, status, words):
     assert got == f"StatusCode.{status}" and words in message, (got, message)
 
 
-def _metric(server: Server, name: str) -> float:
+def _metric(server: GrpcServer, name: str) -> float:
     return metric_sum(httpx.get(f"{server.url}/metrics", timeout=30).text, name)
 
 
@@ -395,7 +346,7 @@ def test_a_client_deadline_stops_the_work_its_request_left_queued(client, server
 def test_overload_is_unavailable(artifacts_dir, tmp_path, images):
     """A queue budget below one CPU inference: while one image is at work the others are refused
     at once, UNAVAILABLE, as REST's 503."""
-    tight = Server(artifacts_dir, tmp_path / "server.log", YOLOPIPE_QUEUE_BUDGET_S="0.001")
+    tight = GrpcServer(artifacts_dir, tmp_path / "server.log", YOLOPIPE_QUEUE_BUDGET_S="0.001")
     try:
         answers: queue.Queue = queue.Queue()
         for _ in range(6):

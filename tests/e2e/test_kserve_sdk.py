@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.net import four_photos, free_port, wait_ready
+from tests.net import GrpcServer, four_photos
 from tests.net import v1_detect as net_v1_detect
 
 if sys.version_info >= (3, 14) or importlib.util.find_spec("kserve") is None:
@@ -35,51 +33,10 @@ CLIENT = ROOT / "tests" / "kserve_client.py"
 OUTPUTS = ("num_dets", "det_boxes", "det_scores", "det_classes")
 
 
-class Server:
-    """``yolopipe serve`` with its HTTP port and a gRPC port."""
-
-    def __init__(self, artifacts_dir: Path, log: Path) -> None:
-        self.port, self.grpc_port, self.log = free_port(), free_port(), log
-        env = {**os.environ, "YOLOPIPE_ARTIFACTS_DIR": str(artifacts_dir), "YOLO_OFFLINE": "1",
-               "YOLOPIPE_MAX_WAIT_MS": "5", "YOLOPIPE_STANDBY": "false", "YOLOPIPE_WORKERS": "1",
-               "YOLOPIPE_GRPC_WORKERS": "1", "YOLOPIPE_GRPC_PORT": str(self.grpc_port)}
-        with log.open("w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--backend", "onnxruntime",
-                                          "--host", "127.0.0.1", "--port", str(self.port)],
-                                         stdout=out, stderr=subprocess.STDOUT, env=env)
-        wait_ready(self.url, self.proc, log, timeout=300)
-        wait_ready(self.url, self.proc, log, timeout=60, ready=lambda _: self.grpc_ready())
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def grpc_target(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    def grpc_ready(self) -> bool:
-        import tritonclient.grpc
-
-        try:
-            return tritonclient.grpc.InferenceServerClient(self.grpc_target).is_server_ready()
-        except Exception:  # noqa: BLE001 - not listening yet
-            return False
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(90)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        return self.proc.returncode
-
-
 @pytest.fixture(scope="module")
 def server(artifacts_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("kserve") / "server.log"
-    running = Server(artifacts_dir, log)
+    running = GrpcServer(artifacts_dir, log)
     yield running
     assert running.stop() == 0, log.read_text()[-3000:]
     text = log.read_text()
@@ -103,7 +60,7 @@ def sdk(mode: str, target: str, images: list[Path], model: str = "yolopipe", **p
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def assert_equals_v1(server: Server, answer: dict, images: list[Path], **params) -> None:
+def assert_equals_v1(server: GrpcServer, answer: dict, images: list[Path], **params) -> None:
     """Each image's rows equal /v1/detect's (rounded as /v1 rounds them); padding rows are zeros."""
     outputs = answer["outputs"]
     assert sorted(outputs) == sorted(OUTPUTS)
