@@ -54,7 +54,9 @@ from app.artifacts.torch_engines import (
     save_manifest,
     sha256_of,
 )
+from app.artifacts.tuning_cache import default_tuning_cache, say_duration
 from app.builder.torch_check import batch_variance, check_in_fresh_process
+from app.builder.tuning import expected_build_s, tuned
 from app.config import ENGINE_MAX_BATCH
 from app.errors import ArtifactError, BackendUnavailable, InvalidParameter
 from app.types import ModelMeta
@@ -122,6 +124,10 @@ def ensure_torch_engine(model_dir: Path, meta: ModelMeta, *, precision: str, max
     for reason in found.stale:
         say(f"rebuilding: {reason}")
         warnings.warn(f"{reason}; building it again", RuntimeWarning, stacklevel=2)
+    seconds, why = expected_build_s(default_tuning_cache(model_dir), found.build.gpu_name,
+                                    batch_invariant=batch_invariant, device=device)
+    say(f"no torch-cuda engine built for this GPU yet: building it now, {say_duration(seconds)} ({why}); "
+        "`yolopipe build-engine` builds it ahead of time")
     try:
         return build_torch_engine(model_dir, meta, found.build, device=device, say=say), found.build
     except BackendUnavailable as exc:
@@ -145,10 +151,12 @@ def refusal(model_dir: Path, key: TorchEngineKey) -> str | None:
 
 def build_for_weights(weights: str = "sample", *, precision: str = "fp16", max_batch: int = ENGINE_MAX_BATCH,
                       imgsz: int = 640, artifacts_dir: Path | None = None, device: int = 0,
-                      batch_invariant: bool = True, say: Say | None = None) -> tuple[Path, bool]:
+                      batch_invariant: bool = True, tuning_cache: Path | None = None,
+                      say: Say | None = None) -> tuple[Path, bool]:
     """``yolopipe build-engine`` on a GPU without TensorRT: export (if needed), then the package
-    for batches 1 to ``max_batch``. Returns its path and whether it was built now (False: an
-    earlier build fits this GPU and torch)."""
+    for batches 1 to ``max_batch``, its tunings read from and written to ``tuning_cache`` (default:
+    the model folder's). Returns its path and whether it was built now (False: an earlier build
+    fits this GPU and torch)."""
     from app.builder.export import export_onnx
     from app.config import MAX_BATCH
     from app.gpu.probe import cuda_device_count
@@ -168,12 +176,14 @@ def build_for_weights(weights: str = "sample", *, precision: str = "fp16", max_b
         return found.package, False
     for reason in found.refused:
         (say or (lambda text: None))(f"rebuilding: {reason}")
-    return build_torch_engine(exported.model_dir, exported.meta, key, device=device, say=say), True
+    return build_torch_engine(exported.model_dir, exported.meta, key, device=device, say=say,
+                              tuning_cache=tuning_cache), True
 
 
 def build_torch_engine(model_dir: Path, meta: ModelMeta, key: TorchEngineKey, *, device: int = 0,
-                       say: Say | None = None) -> Path:
-    """Build the package of ``key`` (unless another process just did) and return its path."""
+                       say: Say | None = None, tuning_cache: Path | None = None) -> Path:
+    """Build the package of ``key`` (unless another process just did) and return its path; a
+    batch-invariant build reads and writes ``tuning_cache`` (default: the model folder's)."""
     say = say or (lambda text: None)
     if key.precision not in ("fp16", "fp32"):
         raise InvalidParameter(f"the torch-cuda engine runs fp16 or fp32, not {key.precision}")
@@ -198,7 +208,8 @@ def build_torch_engine(model_dir: Path, meta: ModelMeta, key: TorchEngineKey, *,
         try:
             try:
                 with _inductor_cache(model_dir):
-                    builder = _compile(weights, meta, key, device, tmp, say, what)
+                    builder = _compile(weights, meta, key, device, tmp, say, what,
+                                       tuning_cache or default_tuning_cache(model_dir))
             except BackendUnavailable as exc:  # noted, so that later starts do not build in vain
                 write_atomically(refusal_path(model_dir, key),
                                  json.dumps({"key": asdict(key), "reason": exc.message, "at": now_iso()}).encode())
@@ -250,7 +261,7 @@ def _inductor_cache(model_dir: Path) -> Iterator[None]:
 
 
 def _compile(weights: Path, meta: ModelMeta, key: TorchEngineKey, device: int, out: Path, say: Say,
-             what: str) -> dict[str, Any]:
+             what: str, tuning_cache: Path) -> dict[str, Any]:
     """Export and compile into ``out``; check the result. Returns how it was built (for the manifest)."""
     try:
         import torch
@@ -269,10 +280,13 @@ def _compile(weights: Path, meta: ModelMeta, key: TorchEngineKey, device: int, o
     del model
     say(f"{what}: compiling with AOTInductor (2 of 3; {'several minutes' if key.batch_invariant else 'a minute or two'}"
         " on a first build)")
-    compile_package(program, out, batch_invariant=key.batch_invariant and dev.type == "cuda")
+    invariant = key.batch_invariant and dev.type == "cuda"
+    with tuned(program, device, tuning_cache, say) if invariant else contextlib.nullcontext({}) as tuning:
+        compile_package(program, out, batch_invariant=invariant)
     del program
     say(f"{what}: checking it against the eager model (3 of 3)")
-    return check_package(out, example, reference, key, meta, dev)
+    checked = check_package(out, example, reference, key, meta, dev)
+    return {**checked, **({"tuning": asdict(tuning["report"])} if "report" in tuning else {})}
 
 
 def example_batch(key: TorchEngineKey) -> int:

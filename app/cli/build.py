@@ -105,6 +105,10 @@ def build_engine(
     workspace_gib: Annotated[float, typer.Option(help="TensorRT builder workspace limit in GiB.")] = 4.0,
     batch_invariant: Annotated[bool, typer.Option("--batch-invariant/--no-batch-invariant",
                                                   help=BATCH_INVARIANT_HELP)] = True,
+    tuning_cache: Annotated[Path | None, typer.Option(
+        help="torch-cuda, batch-invariant: the tuning cache to read (where it fits this GPU, software and model "
+             "graph) and to write this build's kernel tunings to; copy it to machines with the same GPU and "
+             "software. Default: tuning.json in the model's torch-cache folder.")] = None,
 ) -> None:
     """Build the engine for this machine's GPU, ahead of time.
 
@@ -117,4 +121,4 @@ def build_engine(
 
     build_engine_command(weights, backend=backend, precision=precision, calib_images=calib_images, min_batch=min_batch,
                          opt_batch=opt_batch, max_batch=max_batch, imgsz=imgsz, artifacts_dir=artifacts_dir,
-                         workspace_gib=workspace_gib, batch_invariant=batch_invariant)
+                         workspace_gib=workspace_gib, batch_invariant=batch_invariant, tuning_cache=tuning_cache)

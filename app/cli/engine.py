@@ -35,8 +35,10 @@ def build_backend(backend: str) -> str:
 
 def build_engine_command(weights: str, *, backend: str, precision: str, calib_images: Path | None, min_batch: int,
                          opt_batch: int, max_batch: int, imgsz: int, artifacts_dir: Path | None,
-                         workspace_gib: float, batch_invariant: bool = True) -> None:
+                         workspace_gib: float, batch_invariant: bool = True, tuning_cache: Path | None = None) -> None:
     check_choice("precision", precision, ("auto", *ENGINE_PRECISIONS))
+    if tuning_cache is not None:
+        check_tuning_cache(tuning_cache, backend=backend, batch_invariant=batch_invariant)
     backend = build_backend(backend)
     if backend == "tensorrt":
         from app.builder.trt_build import build_engine
@@ -55,9 +57,23 @@ def build_engine_command(weights: str, *, backend: str, precision: str, calib_im
 
         path, built = build_for_weights(weights, precision="fp16" if precision == "auto" else precision,
                                         max_batch=max_batch, imgsz=imgsz, artifacts_dir=artifacts_dir,
-                                        batch_invariant=batch_invariant, say=say)
+                                        batch_invariant=batch_invariant, tuning_cache=tuning_cache, say=say)
     console.print(f"{'wrote' if built else 'up to date'}: {path}", highlight=False)
     console.print(torch_engine_summary(path), highlight=False)
+
+
+def check_tuning_cache(path: Path, *, backend: str, batch_invariant: bool) -> None:
+    """``--tuning-cache``: a usage error, before any work, where no build would read it or the
+    file named is not one (a missing file is fine: the build writes it)."""
+    from app.artifacts.tuning_cache import read_tuning_cache
+
+    if backend == "tensorrt" or not batch_invariant:
+        raise InvalidParameter("--tuning-cache holds the kernel tunings of the torch-cuda engine's batch-invariant "
+                               "build; " + ("TensorRT keeps its own timing cache" if backend == "tensorrt"
+                                            else "--no-batch-invariant runs cuDNN's kernels, which are not tuned"))
+    if Path(path).is_dir():
+        raise InvalidParameter(f"--tuning-cache {path} is a folder: name a file")
+    read_tuning_cache(path)  # an ArtifactError saying why, for a file that is not a tuning cache
 
 
 def torch_engine_summary(path: Path) -> str:
@@ -76,4 +92,8 @@ def torch_engine_summary(path: Path) -> str:
         line += f"; a fresh process loads it in {fresh['load_s']:.2f} s"
         if "first_run_s" in fresh:
             line += f" and runs its first batch in {fresh['first_run_s']:.2f} s"
+    tuning = manifest.builder.get("tuning")
+    if isinstance(tuning, dict):
+        line += (f"; {tuning.get('tunings')} kernel tunings, "
+                 + ("read from " if tuning.get("tuning_cache") == "hit" else "saved to ") + str(tuning.get("cache")))
     return line

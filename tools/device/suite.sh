@@ -12,7 +12,11 @@
 #   setup    unpack .whlx/site.tar.xz into /tmp/site (SITE; once per machine); seed yolopipe's cache
 #            (YOLOPIPE_CACHE_DIR, /tmp/yolopipe-cache: kept while the machine is warm) from .cache;
 #            $OUT/machine.json
-#   build    yolopipe build-engine --weights sample (what bench, streams and the tests then load) → $OUT/build.log
+#   build    yolopipe build-engine --weights sample (what bench, streams and the tests then load), reading
+#            bench/tuning/<card>.json where it is there                                   → $OUT/build.log
+#   builds   tools/device/build_times.py: build-engine timed with no tuning cache (a fresh folder), then from
+#            the cache it wrote (the default folder); BUILDS_ARGS=--cudnn adds the cuDNN build
+#                                                   → $OUT/build-times.json, tuning-<card>.json, build-*.log
 #   tests    pytest tests/kernels tests/gpu tests/tensorrt -v    → $OUT/gpu-tests.log
 #   nvdec    pytest tests/gpu/test_nvdec.py on the clip (YOLOPIPE_NVDEC_CLIP=$CLIP) → $OUT/nvdec-tests.log
 #   bench    yolopipe bench                                      → $OUT/bench.json, bench.log
@@ -25,7 +29,7 @@
 #   memory   bench/memory_probe.py: issue #30's bursts, 2 rounds  → $OUT/memory-bursts.json, .log
 #   cache    the torch.compile cache, to carry next time as .whlx/torch-cache.tgz → $OUT/torch-cache.tgz
 # Every part but setup runs setup first if this command has not. Knobs (environment): OUT (/tmp/out);
-# <PART>_TIMEOUT seconds (SETUP 120, BUILD 420, TESTS 300, NVDEC 180, BENCH 360, STARTUP 360, HTTP 540,
+# <PART>_TIMEOUT seconds (SETUP 120, BUILD 420, BUILDS 540, TESTS 300, NVDEC 180, BENCH 360, STARTUP 360, HTTP 540,
 # STREAMS 330, MEMORY 420);
 # <PART>_ARGS more options for its command (BUILD_ARGS=--no-batch-invariant: the cuDNN package, ~100 s);
 # TEST_PATHS; STARTUP_ROUNDS (2); SOAK_MINUTES (3),
@@ -40,7 +44,7 @@ export SITE=${SITE:-/tmp/site}
 export PYTHONPATH=$SITE:$PWD PYTHONUNBUFFERED=1 YOLO_OFFLINE=1 YOLOPIPE_REAL_GPU=1
 export YOLOPIPE_CACHE_DIR=${YOLOPIPE_CACHE_DIR:-/tmp/yolopipe-cache} YOLOPIPE_IMAGES=${YOLOPIPE_IMAGES:-$PWD/.data/images}
 export CLIP=${CLIP:-$PWD/.data/video/dance-1080p30.mp4}
-usage="usage: bash tools/device/run.sh PART...   (parts: setup build tests nvdec bench startup http streams memory cache)"
+usage="usage: bash tools/device/run.sh PART...   (parts: setup build builds tests nvdec bench startup http streams memory cache)"
 [ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
 status=0
 ready=0
@@ -81,13 +85,16 @@ setup() {
 }
 
 for name in "$@"; do
-  case "$name" in setup|build|tests|nvdec|bench|startup|http|streams|memory|cache) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
+  case "$name" in setup|build|builds|tests|nvdec|bench|startup|http|streams|memory|cache) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
 done
 for name in "$@"; do
   [ "$name" = setup ] || [ "$ready" = 1 ] || setup
   case "$name" in
     setup)   setup ;;
-    build)   part build "${BUILD_TIMEOUT:-420}" /usr/bin/time -f "build-engine: %e s wall" python3 -m app.cli build-engine --weights sample ${BUILD_ARGS:-} ;;
+    build)   tuning=bench/tuning/$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-').json
+             [ -f "$tuning" ] && [[ " ${BUILD_ARGS:-} " != *" --no-batch-invariant "* ]] || tuning=
+             part build "${BUILD_TIMEOUT:-420}" /usr/bin/time -f "build-engine: %e s wall" python3 -m app.cli build-engine --weights sample ${tuning:+--tuning-cache "$tuning"} ${BUILD_ARGS:-} ;;
+    builds)  part builds "${BUILDS_TIMEOUT:-540}" python3 tools/device/build_times.py --out "$OUT" ${BUILDS_ARGS:-} ;;
     nvdec)   YOLOPIPE_NVDEC_CLIP=$CLIP part nvdec-tests "${NVDEC_TIMEOUT:-180}" python3 -m pytest tests/gpu/test_nvdec.py -v -rs -p no:cacheprovider --durations=10 ;;
     tests)   part gpu-tests "${TESTS_TIMEOUT:-300}" python3 -m pytest ${TEST_PATHS:-tests/kernels tests/gpu tests/tensorrt} -v -rs -p no:cacheprovider --durations=15 ${TESTS_ARGS:-} ;;
     bench)   part bench "${BENCH_TIMEOUT:-360}" python3 -m app.benchmark --images "$YOLOPIPE_IMAGES" --out "$OUT/bench.json" ${BENCH_ARGS:-} ;;

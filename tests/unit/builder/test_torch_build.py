@@ -60,7 +60,7 @@ OPENED: list[StandInEngine] = []
 COMPILED: list = []
 
 
-def stand_in_compile(weights, meta, key, device, out, say, what):
+def stand_in_compile(weights, meta, key, device, out, say, what, tuning_cache):
     """What AOTInductor would write, in miniature: a package file for ``key``."""
     COMPILED.append(key)
     out.write_bytes(f"a compiled {key.stem} for {key.gpu_name} by torch {key.torch_version}".encode() * 50)
@@ -212,7 +212,7 @@ KILLED_BUILD = textwrap.dedent("""
     from app.artifacts.exports import load_export
     from app.builder import torch_build
 
-    def killed(weights, meta, key, device, out, say, what):
+    def killed(weights, meta, key, device, out, say, what, tuning_cache):
         out.write_bytes(b"the first half of a package")
         os.kill(os.getpid(), signal.SIGKILL)  # killed mid-build
 
@@ -362,3 +362,21 @@ def test_the_build_finds_a_package_whose_answer_for_an_image_depends_on_its_batc
     found = torch_check.batch_variance(split_by_size, example, key)
     assert [f.split(" (")[0] for f in found] == ["at place 0 of a batch of 8", "at place 7 of a batch of 8"]
     assert len(torch_check.batch_variance(reads_a_neighbour, example, key)) == 6  # sizes 2, 3, 8: both places
+
+
+def test_a_start_that_must_build_says_so_first_with_its_estimate(gpu, root):
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, ensure_artifacts
+    from app.types import StartupSteps
+
+    said: list[str] = []
+    options = OpenOptions("sample", backend="torch-cuda", artifacts_dir=root, shape=RunShape(max_batch=64))
+    ensure_artifacts(options, StartupSteps(said.append))
+    (announce,) = [line for line in said if line.startswith("no torch-cuda engine built for this GPU yet")]
+    built = [i for i, line in enumerate(said) if ": built in" in line]
+    assert said.index(announce) < built[0], said  # said before the build starts
+    from app.artifacts.tuning_cache import build_estimate_s, say_duration
+
+    estimate = say_duration(build_estimate_s("NVIDIA Stand-in", tunings=41))
+    assert f"{estimate} (a first build tunes about 41 kernels)" in announce, announce
+    assert "`yolopipe build-engine` builds it ahead of time" in announce

@@ -1,0 +1,138 @@
+"""The tuning cache: what a batch-invariant build's kernel tuning chose, in one small file that
+a later build on the same GPU type and software reads instead of tuning again, in the spirit of
+TensorRT's timing cache.
+
+A batch-invariant build (``app.builder.torch_build``) tunes every distinct convolution of the
+model: inductor compiles each candidate Triton template and times it (bench/results: about 7 s
+a convolution, 41 of them in YOLOv8s at 640). What it learns lives in inductor's cache folder as
+two kinds of small record, which this file holds and gives back (``app.builder.tuning``):
+
+* ``templates``: inductor's autotuning table (``cache/<system hash>`` under its folder): for each
+  operator and input shape, every candidate's time. A build that finds every candidate of a
+  convolution there neither compiles nor times any of them;
+* ``kernels``: the launch settings chosen for each generated pointwise kernel
+  (``<kernel>.best_config``), keyed by the kernel's path, which is the hash of its source.
+
+A cache fits a build when every fact of its ``TuningKey`` is the build's: the GPU's name and
+compute capability, torch, Triton and CUDA (timings and kernels differ with each), and the traced
+graph's operators and shapes (``graph``; not its weights, so retrained weights of one architecture
+share a cache). A cache that does not fit is not read, and the build says why. Pure logic, no
+torch import: the facts are passed in.
+
+Where it lives: ``<model folder>/torch-cache/tuning.json`` by default; ``yolopipe build-engine
+--tuning-cache FILE`` names another (copied between machines of one GPU type, or committed under
+``bench/tuning/`` for the sample model). A build reads it when it fits and writes its own
+tunings to it afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from app.artifacts.store import write_atomically
+from app.errors import ArtifactError
+
+TUNING_CACHE_NAME = "tuning.json"  # in the model folder's torch-cache/
+TUNING_CACHE_FORMAT = 1
+MAX_TUNING_CACHE_BYTES = 1 << 20  # a cache this size holds thousands of tunings: more is not one
+# A first build's tuning, and the rest of a build, on the GPUs measured (bench/results/README.md,
+# "Build"); for a card not measured, the H200's figures.
+SECONDS_PER_TUNING = {"NVIDIA H200": 7.0, "NVIDIA H100 80GB HBM3": 7.0}
+BUILD_REST_S = 100.0  # export, compiling the chosen kernels and the wrapper, the checks
+TYPICAL_TUNINGS = 41  # distinct convolutions of YOLOv8 at 640 (every size of it has the same layers)
+
+
+@dataclass(frozen=True)
+class TuningKey:
+    """Every fact the tunings depend on; a cache is read only where all of them are the build's."""
+
+    gpu_name: str  # e.g. "NVIDIA H200"
+    compute_capability: str  # "major.minor"
+    torch_version: str
+    triton_version: str
+    cuda_version: str
+    graph: str  # sha256 of the traced graph's operators, shapes and dtypes (app.builder.tuning)
+    format: int = TUNING_CACHE_FORMAT
+
+    def mismatch(self, other: TuningKey) -> list[str]:
+        """Why tunings made under ``self`` may not serve a build under ``other`` (empty: they may)."""
+        names = {"gpu_name": "GPU", "compute_capability": "compute capability", "torch_version": "torch",
+                 "triton_version": "Triton", "cuda_version": "CUDA", "format": "format"}
+        problems = [f"{label} {getattr(self, name)} made it, this build has {getattr(other, name)}"
+                    for name, label in names.items() if getattr(self, name) != getattr(other, name)]
+        if self.graph != other.graph:
+            problems.append(f"it was tuned for another model graph ({self.graph[:12]}, this is {other.graph[:12]})")
+        return problems
+
+
+@dataclass(frozen=True)
+class TuningCache:
+    key: TuningKey
+    templates: dict[str, Any] = field(default_factory=dict)  # inductor's autotuning table
+    kernels: dict[str, Any] = field(default_factory=dict)  # kernel path → its chosen launch settings
+    tunings: int = 0  # distinct operators tuned (templates' input shapes)
+    written_at: str = ""
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"kind": "yolopipe tuning cache", **asdict(self)}, separators=(",", ":"),
+                          sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TuningCache:
+        raw = json.loads(data)
+        if not isinstance(raw, dict) or raw.get("kind") != "yolopipe tuning cache":
+            raise ValueError("not a yolopipe tuning cache")
+        key = raw["key"]
+        if not isinstance(key, dict) or set(key) != {f.name for f in fields(TuningKey)}:
+            raise ValueError("its key is not a tuning key")
+        templates, kernels = raw.get("templates", {}), raw.get("kernels", {})
+        if not isinstance(templates, dict) or not isinstance(kernels, dict):
+            raise ValueError("its templates and kernels are not tables")
+        return cls(TuningKey(**key), templates, kernels, int(raw.get("tunings", 0)), str(raw.get("written_at", "")))
+
+
+def default_tuning_cache(model_dir: Path) -> Path:
+    return Path(model_dir) / "torch-cache" / TUNING_CACHE_NAME
+
+
+def read_tuning_cache(path: Path) -> TuningCache | None:
+    """The cache in ``path``; None when there is no file. An unreadable one is an ``ArtifactError``
+    saying why (a build told to read it should not tune for minutes in silence instead)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ArtifactError(f"tuning cache {path} cannot be read: {exc.strerror}") from exc
+    if size > MAX_TUNING_CACHE_BYTES:
+        raise ArtifactError(f"tuning cache {path} is {size:,} bytes, over {MAX_TUNING_CACHE_BYTES:,}: not one "
+                            "yolopipe writes")
+    try:
+        return TuningCache.from_bytes(path.read_bytes())
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ArtifactError(f"tuning cache {path} is not a yolopipe tuning cache ({exc})",
+                            hint="delete it, or name another with --tuning-cache") from exc
+
+
+def write_tuning_cache(path: Path, cache: TuningCache) -> Path:
+    data = cache.to_bytes()
+    if len(data) > MAX_TUNING_CACHE_BYTES:
+        raise ArtifactError(f"the tuning cache came to {len(data):,} bytes, over {MAX_TUNING_CACHE_BYTES:,}")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return write_atomically(Path(path), data)
+
+
+def build_estimate_s(gpu_name: str, *, tunings: int, batch_invariant: bool = True) -> float:
+    """Seconds a torch-cuda build takes with ``tunings`` convolutions left to tune (0: a tuning
+    cache that fits, or cuDNN's kernels, which are not tuned)."""
+    per_tuning = SECONDS_PER_TUNING.get(gpu_name, max(SECONDS_PER_TUNING.values()))
+    return BUILD_REST_S + (per_tuning * tunings if batch_invariant else 0.0)
+
+
+def say_duration(seconds: float) -> str:
+    """``about 40 s`` / ``about 6 min``: an estimate, rounded as one."""
+    return f"about {seconds:.0f} s" if seconds < 90 else f"about {round(seconds / 60):.0f} min"

@@ -1,0 +1,77 @@
+"""The tuning cache's file and rules (``app.artifacts.tuning_cache``): a round trip, what makes a
+cache not fit, and the files it refuses to read."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from app.artifacts.tuning_cache import (
+    MAX_TUNING_CACHE_BYTES,
+    TuningCache,
+    TuningKey,
+    build_estimate_s,
+    read_tuning_cache,
+    say_duration,
+    write_tuning_cache,
+)
+from app.errors import ArtifactError
+
+KEY = TuningKey("NVIDIA H200", "9.0", "2.11.0+cu130", "3.5.0", "13.0", "ab" * 32)
+
+
+def test_a_cache_written_reads_back_whole(tmp_path):
+    cache = TuningCache(KEY, {"convolution": {"[[2, 3, 640, 640]]": {"highest": {"choice-a": 0.012}}}},
+                        {"ab/cabc.best_config": {"XBLOCK": 256, "num_warps": 4}}, 1, "2026-12-05T00:00:00+00:00")
+    path = write_tuning_cache(tmp_path / "deep" / "tuning.json", cache)
+    assert read_tuning_cache(path) == cache
+    assert path.stat().st_size < 1000 and not list(path.parent.glob("*.tmp*"))
+
+
+def test_no_file_is_no_cache(tmp_path):
+    assert read_tuning_cache(tmp_path / "none.json") is None
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"gpu_name": "NVIDIA H100 80GB HBM3"}, "GPU NVIDIA H200 made it, this build has NVIDIA H100 80GB HBM3"),
+    ({"compute_capability": "8.0"}, "compute capability 9.0 made it"),
+    ({"torch_version": "2.12.0"}, "torch 2.11.0+cu130 made it, this build has 2.12.0"),
+    ({"triton_version": "3.6.0"}, "Triton 3.5.0 made it"),
+    ({"cuda_version": "12.8"}, "CUDA 13.0 made it"),
+    ({"graph": "cd" * 32}, "it was tuned for another model graph (abababababab, this is cdcdcdcdcdcd)"),
+])
+def test_a_cache_fits_only_the_gpu_software_and_graph_it_was_made_for(change, says):
+    assert KEY.mismatch(KEY) == []
+    (problem,) = KEY.mismatch(replace(KEY, **change))
+    assert problem.startswith(says), problem
+
+
+@pytest.mark.parametrize("content", [b"not json", b"[1, 2]", json.dumps({"kind": "something else"}).encode(),
+                                     json.dumps({"kind": "yolopipe tuning cache", "key": {"gpu_name": "x"}}).encode(),
+                                     json.dumps({"kind": "yolopipe tuning cache", "key": KEY.__dict__,
+                                                 "templates": [1]}).encode()])
+def test_a_file_that_is_no_tuning_cache_is_refused_with_why(tmp_path, content):
+    path = tmp_path / "tuning.json"
+    path.write_bytes(content)
+    with pytest.raises(ArtifactError, match="is not a yolopipe tuning cache"):
+        read_tuning_cache(path)
+
+
+def test_an_oversized_file_is_refused_unread(tmp_path):
+    path = tmp_path / "tuning.json"
+    with open(path, "wb") as fh:
+        fh.truncate(MAX_TUNING_CACHE_BYTES + 1)
+    with pytest.raises(ArtifactError, match="over 1,048,576"):
+        read_tuning_cache(path)
+    with pytest.raises(ArtifactError, match="over"):
+        write_tuning_cache(tmp_path / "big.json", TuningCache(KEY, {"op": "x" * MAX_TUNING_CACHE_BYTES}))
+
+
+def test_the_estimate_counts_the_tunings_left():
+    assert build_estimate_s("NVIDIA H200", tunings=0) < build_estimate_s("NVIDIA H200", tunings=41)
+    assert build_estimate_s("NVIDIA H200", tunings=41, batch_invariant=False) == build_estimate_s("NVIDIA H200",
+                                                                                                  tunings=0)
+    assert build_estimate_s("Some Other GPU", tunings=10) >= build_estimate_s("NVIDIA H200", tunings=10)
+    assert [say_duration(s) for s in (12.4, 89, 400)] == ["about 12 s", "about 89 s", "about 7 min"]
