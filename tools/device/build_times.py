@@ -78,12 +78,12 @@ def main() -> int:
                      "tuning": built.get("builder", {}).get("tuning"),
                      "tuning_cache_bytes": cache.stat().st_size if cache.is_file() and kernels == "invariant" else None,
                      "said": result["said"]})
+        report = {"what": "yolopipe build-engine --weights sample, timed as users run it (issue 45, goal 2)",
+                  "machine": machine_info(gpu=True), "versions": versions(PACKAGES),
+                  "commit": os.environ.get("BENCH_COMMIT"), "rows": rows}
+        (args.out / "build-times.json").write_text(json.dumps(report, indent=1) + "\n")  # after each row
         if result["rc"] != 0:
             break
-    commit = os.environ.get("BENCH_COMMIT")
-    report = {"what": "yolopipe build-engine --weights sample, timed as users run it (issue 45, goal 2)",
-              "machine": machine_info(gpu=True), "versions": versions(PACKAGES), "commit": commit, "rows": rows}
-    (args.out / "build-times.json").write_text(json.dumps(report, indent=1) + "\n")
     return 0 if rows and all(row["rc"] == 0 for row in rows) else 1
 
 
