@@ -47,8 +47,8 @@ def script_options(path: Path) -> set[str]:
 def known_options() -> dict[str, set[str]]:
     group = typer.main.get_command(cli)
     known = {f"yolopipe {name}": click_options(group.get_command(None, name)) for name in group.list_commands(None)}
-    for script in sorted((ROOT / "bench").glob("*.py")):
-        known[f"bench/{script.name}"] = script_options(script) | {"--help"}
+    for script in sorted([*(ROOT / "bench").glob("*.py"), *(ROOT / "tools" / "device").glob("*.py")]):
+        known[script.relative_to(ROOT).as_posix()] = script_options(script) | {"--help"}
     bench = {f"--{f.name.replace('_', '-')}" for f in fields(BenchOptions)} | {"--help"}
     known["yolopipe bench"] = known["app.benchmark"] = bench
     known["yolopipe"] = click_options(group)
