@@ -157,6 +157,16 @@ def test_staging_grows_and_graphs_are_recaptured(gpu, sample_model_dir, meta, fr
         pipe.close()
 
 
+def segments_now() -> list[tuple]:
+    """torch's device segments: (address, bytes, pool, stream, bytes in use, the largest block's frames)."""
+    found = []
+    for seg in torch.cuda.memory_snapshot():
+        frames = next((b.get("frames", []) for b in seg.get("blocks", []) if b.get("state") == "active_allocated"), [])
+        found.append((seg["address"], seg["total_size"], str(seg.get("segment_pool_id")), seg.get("stream"),
+                      seg.get("allocated_size"), tuple(f"{f.get('filename')}:{f.get('line')}" for f in frames[:4])))
+    return found
+
+
 def test_release_memory_shrinks_grown_staging_and_frees_torch_caches(gpu, sample_model_dir, meta, frames):
     """After a burst of large images, ``release_memory`` (the idle server's call) puts the grown
     staging back to its first size and frees torch's cached blocks: device memory reserved by
@@ -168,19 +178,23 @@ def test_release_memory_shrinks_grown_staging_and_frees_torch_caches(gpu, sample
         pipe.release_memory()
         first = [slot.staging.capacity for slot in pipe.slots]
         assert first == [pipe.slots[0].staging.capacity] * len(first)  # every slot at its first size
-        reserved = torch.cuda.memory_reserved()
+        torch.cuda.memory._record_memory_history(enabled="all", stacks="python")  # who allocated what follows
+        reserved, segments = torch.cuda.memory_reserved(), segments_now()
         for _ in range(2):  # both slots take a batch of two large images and grow
             gpu.detect(pipe, [frames["zidane_huge"], frames["zidane_huge"]])
         assert max(slot.staging.capacity for slot in pipe.slots) > max(first)
         assert torch.cuda.memory_reserved() > reserved
         pipe.release_memory()
         assert [slot.staging.capacity for slot in pipe.slots] == first
-        assert torch.cuda.memory_reserved() <= reserved
+        assert torch.cuda.memory_reserved() <= reserved, (  # what the release left, to say whose it is
+            f"{torch.cuda.memory_reserved() - reserved} bytes more; segments that were not there before: "
+            f"{sorted(set(segments_now()) - set(segments))}")
         again = gpu.detect(pipe, [frames["bus"]])
         np.testing.assert_array_equal(small[0].boxes, again[0].boxes)
         # the driver calls were rebuilt for the new buffers
         assert pipe.run([frames["bus"]], DetectParams()).facts.launch == "driver"
     finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
         pipe.close()
 
 
