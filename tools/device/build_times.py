@@ -2,9 +2,9 @@
 default engine (torch-cuda, fp16, batch-invariant) timed as a user runs it, each in a folder of
 its own with fresh inductor and Triton caches:
 
-1. ``none``: no tuning cache, into a fresh artifacts folder (a first build on a fresh machine);
-2. ``hit``: from the tuning cache the first build wrote, into yolopipe's default artifacts folder
-   (what the tests and benchmarks then load);
+1. ``none``: no tuning cache, into yolopipe's default artifacts folder (a first build on a fresh
+   machine; what the tests and benchmarks then load);
+2. ``hit``: from the tuning cache the first build wrote, into a fresh artifacts folder;
 3. with ``--cudnn``: the cuDNN package (``--no-batch-invariant``, not tuned), the baseline.
 
 Writes ``OUT/build-times.json`` (machine, versions, commit, rows) and the cache the first build
@@ -63,8 +63,8 @@ def main() -> int:
     cache = args.out / f"tuning-{card.lower().replace(' ', '-')}.json"
     cache.unlink(missing_ok=True)
     rows = []
-    plan = [("none", "invariant", ["--tuning-cache", str(cache)], args.work / "none" / "artifacts"),
-            ("hit", "invariant", ["--tuning-cache", str(cache)], None)]
+    plan = [("none", "invariant", ["--tuning-cache", str(cache)], None),
+            ("hit", "invariant", ["--tuning-cache", str(cache)], args.work / "hit" / "artifacts")]
     if args.cudnn:
         plan.append(("cudnn", "cudnn", ["--no-batch-invariant"], args.work / "cudnn" / "artifacts"))
     for name, kernels, more, artifacts in plan:

@@ -14,8 +14,8 @@
 #            $OUT/machine.json
 #   build    yolopipe build-engine --weights sample (what bench, streams and the tests then load), reading
 #            bench/tuning/<card>.json where it is there                                   → $OUT/build.log
-#   builds   tools/device/build_times.py: build-engine timed with no tuning cache (a fresh folder), then from
-#            the cache it wrote (the default folder); BUILDS_ARGS=--cudnn adds the cuDNN build
+#   builds   tools/device/build_times.py: build-engine timed with no tuning cache (the default folder, on a
+#            fresh machine), then from the cache it wrote (a fresh folder); BUILDS_ARGS=--cudnn adds the cuDNN build
 #                                                   → $OUT/build-times.json, tuning-<card>.json, build-*.log
 #   tests    pytest tests/kernels tests/gpu tests/tensorrt -v    → $OUT/gpu-tests.log
 #   nvdec    pytest tests/gpu/test_nvdec.py on the clip (YOLOPIPE_NVDEC_CLIP=$CLIP) → $OUT/nvdec-tests.log
