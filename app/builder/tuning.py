@@ -179,8 +179,12 @@ def tuned(program: Any, device: int, cache_path: Path, say: Say) -> Iterator[dic
         found = None
     problems = found.key.mismatch(key) if found is not None else []
     if found is not None and not problems:
-        seed(found, inductor_dir)
-        say(f"tuning cache {cache_path}: {found.tunings} tunings of {found.key.gpu_name} read")
+        try:
+            seed(found, inductor_dir)
+            say(f"tuning cache {cache_path}: {found.tunings} tunings of {found.key.gpu_name} read")
+        except OSError as exc:  # the build goes on, tuning what it must
+            say(f"tuning cache {cache_path} not read: {exc}")
+            problems = [str(exc)]
     elif found is not None:
         say(f"tuning cache {cache_path} not read: " + "; ".join(problems))
     else:
@@ -200,7 +204,10 @@ def tuned(program: Any, device: int, cache_path: Path, say: Say) -> Iterator[dic
     if found is not None and not problems:  # keep what was read and not needed this time
         written = replace(written, templates=_merged(written.templates, found.templates),
                           kernels={**found.kernels, **written.kernels})
-    write_tuning_cache(cache_path, written)
+    try:
+        write_tuning_cache(cache_path, written)
+    except (OSError, ArtifactError) as exc:  # the package is built: a cache not written costs a later build time
+        say(f"tuning cache {cache_path} not written: {exc}")
     holder["report"] = TuningReport(str(cache_path), "hit" if found is not None and not problems
                                     else ("other" if found is not None else "none"), count.done,
                                     round(time.perf_counter() - started, 1))
