@@ -100,12 +100,12 @@ def _has_a_line(path: Path) -> bool:
 
 
 def predict_row(source: str, batch: int, env: dict, scratch: Path, timeout: float, tag: str,
-                verbose: bool = True, tree: Path = ROOT) -> dict:
+                verbose: bool = True, tree: Path = ROOT, decode: str = "") -> dict:
     out, modules, log = scratch / f"{tag}.jsonl", scratch / f"{tag}-modules.json", scratch / f"{tag}.log"
     out.unlink(missing_ok=True)
     code = CLI_WITH_IMPORTS.format(roots=("torch", "numba", "cupy", "tensorrt", "nvidia", "ultralytics"))
     cmd = [sys.executable, "-c", code, str(modules), "predict", source, "--out", str(out), "--batch", str(batch),
-           *(["--verbose"] if verbose else [])]
+           *(["--verbose"] if verbose else []), *(["--decode", decode] if decode else [])]
     r = timed(cmd, env=env, log=log, out=out, timeout=timeout, cwd=tree)  # python -c imports from its folder
     text = log.read_text(errors="replace")
     loaded = json.loads(modules.read_text()) if modules.exists() else []
@@ -275,6 +275,8 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one process may take")
     p.add_argument("--out", type=Path)
     p.add_argument("--note", default="")
+    p.add_argument("--decodes", default="", help="predict's rows once per --decode named (comma-separated; the first "
+                   "is the summary's), interleaved [default: predict's own]")
     p.add_argument("--baseline", help="a git revision whose `yolopipe predict` runs the same way, interleaved")
     # child processes of this script
     p.add_argument("--child", choices=("ultralytics", "warm"), help=argparse.SUPPRESS)
@@ -304,7 +306,7 @@ def main() -> None:
         else:
             p.error("give --images (copied --copies times) or --source")
         count = None if source == "samples" else sum(1 for _ in Path(source).iterdir())
-        from app.cli import resolve_source
+        from app.cli.predict import resolve_source
 
         their_source = resolve_source(source)  # 'samples': Ultralytics' own example images
         common = {"input": "folder" if source != "samples" else "samples", "batch": args.batch}
@@ -332,9 +334,10 @@ def main() -> None:
                      "artifacts": "present", "round": i + 1,
                      **predict_row(source, args.batch, baseline_env, scratch, args.timeout, f"base-{i}", verbose=False,
                                    tree=tree)})
-            if "predict" in parts:
+            for decode in args.decodes.split(",") if "predict" in parts else ():
                 add({"system": "yolopipe", "mode": "cli", **common, "images": count, "artifacts": "present",
-                     "round": i + 1, **predict_row(source, args.batch, env, scratch, args.timeout, f"predict-{i}")})
+                     "round": i + 1, "decode": decode or "default",
+                     **predict_row(source, args.batch, env, scratch, args.timeout, f"predict-{i}{decode}", decode=decode)})
             if "ultralytics" in parts:
                 add({"system": "ultralytics", "mode": "python: YOLO.predict(stream=True), fresh process", **common,
                      "images": count, "round": i + 1,
@@ -367,7 +370,8 @@ def main() -> None:
     def pick(**match):
         return [r for r in rows if all(r.get(k) == v for k, v in match.items()) and "untimed" not in r]
 
-    ours, theirs = pick(system="yolopipe", mode="cli", artifacts="present"), pick(system="ultralytics")
+    ours = pick(system="yolopipe", mode="cli", artifacts="present", decode=args.decodes.split(",")[0] or "default")
+    theirs = pick(system="ultralytics")
     summary = {"yolopipe_wall_s": summarize(ours, "wall_s"), "yolopipe_first_result_s": summarize(ours, "first_result_s"),
                "ultralytics_wall_s": summarize(theirs, "wall_s"),
                "ultralytics_first_result_s": summarize(theirs, "first_result_s"),
@@ -386,7 +390,7 @@ def main() -> None:
         "machine": {**machine_info(gpu=gpu), "nproc": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
                     "note": args.note},
         "versions": versions(),
-        "code": commit or "unknown (no git here)",
+        "code": commit or os.environ.get("BENCH_COMMIT") or "unknown (no git here)",
         "config": {"source": "samples" if source == "samples" else f"{count} files", "batch": args.batch,
                    "rounds": args.rounds, "parts": sorted(parts), "gpu": gpu},
         "summary": summary,
