@@ -129,6 +129,7 @@ class TuningCount:
     started: float = field(default_factory=time.perf_counter)
     done: int = 0
     seen: set[str] = field(default_factory=set)
+    first_at: float = 0.0  # when the first tuning ended: the pace is measured from there (before it, tracing)
 
     def __call__(self, timings: Any, name: Any, input_nodes: Any, *rest: Any) -> None:
         with contextlib.suppress(Exception):  # a progress line must never fail the compile
@@ -144,8 +145,12 @@ class TuningCount:
             return
         self.seen.add(signature)
         self.done += 1
-        spent = time.perf_counter() - self.started
-        left = max(self.expected - self.done, 0) * (spent / self.done if self.done else self.per_tuning_s)
+        now = time.perf_counter()
+        spent = now - self.started
+        if self.done == 1:
+            self.first_at = now
+        pace = (now - self.first_at) / (self.done - 1) if self.done > 2 else self.per_tuning_s
+        left = max(self.expected - self.done, 0) * pace
         self.say(f"tuning kernels: {self.done} of about {self.expected} ({spent:.0f} s; {say_duration(left)} left)")
 
 
@@ -191,7 +196,8 @@ def tuned(program: Any, device: int, cache_path: Path, say: Say) -> Iterator[dic
         per = SECONDS_PER_TUNING.get(key.gpu_name, max(SECONDS_PER_TUNING.values()))
         say(f"tuning about {expected} kernels ({say_duration(per * expected)}; the tunings are saved to "
             f"{cache_path} for later builds)")
-    count = TuningCount(expected, SECONDS_PER_TUNING.get(key.gpu_name, 7.0), say if found is None or problems
+    count = TuningCount(expected, SECONDS_PER_TUNING.get(key.gpu_name, max(SECONDS_PER_TUNING.values())),
+                        say if found is None or problems
                         else (lambda text: None))
     holder: dict[str, Any] = {}
     select_algorithm.add_feedback_saver(count)

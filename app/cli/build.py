@@ -108,7 +108,7 @@ def build_engine(
     tuning_cache: Annotated[Path | None, typer.Option(
         help="torch-cuda, batch-invariant: the tuning cache to read (where it fits this GPU, software and model "
              "graph) and to write this build's kernel tunings to; copy it to machines with the same GPU and "
-             "software. Default: tuning.json in the model's torch-cache folder.")] = None,
+             "software. Default: $YOLOPIPE_TUNING_CACHE, else tuning.json in the model's torch-cache folder.")] = None,
 ) -> None:
     """Build the engine for this machine's GPU, ahead of time.
 

@@ -13,6 +13,7 @@ from app.artifacts.tuning_cache import (
     TuningCache,
     TuningKey,
     build_estimate_s,
+    default_tuning_cache,
     read_tuning_cache,
     say_duration,
     write_tuning_cache,
@@ -75,3 +76,10 @@ def test_the_estimate_counts_the_tunings_left():
                                                                                                   tunings=0)
     assert build_estimate_s("Some Other GPU", tunings=10) >= build_estimate_s("NVIDIA H200", tunings=10)
     assert [say_duration(s) for s in (12.4, 89, 400)] == ["about 12 s", "about 89 s", "about 7 min"]
+
+
+def test_the_cache_every_build_uses_can_be_named_by_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("YOLOPIPE_TUNING_CACHE", raising=False)
+    assert default_tuning_cache(tmp_path / "model") == tmp_path / "model" / "torch-cache" / "tuning.json"
+    monkeypatch.setenv("YOLOPIPE_TUNING_CACHE", str(tmp_path / "shared.json"))
+    assert default_tuning_cache(tmp_path / "model") == tmp_path / "shared.json"

@@ -375,8 +375,8 @@ def test_a_start_that_must_build_says_so_first_with_its_estimate(gpu, root):
     (announce,) = [line for line in said if line.startswith("no torch-cuda engine built for this GPU yet")]
     built = [i for i, line in enumerate(said) if ": built in" in line]
     assert said.index(announce) < built[0], said  # said before the build starts
-    from app.artifacts.tuning_cache import build_estimate_s, say_duration
+    from app.artifacts.tuning_cache import TYPICAL_TUNINGS, build_estimate_s, say_duration
 
-    estimate = say_duration(build_estimate_s("NVIDIA Stand-in", tunings=41))
-    assert f"{estimate} (a first build tunes about 41 kernels)" in announce, announce
+    estimate = say_duration(build_estimate_s("NVIDIA Stand-in", tunings=TYPICAL_TUNINGS))
+    assert f"{estimate} (a first build tunes about {TYPICAL_TUNINGS} kernels)" in announce, announce
     assert "`yolopipe build-engine` builds it ahead of time" in announce

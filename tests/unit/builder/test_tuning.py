@@ -153,3 +153,24 @@ def test_the_count_says_each_new_tuning_once_with_what_is_left():
     assert [line.split(" (")[0] for line in said] == ["tuning kernels: 1 of about 3", "tuning kernels: 2 of about 3",
                                                       "tuning kernels: 3 of about 3"]
     assert said[-1].endswith("about 0 s left)")
+
+
+def test_the_pace_is_measured_from_the_first_tuning_on(monkeypatch):
+    """The first tuning ends after the graph is traced and lowered: what is left is paced by the
+    tunings after it, not by that."""
+    clock = iter([130.0, 132.0, 134.0])  # made at 100; tuning 1 at +30 s; then one every 2 s
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: next(clock))
+    said = []
+    count = tuning.TuningCount(13, 7.0, said.append, started=100.0)
+
+    class Node:
+        def __init__(self, size):
+            self.size = size
+
+        def get_size(self):
+            return self.size
+
+    for c in (3, 8, 16):
+        count({}, "convolution", [Node([2, c, 32, 32])])
+    assert said[0].endswith("(30 s; about 84 s left)")  # 12 left at the default 7 s
+    assert said[-1].endswith("(34 s; about 20 s left)")  # 10 left at 2 s each
