@@ -137,8 +137,11 @@ def write_tuning_cache(path: Path, cache: TuningCache) -> Path:
 def build_estimate_s(gpu_name: str, *, tunings: int, batch_invariant: bool = True) -> float:
     """Seconds a torch-cuda build takes with ``tunings`` convolutions left to tune (0: a tuning
     cache that fits, or cuDNN's kernels, which are not tuned)."""
-    per_tuning = SECONDS_PER_TUNING.get(gpu_name, max(SECONDS_PER_TUNING.values()))
-    return BUILD_REST_S + (per_tuning * tunings if batch_invariant else 0.0)
+    return BUILD_REST_S + (seconds_per_tuning(gpu_name) * tunings if batch_invariant else 0.0)
+
+
+def seconds_per_tuning(gpu_name: str) -> float:
+    return SECONDS_PER_TUNING.get(gpu_name, max(SECONDS_PER_TUNING.values()))
 
 
 def say_duration(seconds: float) -> str:

@@ -25,11 +25,11 @@ from typing import Any
 from app.artifacts.engines import now_iso
 from app.artifacts.store import write_atomically
 from app.artifacts.tuning_cache import (
-    SECONDS_PER_TUNING,
     TuningCache,
     TuningKey,
     read_tuning_cache,
     say_duration,
+    seconds_per_tuning,
     write_tuning_cache,
 )
 from app.errors import ArtifactError
@@ -77,9 +77,9 @@ def distinct_tunings(program: Any) -> int:
     matrix products (inductor tunes each shape once)."""
     seen = set()
     for node in program.graph.nodes:
-        if node.op == "call_function" and str(node.target).split(".")[1:2] and \
-                str(node.target).split(".")[1] in TUNED_OPS:
-            seen.add(json.dumps([str(node.target), repr([getattr(a, "meta", {}).get("val", a) for a in node.args])]))
+        target = str(node.target)  # "aten.conv2d.default"
+        if node.op == "call_function" and target.split(".")[1:2] and target.split(".")[1] in TUNED_OPS:
+            seen.add((target, repr([getattr(a, "meta", {}).get("val", a) for a in node.args])))
     return len(seen)
 
 
@@ -95,12 +95,12 @@ def seed(cache: TuningCache, inductor_dir: Path) -> int:
     there stay: they were measured on this machine). Returns how many kernels' settings it wrote."""
     table_path = local_table_path(inductor_dir)
     table = _read_table(table_path)
-    write_atomically_dirs(table_path, json.dumps({"system": _system(), "cache": _merged(table, cache.templates)}))
+    _write_text(table_path, json.dumps({"system": _system(), "cache": _merged(table, cache.templates)}))
     written = 0
     for rel, settings in cache.kernels.items():
         target = _inside(inductor_dir, rel)
         if target is not None and not target.exists():
-            write_atomically_dirs(target, json.dumps(settings))
+            _write_text(target, json.dumps(settings))
             written += 1
     return written
 
@@ -182,23 +182,21 @@ def tuned(program: Any, device: int, cache_path: Path, say: Say) -> Iterator[dic
     except ArtifactError as exc:
         say(f"tuning cache not read: {exc.message}")
         found = None
-    problems = found.key.mismatch(key) if found is not None else []
-    if found is not None and not problems:
+    per_tuning = seconds_per_tuning(key.gpu_name)
+    status = "none" if found is None else ("other" if found.key.mismatch(key) else "hit")
+    if status == "hit":
         try:
             seed(found, inductor_dir)
             say(f"tuning cache {cache_path}: {found.tunings} tunings of {found.key.gpu_name} read")
         except OSError as exc:  # the build goes on, tuning what it must
             say(f"tuning cache {cache_path} not read: {exc}")
-            problems = [str(exc)]
-    elif found is not None:
-        say(f"tuning cache {cache_path} not read: " + "; ".join(problems))
+            status = "other"
+    elif status == "other":
+        say(f"tuning cache {cache_path} not read: " + "; ".join(found.key.mismatch(key)))
     else:
-        per = SECONDS_PER_TUNING.get(key.gpu_name, max(SECONDS_PER_TUNING.values()))
-        say(f"tuning about {expected} kernels ({say_duration(per * expected)}; the tunings are saved to "
+        say(f"tuning about {expected} kernels ({say_duration(per_tuning * expected)}; the tunings are saved to "
             f"{cache_path} for later builds)")
-    count = TuningCount(expected, SECONDS_PER_TUNING.get(key.gpu_name, max(SECONDS_PER_TUNING.values())),
-                        say if found is None or problems
-                        else (lambda text: None))
+    count = TuningCount(expected, per_tuning, say if status != "hit" else (lambda text: None))
     holder: dict[str, Any] = {}
     select_algorithm.add_feedback_saver(count)
     started = time.perf_counter()
@@ -207,16 +205,14 @@ def tuned(program: Any, device: int, cache_path: Path, say: Say) -> Iterator[dic
     finally:
         _remove_saver(select_algorithm, count)
     written = collect(inductor_dir, key)
-    if found is not None and not problems:  # keep what was read and not needed this time
+    if status == "hit":  # keep what was read and not needed this time
         written = replace(written, templates=_merged(written.templates, found.templates),
                           kernels={**found.kernels, **written.kernels})
     try:
         write_tuning_cache(cache_path, written)
     except (OSError, ArtifactError) as exc:  # the package is built: a cache not written costs a later build time
         say(f"tuning cache {cache_path} not written: {exc}")
-    holder["report"] = TuningReport(str(cache_path), "hit" if found is not None and not problems
-                                    else ("other" if found is not None else "none"), count.done,
-                                    round(time.perf_counter() - started, 1))
+    holder["report"] = TuningReport(str(cache_path), status, count.done, round(time.perf_counter() - started, 1))
 
 
 def _remove_saver(select_algorithm: Any, saver: TuningCount) -> None:
@@ -263,7 +259,7 @@ def _inside(folder: Path, rel: str) -> Path | None:
     return Path(folder) / Path(*parts)
 
 
-def write_atomically_dirs(path: Path, text: str) -> None:
+def _write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, text.encode())
 

@@ -37,9 +37,9 @@ def build_engine_command(weights: str, *, backend: str, precision: str, calib_im
                          opt_batch: int, max_batch: int, imgsz: int, artifacts_dir: Path | None,
                          workspace_gib: float, batch_invariant: bool = True, tuning_cache: Path | None = None) -> None:
     check_choice("precision", precision, ("auto", *ENGINE_PRECISIONS))
-    if tuning_cache is not None:
-        check_tuning_cache(tuning_cache, backend=backend, batch_invariant=batch_invariant)
     backend = build_backend(backend)
+    if tuning_cache is not None:  # on the backend auto resolves to: TensorRT reads no tuning cache
+        check_tuning_cache(tuning_cache, backend=backend, batch_invariant=batch_invariant)
     if backend == "tensorrt":
         from app.builder.trt_build import build_engine
 

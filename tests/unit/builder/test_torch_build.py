@@ -380,3 +380,18 @@ def test_a_start_that_must_build_says_so_first_with_its_estimate(gpu, root):
     estimate = say_duration(build_estimate_s("NVIDIA Stand-in", tunings=TYPICAL_TUNINGS))
     assert f"{estimate} (a first build tunes about {TYPICAL_TUNINGS} kernels)" in announce, announce
     assert "`yolopipe build-engine` builds it ahead of time" in announce
+
+
+def test_build_engine_refuses_a_tuning_cache_it_would_not_read_before_any_work(gpu, root, tmp_path):
+    from typer.testing import CliRunner
+
+    from app.cli import cli
+
+    bad = tmp_path / "notes.json"
+    bad.write_text('{"kind": "something else"}')
+    for args, says in [(["--tuning-cache", str(bad)], "is not a yolopipe tuning cache"),
+                       (["--tuning-cache", str(tmp_path)], "is a folder"),
+                       (["--no-batch-invariant", "--tuning-cache", str(tmp_path / "t.json")], "not tuned")]:
+        result = CliRunner().invoke(cli, ["build-engine", "--artifacts-dir", str(root), *args])
+        assert result.exit_code != 0 and says in " ".join(result.output.split()), result.output
+    assert COMPILED == []
