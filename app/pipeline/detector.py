@@ -155,6 +155,11 @@ class Detector:
         data = bytes(data)
         return EncodedImage(data, check_image(data, max_pixels=self.shape.max_pixels))
 
+    @property
+    def decodes_jpeg(self) -> bool:
+        """Whether its pipeline decodes JPEGs itself: ``prepare`` then only reads and checks them."""
+        return self.pipeline.decodes_jpeg
+
     def gpu_decodes(self, header: ImageHeader) -> bool:
         """Whether the pipeline decodes the image of this header itself: a JPEG the GPU decoders
         take (``ImageHeader.gpu_decodable``, the one test of it); CMYK, 12-bit, arithmetic and

@@ -45,6 +45,12 @@ MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES  # what ``predict`` reads: imag
 # Rect: images grouped by input size over windows of this many batches (one window read while the
 # other runs: as many images held as three batches in flight would hold)
 RECT_WINDOW_BATCHES = 2
+# Reader threads. Where the pipeline decodes JPEGs itself, a reader only reads a file and checks its
+# header: short turns that hold the GIL, so more readers only queue for it (each hand-over a wait)
+# and starve the batch threads of their turns. Where the readers decode (OpenCV, which lets go of
+# the GIL), more of them decode at once.
+READERS_ENCODED = 2
+READERS_DECODING = 8
 
 
 def _ends_with_newline(path: Path) -> bool:
@@ -173,7 +179,7 @@ def predict_folder(
     resume: bool = False,
     save_images: Path | None = None,
     coco: Path | None = None,
-    workers: int = 8,
+    workers: int | None = None,
     on_progress: Callable[[int, int | None], None] | None = None,
     vid_stride: int = 1,
     track: bool = False,
@@ -196,6 +202,7 @@ def predict_folder(
     out.parent.mkdir(parents=True, exist_ok=True)
     document = CocoDocument(detector.names) if coco is not None else None
     names, in_flight = detector.names, detector.shape.in_flight
+    workers = workers or (READERS_ENCODED if detector.decodes_jpeg else READERS_DECODING)
 
     def detect_chunk(chunk: list[tuple[SourceImage, Any]]) -> tuple[list[SourceImage], DetectedBatch, list[str]]:
         """In a batch thread: the detector on the batch's (rect: the window's) images, then its

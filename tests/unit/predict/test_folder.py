@@ -137,6 +137,35 @@ def test_each_images_header_is_read_once_and_reaches_a_pipeline_that_decodes_it(
     assert out.read_text() == expected.read_text() and summary.errors == 2
 
 
+def test_readers_are_few_where_the_pipeline_decodes_and_many_where_they_decode(folder, tmp_path, cpu_detector,
+                                                                                monkeypatch):
+    """A reader that only reads and checks a header holds the GIL for short turns: where the
+    pipeline decodes JPEGs itself, the folder reads with READERS_ENCODED threads; where the
+    readers decode (the CPU pipeline), with READERS_DECODING. Both answer the same lines."""
+    from app.pipeline.detector import Detector
+    from app.predict import folder as folder_module
+    from tests.standins import DecodesItself
+
+    pools: list[int] = []
+    real = folder_module.ThreadPoolExecutor
+
+    class Spying(real):
+        def __init__(self, max_workers=None, thread_name_prefix="", **kwargs):
+            if thread_name_prefix == "read":
+                pools.append(max_workers)
+            super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix, **kwargs)
+
+    monkeypatch.setattr(folder_module, "ThreadPoolExecutor", Spying)
+    lines = []
+    for detector in (Detector(DecodesItself(cpu_detector.pipeline), max_batch=3), cpu_detector.reshaped(max_batch=3)):
+        out = tmp_path / f"{len(lines)}.jsonl"
+        folder_module.predict_folder(detector, str(folder), out, cpu_detector.params())
+        lines.append(out.read_text())
+    assert pools == [folder_module.READERS_ENCODED, folder_module.READERS_DECODING]
+    assert folder_module.READERS_ENCODED < folder_module.READERS_DECODING
+    assert lines[0] == lines[1] and lines[0].count("\n") == 4  # bus, zidane, broken.jpg and empty.png
+
+
 def test_rect_runs_hold_images_of_one_size_and_the_lines_keep_the_folder_order(tmp_path, assets_dir, cpu_detector):
     """Rect: photos of three input sizes, interleaved in the folder, run in batches of one size
     each (a window of batches grouped by size), fuller than the folder's order would make them;
