@@ -237,6 +237,23 @@ def warm_row(source: str, weights: str, batch: int, env: dict, scratch: Path, ti
     return {**json.loads(lines[-1]), "process_wall_s": r["wall_s"]} if lines else {**r, "log_tail": log.read_text()[-2000:]}
 
 
+def baseline_tree(baseline: str, scratch: Path) -> tuple[Path, str]:
+    """A folder holding the baseline's ``app/``, and the revision it is: ``baseline`` itself when it
+    holds one (the GPU machine's copy has no git history; its ``REVISION`` file names it), else
+    that git revision's ``app/`` archived into ``scratch``."""
+    folder = Path(baseline)
+    if (folder / "app").is_dir():
+        stamp = folder / "REVISION"
+        return folder.resolve(), stamp.read_text().strip() if stamp.exists() else folder.name
+    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", baseline], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    tree = scratch / "baseline"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "app"], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return tree, rev
+
+
 # --- the run -------------------------------------------------------------------------------------
 def make_folder(images: Path, copies: int, dest: Path) -> str:
     """``copies`` files copied round-robin from ``images`` (real copies: no file shares an inode)."""
@@ -277,7 +294,8 @@ def main() -> None:
     p.add_argument("--note", default="")
     p.add_argument("--decodes", default="", help="predict's rows once per --decode named (comma-separated; the first "
                    "is the summary's), interleaved [default: predict's own]")
-    p.add_argument("--baseline", help="a git revision whose `yolopipe predict` runs the same way, interleaved")
+    p.add_argument("--baseline", help="a git revision whose `yolopipe predict` runs the same way, interleaved, or a "
+                   "folder holding that revision's app/ (and a REVISION file naming it), where there is no git")
     # child processes of this script
     p.add_argument("--child", choices=("ultralytics", "warm"), help=argparse.SUPPRESS)
     p.add_argument("--weights", default="sample", help=argparse.SUPPRESS)
@@ -317,13 +335,8 @@ def main() -> None:
                   file=sys.stderr, flush=True)
 
         baseline_env = None
-        if args.baseline and "predict" in parts:  # that revision's app/ in a folder of its own
-            rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.baseline], check=True,
-                                 capture_output=True, text=True).stdout.strip()
-            tree = scratch / "baseline"
-            tree.mkdir()
-            archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "app"], check=True, capture_output=True)
-            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+        if args.baseline and "predict" in parts:
+            tree, rev = baseline_tree(args.baseline, scratch)
             baseline_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
         if {"predict", "serve", "warm"} & parts:  # artifacts present: one untimed run builds what is missing
             prep = predict_row(source, args.batch, env, scratch, args.timeout, "untimed-build")
