@@ -15,7 +15,10 @@ Every row is one process (or, for the warm row, one process's second pass):
   ``serve`` with an empty artifacts folder and empty compiler caches (what a fresh machine does:
   export, build the engine, ...);
 * ``warm``: ``predict_folder`` inside one process after one untimed pass (model open, engine
-  loaded, graphs captured): the folder loop alone, what ``yolopipe bench``'s folder row times.
+  loaded, graphs captured): the folder loop alone, what ``yolopipe bench``'s folder row times;
+* ``bare`` (GPU): the engine predict runs, alone at ``--batch`` in a CUDA graph of its own: the
+  rate predict's images after its first result (``yolopipe_after_first_img_per_s``: the images
+  after the first batch over the time from the first JSON line to the exit) is compared with.
 
 On a machine without a GPU the same rows run on ONNX Runtime (``--source samples``: the two
 example photos, ``yolopipe predict samples``).
@@ -254,6 +257,43 @@ def baseline_tree(baseline: str, scratch: Path) -> tuple[Path, str]:
     return tree, rev
 
 
+# --- the engine alone, in one process ----------------------------------------------------------
+def bare_child(args: argparse.Namespace) -> None:
+    """The default engine alone at ``--batch`` (``Detector.diagnose(bare=...)``: a CUDA graph of its
+    own, the device held alone): the median device time of 50 replays after 10."""
+    import numpy as np
+
+    from app.contracts import RunShape
+    from app.runtime import OpenOptions, ensure_artifacts, open_model_dir
+
+    def measure(call):
+        for _ in range(10):
+            call()
+        times = []
+        for _ in range(50):
+            started = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - started) * 1e3)
+        return times
+
+    options = OpenOptions(args.weights, shape=RunShape(max_batch=args.batch))
+    with open_model_dir(ensure_artifacts(options), options) as detector:
+        batch = np.random.default_rng(0).random((args.batch, 3, args.imgsz, args.imgsz), dtype=np.float32)
+        found = detector.diagnose(bare=batch, measure=measure)
+        ms = statistics.median(found.bare.device_ms or found.bare.times_ms)
+        print(json.dumps({"device_ms": round(ms, 3), "img_per_s": round(args.batch / ms * 1e3, 1),
+                          "backend": detector.backend, "precision": detector.precision,
+                          "batch_invariant": found.batch_invariant}))
+
+
+def bare_row(weights: str, batch: int, env: dict, scratch: Path, timeout: float) -> dict:
+    log = scratch / "bare.log"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "bare", "--weights", weights, "--batch", str(batch)]
+    r = timed(cmd, env=env, log=log, out=None, timeout=timeout)
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {**r, "log_tail": log.read_text()[-2000:]}
+
+
 # --- the run -------------------------------------------------------------------------------------
 def make_folder(images: Path, copies: int, dest: Path) -> str:
     """``copies`` files copied round-robin from ``images`` (real copies: no file shares an inode)."""
@@ -288,7 +328,7 @@ def main() -> None:
     p.add_argument("--fresh-images", type=int, default=256, help="images of the folder the fresh runs take")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2, help="predict and ultralytics, interleaved")
-    p.add_argument("--parts", default="predict,ultralytics,serve,warm,fresh-predict,fresh-serve")
+    p.add_argument("--parts", default="predict,ultralytics,serve,warm,bare,fresh-predict,fresh-serve")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one process may take")
     p.add_argument("--out", type=Path)
     p.add_argument("--note", default="")
@@ -297,7 +337,7 @@ def main() -> None:
     p.add_argument("--baseline", help="a git revision whose `yolopipe predict` runs the same way, interleaved, or a "
                    "folder holding that revision's app/ (and a REVISION file naming it), where there is no git")
     # child processes of this script
-    p.add_argument("--child", choices=("ultralytics", "warm"), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=("ultralytics", "warm", "bare"), help=argparse.SUPPRESS)
     p.add_argument("--weights", default="sample", help=argparse.SUPPRESS)
     p.add_argument("--device", default="0", help=argparse.SUPPRESS)
     p.add_argument("--imgsz", type=int, default=640, help=argparse.SUPPRESS)
@@ -306,6 +346,8 @@ def main() -> None:
         return ultralytics_child(args)
     if args.child == "warm":
         return warm_child(args)
+    if args.child == "bare":
+        return bare_child(args)
 
     from app.weights import resolve_weights
 
@@ -364,6 +406,10 @@ def main() -> None:
                  "what": "predict_folder in one process after one untimed pass (model open, engine loaded, graphs "
                          "captured): reading, decoding, detecting and writing JSON only, no start-up",
                  **warm_row(their_source, "sample", args.batch, env, scratch, args.timeout)})
+        if "bare" in parts and gpu:
+            add({"system": "yolopipe", "part": "bare", "batch": args.batch,
+                 "what": "the engine predict runs, alone at predict's batch: the rate 'after the first result' is held to",
+                 **bare_row("sample", args.batch, env, scratch, args.timeout)})
         if "fresh-predict" in parts:
             small = source
             if source != "samples" and count and count > args.fresh_images:
@@ -389,6 +435,15 @@ def main() -> None:
                "ultralytics_wall_s": summarize(theirs, "wall_s"),
                "ultralytics_first_result_s": summarize(theirs, "first_result_s"),
                "serve_ready_s": summarize(pick(part="ready", artifacts="present"), "ready_s")}
+    after = [(r["images"] - args.batch) / (r["wall_s"] - r["first_result_s"]) for r in ours
+             if r.get("exit_code") == 0 and (r.get("images") or 0) > args.batch and r.get("first_result_s")
+             and r["wall_s"] > r["first_result_s"]]
+    if after:  # the images after the first batch, over the time from its JSON line to the exit
+        summary["yolopipe_after_first_img_per_s"] = round(statistics.median(after), 1)
+    bare = pick(part="bare")
+    if after and bare and bare[0].get("img_per_s"):
+        summary["bare_img_per_s"] = bare[0]["img_per_s"]
+        summary["after_first_over_bare"] = round(summary["yolopipe_after_first_img_per_s"] / bare[0]["img_per_s"], 2)
     if baseline_env is not None:
         base = [r for r in rows if r.get("system", "").endswith("(baseline)")]
         summary.update(baseline_wall_s=summarize(base, "wall_s"), baseline_first_result_s=summarize(base, "first_result_s"),

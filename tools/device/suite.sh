@@ -22,7 +22,7 @@
 #   nvdec    pytest tests/gpu/test_nvdec.py on the clip (YOLOPIPE_NVDEC_CLIP=$CLIP) → $OUT/nvdec-tests.log
 #   bench    yolopipe bench                                      → $OUT/bench.json, bench.log
 #   startup  bench/startup.py: predict of 10,000 copies of the photos and Ultralytics on the same
-#            folder, 2 rounds, serve to ready, the warm loop      → $OUT/startup.json, startup.log
+#            folder, 2 rounds, serve to ready, the warm loop, the engine alone → $OUT/startup.json, startup.log
 #   http     bench/http_load.py: load, soak, kill, sigterm, naive → $OUT/http-full.json, .log
 #   streams  bench/streams.py: NVDEC+letterbox ceiling, paced NVDEC at 64 and 128 streams,
 #            OpenCV at 16, Ultralytics' best case, more NVDEC streams while real time, fidelity
@@ -102,7 +102,7 @@ for name in "$@"; do
     nvdec)   YOLOPIPE_NVDEC_CLIP=$CLIP part nvdec-tests "${NVDEC_TIMEOUT:-180}" python3 -m pytest tests/gpu/test_nvdec.py -v -rs -p no:cacheprovider --durations=10 ;;
     tests)   part gpu-tests "${TESTS_TIMEOUT:-300}" python3 -m pytest ${TEST_PATHS:-tests/kernels tests/gpu tests/tensorrt} -v -rs -p no:cacheprovider --durations=15 ${TESTS_ARGS:-} ;;
     bench)   part bench "${BENCH_TIMEOUT:-360}" python3 -m app.benchmark --images "$YOLOPIPE_IMAGES" --out "$OUT/bench.json" ${BENCH_ARGS:-} ;;
-    startup) part startup "${STARTUP_TIMEOUT:-360}" python3 bench/startup.py --images "$YOLOPIPE_IMAGES" --copies 10000 --rounds "${STARTUP_ROUNDS:-2}" --parts predict,ultralytics,serve,warm --out "$OUT/startup.json" ${STARTUP_ARGS:-} ;;
+    startup) part startup "${STARTUP_TIMEOUT:-360}" python3 bench/startup.py --images "$YOLOPIPE_IMAGES" --copies 10000 --rounds "${STARTUP_ROUNDS:-2}" --parts predict,ultralytics,serve,warm,bare --out "$OUT/startup.json" ${STARTUP_ARGS:-} ;;
     http)    part http-full "${HTTP_TIMEOUT:-540}" python3 bench/http_load.py --images "$YOLOPIPE_IMAGES" --parts load,soak,kill,sigterm --clients 64,256 --naive-clients 64 --naive-workers 4 --gpus 0 --duration "${DURATION:-20}" --warmup 3 --soak-minutes "${SOAK_MINUTES:-3}" --sample-s 5 --out "$OUT/http-full.json" ${HTTP_ARGS:-} ;;
     streams) part streams "${STREAMS_TIMEOUT:-330}" python3 bench/streams.py --clip "$CLIP" --nvdec-streams "${NVDEC_STREAMS:-64,128}" --opencv-streams "${OPENCV_STREAMS:-16}" --budget-s $(( ${STREAMS_TIMEOUT:-330} - 45 )) --out "$OUT/streams.json" ${STREAMS_ARGS:-} ;;
     memory)  part memory-bursts "${MEMORY_TIMEOUT:-420}" python3 bench/memory_probe.py --backend auto --rounds "${MEMORY_ROUNDS:-2}" --out "$OUT/memory-bursts.json" ${MEMORY_ARGS:-} ;;
