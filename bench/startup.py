@@ -458,7 +458,8 @@ def main() -> None:
         "machine": {**machine_info(gpu=gpu), "nproc": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
                     "note": args.note},
         "versions": versions(),
-        "code": commit or os.environ.get("BENCH_COMMIT") or "unknown (no git here)",
+        # BENCH_COMMIT first: the GPU machine's copy has a git history of its own (the last landed commit's)
+        "code": os.environ.get("BENCH_COMMIT") or commit or "unknown (no git here)",
         "config": {"source": "samples" if source == "samples" else f"{count} files", "batch": args.batch,
                    "rounds": args.rounds, "parts": sorted(parts), "gpu": gpu},
         "summary": summary,
