@@ -3,10 +3,13 @@ subsampling, progressive, gray, CMYK, EXIF), and decode throughput at batch 128 
 images. nvImageCodec is also tried with other backend sets (the hardware
 backend alone; its default chain), which is how the pipeline's choice was made: with chroma
 upsampling off (nvJPEG's default, torchvision's too) many values differ from OpenCV's (the
-figures: this benchmark's rows in bench/results/)."""
+figures: this benchmark's rows in bench/results/). Each GPU decoder is also timed while another
+thread keeps the SMs busy (``img_per_s_gpu_busy``), as the engine does in a pipeline: what
+decode can overlap with it."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -71,11 +74,12 @@ def decoder_rows(images, log) -> list[dict]:
                 by_kind[file.split("-", 1)[1].rsplit("-", 1)[0]].append(pixel_diff(to_host_bgr(img, decoder.stream), ref))
             decoded = None
             speed = _throughput(decoder, bench)
+            busy = _throughput_gpu_busy(decoder, bench)
             rows.append({"system": "decoder", "decoder": label, "input": "jpeg", "batch": THROUGHPUT_BATCH,
-                         "img_per_s": speed, "to_opencv": refused,
+                         "img_per_s": speed, "img_per_s_gpu_busy": busy, "busy": BUSY, "to_opencv": refused,
                          "vs_opencv": summarize_diffs([d for v in by_kind.values() for d in v]),
                          "vs_opencv_by_kind": {k: summarize_diffs(v) for k, v in sorted(by_kind.items())}})
-            log(f"  {label}: {speed} img/s, vs OpenCV {rows[-1]['vs_opencv']}, {refused} to OpenCV")
+            log(f"  {label}: {speed} img/s ({busy} with the GPU busy), vs OpenCV {rows[-1]['vs_opencv']}, {refused} to OpenCV")
         finally:
             decoder.close()
     rows.append(_opencv_row(bench))
@@ -93,6 +97,35 @@ def _throughput(decoder, datas: list[bytes], reps: int = 5) -> float:
             decoder.stream.synchronize()
         wall = time.perf_counter() - t0
     return round(reps * len(datas) / wall, 1)
+
+
+BUSY = "a thread of its own: four fp16 GEMMs of 8192 x 8192 on a stream of its own, then that stream synchronised"
+
+
+def _throughput_gpu_busy(decoder, datas: list[bytes]) -> float:
+    """``_throughput`` while another thread keeps the SMs busy (``BUSY``), as an engine does."""
+    import torch
+
+    stop, started = threading.Event(), threading.Event()
+
+    def busy() -> None:
+        stream = torch.cuda.Stream(decoder.device)
+        with torch.cuda.stream(stream):
+            a = torch.randn(8192, 8192, device=f"cuda:{decoder.device}", dtype=torch.float16)
+            while not stop.is_set():
+                for _ in range(4):
+                    a @ a
+                stream.synchronize()
+                started.set()
+
+    thread = threading.Thread(target=busy, name="yolopipe-bench-busy", daemon=True)
+    thread.start()
+    try:
+        started.wait(30)
+        return _throughput(decoder, datas)
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _opencv_row(datas: list[bytes], threads: int = 16, reps: int = 3) -> dict:

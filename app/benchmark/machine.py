@@ -62,8 +62,27 @@ def versions(packages: tuple[str, ...] = PACKAGES) -> dict[str, str]:
     return package_versions(packages)
 
 
+def code_revision() -> str | None:
+    """The yolopipe commit a result was measured on: ``BENCH_COMMIT`` where the command gives it
+    (a copy of a tree over a git history not its own, as on the GPU machine), else this checkout's
+    (``-dirty`` with changes), None outside a checkout (an installed package)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=False)
+    if head.returncode != 0 or not (root / "app").is_dir():
+        return None
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, check=False).stdout.strip()
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
 def result_header(script: str, *, gpu: bool = False) -> dict:
     """What a result file says first: the script that wrote it, when, on what, with which versions."""
     return {"what": f"{script} (see its docstring)",
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine_info(gpu), "versions": versions()}
+            "machine": machine_info(gpu), "versions": versions(), "code": code_revision()}

@@ -74,11 +74,12 @@ def run_benchmark(options: BenchOptions, console) -> dict:
     report.add_overheads(rows)
     timeline = report.hoist_timeline(rows)
 
-    from app.benchmark.machine import machine_info, versions
+    from app.benchmark.machine import code_revision, machine_info, versions
 
     result = {
         "machine": machine_info(gpu),
         "versions": versions(),
+        "code": code_revision(),
         "config": {"images": [n for n, _ in images], "iters": opts.iters, "warmup": opts.warmup,
                    "batches": list(opts.batches), "pipelined_batches": list(opts.pipelined_batches),
                    "pipelined_images": opts.pipelined_images, "decoders": list(opts.decoders),
