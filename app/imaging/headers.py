@@ -175,14 +175,14 @@ def _jpeg(data: bytes) -> ImageHeader | None:
             structure = walk_jpeg(data, max_scans=MAX_JPEG_SCANS)
             facts = JpegHeader(height, width, comps, bits, progressive=marker in _SOF_PROGRESSIVE,
                                arithmetic=marker in _SOF_ARITHMETIC, lossless=marker in _SOF_LOSSLESS,
-                               sampling=tuple((factors[3 * c + 1] >> 4, factors[3 * c + 1] & 0x0F) for c in range(comps)),
+                               sampling=tuple([(hv >> 4, hv & 0x0F) for hv in factors[1::3]]),
                                orientation=orientation, scans=_scans(data, i, structure),
                                defect=structure.defect, needs_libjpeg=structure.needs_libjpeg)
             return ImageHeader("jpeg", height, width, comps, bits, jpeg=facts)
         if marker not in _BEFORE_FRAME:  # a second SOI, EOI, a scan before any frame, an unknown marker
             return None
         if marker not in _STANDALONE:
-            (length,) = struct.unpack_from(">H", data, i)
+            length = data[i] << 8 | data[i + 1]
             if length < 2:
                 return None
             if marker == 0xE1 and data[i + 2 : i + 8] == b"Exif\x00\x00":

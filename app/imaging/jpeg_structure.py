@@ -38,26 +38,31 @@ bytes are not 0/63/0/0, which libjpeg ignores): OpenCV decodes it on every path,
 answers alike (with the standard tables, a file coded with others decodes to noise there).
 
 The walk reads segment headers in Python (a few dozen) and finds the markers inside the
-entropy-coded data with NumPy over the bytes after the first scan (one comparison pass): no
-Python loop per byte.
+entropy-coded data with NumPy (``app.imaging.jpeg_markers``): no Python loop per byte. Every
+image is walked on a thread that holds the GIL the GPU pipeline needs, so each step counts: a
+segment's body is copied only when it is read, a Huffman table is checked in one pass as it is
+defined (its verdict counts when a scan uses it), and a scan checks each table selector once.
 """
 
 from __future__ import annotations
 
+import operator
 import struct
 from bisect import bisect_left
 from dataclasses import dataclass
 
 import numpy as np
 
+from app.imaging.jpeg_markers import RST0, Markers, find_markers
+
 SOI, EOI, SOS, DHT, DQT, DRI, DNL, DAC = 0xD8, 0xD9, 0xDA, 0xC4, 0xDB, 0xDD, 0xDC, 0xCC
-RST0 = 0xD0
 _SOF = frozenset(range(0xC0, 0xD0)) - {DHT, 0xC8, DAC}
 _SOF_PROGRESSIVE = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
 _SOF_LOSSLESS = frozenset({0xC3, 0xC7, 0xCB, 0xCF})
 _SOF_ARITHMETIC = frozenset({0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _SOF_HIERARCHICAL = frozenset({0xC5, 0xC6, 0xC7, 0xCD, 0xCE, 0xCF})
 _SKIPPED = frozenset({DNL, 0xFE, *range(0xE0, 0xF0)})  # DNL, COM, APPn: read past by their length
+_WITHOUT_LENGTH = frozenset({SOI, EOI, 0x01, *range(RST0, RST0 + 8)})  # TEM, RSTn
 _MAX_SIDE = 65_500  # libjpeg's JPEG_MAX_DIMENSION
 _MAX_BLOCKS_IN_MCU = 10  # libjpeg's D_MAX_BLOCKS_IN_MCU
 _MAX_COMPONENTS = 10
@@ -78,16 +83,6 @@ class _Defect(Exception):
     pass
 
 
-@dataclass
-class _Component:
-    ident: int
-    h: int
-    v: int
-    quant: int
-    coef_bits: list[int] | None = None  # progressive: the last Al sent per coefficient, -1 none yet
-    scanned: bool = False
-
-
 def walk_jpeg(data: bytes, *, max_scans: int | None = None) -> JpegStructure:
     """Walk ``data`` (a JPEG whose header ``app.imaging.headers`` read) from SOI to EOI.
 
@@ -104,25 +99,30 @@ def walk_jpeg(data: bytes, *, max_scans: int | None = None) -> JpegStructure:
 
 
 class _Walker:
+    # what no segment has set yet: class defaults, not set for every walk
+    needs_libjpeg = False
+    scans = 0
+    progressive = lossless = arithmetic = False  # the frame's coding process (SOFn)
+    width = height = 0
+    hmax = vmax = 1
+    restart = 0
+    multiple_scans = False
+    _markers: Markers | None = None  # see _markers_from
+    _base = 0
+
     def __init__(self, data: bytes, max_scans: int | None) -> None:
         self.data = data if isinstance(data, bytes) else bytes(data)
         self.max_scans = max_scans
-        self.needs_libjpeg = False
-        self.scans = 0
-        self.frame: list[_Component] = []
-        self.sof = 0
-        self.width = self.height = 0
-        self.hmax = self.vmax = 1
-        # Huffman table id → (code counts per length, symbols): libjpeg checks a table when a scan uses it
-        self.dc: dict[int, tuple[bytes, bytes]] = {}
-        self.ac: dict[int, tuple[bytes, bytes]] = {}
-        self._checked: set[tuple[bytes, bytes]] = set()
+        # the frame's components: id → (h, v, quantization table), in order; those a scan may name
+        # (libjpeg: the first 4); those a scan coded; progressive: the last Al sent per coefficient
+        self.components: dict[int, tuple[int, int, int]] = {}
+        self.scannable: dict[int, tuple[int, int, int]] = {}
+        self.scanned: set[int] = set()
+        self.coef_bits: dict[int, list[int]] = {}
+        # Huffman table id → whether libjpeg takes the table: it checks one when a scan uses it
+        self.dc: dict[int, bool] = {}
+        self.ac: dict[int, bool] = {}
         self.quant: set[int] = set()
-        self.restart = 0
-        self.multiple_scans = False
-        self._markers: tuple[list[int], list[int]] | None = None  # see _markers_from
-        self._positions = self._codes = np.zeros(0, np.uint8)
-        self._base = 0
 
     # ------------------------------------------------------------------ the marker walk
     def run(self) -> None:
@@ -131,83 +131,95 @@ class _Walker:
             raise _Defect("no SOI marker")
         i = 2
         while True:
-            if i >= n:
-                raise _Defect("the data ends before the EOI marker")
-            if d[i] != 0xFF:
-                raise _Defect(f"bytes that are not a marker at offset {i}")
-            while i < n and d[i] == 0xFF:  # fill bytes
+            if i + 1 < n and d[i] == 0xFF and d[i + 1] != 0xFF:  # the usual: no fill bytes
+                marker = d[i + 1]
+                i += 2
+            else:
+                if i >= n:
+                    raise _Defect("the data ends before the EOI marker")
+                if d[i] != 0xFF:
+                    raise _Defect(f"bytes that are not a marker at offset {i}")
                 i += 1
-            if i >= n:
-                raise _Defect("the data ends before the EOI marker")
-            marker = d[i]
-            i += 1
-            if marker == EOI:
-                self._end()
-                return
-            if RST0 <= marker <= RST0 + 7 or marker == 0x01:  # outside a scan libjpeg ignores them
-                continue
-            if marker == SOI:
-                raise _Defect("a second SOI marker")
+                while i < n and d[i] == 0xFF:  # fill bytes
+                    i += 1
+                if i >= n:
+                    raise _Defect("the data ends before the EOI marker")
+                marker = d[i]
+                i += 1
+            if marker in _WITHOUT_LENGTH:
+                if marker == EOI:
+                    self._end()
+                    return
+                if marker == SOI:
+                    raise _Defect("a second SOI marker")
+                continue  # RSTn, TEM: outside a scan libjpeg ignores them
             if i + 2 > n:
                 raise _Defect("the data ends inside a segment")
-            (length,) = struct.unpack_from(">H", d, i)
+            length = d[i] << 8 | d[i + 1]
             if length < 2:
                 raise _Defect(f"a segment of length {length}")
-            if i + length > n:
+            end = i + length
+            if end > n:
                 raise _Defect("the data ends inside a segment")
-            body = d[i + 2 : i + length]
-            if marker in _SOF:
-                self._frame(marker, body)
+            if marker in _SKIPPED:  # APPn, COM, DNL: their bodies are not read (nor copied)
+                pass
             elif marker == DHT:
-                self._huffman(body)
+                self._huffman(d[i + 2 : end])
             elif marker == DQT:
-                self._quantization(body)
-            elif marker == DRI:
-                if len(body) != 2:
-                    raise _Defect("a DRI segment that is not 4 bytes long")
-                (self.restart,) = struct.unpack(">H", body)
+                self._quantization(d[i + 2 : end])
+            elif marker in _SOF:
+                self._frame(marker, d[i + 2 : end])
             elif marker == SOS:
-                i = self._scan(body, i + length)
+                i = self._scan(d[i + 2 : end], end)
                 if self.max_scans is not None and self.scans > self.max_scans:
                     return
                 continue
-            elif marker == DAC:
-                pass
-            elif marker not in _SKIPPED:
+            elif marker == DRI:
+                if length != 4:
+                    raise _Defect("a DRI segment that is not 4 bytes long")
+                self.restart = d[i + 2] << 8 | d[i + 3]
+            elif marker != DAC:
                 raise _Defect(f"an unknown marker 0xFF{marker:02X}")
-            i += length
+            i = end
 
     def _end(self) -> None:
         if not self.scans:
             raise _Defect("no scan before the EOI marker")
-        missing = [c.ident for c in self.frame if not c.scanned]
+        missing = [ident for ident in self.components if ident not in self.scanned]
         if missing:
             raise _Defect(f"no scan codes component {missing[0]}")
 
     # ------------------------------------------------------------------ segments
     def _frame(self, marker: int, body: bytes) -> None:
-        if self.frame:
+        if self.components:
             raise _Defect("a second SOF marker")
         if marker in _SOF_HIERARCHICAL:
             raise _Defect("a hierarchical JPEG (libjpeg decodes none)")
         precision, height, width, count = struct.unpack_from(">BHHB", body)
         if len(body) != 6 + 3 * count or not 1 <= count <= _MAX_COMPONENTS:
             raise _Defect("an SOF segment whose length does not match its components")
-        if not (2 <= precision <= 16 if marker in _SOF_LOSSLESS else precision in (8, 12)):
+        lossless = marker in _SOF_LOSSLESS
+        if not (2 <= precision <= 16 if lossless else precision in (8, 12)):
             raise _Defect(f"{precision}-bit samples")
         if height > _MAX_SIDE or width > _MAX_SIDE or not height or not width:
             raise _Defect(f"a frame of {width} x {height} (libjpeg's limit is {_MAX_SIDE})")
-        self.sof, self.width, self.height = marker, width, height
-        for c in range(count):
-            ident, hv, quant = body[6 + 3 * c : 9 + 3 * c]
+        self.width, self.height = width, height
+        self.progressive, self.lossless, self.arithmetic = (
+            marker in _SOF_PROGRESSIVE, lossless, marker in _SOF_ARITHMETIC)
+        components, scannable = self.components, self.scannable
+        hmax = vmax = 1
+        for at in range(6, 6 + 3 * count, 3):
+            ident, hv = body[at], body[at + 1]
             h, v = hv >> 4, hv & 0x0F
             if not (1 <= h <= 4 and 1 <= v <= 4):
                 raise _Defect(f"sampling factors {h}x{v}")
-            if any(x.ident == ident for x in self.frame):
+            if ident in components:
                 raise _Defect(f"component id {ident} twice in the frame")
-            self.frame.append(_Component(ident, h, v, quant))
-        self.hmax = max(c.h for c in self.frame)
-        self.vmax = max(c.v for c in self.frame)
+            components[ident] = component = (h, v, body[at + 2])
+            if len(scannable) < _MAX_COMPS_IN_SCAN:
+                scannable[ident] = component
+            hmax, vmax = max(hmax, h), max(vmax, v)
+        self.hmax, self.vmax = hmax, vmax
 
     def _huffman(self, body: bytes) -> None:
         k, n = 0, len(body)
@@ -224,9 +236,9 @@ class _Walker:
             if index & ~0x1F or table >= 4:
                 raise _Defect(f"a Huffman table index 0x{index:02X}")
             if index & 0x10:
-                self.ac[table] = (bits, b"")
+                self.ac[table] = _codes_fit(bits)
             else:
-                self.dc[table] = (bits, symbols)
+                self.dc[table] = _codes_fit(bits) and max(symbols, default=0) <= 15
         if k != n:
             raise _Defect("a DHT segment whose length does not match its tables")
 
@@ -246,95 +258,88 @@ class _Walker:
     # ------------------------------------------------------------------ scans
     def _scan(self, body: bytes, data_at: int) -> int:
         """Check one SOS and its entropy-coded data; returns where the next marker starts."""
-        if not self.frame:
+        if not self.components:
             raise _Defect("a scan before the frame header")
         count = body[0] if body else 0
         if len(body) != 4 + 2 * count or not 1 <= count <= _MAX_COMPS_IN_SCAN:
             raise _Defect("an SOS segment whose length does not match its components")
         if self.scans and not self.multiple_scans:
             raise _Defect("a second scan in a single-scan JPEG")
-        comps: list[tuple[_Component, int, int]] = []
-        for k in range(count):
-            ident, tables = body[1 + 2 * k], body[2 + 2 * k]
-            comp = next((c for c in self.frame[:_MAX_COMPS_IN_SCAN] if c.ident == ident), None)
-            if comp is None or any(c is comp for c, _, _ in comps):
+        # each component's id and table selector (DC table << 4 | AC table), and its (h, v, quantization)
+        idents, selectors = body[1 : 1 + 2 * count : 2], body[2 : 2 + 2 * count : 2]
+        comps: list[tuple[int, int, int]] = []
+        for k, ident in enumerate(idents):
+            comp = self.scannable.get(ident)
+            if comp is None or ident in idents[:k]:
                 raise _Defect(f"a scan of component {ident}, which the frame lacks or the scan repeats")
-            comps.append((comp, tables >> 4, tables & 0x0F))
+            comps.append(comp)
         ss, se, ahl = body[1 + 2 * count : 4 + 2 * count]
         ah, al = ahl >> 4, ahl & 0x0F
         if not self.scans:
-            self.multiple_scans = count < len(self.frame) or self.sof in _SOF_PROGRESSIVE
+            self.multiple_scans = count < len(self.components) or self.progressive
         self.scans += 1
         if self.max_scans is not None and self.scans > self.max_scans:
             return len(self.data)
-        if self.sof not in _SOF_LOSSLESS:
-            for comp, _, _ in comps:
-                if not comp.scanned and comp.quant not in self.quant:
-                    raise _Defect(f"no quantization table {comp.quant} for component {comp.ident}")
-        if self.sof in _SOF_PROGRESSIVE:
-            self._progression(comps, ss, se, ah, al)
-        elif self.sof not in _SOF_LOSSLESS:
-            if (ss, se, ah, al) != (0, 63, 0, 0):
+        if not self.lossless:
+            for ident, (_, _, quant) in zip(idents, comps):
+                if ident not in self.scanned and quant not in self.quant:
+                    raise _Defect(f"no quantization table {quant} for component {ident}")
+        if self.progressive:
+            self._progression(idents, selectors, ss, se, ah, al)
+        elif not self.lossless:
+            if ss or se != 63 or ahl:
                 self.needs_libjpeg = True  # libjpeg warns and ignores them (files with zeros exist)
-            if self.sof not in _SOF_ARITHMETIC:
-                for _, dc, ac in comps:
-                    self._table(self.dc, dc, "DC")
-                    self._table(self.ac, ac, "AC")
-        blocks = sum(c.h * c.v for c, _, _ in comps) if count > 1 else 1
+            if not self.arithmetic:
+                for selector in dict.fromkeys(selectors):  # a repeated one checks the same tables again
+                    self._table(self.dc, selector >> 4, "DC")
+                    self._table(self.ac, selector & 0x0F, "AC")
+        blocks = sum([h * v for h, v, _ in comps]) if count > 1 else 1
         if blocks > _MAX_BLOCKS_IN_MCU:
             raise _Defect(f"an MCU of {blocks} blocks")
-        for comp, _, _ in comps:
-            comp.scanned = True
+        self.scanned.update(idents)
         return self._entropy_data(data_at, self._mcus(comps))
 
-    def _table(self, tables: dict[int, tuple[bytes, bytes]], index: int, kind: str) -> None:
-        table = tables.get(index)
-        if table is None:
-            if index > 1 or self.sof in _SOF_PROGRESSIVE:
+    def _table(self, tables: dict[int, bool], index: int, kind: str) -> None:
+        fits = tables.get(index)
+        if fits is None:
+            if index > 1 or self.progressive:
                 raise _Defect(f"no {kind} Huffman table {index}")
             self.needs_libjpeg = True  # libjpeg takes its standard table (Motion-JPEG frames)
-            return
-        if table in self._checked:
-            return
-        bits, symbols = table
-        if not _codes_fit(bits) or (kind == "DC" and max(symbols, default=0) > 15):
+        elif not fits:
             raise _Defect(f"a bad {kind} Huffman table {index}")
-        self._checked.add(table)
 
-    def _progression(self, comps, ss: int, se: int, ah: int, al: int) -> None:
+    def _progression(self, idents: bytes, selectors: bytes, ss: int, se: int, ah: int, al: int) -> None:
         dc_band = ss == 0
-        bad = (se != 0) if dc_band else (ss > se or se >= 64 or len(comps) != 1)
+        bad = (se != 0) if dc_band else (ss > se or se >= 64 or len(idents) != 1)
         if (ah and al != ah - 1) or al > 13 or bad:
             raise _Defect(f"invalid progressive parameters Ss={ss} Se={se} Ah={ah} Al={al}")
-        if self.sof not in _SOF_ARITHMETIC:
-            for _, dc, ac in comps:
+        if not self.arithmetic:
+            for selector in selectors:
                 if dc_band and not ah:
-                    self._table(self.dc, dc, "DC")
+                    self._table(self.dc, selector >> 4, "DC")
                 elif not dc_band:
-                    self._table(self.ac, ac, "AC")
-        for comp, _, _ in comps:
-            if comp.coef_bits is None:
-                comp.coef_bits = [-1] * 64
-            bits = comp.coef_bits
+                    self._table(self.ac, selector & 0x0F, "AC")
+        for ident in idents:
+            bits = self.coef_bits.setdefault(ident, [-1] * 64)
             if not dc_band and bits[0] < 0:
-                raise _Defect(f"an AC scan of component {comp.ident} before its DC scan")
+                raise _Defect(f"an AC scan of component {ident} before its DC scan")
             band = bits[ss : se + 1]  # each coefficient's bits so far: a refinement must follow them
             if max(band) > 0 if not ah else not min(band) == max(band) == ah:
-                raise _Defect(f"an inconsistent progression for component {comp.ident}")
+                raise _Defect(f"an inconsistent progression for component {ident}")
             bits[ss : se + 1] = [al] * (se + 1 - ss)
 
     def _mcus(self, comps) -> int:
         if len(comps) == 1:
-            c = comps[0][0]
-            across = -(-self.width * c.h // (self.hmax * 8))
-            down = -(-self.height * c.v // (self.vmax * 8))
+            h, v, _ = comps[0]
+            across = -(-self.width * h // (self.hmax * 8))
+            down = -(-self.height * v // (self.vmax * 8))
             return across * down
         return -(-self.width // (self.hmax * 8)) * -(-self.height // (self.vmax * 8))
 
     def _entropy_data(self, start: int, mcus: int) -> int:
         """The scan's data runs from ``start`` to the first marker that is not RSTn; RSTn must
         come in sequence, as many as the restart interval needs, none empty."""
-        positions, ends = self._markers_from(start)
+        positions, codes, ends = self._markers_from(start)
         first = bisect_left(positions, start)
         k = bisect_left(ends, first)
         if k == len(ends):
@@ -342,7 +347,7 @@ class _Walker:
         last = ends[k]
         end, found = positions[last], last - first
         if not found:  # the usual scan: no restart markers
-            if self.restart and self.sof not in _SOF_LOSSLESS and mcus > self.restart:
+            if self.restart and not self.lossless and mcus > self.restart:
                 raise _Defect(f"no restart markers in scan {self.scans}, where its {mcus} MCUs need "
                               f"{-(-mcus // self.restart) - 1}")
             if end <= start:
@@ -350,12 +355,11 @@ class _Walker:
             return end
         if not self.restart:
             raise _Defect(f"restart markers in scan {self.scans} without a restart interval")
-        codes = self._codes[first:last]
-        if np.any(codes != self._sequence(found)):
+        if np.any(np.asarray(codes[first:last]) != self._sequence(found)):
             raise _Defect(f"restart markers out of sequence in scan {self.scans}")
-        at = self._positions[first:last]
+        at = np.asarray(positions[first:last])
         sizes = np.diff(np.concatenate(([start - 2], at, [end]))) - 2  # bytes per restart interval
-        if self.sof not in _SOF_LOSSLESS:
+        if not self.lossless:
             needed = -(-mcus // self.restart) - 1
             if found == needed + 1 and sizes[-1] <= 0:
                 sizes = sizes[:-1]  # an RST after the last interval: libjpeg reads past it
@@ -369,29 +373,22 @@ class _Walker:
         """RST0, RST1, ... RST7, RST0, ...: the codes ``count`` restart markers must have."""
         return (np.arange(count) % 8 + RST0).astype(np.uint8)
 
-    def _markers_from(self, start: int) -> tuple[list[int], list[int]]:
-        """Every marker's 0xFF at or after ``start`` (found once, from the first scan's data on):
-        an 0xFF followed by a byte that is neither 0x00 (a stuffed data byte) nor 0xFF (fill).
-        Returns their offsets and the indices (into them) of the markers that are not RSTn."""
+    def _markers_from(self, start: int) -> Markers:
+        """The markers at or after ``start``, found once, from the first scan's data on."""
         if self._markers is None or start < self._base:
-            arr = np.frombuffer(self.data, np.uint8)
-            ff = np.flatnonzero(arr[start:-1] == 0xFF) + start
-            nxt = arr[ff + 1]
-            keep = (nxt != 0) & (nxt != 0xFF)
-            self._positions, self._codes = ff[keep], nxt[keep]
-            rst = (self._codes >= RST0) & (self._codes <= RST0 + 7)
-            self._markers = (self._positions.tolist(), np.flatnonzero(~rst).tolist())
-            self._base = start
+            self._markers, self._base = find_markers(self.data, start), start
         return self._markers
 
 
+# What a code length adds to a Huffman table's Kraft sum, scaled by 2**16: a code of length L
+# takes 2**(16 - L) of the 2**16 codes of 16 bits.
+_CODE_SPACE = tuple(1 << (16 - length) for length in range(1, 17))
+
+
 def _codes_fit(bits: bytes) -> bool:
-    """libjpeg's check of a Huffman table: the code lengths leave room for every code, and no
-    code is all ones."""
-    code = 0
-    for length, count in enumerate(bits.rstrip(b"\x00"), 1):
-        code += count
-        if code >= 1 << length:
-            return False
-        code <<= 1
-    return True
+    """libjpeg's check of a Huffman table (``jpeg_make_d_derived_tbl``): the code lengths leave
+    room for every code, and no code is all ones. It counts the codes length by length and fails
+    where they reach ``1 << length``; that count over ``1 << length`` only grows with the length,
+    so it fails somewhere exactly when it fails at the last: when the codes fill all 2**16 of 16
+    bits (Kraft's sum reaches 1), summed in one C-level pass."""
+    return sum(map(operator.mul, bits, _CODE_SPACE)) < 1 << 16

@@ -25,7 +25,7 @@ from app.gpu.decoded import route
 from app.imaging.check import check_image
 from app.imaging.decode import decode_image
 from app.imaging.headers import read_header
-from app.imaging.jpeg_structure import walk_jpeg
+from app.imaging.jpeg_structure import _codes_fit, walk_jpeg
 
 CPU_ERROR = "cannot decode this JPEG image (truncated or corrupt)"
 
@@ -177,3 +177,88 @@ def test_what_libjpeg_reads_leniently_goes_to_opencv_on_every_path(corpus, sourc
 def test_what_follows_the_eoi_is_ignored_as_libjpeg_ignores_it(corpus, sources):
     assert walk_jpeg(corpus["bus_trailing_garbage"]).defect is None
     np.testing.assert_array_equal(decode_image(corpus["bus_trailing_garbage"]), decode_image(sources["bus"]))
+
+
+def _libjpeg_codes_fit(bits: bytes) -> bool:
+    """jdhuff.c's ``jpeg_make_d_derived_tbl`` (Figures C.1 and C.2): the codes, length by length,
+    must each fit their length without being all ones."""
+    huffsize = [length for length, count in enumerate(bits, 1) for _ in range(count)] + [0]
+    code, si, p = 0, huffsize[0], 0
+    while huffsize[p]:
+        while huffsize[p] == si:
+            p += 1
+            code += 1
+        if code >= 1 << si:
+            return False
+        code <<= 1
+        si += 1
+    return True
+
+
+def test_the_huffman_table_check_is_libjpegs(sources, forge):
+    tables = []
+    for data in sources.values():  # every table of the photos, as they define them
+        for at, _, end in (s for s in forge.jpeg_segments(data) if s[1] == 0xC4):
+            k = at + 4
+            while end - k > 16:
+                tables.append(data[k + 1 : k + 17])
+                k += 17 + sum(data[k + 1 : k + 17])
+    rng = np.random.default_rng(0)
+    for _ in range(20_000):  # random lengths, near full code spaces, over-subscribed by one code
+        bits = rng.integers(0, 4, 16) * (rng.random(16) < 0.6)
+        last = int(rng.integers(1, 17))
+        bits[last:] = 0
+        room = (1 << last) - 1 - sum(int(c) << (last - 1 - j) for j, c in enumerate(bits[: last - 1]))
+        bits[last - 1] = min(255, max(0, room + int(rng.integers(-1, 2))))
+        tables.append(bytes(bits.astype(np.uint8)))
+    verdicts = Counter(_libjpeg_codes_fit(bits) for bits in tables)
+    assert all(_codes_fit(bits) == _libjpeg_codes_fit(bits) for bits in tables)
+    assert verdicts[True] > 1000 and verdicts[False] > 1000
+
+
+
+def _with_fill_and_markers_between_segments(forge, data: bytes) -> bytes:
+    """0xFF fill bytes before each header marker, and an RSTn and a TEM (which libjpeg skips
+    outside a scan) after each header segment."""
+    segments = forge.jpeg_segments(data)
+    out = data[:2]
+    for at, marker, end in segments:
+        out += b"\xff\xff\xff" + data[at:end] + (b"\xff\xd3\xff\x01" if marker != 0xDA else b"")
+    return out + data[segments[-1][2] :]
+
+
+def test_the_walks_rarer_paths_against_opencv(sources, forge, capfd):
+    """Fill bytes and markers libjpeg skips, a component id twice in the frame, an MCU of too many
+    blocks, an AC scan before its DC scan, an empty restart interval, an RSTn after the last
+    interval: the walk's verdict, and OpenCV's decode (or refusal, or warning) that it answers to."""
+    bus, progressive, restarts = sources["bus"], sources["progressive"], sources["restarts"]
+    sof = forge.jpeg_sof(bus)
+    twice, blocks = bytearray(bus), bytearray(bus)
+    twice[sof + 13] = bus[sof + 10]  # the second component takes the first one's id
+    for c in range(3):
+        blocks[sof + 11 + 3 * c] = 0x44  # 4x4 sampling: 48 blocks an MCU
+    first_scan = forge.jpeg_segments(progressive)[-1][0]  # dropped with its data; the tables after it stay
+    rsts = [(at, code) for at, code in forge.jpeg_markers(restarts) if 0xD0 <= code <= 0xD7]
+    after_last = 0xD0 + (rsts[-1][1] - 0xD0 + 1) % 8
+    cases = {  # name: (the file, the walk's defect; None: OpenCV decodes it cleanly, to the source's pixels)
+        "fill and skipped markers": (_with_fill_and_markers_between_segments(forge, bus), None),
+        "fill and skipped markers, progressive": (_with_fill_and_markers_between_segments(forge, progressive), None),
+        "an RSTn after the last interval": (restarts[:-2] + bytes([0xFF, after_last]) + restarts[-2:], None),
+        "a component id twice": (bytes(twice), "component id 1 twice in the frame"),
+        "an MCU of 48 blocks": (bytes(blocks), "an MCU of 48 blocks"),
+        "an AC scan first": (progressive[:first_scan] + progressive[forge.jpeg_markers(progressive)[0][0] :],
+                             "an AC scan of component 1 before its DC scan"),
+        "an empty restart interval": (restarts[: rsts[3][0] + 2] + restarts[rsts[4][0] :],
+                                      "scan 1 has an empty restart interval"),
+    }
+    source = {"fill and skipped markers": bus, "fill and skipped markers, progressive": progressive,
+              "an RSTn after the last interval": restarts}
+    for name, (data, defect) in cases.items():
+        decoded, warned = _opencv(data, capfd)
+        assert walk_jpeg(data).defect == defect, name
+        if defect is None:
+            assert decoded and not warned, name
+            np.testing.assert_array_equal(decode_image(data), decode_image(source[name]))
+            assert read_header(data) == read_header(source[name]), name
+        else:
+            assert not decoded or warned, name
