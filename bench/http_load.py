@@ -52,11 +52,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-from app.benchmark.machine import machine_info, versions
+from app.benchmark.machine import code_revision, machine_info, versions
 from bench.grpc_client import run_h2load
 from bench.host_tier import INPUTS as HOST_INPUTS
 from bench.host_tier import run_host, serving_env
-from bench.server_meter import Server, cpu_us_per_request, git_commit, wait_for_standbys
+from bench.server_meter import Server, cpu_us_per_request, wait_for_standbys
 from bench.wrk_client import OIP_SCRIPT, run_wrk
 
 RESULTS = ROOT / "bench" / "results"
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     result: dict = {
         "benchmark": "http_load", "smoke": args.smoke, "note": args.note,
         "when": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "machine": machine_info(), "versions": versions(), "commit": git_commit(), "images": images,
+        "machine": machine_info(), "versions": versions(), "commit": code_revision(), "images": images,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "rows": [],
     }

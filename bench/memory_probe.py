@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-from bench.server_meter import ServerMeter, free_port, git_commit, wait_for_standbys, wait_ready
+from bench.server_meter import ServerMeter, free_port, wait_for_standbys, wait_ready
 
 MB = 1 << 20
 BURSTS = ("batch32", "pipelined40", "concurrent500")
@@ -297,7 +297,7 @@ def bursts(args: argparse.Namespace) -> dict:
     order turned each round), each burst's rest measured just before it."""
     import httpx
 
-    from app.benchmark.machine import machine_info, versions
+    from app.benchmark.machine import code_revision, machine_info, versions
 
     configs = [] if args.config else [("", [], args.code)]  # (name, environment, checkout)
     for text in args.config:
@@ -333,7 +333,7 @@ def bursts(args: argparse.Namespace) -> dict:
             stop_server(proc)
     config = {key: vars(args)[key] for key in ("backend", "weights", "env", "warmup", "settle_s", "tolerance", "rounds",
                                                "copies", "clients", "sample_ms")}
-    result = {"machine": machine_info(), "versions": versions(), "commit": git_commit(),
+    result = {"machine": machine_info(), "versions": versions(), "commit": code_revision(),
               "config": {"date": dt.datetime.now().isoformat(timespec="seconds"), **config, "configs": args.config,
                          "photo_bytes": len(photo),
                          "server_code": str(Path(args.code or ROOT).resolve()), "model": model}}
@@ -375,7 +375,7 @@ def engine_child(model: str, batch: int, options: str, threads: int, runs: int, 
 def engine_sweep(args: argparse.Namespace) -> dict:
     """Every (batch, ONNX Runtime options) pair, each in a fresh process, the pairs interleaved
     over ``--rounds`` (the order turned each round), so that a machine's drift falls on all."""
-    from app.benchmark.machine import machine_info, versions
+    from app.benchmark.machine import code_revision, machine_info, versions
     from app.builder.export import export_onnx
 
     model, photo = str(export_onnx("sample").onnx_path), str(bus_jpg())
@@ -395,7 +395,7 @@ def engine_sweep(args: argparse.Namespace) -> dict:
     # On a shared machine the best run is the least disturbed one: its rate is the cleaner figure.
     summary = summarize(rows, ("batch", "ort"), {"peak_over_rest_mb": max, "images_per_s": statistics.median,
                                                  "best_images_per_s": max, "cpu_ms_per_image": statistics.median})
-    return {"machine": machine_info(), "versions": versions(), "commit": git_commit(),
+    return {"machine": machine_info(), "versions": versions(), "commit": code_revision(),
             "config": {"date": dt.datetime.now().isoformat(timespec="seconds"), "model": model, "photo": photo,
                        "rounds": args.rounds, "runs": args.runs, "ort_threads": args.ort_threads},
             "rows": rows, "summary": summary}

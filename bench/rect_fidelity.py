@@ -29,7 +29,6 @@ sys.path.insert(0, str(ROOT))  # a checkout without `pip install -e`
 
 import numpy as np
 
-from bench.server_meter import git_commit
 
 CONF, IOU = 0.25, 0.7  # both sides' defaults, said once
 
@@ -100,7 +99,7 @@ def main() -> None:
     os.environ.update(YOLO_OFFLINE="1", YOLO_VERBOSE="False")
     from ultralytics import YOLO
 
-    from app.benchmark.machine import PACKAGES, machine_info
+    from app.benchmark.machine import PACKAGES, code_revision, machine_info
     from app.files import list_images
     from app.imaging.headers import IMAGE_SUFFIXES
     from app.versions import package_versions
@@ -109,7 +108,7 @@ def main() -> None:
     images = args.images or assets_dir()
     names = [img.name for img in list_images(str(images), IMAGE_SUFFIXES)]
     model = YOLO(str(resolve_weights(args.weights).path))
-    commit, started = git_commit(), time.perf_counter()  # the code that runs: read before it does
+    commit, started = code_revision(), time.perf_counter()  # the code that runs: read before it does
     sets = [("images", images, lambda **kw: ultralytics_images(model, images, names, **kw))]
     if args.video is not None:
         sets.append(("video", args.video, lambda **kw: ultralytics_video(model, args.video, **kw)))

@@ -15,20 +15,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def git_commit() -> str | None:
-    """``BENCH_COMMIT`` where the command gives it (the GPU machine's copy is a tree over a git
-    history of its own, the last landed commit's), else this checkout's commit, ``-dirty`` when it
-    has changes."""
-    if os.environ.get("BENCH_COMMIT"):
-        return os.environ["BENCH_COMMIT"]
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
-    if head.returncode != 0:
-        return None
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, check=False).stdout.strip()
-    return head.stdout.strip() + ("-dirty" if dirty else "")
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

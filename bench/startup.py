@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if __package__ in (None, ""):
     sys.path.insert(0, str(ROOT))
 
-from app.benchmark.machine import machine_info, versions
+from app.benchmark.machine import code_revision, machine_info, versions
 
 GPU_MODULES = ("torch.cuda", "numba.cuda", "cupy", "tensorrt", "nvidia.nvimgcodec")
 STEP = re.compile(r"^\s+(\d+\.\d+) s  (.+)$")
@@ -231,13 +231,20 @@ def warm_child(args: argparse.Namespace) -> None:
                           "precision": detector.precision}))
 
 
-def warm_row(source: str, weights: str, batch: int, env: dict, scratch: Path, timeout: float) -> dict:
-    log, out = scratch / "warm.log", scratch / "warm.jsonl"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "warm", "--weights", weights, "--source", source,
-           "--out", str(out), "--batch", str(batch)]
+def child_json(child: str, more: list[str], env: dict, log: Path, timeout: float) -> tuple[dict | None, dict]:
+    """This script as ``--child CHILD`` in a process of its own, timed: the JSON line it printed
+    last (None if none) and the process's own row (``timed``)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", child, *more]
     r = timed(cmd, env=env, log=log, out=None, timeout=timeout)
     lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("{")]
-    return {**json.loads(lines[-1]), "process_wall_s": r["wall_s"]} if lines else {**r, "log_tail": log.read_text()[-2000:]}
+    return (json.loads(lines[-1]) if lines else None), r
+
+
+def warm_row(source: str, weights: str, batch: int, env: dict, scratch: Path, timeout: float) -> dict:
+    log = scratch / "warm.log"
+    found, r = child_json("warm", ["--weights", weights, "--source", source, "--out", str(scratch / "warm.jsonl"),
+                                   "--batch", str(batch)], env, log, timeout)
+    return {**found, "process_wall_s": r["wall_s"]} if found else {**r, "log_tail": log.read_text()[-2000:]}
 
 
 def baseline_tree(baseline: str, scratch: Path) -> tuple[Path, str]:
@@ -288,10 +295,8 @@ def bare_child(args: argparse.Namespace) -> None:
 
 def bare_row(weights: str, batch: int, env: dict, scratch: Path, timeout: float) -> dict:
     log = scratch / "bare.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "bare", "--weights", weights, "--batch", str(batch)]
-    r = timed(cmd, env=env, log=log, out=None, timeout=timeout)
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("{")]
-    return json.loads(lines[-1]) if lines else {**r, "log_tail": log.read_text()[-2000:]}
+    found, r = child_json("bare", ["--weights", weights, "--batch", str(batch)], env, log, timeout)
+    return found if found else {**r, "log_tail": log.read_text()[-2000:]}
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -450,16 +455,13 @@ def main() -> None:
                        baseline_cpu_s=summarize(base, "cpu_s"), yolopipe_cpu_s=summarize(ours, "cpu_s"))
     if summary["yolopipe_wall_s"] and summary["ultralytics_wall_s"]:
         summary["ultralytics_over_yolopipe_wall"] = round(summary["ultralytics_wall_s"] / summary["yolopipe_wall_s"], 2)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            check=False).stdout.strip()
     out = {
         "what": "bench/startup.py: whole processes timed from outside (see its docstring); medians in summary",
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {**machine_info(gpu=gpu), "nproc": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
                     "note": args.note},
         "versions": versions(),
-        # BENCH_COMMIT first: the GPU machine's copy has a git history of its own (the last landed commit's)
-        "code": os.environ.get("BENCH_COMMIT") or commit or "unknown (no git here)",
+        "code": code_revision() or "unknown (no git here)",
         "config": {"source": "samples" if source == "samples" else f"{count} files", "batch": args.batch,
                    "rounds": args.rounds, "parts": sorted(parts), "gpu": gpu},
         "summary": summary,

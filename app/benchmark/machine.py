@@ -74,7 +74,7 @@ def code_revision() -> str | None:
     root = Path(__file__).resolve().parents[2]
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           check=False)
-    if head.returncode != 0 or not (root / "app").is_dir():
+    if head.returncode != 0:
         return None
     dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
                            capture_output=True, text=True, check=False).stdout.strip()
