@@ -13,6 +13,7 @@ import random
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import cv2
@@ -330,11 +331,20 @@ def _metric(server: GrpcServer, name: str) -> float:
 
 
 def test_a_client_deadline_stops_the_work_its_request_left_queued(client, server, images):
-    small = cv2.imencode(".jpg", cv2.imdecode(np.frombuffer(images[0], np.uint8), cv2.IMREAD_COLOR)[:96, :128])[1]
-    count = 40  # two at a time at the inference worker (the request window)
+    """The deadline is set from the worker's measured pace, so that the request needs about
+    five times it on any machine: with a fixed second, a fast one answered all 40 small images
+    in time and the test failed."""
+    flat = cv2.imencode(".jpg", np.full((640, 640, 3), 114, np.uint8))[1].tobytes()  # light to send, whole to detect
+    paced = 8  # four request windows (two images each) back to back
+    client.infer("yolopipe", [image_input(tgrpc, [flat] * paced)])  # warm
+    start = time.monotonic()
+    client.infer("yolopipe", [image_input(tgrpc, [flat] * paced)])
+    per_image = (time.monotonic() - start) / paced
+    count = MAX_IMAGES
+    wait_until_idle(lambda: _metric(server, "yolopipe_queue_depth"))  # the pacing counted before ``before``
     before = _metric(server, 'yolopipe_images_total{outcome="ok"')
-    status, _ = failure(lambda: client.infer("yolopipe", [image_input(tgrpc, [small.tobytes()] * count)],
-                                             client_timeout=1.0))
+    status, _ = failure(lambda: client.infer("yolopipe", [image_input(tgrpc, [flat] * count)],
+                                             client_timeout=per_image * count / 5))
     assert status == "StatusCode.DEADLINE_EXCEEDED"
     wait_until_idle(lambda: _metric(server, "yolopipe_queue_depth"))  # the worker idle for 2 s
     computed = _metric(server, 'yolopipe_images_total{outcome="ok"') - before
