@@ -1,7 +1,7 @@
-"""Loopback helpers for tests that start a server: a free port, waiting until it is ready, a
-``yolopipe serve`` with gRPC (``GrpcServer``), the photos the protocol tests send, a
-`/v1/detect` reference answer, reading `/metrics`, raw HTTP/1.1 requests, and the resident
-memory of the server's process tree."""
+"""Loopback helpers for tests that start a server: a free port, waiting until it is ready and
+until its inference worker is busy or idle, a flat JPEG, a ``yolopipe serve`` with gRPC
+(``GrpcServer``), the photos the protocol tests send, a `/v1/detect` reference answer, reading
+`/metrics`, raw HTTP/1.1 requests, and the resident memory of the server's process tree."""
 
 from __future__ import annotations
 
@@ -149,6 +149,19 @@ def wait_until_idle(queue_depth: Callable[[], float], *, quiet_s: float = 2.0, t
         idle = queue_depth() == 0
         idle_since = (idle_since or time.monotonic()) if idle else None
         time.sleep(0.05)
+
+
+def wait_until_busy(queue_depth: Callable[[], float], *, timeout: float = 60.0) -> None:
+    """Return once ``queue_depth()`` reads more than 0: the inference worker holds work."""
+    deadline = time.monotonic() + timeout
+    while queue_depth() == 0:
+        assert time.monotonic() < deadline, "no work reached the inference worker"
+        time.sleep(0.005)
+
+
+def flat_jpeg(side: int) -> bytes:
+    """A flat gray ``side``×``side`` JPEG: a few KB to send, a whole letterboxed input to detect."""
+    return cv2.imencode(".jpg", np.full((side, side, 3), 114, np.uint8))[1].tobytes()
 
 
 def http_request(path: str, body: bytes, content_type: str, host: str) -> bytes:

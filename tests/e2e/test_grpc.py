@@ -27,7 +27,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from tests.net import GrpcServer, four_photos, metric_sum, wait_until_idle
+from tests.net import GrpcServer, flat_jpeg, four_photos, metric_sum, wait_until_idle
 from tests.net import v1_detect as net_v1_detect
 
 BODY_LIMIT = 2 * 1024 * 1024
@@ -334,7 +334,7 @@ def test_a_client_deadline_stops_the_work_its_request_left_queued(client, server
     """The deadline is set from the worker's measured pace, so that the request needs about
     five times it on any machine: with a fixed second, a fast one answered all 40 small images
     in time and the test failed."""
-    flat = cv2.imencode(".jpg", np.full((640, 640, 3), 114, np.uint8))[1].tobytes()  # light to send, whole to detect
+    flat = flat_jpeg(640)
     paced = 8  # four request windows (two images each) back to back
     client.infer("yolopipe", [image_input(tgrpc, [flat] * paced)])  # warm
     start = time.monotonic()
