@@ -237,6 +237,11 @@ class InferenceClient:
         self._unsent = 0  # images of admitted requests still waiting for their window here
         self.calls = 0  # detect calls begun, and those not yet over: what "quiet" means to a worker
         self.calls_in_flight = 0
+        # Calls waiting for their answers, oldest first, each with the loop time it times out at
+        # (every call gets the same timeout, so insertion order is expiry order), and the one
+        # timer that wakes for the oldest: ``_time_out_overdue``.
+        self._expiring: dict[_Request, float] = {}
+        self._expiry_timer: asyncio.TimerHandle | None = None
 
     async def start(self, wait_s: float = 30.0) -> None:
         """Connect to every worker (in the background, for good); wait up to ``wait_s`` for one."""
@@ -252,6 +257,9 @@ class InferenceClient:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for link in self._links:
             link.close()
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
 
     @property
     def max_batch(self) -> int:
@@ -359,8 +367,7 @@ class InferenceClient:
         request = _Request(self, images, params, time.monotonic() + timeout, headers)
         for _ in range(min(len(images), self.window)):
             request.send_next()
-        # One timer, not wait_for and shield (a future, a timer and callbacks of each per request).
-        expiry = asyncio.get_running_loop().call_later(timeout + _GRACE_S, request.time_out, timeout)
+        self._expire_at(request, timeout + _GRACE_S)
         try:
             await request.done
         except asyncio.CancelledError:  # the client went away: stop the work it left queued
@@ -368,17 +375,40 @@ class InferenceClient:
                 request.stop(RequestTimeout("the client went away"))
             raise
         finally:
-            expiry.cancel()
+            self._expiring.pop(request, None)
         # Raised below, the error's traceback holds this frame (and ``images``): neither the
         # request (a worker may still answer its images) nor this frame may hold the error.
         shares, error, request.error = request.shares, request.error, None
-        del request, expiry
+        del request
         if error is None:
             return Answers.joined(shares)
         try:
             raise error
         finally:
             del error  # this frame (in its traceback) must not hold it: a cycle that holds ``images``
+
+    def _expire_at(self, request: _Request, after_s: float) -> None:
+        """Time ``request`` out ``after_s`` from now unless it is over by then (``_detect`` takes
+        it off ``_expiring`` when it is). One timer for all calls, armed for the oldest, instead
+        of a timer made and cancelled per call (under load, each answered call cost one)."""
+        loop = asyncio.get_running_loop()
+        self._expiring[request] = loop.time() + after_s
+        if self._expiry_timer is None:
+            self._expiry_timer = loop.call_at(self._expiring[request], self._time_out_overdue)
+
+    def _time_out_overdue(self) -> None:
+        """The timer: every call past its time is timed out, then the timer waits for the oldest left."""
+        self._expiry_timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        timeout = self.settings.request_timeout_s
+        while self._expiring:
+            request, at = next(iter(self._expiring.items()))
+            if at > now:
+                self._expiry_timer = loop.call_at(at, self._time_out_overdue)
+                return
+            del self._expiring[request]
+            request.time_out(timeout)
 
 
 def _no_worker() -> Overloaded:

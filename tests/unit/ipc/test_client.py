@@ -167,3 +167,57 @@ def test_images_an_http_worker_has_yet_to_send_count_for_the_next_request(layout
             server.close()
 
     asyncio.run(main())
+
+
+def test_calls_time_out_each_at_its_own_deadline_and_answered_ones_are_forgotten(layout):
+    """One timer serves every call's deadline: calls begun at different times on a worker that
+    never answers each time out about ``request_timeout_s`` (plus the grace) after its own start,
+    in order; a call answered before its deadline leaves nothing behind to time out, and no
+    timer is left once no call waits."""
+    from app.ipc.client import _GRACE_S
+
+    timeout = 0.2
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        silent = await loop.create_unix_server(lambda: Peer(["silent"], []), str(layout.socket(0)))
+        client = InferenceClient(Settings(request_timeout_s=timeout, queue_budget_s=10.0), layout)
+        try:
+            await client.start(wait_s=0.0)
+            await _until(lambda: client.ready)
+
+            async def timed(delay: float) -> float:
+                await asyncio.sleep(delay)
+                begun = loop.time()
+                with pytest.raises(RequestTimeout, match="no result within 0.2 s"):
+                    await client.detect([b"x"], DetectParams())
+                return loop.time() - begun
+
+            async with asyncio.timeout(10.0):
+                waits = await asyncio.gather(*(timed(d) for d in (0.0, 0.15, 0.3, 0.45)))
+            for waited in waits:  # each after its own deadline, none long after it
+                assert timeout + _GRACE_S <= waited + 0.01 < timeout + _GRACE_S + 1.0, waits
+            assert not client._expiring and client._expiry_timer is None
+        finally:
+            await client.close()
+            silent.close()
+            await silent.wait_closed()
+        answering = await loop.create_unix_server(lambda: Peer(["answer"], []), str(layout.socket(0)))
+        client = InferenceClient(Settings(request_timeout_s=timeout, queue_budget_s=10.0), layout)
+        try:
+            await client.start(wait_s=0.0)
+            await _until(lambda: client.ready)
+            bodies = Bodies([b"answered"])
+            watch = weakref.ref(bodies)
+            answered = await client.detect(bodies, DetectParams())
+            assert answered.detected.widths.tolist() == [len(b"answered")]
+            del bodies, answered
+            assert watch() is None  # nothing waits to time the answered call out
+            assert not client._expiring
+            await asyncio.sleep(timeout + _GRACE_S + 0.1)  # its timer fires, finds nothing overdue
+            assert client._expiry_timer is None
+        finally:
+            await client.close()
+            answering.close()
+
+    asyncio.run(main())
