@@ -17,7 +17,8 @@ failed, ``{HEAD, "error": ..., TAIL}``: ``HEAD`` names what the record is about 
   ``round``'s own string-to-float does;
 * numbers are written with ``%r`` (``float.__repr__``, as ``json`` does for finite floats; a
   batch with a NaN or an infinity writes each number with ``json.dumps``) and strings with
-  ``json.dumps``;
+  ``json.dumps``: the encoder it would build, built once per ``Style`` (``Style.dumps``); ``/v1``'s
+  ``timings`` the same way, from a template (``Style.floats_field``);
 * the layout (keys, order, separators) is ``json.dumps``' in the record's ``Style``: its defaults
   for lines and events, Starlette's ``JSONResponse`` (compact, UTF-8, no NaN) for ``/v1``.
 
@@ -31,8 +32,10 @@ and ``FolderSummary``, the counts a run over files reports (``predict`` and ``pr
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -44,20 +47,62 @@ from app.errors import YolopipeError
 
 @dataclass(frozen=True)
 class Style:
-    """How ``json.dumps`` is called for a kind of output."""
+    """How ``json.dumps`` is called for a kind of output, and the record's templates in it."""
 
     item: str  # between items
     key: str  # between a key and its value
     ensure_ascii: bool
     allow_nan: bool
 
+    @cached_property
+    def encoder(self) -> json.JSONEncoder:
+        """The encoder ``json.dumps`` builds for these settings on each call (costlier than
+        encoding a name), built once: ``json.dumps(v, ...)`` is ``encoder.encode(v)``."""
+        return json.JSONEncoder(ensure_ascii=self.ensure_ascii, allow_nan=self.allow_nan, separators=(self.item, self.key))
+
+    @cached_property
+    def record(self) -> str:
+        """An image's record: head, width, height, detections and tail (``item`` before it, or empty)."""
+        item, key = self.item, self.key
+        return "{%s" + item + '"width"' + key + "%d" + item + '"height"' + key + "%d" + item + '"detections"' + key \
+            + "[%s]%s}"
+
+    @cached_property
+    def box_and_score(self) -> str:
+        """A detection's start: its four box values and its score, each ``%r``."""
+        item, key = self.item, self.key
+        return '{"box"' + key + "[%r" + item + "%r" + item + "%r" + item + "%r]" + item + '"score"' + key + "%r"
+
+    @cached_property
+    def class_end(self) -> str:
+        """A detection's end: its class id (``%d``) and name (``%s``, as ``dumps`` writes it)."""
+        return self.item + '"class_id"' + self.key + "%d" + self.item + '"class_name"' + self.key + "%s}"
+
     def dumps(self, value: Any) -> str:
-        return json.dumps(value, ensure_ascii=self.ensure_ascii, allow_nan=self.allow_nan,
-                          separators=(self.item, self.key))
+        return self.encoder.encode(value)
 
     def fields(self, **values: Any) -> str:
-        """``"key": value`` pairs as ``dumps`` writes them inside an object (a record's head or tail)."""
-        return self.dumps(values)[1:-1]
+        """``"key": value`` pairs as ``dumps`` writes them inside an object (a record's head or tail):
+        each key and value through ``dumps``, as json's encoder writes a dict's str keys and values."""
+        return self.item.join(self.encoder.encode(k) + self.key + self.encoder.encode(v) for k, v in values.items())
+
+    def floats_field(self, key: str, names: Sequence[str]) -> Callable[[Sequence[float]], str]:
+        """``values`` (one per name) -> ``fields(**{key: dict(zip(names, values))})``, from a template
+        made once: finite floats are written with ``%r`` (``float.__repr__``, as json writes them);
+        values with a NaN, an infinity or anything but a float go through ``fields`` (json's words
+        for them, or its refusal)."""
+        if len(set(names)) != len(names):
+            raise ValueError(f"a field's names are its keys, each once: {list(names)}")
+        pairs = [self.dumps(n).replace("%", "%%") + self.key + "%r" for n in names]
+        template = self.dumps(key).replace("%", "%%") + self.key + "{" + self.item.join(pairs) + "}"
+
+        def field_text(values: Sequence[float]) -> str:
+            # A sum is finite only where every value is (a NaN or an infinity carries through).
+            if all(type(v) is float for v in values) and math.isfinite(sum(values)):
+                return template % tuple(values)
+            return self.fields(**{key: dict(zip(names, values))})
+
+        return field_text
 
 
 LINES = Style(", ", ": ", ensure_ascii=True, allow_nan=True)  # json.dumps' defaults: JSON lines, events
@@ -80,15 +125,13 @@ def records(heads: Sequence[str], batch: DetectedBatch, class_names: Sequence[st
     detections = _detection_texts(batch, class_names, style)
     counts = batch.counts.tolist()
     widths, heights = batch.widths.tolist(), batch.heights.tolist()
-    item, key = style.item, style.key
-    ok_record = "{%s" + item + '"width"' + key + "%d" + item + '"height"' + key + '%d' + item + '"detections"' + key \
-        + "[%s]%s}"
-    track_key = item + '"track_id"' + key
+    item, record, errors = style.item, style.record, batch.errors
+    track_key = item + '"track_id"' + style.key
     lines = []
     start = 0
     for i, head in enumerate(heads):
         tail = item + tails[i] if tails is not None and tails[i] else ""
-        error = batch.errors.get(i)
+        error = errors.get(i)
         if error is not None:
             lines.append("{" + head + item + style.fields(**error_fields(error)) + tail + "}")
             continue
@@ -97,47 +140,43 @@ def records(heads: Sequence[str], batch: DetectedBatch, class_names: Sequence[st
         ids = track_ids[i] if track_ids is not None else None
         if ids is not None:
             mine = [d[:-1] + track_key + ("null" if t is None else str(int(t))) + "}" for d, t in zip(mine, ids)]
-        lines.append(ok_record % (head, widths[i], heights[i], item.join(mine), tail))
+        lines.append(record % (head, widths[i], heights[i], item.join(mine), tail))
     return lines
 
 
-def _rounded(batch: DetectedBatch) -> tuple[np.ndarray, np.ndarray]:
-    """The batch's boxes and scores as float64, rounded as ``round(v, 2)`` and ``round(s, 5)``
-    round them (see the module docstring); a NaN or an infinity stays what it is."""
-    boxes = batch.rows[:, :4].astype(np.float64)
-    scores = batch.rows[:, 4].astype(np.float64)
-    np.rint(boxes * 100, out=boxes)
-    boxes /= 100
-    np.rint(scores * 100_000, out=scores)
-    scores /= 100_000
-    return boxes, scores
+_SCALES = np.array([100, 100, 100, 100, 100_000], np.float64)  # a row's box values to 2 decimals, its score to 5
+
+
+def _rounded(batch: DetectedBatch) -> np.ndarray:
+    """The batch's boxes and scores (its rows' first five columns) as float64, rounded as
+    ``round(v, 2)`` and ``round(s, 5)`` round them (see the module docstring); a NaN or an
+    infinity stays what it is."""
+    values = batch.rows[:, :5] * _SCALES  # float32 times float64: the float64 product, exact
+    np.rint(values, out=values)
+    values /= _SCALES
+    return values
 
 
 def _detection_texts(batch: DetectedBatch, class_names: Sequence[str], style: Style) -> list[str]:
     """Every detection of the batch as its JSON object, one image after another."""
-    item, key = style.item, style.key
-    boxes = batch.rows[:, :4].astype(np.float64)
-    scores = batch.rows[:, 4].astype(np.float64)
+    values = _rounded(batch).tolist()
     class_ids = batch.rows[:, 5].astype(np.int32).tolist()
-    # Only the classes present are written (a model's 80 names through json.dumps cost more than
-    # a whole answer); an id the model has not is written as its number, as a string.
-    labels = {i: style.dumps(class_names[i]) for i in set(class_ids) if 0 <= i < len(class_names)}
-    names = [labels.get(cid) or style.dumps(str(cid)) for cid in class_ids]
-    template = ('{"box"' + key + "[%s" + item + "%s" + item + "%s" + item + "%s]" + item + '"score"' + key + "%s"
-                + item + '"class_id"' + key + "%d" + item + '"class_name"' + key + "%s}")
-    if not (np.isfinite(boxes).all() and np.isfinite(scores).all()):  # json's own words for them (or its refusal)
-        return [template % (*(style.dumps(round(v, 2)) for v in box), style.dumps(round(score, 5)), cid, name)
-                for box, score, cid, name in zip(boxes.tolist(), scores.tolist(), class_ids, names)]
-    boxes, scores = _rounded(batch)
-    template = template.replace("%s", "%r", 5)  # the four box values and the score
-    return [template % (x1, y1, x2, y2, score, cid, name)
-            for (x1, y1, x2, y2), score, cid, name in zip(boxes.tolist(), scores.tolist(), class_ids, names)]
+    # Only the classes present are written (a model's 80 names through json cost more than a whole
+    # answer); an id the model has not is written as its number, as a string.
+    ends = {i: style.class_end % (i, style.dumps(class_names[i] if 0 <= i < len(class_names) else str(i)))
+            for i in set(class_ids)}
+    # A sum is finite only where every value is (a NaN or an infinity carries through).
+    if not math.isfinite(sum(map(sum, values))):  # json's own words for them (or its refusal)
+        start = style.box_and_score.replace("%r", "%s")
+        return [start % tuple(map(style.dumps, row)) + ends[cid] for row, cid in zip(values, class_ids)]
+    start = style.box_and_score
+    return [start % tuple(row) + ends[cid] for row, cid in zip(values, class_ids)]
 
 
 def image_lines(names: Sequence[str], batch: DetectedBatch, class_names: Sequence[str]) -> list[str]:
     """``predict``'s line per image: ``{"image": name, "width", "height", "detections"}`` or
     ``{"image": name, "error"}``."""
-    return records(['"image": ' + json.dumps(name) for name in names], batch, class_names)
+    return records(['"image": ' + LINES.dumps(name) for name in names], batch, class_names)
 
 
 def frame_lines(name: str, frames: Sequence[tuple[int, float]], batch: DetectedBatch, class_names: Sequence[str],
@@ -165,8 +204,7 @@ class CocoDocument:
 
     def add(self, file_names: Sequence[str], batch: DetectedBatch) -> None:
         """The batch's images, ``file_names[i]`` naming image ``i`` (a video frame: ``video#frame``)."""
-        boxes, scores = _rounded(batch)
-        boxes, scores, class_ids = boxes.tolist(), scores.tolist(), batch.rows[:, 5].astype(np.int32).tolist()
+        values, class_ids = _rounded(batch).tolist(), batch.rows[:, 5].astype(np.int32).tolist()
         counts, widths, heights = batch.counts.tolist(), batch.widths.tolist(), batch.heights.tolist()
         start = 0
         for i, name in enumerate(file_names):
@@ -175,11 +213,11 @@ class CocoDocument:
             image_id = len(self.images)
             self.images.append({"id": image_id, "file_name": name, "width": widths[i], "height": heights[i]})
             for k in range(start, start + counts[i]):
-                x1, y1, x2, y2 = boxes[k]
+                x1, y1, x2, y2, score = values[k]
                 self.annotations.append({
                     "id": len(self.annotations), "image_id": image_id, "category_id": class_ids[k],
                     "bbox": [x1, y1, round(x2 - x1, 2), round(y2 - y1, 2)], "area": round((x2 - x1) * (y2 - y1), 2),
-                    "score": scores[k], "iscrowd": 0,
+                    "score": score, "iscrowd": 0,
                 })
             start += counts[i]
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from app.contracts import DetectedBatch, ImageResult
 from app.errors import YolopipeError
-from app.ipc.answers import Answers
+from app.ipc.answers import TIMES, Answers
 from app.types import Detections
 
 
@@ -100,8 +100,9 @@ def image_answers(answers: Answers) -> list[ImageAnswer]:
     """Answers (e.g. a RESULTS frame's, ``app.ipc.answers.read_answers``) as an object per
     image, for tests that look at one image at a time (the service reads them as arrays)."""
     out = []
-    for i, (ticket, times) in enumerate(zip(answers.tickets.tolist(), answers.times())):
+    for i, (ticket, values) in enumerate(zip(answers.tickets.tolist(), answers.times())):
         req_id, index = ticket[:2]
+        times = dict(zip(TIMES, values))
         batch = {k: v for k, v in times.items() if k not in ("decode_ms", "queue_ms")}
         result = answers.detected.result(i)
         out.append(ImageAnswer(req_id, index, result.width, result.height, result.detections, result.error,

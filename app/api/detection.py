@@ -24,7 +24,7 @@ from app.contracts import DetectedBatch, DetectParams
 from app.errors import ClientDisconnected, InvalidParameter, Overloaded, YolopipeError
 from app.imaging.check import check_image
 from app.imaging.headers import ImageHeader
-from app.ipc.answers import Answers
+from app.ipc.answers import TIMES, Answers
 from app.ipc.client import SERVER_SIDE, InferenceClient
 from app.records import HTTP, records
 
@@ -135,13 +135,17 @@ def _answered_images(answered: Answers, total_ms: float) -> tuple[DetectedBatch,
     reader of ``Answers`` here."""
     failed = answered.detected.errors
     total = round(total_ms, 3)
-    timings = ["" if i in failed else HTTP.fields(timings={**{k: round(v, 3) for k, v in times.items()}, "total_ms": total})
+    timings = ["" if i in failed else _timings_field((*map(round, times, _THREES), total))
                for i, times in enumerate(answered.times())]
     return answered.detected, timings
+
+
+_timings_field = HTTP.floats_field("timings", [*TIMES, "total_ms"])  # an image's times and the request's, in ms
+_THREES = (3,) * len(TIMES)  # each time rounded to the µs, as round(v, 3)
 
 
 def _image_records(names: list[str], batch: DetectedBatch, timings: list[str], class_names: list[str]) -> list[str]:
     """Each image's JSON object: a line of ``predict`` plus its ``timings``, or, for an image that
     failed, its error with the status it would have alone."""
-    return records([HTTP.fields(image=name) for name in names], batch, class_names, tails=timings, style=HTTP,
+    return records(['"image":' + HTTP.dumps(name) for name in names], batch, class_names, tails=timings, style=HTTP,
                    error_fields=image_error_fields)

@@ -70,10 +70,10 @@ class Answers:
         """Images answered with an error each, never run (refused, cancelled, a failed batch)."""
         return cls(DetectedBatch.failed(errors), tickets(req_ids, indexes))
 
-    def times(self) -> list[dict[str, float]]:
-        """Per image, in order, its times in ms by name (``TIMES``, in ``/v1``'s order): its own
-        decode and queue wait, its batch's call and pipeline stages."""
-        return [dict(zip(TIMES, row)) for row in self.tickets[list(TIMES)].tolist()]
+    def times(self) -> list[tuple[float, ...]]:
+        """Per image, in order, its times in ms in ``TIMES``' order (``/v1``'s): its own decode
+        and queue wait, its batch's call and pipeline stages."""
+        return [ticket[2:] for ticket in self.tickets.tolist()]  # a ticket: req_id, index, then TIMES
 
     def take(self, positions: Sequence[int]) -> Answers:
         """The images at ``positions``, in that order."""

@@ -159,6 +159,58 @@ def test_nothing_to_write():
     assert image_lines(["e.jpg"], only_error, NAMES) == ['{"image": "e.jpg", "error": "empty image"}']
 
 
+def json_dumps_in(style, value) -> str:
+    """``json.dumps`` as the style calls it, a new encoder each time."""
+    return json.dumps(value, ensure_ascii=style.ensure_ascii, allow_nan=style.allow_nan,
+                      separators=(style.item, style.key))
+
+
+def random_floats(rng, k: int) -> list[float]:
+    """Finite floats of every magnitude (subnormal to near the largest), zeros of both signs, ties
+    of ``round(v, 3)``, and now and then a NaN or an infinity."""
+    out = []
+    for _ in range(k):
+        kind = rng.random()
+        if kind < 0.05:
+            out.append(float(rng.choice([np.nan, np.inf, -np.inf])))
+        elif kind < 0.15:
+            out.append(float(rng.choice([0.0, -0.0, 5e-324, -1e-300, 1.7e308, 1e16, 1e-5, 0.0625])))
+        else:
+            v = float(rng.choice([-1, 1]) * 10.0 ** rng.uniform(-12, 20))
+            out.append(round(v, 3) if kind < 0.6 else v)
+    return out
+
+
+@pytest.mark.parametrize("style", [LINES, HTTP], ids=["lines", "http"])
+def test_fields_and_a_floats_field_equal_json_dumps(style):
+    """``Style.fields`` and ``Style.floats_field``'s template write what ``json.dumps`` writes for
+    the dict (NaN and infinities in its words, or its refusal: a ValueError); values that are not
+    floats (ints, bools, None, a NumPy float) go through json too."""
+    rng = np.random.default_rng(11)
+    names = ["decode_ms", "queue_ms", "ünï", 'q"%s%r']
+    field = style.floats_field("timings %s", names)
+    for _ in range(3000):
+        values = random_floats(rng, len(names))
+        if rng.random() < 0.05:
+            values[int(rng.integers(len(names)))] = [7, True, None, np.float64(0.125)][int(rng.integers(4))]
+        record = {"timings %s": dict(zip(names, values))}
+        try:
+            want = json_dumps_in(style, record)[1:-1]
+        except ValueError:
+            with pytest.raises(ValueError):
+                field(values)
+            with pytest.raises(ValueError):
+                style.fields(**record)
+            continue
+        assert field(values) == want == style.fields(**record)
+    heads = {"image": "sub/ü ñ 雪\t\"x\".jpg", "frame": 3, "time_s": -0.0, "ok": True, "none": None,
+             "nested": {"status": 413, "error": {"code": "image_too_large", "message": "10 × 10 🙂"}}, "list": [1.5, "é"]}
+    assert style.fields(**heads) == json_dumps_in(style, heads)[1:-1]
+    assert style.fields() == "" and style.dumps("ü\x01") == json_dumps_in(style, "ü\x01")
+    with pytest.raises(ValueError):
+        style.floats_field("timings", ["a_ms", "a_ms"])  # json would keep one of them
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_the_coco_document_from_the_arrays_equals_the_one_from_the_lines(seed):
     """Batch after batch (errors, empty images, exact ties of the rounding, NaN and infinities),
