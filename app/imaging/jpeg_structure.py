@@ -185,8 +185,8 @@ class _Walker:
     def _end(self) -> None:
         if not self.scans:
             raise _Defect("no scan before the EOI marker")
-        missing = [ident for ident in self.components if ident not in self.scanned]
-        if missing:
+        if len(self.scanned) < len(self.components):  # scans code frame components only
+            missing = [ident for ident in self.components if ident not in self.scanned]
             raise _Defect(f"no scan codes component {missing[0]}")
 
     # ------------------------------------------------------------------ segments
@@ -230,15 +230,14 @@ class _Walker:
             k += 17
             if count > 256 or count > n - k:
                 raise _Defect("a DHT segment with more codes than it holds")
-            symbols = body[k : k + count]
-            k += count
             table = index & 0x0F
             if index & ~0x1F or table >= 4:
                 raise _Defect(f"a Huffman table index 0x{index:02X}")
             if index & 0x10:
                 self.ac[table] = _codes_fit(bits)
-            else:
-                self.dc[table] = _codes_fit(bits) and max(symbols, default=0) <= 15
+            else:  # a DC symbol is a coefficient's bit count, at most 15
+                self.dc[table] = _codes_fit(bits) and (not count or max(body[k : k + count]) <= 15)
+            k += count
         if k != n:
             raise _Defect("a DHT segment whose length does not match its tables")
 
@@ -290,9 +289,11 @@ class _Walker:
             if ss or se != 63 or ahl:
                 self.needs_libjpeg = True  # libjpeg warns and ignores them (files with zeros exist)
             if not self.arithmetic:
+                dc, ac = self.dc, self.ac
                 for selector in dict.fromkeys(selectors):  # a repeated one checks the same tables again
-                    self._table(self.dc, selector >> 4, "DC")
-                    self._table(self.ac, selector & 0x0F, "AC")
+                    if not (dc.get(selector >> 4) and ac.get(selector & 0x0F)):  # the usual: both defined, both fit
+                        self._table(dc, selector >> 4, "DC")
+                        self._table(ac, selector & 0x0F, "AC")
         blocks = sum([h * v for h, v, _ in comps]) if count > 1 else 1
         if blocks > _MAX_BLOCKS_IN_MCU:
             raise _Defect(f"an MCU of {blocks} blocks")

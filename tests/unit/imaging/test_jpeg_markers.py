@@ -1,14 +1,15 @@
 """The markers of a JPEG's entropy-coded data against their definition, read byte by byte: every
 0xFF whose next byte is neither 0x00 (stuffing) nor 0xFF (fill). Photos (baseline, progressive,
 with restart intervals: thousands of RSTn) and random bytes dense in 0xFF, 0x00, fill runs and
-RSTn, from every kind of offset."""
+RSTn, from every kind of offset; every short length (the search pads the last 8-byte word), and
+markers, fill runs and stuffing at every offset of a word, few of them and many."""
 
 from __future__ import annotations
 
 import cv2
 import numpy as np
 
-from app.imaging.jpeg_markers import find_markers
+from app.imaging.jpeg_markers import _FEW_WORDS, find_markers
 
 
 def _by_definition(data: bytes, start: int) -> tuple[list[int], list[int], list[int]]:
@@ -57,3 +58,30 @@ def test_the_markers_of_random_bytes_are_those_of_the_definition():
         assert _found(data, start) == expected, (k, start)
         counts.add(min(len(expected[0]) // 32, 3))
     assert counts == {0, 1, 2, 3}  # few markers and many (past 64)
+
+
+def test_the_markers_of_short_bytes_are_those_of_the_definition():
+    """Lengths 0 to 17 from every start: whole words, a padded last word, a 0xFF as the last byte."""
+    rng = np.random.default_rng(1)
+    values = np.array([0xFF, 0x00, 0xD0, 0xD9, 0x55], np.uint8)
+    for size in range(18):
+        for _ in range(60):
+            data = rng.choice(values, size).tobytes()
+            for start in range(size + 2):
+                assert _found(data, start) == _by_definition(data, start), (data, start)
+
+
+def test_the_markers_at_every_offset_of_a_word_are_those_of_the_definition():
+    """A marker, a fill run before one, a stuffed 0xFF, amid stuffed data, at every offset of an
+    8-byte word and across two; one of them, and more than the few words read in Python; and
+    data that ends in a 0xFF."""
+    filler = b"\x12\xff\x00\x34\x56\xff\x00\x78\x9a"  # 9 bytes and more a copy: each lands further on
+    for pattern in (b"\xff\xd9", b"\xff\xd3", b"\xff\xff\xff\xc4", b"\xff\x00", b"\xff\x01", b"\xff"):
+        for copies in (1, _FEW_WORDS + 8):
+            for lead in range(9):
+                data = bytes(lead) + (filler + pattern + b"\x11" * (lead % 3)) * copies + filler[:lead]
+                for start in (0, lead, lead + 1, len(data) - 9):
+                    expected = _by_definition(data, start)
+                    assert _found(data, start) == expected, (pattern, copies, lead, start)
+                if copies > 1 and pattern not in (b"\xff\x00", b"\xff"):  # a marker in each of them
+                    assert len(_by_definition(data, 0)[0]) >= copies > _FEW_WORDS
