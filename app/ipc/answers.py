@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -47,7 +47,7 @@ def tickets(req_ids: Sequence[int], indexes: Sequence[int], decode_ms: Sequence[
     out["req_id"], out["index"], out["decode_ms"], out["queue_ms"] = req_ids, indexes, decode_ms, queue_ms
     out["batch_ms"] = batch_ms
     if stages is not None:
-        for name, ms in zip(STAGES, astuple(stages)):
+        for name, ms in zip(STAGES, stages.values()):
             out[name] = ms
     return out
 

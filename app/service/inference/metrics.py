@@ -5,12 +5,14 @@ serving process's, and rendered by any HTTP worker (``app.ipc.metrics``)."""
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import sys
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,7 @@ from app.ipc.metrics import LATENCY_BUCKETS
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Under load, a batch's observations are written at most this late (with the others held since).
 WRITE_EVERY_S = 0.1
+_FEW_VALUES = 32  # observe_many counts up to this many values in Python
 _PIPELINE_STAGES = tuple(name.removesuffix("_ms") for name in STAGES)  # pipeline_decode, preprocess, ...
 
 
@@ -91,7 +94,7 @@ class WorkerMetrics:
             held.decode += decode_s
             held.sizes.append(size)
             held.batch.append(batch_s)
-            for values, ms in zip(held.stages, astuple(stages)):
+            for values, ms in zip(held.stages, stages.values()):
                 values.append(ms / 1e3)
             held.ok += ok
             held.failed += failed
@@ -138,8 +141,11 @@ def observe_many(histogram: Any, values: list[float]) -> None:
     """``histogram.observe(v)`` for each of ``values``, one increment per bucket touched.
 
     prometheus_client has no call for it, so this adds to the child's bucket and sum values
-    the way its ``observe`` does; where those are not there (another version), it observes one
-    by one."""
+    the way its ``observe`` does (a value counts in the first bucket whose bound it does not
+    exceed; a NaN in none, its sum NaN from then on); where those are not there (another
+    version), it observes one by one. A few values (a quiet worker writes a batch's at a time)
+    are counted in Python, where NumPy's cost per call would be most of the work; many (a busy
+    worker's, held ``WRITE_EVERY_S``) in NumPy."""
     bounds = getattr(histogram, "_upper_bounds", None)
     buckets = getattr(histogram, "_buckets", None)
     total = getattr(histogram, "_sum", None)
@@ -149,10 +155,19 @@ def observe_many(histogram: Any, values: list[float]) -> None:
         return
     if not values:
         return
-    found = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))
     total.inc(float(sum(values)))
-    for i in np.flatnonzero(found).tolist():
-        buckets[i].inc(int(found[i]))
+    if len(values) <= _FEW_VALUES:
+        found: dict[int, int] = {}
+        for v in values:
+            if not math.isnan(v):
+                i = bisect_left(bounds, v)
+                found[i] = found.get(i, 0) + 1
+        for i, n in found.items():
+            buckets[i].inc(n)
+        return
+    counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds))
+    for i in np.flatnonzero(counts[: len(bounds)]).tolist():  # (a NaN sorts past the last bound)
+        buckets[i].inc(int(counts[i]))
 
 
 # --- GPU memory readers -------------------------------------------------------------------

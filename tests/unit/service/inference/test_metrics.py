@@ -3,7 +3,11 @@ batches are held and written together."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import astuple
+
+import numpy as np
+import pytest
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.exposition import generate_latest
@@ -22,8 +26,16 @@ def _histogram():
     return registry, Histogram("stage_seconds", "test", ["stage"], buckets=LATENCY_BUCKETS, registry=registry)
 
 
-def test_observing_many_at_once_gives_the_histogram_of_observing_each():
-    values = [0.0, 0.0005, 0.00051, 0.003, 0.003, 0.7, 29.0, 31.0, 1e4, 0.02]  # bucket edges, inside and past all
+@pytest.mark.parametrize("count", [10, 33, 500])  # counted in Python, just past it, in NumPy
+@pytest.mark.parametrize("special", [False, True])
+def test_observing_many_at_once_gives_the_histogram_of_observing_each(count, special):
+    """Bucket edges, values inside and past every bound, few values (counted in Python) and many
+    (in NumPy), and an infinity and a NaN (no bucket, its sum NaN, as ``observe`` leaves them)."""
+    rng = np.random.default_rng(count)
+    edges = [0.0, 0.0005, 0.00051, 0.003, 0.003, 0.7, 29.0, 31.0, 1e4, 0.02]
+    values = [*edges, *(10.0 ** rng.uniform(-5, 2, count - len(edges)))][:count]
+    if special:
+        values[3:5] = [math.inf, math.nan]
     one_by_one, h1 = _histogram()
     for v in values:
         h1.labels("queue").observe(v)
@@ -32,7 +44,7 @@ def test_observing_many_at_once_gives_the_histogram_of_observing_each():
     observe_many(h2.labels("queue"), [])
     observe_many(h2.labels("queue"), values[4:])
     assert _samples(together) == _samples(one_by_one)
-    assert 'stage_seconds_count{stage="queue"} 10.0' in _samples(together)
+    assert f'stage_seconds_count{{stage="queue"}} {float(count - special)}' in _samples(together)
 
 
 BATCHES = [  # queue and decode per image (s), batch size, the detector call (s), stage times (ms), ok, failed
