@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -97,12 +97,18 @@ class Style:
         template = self.dumps(key).replace("%", "%%") + self.key + "{" + self.item.join(pairs) + "}"
 
         def field_text(values: Sequence[float]) -> str:
-            # A sum is finite only where every value is (a NaN or an infinity carries through).
-            if all(type(v) is float for v in values) and math.isfinite(sum(values)):
+            if all(type(v) is float for v in values) and _all_finite(values):
                 return template % tuple(values)
             return self.fields(**{key: dict(zip(names, values))})
 
         return field_text
+
+
+def _all_finite(values: Iterable[float]) -> bool:
+    """Whether every value is finite, in one C-level pass: a NaN or an infinity carries through a
+    sum. (Finite values whose sum overflows read as not finite: their writer then takes json's
+    path, which writes them the same.)"""
+    return math.isfinite(sum(values))
 
 
 LINES = Style(", ", ": ", ensure_ascii=True, allow_nan=True)  # json.dumps' defaults: JSON lines, events
@@ -165,8 +171,7 @@ def _detection_texts(batch: DetectedBatch, class_names: Sequence[str], style: St
     # answer); an id the model has not is written as its number, as a string.
     ends = {i: style.class_end % (i, style.dumps(class_names[i] if 0 <= i < len(class_names) else str(i)))
             for i in set(class_ids)}
-    # A sum is finite only where every value is (a NaN or an infinity carries through).
-    if not math.isfinite(sum(map(sum, values))):  # json's own words for them (or its refusal)
+    if not _all_finite(map(sum, values)):  # json's own words for them (or its refusal)
         start = style.box_and_score.replace("%r", "%s")
         return [start % tuple(map(style.dumps, row)) + ends[cid] for row, cid in zip(values, class_ids)]
     start = style.box_and_score

@@ -129,6 +129,10 @@ async def detect_images(inference: InferenceClient, metrics: Metrics, receive: R
             on_disconnect(None)  # type: ignore[misc]
 
 
+_timings_field = HTTP.floats_field("timings", [*TIMES, "total_ms"])  # an image's times and the request's, in ms
+_THREES = (3,) * len(TIMES)  # each time rounded to the µs, as round(v, 3)
+
+
 def _answered_images(answered: Answers, total_ms: float) -> tuple[DetectedBatch, list[str]]:
     """The request's detections, and each answered image's ``timings`` field (none for one that
     failed): its times and its batch's (``Answers.times``), then the request's total. The one
@@ -138,10 +142,6 @@ def _answered_images(answered: Answers, total_ms: float) -> tuple[DetectedBatch,
     timings = ["" if i in failed else _timings_field((*map(round, times, _THREES), total))
                for i, times in enumerate(answered.times())]
     return answered.detected, timings
-
-
-_timings_field = HTTP.floats_field("timings", [*TIMES, "total_ms"])  # an image's times and the request's, in ms
-_THREES = (3,) * len(TIMES)  # each time rounded to the µs, as round(v, 3)
 
 
 def _image_records(names: list[str], batch: DetectedBatch, timings: list[str], class_names: list[str]) -> list[str]:
