@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,7 +45,7 @@ class Peer(asyncio.Protocol):
         for kind, body in self.reader.feed(data):
             if kind == wire.HELLO:
                 self.ring = map_ring(Path(wire.read_hello(body)["ring"]))
-                self.transport.write(wire.hello({"class_names": ["a", "b"], "generation": 0}))
+                self.transport.write(wire.hello({"class_names": ["a", "b"], "generation": 0, "pid": os.getpid()}))
                 if self.action == "hello-then-close":
                     self.transport.close()
             elif kind == wire.IMAGE:

@@ -289,7 +289,8 @@ class InferenceClient:
             info = link.info or {}
             ready = load is not None and load.state == wire.READY
             out.append({"worker": i, "ready": ready,
-                        "queued_images": load.pending if load else 0, "pid": info.get("pid"),
+                        # the pid of a worker this process is connected to: a lost one's is gone
+                        "queued_images": load.pending if load else 0, "pid": info.get("pid") if link.connected else None,
                         "device": info.get("device"), "restarts": info.get("generation", 0),
                         "phase": "" if ready else (link.status.read_phase() or "starting"),
                         "startup": info.get("startup"),

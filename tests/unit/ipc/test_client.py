@@ -221,3 +221,26 @@ def test_calls_time_out_each_at_its_own_deadline_and_answered_ones_are_forgotten
             answering.close()
 
     asyncio.run(main())
+
+
+def test_a_lost_worker_is_not_reported_by_its_old_pid(layout):
+    """/v1/model's pid is that of the worker this HTTP worker is connected to; once the link is
+    lost (the worker killed) the dead worker's pid is not reported while the link is re-made."""
+    import os
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_unix_server(lambda: Peer(["close-on-image"], []),
+                                                                     str(layout.socket(0)))
+        client = InferenceClient(Settings(request_timeout_s=5.0), layout)
+        try:
+            await client.start(wait_s=0.0)
+            await _until(lambda: client.ready)
+            assert client.workers()[0]["pid"] == os.getpid()  # the peer's hello
+            server.close()  # no new connection from here on
+            with pytest.raises(DeviceError):
+                await client.detect([b"x"], DetectParams())  # the peer drops the link on it
+            assert client.workers()[0]["pid"] is None
+        finally:
+            await client.close()
+
+    asyncio.run(main())
