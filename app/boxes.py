@@ -114,14 +114,17 @@ def scale_boxes_stacked(boxes: np.ndarray, lbs: Sequence[Letterbox], counts: Seq
 
     Per element ``(x - pad) / gain``, clipped to the source size, in float32 with each letterbox
     value rounded to float32 once, whatever the batch: the same bits for an image alone or in a
-    batch of 128 (in a few array ops instead of three per image)."""
-    out = np.array(boxes, dtype=np.float32, copy=True).reshape(-1, 4)
-    per_image = np.array([(*lb.undo, lb.src_w, lb.src_h) for lb in lbs], np.float64).reshape(-1, 6).astype(np.float32)
-    per_box = per_image[np.repeat(np.arange(len(per_image)), np.asarray(counts, np.int64))]
-    out -= per_box[:, [0, 1, 0, 1]]
-    out /= per_box[:, [2, 3, 2, 3]]
-    np.clip(out, 0, per_box[:, [4, 5, 4, 5]], out=out)
-    return out
+    batch of 128 (in a few array ops instead of three per image, each box's two corners against
+    its image's (x, y) values by broadcasting)."""
+    out = np.array(boxes, dtype=np.float32, copy=True).reshape(-1, 2, 2)  # per box its two (x, y) corners
+    # per image: (pad_x, pad_y), (gain_x, gain_y), (src_w, src_h)
+    per_image = np.array([(*lb.undo, lb.src_w, lb.src_h) for lb in lbs], np.float64).astype(np.float32)
+    per_image = per_image.reshape(-1, 3, 2)
+    per_box = per_image if len(per_image) == 1 else np.repeat(per_image, np.asarray(counts, np.int64), axis=0)
+    out -= per_box[:, 0:1]
+    out /= per_box[:, 1:2]
+    np.clip(out, 0, per_box[:, 2:3], out=out)
+    return out.reshape(-1, 4)
 
 
 def scale_boxes(boxes: np.ndarray, lb: Letterbox) -> np.ndarray:

@@ -4,6 +4,7 @@ record of a start-up's steps."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
@@ -42,10 +43,15 @@ class Letterbox:
         gain is the smaller of the two sides' (not the square's), which for about one size in
         150 rounds one side of the resized image differently from the placement, and Ultralytics'
         boxes go back by that."""
-        gain = min(self.input_h / self.src_h, self.input_w / self.src_w)
-        new_h, new_w = max(round(self.src_h * gain), 1), max(round(self.src_w * gain), 1)
-        pad_x, pad_y = round((self.input_w - new_w) / 2 - 0.1), round((self.input_h - new_h) / 2 - 0.1)
-        return pad_x, pad_y, new_w / self.src_w, new_h / self.src_h
+        return _undo(self.src_h, self.src_w, self.input_h, self.input_w)
+
+
+@functools.lru_cache(maxsize=4096)  # sizes repeat (a camera's, a client's): a batch's undo is looked up, not redone
+def _undo(src_h: int, src_w: int, input_h: int, input_w: int) -> tuple[int, int, float, float]:
+    gain = min(input_h / src_h, input_w / src_w)
+    new_h, new_w = max(round(src_h * gain), 1), max(round(src_w * gain), 1)
+    pad_x, pad_y = round((input_w - new_w) / 2 - 0.1), round((input_h - new_h) / 2 - 0.1)
+    return pad_x, pad_y, new_w / src_w, new_h / src_h
 
 
 @dataclass

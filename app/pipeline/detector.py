@@ -303,15 +303,13 @@ def source_size(image: PipelineInput) -> tuple[int, int]:
 def _detected(n: int, placed: list[tuple[int, Any]], errors: dict[int, YolopipeError], timings: StageTimes,
               runs: tuple[RunFacts, ...]) -> DetectedBatch:
     """The answers as arrays: each placed image's NMS rows taken to source pixels, all at once."""
-    widths, heights, counts = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
+    sizes = np.zeros((3, n), np.int64)  # widths, heights, counts
     if not placed:
-        return DetectedBatch(widths, heights, counts, np.zeros((0, 6), np.float32), errors, timings, runs)
-    positions = [i for i, _ in placed]
+        return DetectedBatch(*sizes, np.zeros((0, 6), np.float32), errors, timings, runs)
     parts = [np.asarray(rows, np.float32).reshape(-1, 6) for _, (rows, _) in placed]
     boxes = [lb for _, (_, lb) in placed]
-    widths[positions] = [lb.src_w for lb in boxes]
-    heights[positions] = [lb.src_h for lb in boxes]
-    counts[positions] = [len(p) for p in parts]
+    sizes[:, [i for i, _ in placed]] = np.array([(lb.src_w, lb.src_h, len(p)) for lb, p in zip(boxes, parts)],
+                                                np.int64).T
     rows = np.concatenate(parts)  # a copy: the pipeline's own rows are left as they were
-    rows[:, :4] = scale_boxes_stacked(rows[:, :4], boxes, counts[positions])
-    return DetectedBatch(widths, heights, counts, rows, errors, timings, runs)
+    rows[:, :4] = scale_boxes_stacked(rows[:, :4], boxes, [len(p) for p in parts])
+    return DetectedBatch(*sizes, rows, errors, timings, runs)
