@@ -18,6 +18,7 @@ OpenCV: the HTTP workers size images with it.
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ class ImageHeader:
             return self.width, self.height
         return self.height, self.width
 
-    @property
+    @functools.cached_property  # asked per image served, of headers the IPC reader hands out again and again
     def gpu_decodable(self) -> bool:
         """Whether a GPU JPEG decoder takes this image: the one test of it (``JpegHeader``'s),
         for the detector's routing and the GPU decoders' alike."""

@@ -105,10 +105,11 @@ class WorkerMetrics:
     def write(self) -> None:
         """Write the observations held (``observe_batch``), if any."""
         with self._lock:
-            held, self._held = self._held, _Held()
             self._written_at = time.monotonic()
-        if not held.sizes:
-            return
+            held = self._held
+            if not held.sizes:  # (a batch thread about to wait, after the batch that wrote them)
+                return
+            self._held = _Held()
         for name, values in (("queue", held.queue), ("decode", held.decode), ("batch", held.batch),
                              *zip(_PIPELINE_STAGES, held.stages)):
             observe_many(self.stage(name), values)
@@ -155,7 +156,9 @@ def observe_many(histogram: Any, values: list[float]) -> None:
         return
     if not values:
         return
-    total.inc(float(sum(values)))
+    added = float(sum(values))
+    if added != 0.0:  # a stage a pipeline does not have (0 ms): its sum stays as it is, unwritten
+        total.inc(added)
     if len(values) <= _FEW_VALUES:
         found: dict[int, int] = {}
         for v in values:
