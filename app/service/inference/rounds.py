@@ -35,13 +35,9 @@ def take_round_robin(requests: OrderedDict[Hashable, deque[Any]], max_batch: int
             queue = requests[key]
             while queue and queue[0].ref.deadline < now:
                 expired.append(queue.popleft())
-            at = None
-            if queue:
-                if group is _NONE_YET:
-                    group = queue[0].group
-                # mostly its first image (a request's images mostly share one size): looked at before a search
-                at = 0 if queue[0].group == group else next(
-                    (i for i, job in enumerate(queue) if job.group == group), None)
+            if queue and group is _NONE_YET:
+                group = queue[0].group
+            at = next((i for i, job in enumerate(queue) if job.group == group), None) if queue else None
             if at is not None:
                 batch.append(queue[at])
                 del queue[at]
