@@ -8,6 +8,7 @@ their values (flags, or ``YOLOPIPE_*`` environment variables).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -45,6 +46,7 @@ MAX_BATCH = 256  # largest batch a pipeline or engine profile is built for
 SERVE_MAX_BATCH = 32  # the service's batcher (Settings.max_batch) and RunShape's default
 PREDICT_BATCH = 64  # `yolopipe predict --batch` (with --ray too): the run shape's max_batch its detector opens with
 IN_FLIGHT = 3  # batches in flight at once on a GPU pipeline (each its own BatchSlot); the CPU runs 1
+GPU_HOST_THREADS = 16  # most host threads of a GPU pipeline (frame packing, OpenCV decodes, nvImageCodec's CPU work)
 MAX_WAIT_MS = 2.0  # longest wait for a batch to fill: the service's batcher and every stream runner
 MAX_STREAMS = 16  # video streams one stream runner (one inference worker) runs at once
 # ONNX Runtime on a CPU spends the same time per image at batch 1 to 16, and its arena holds
@@ -68,6 +70,11 @@ NVDEC_THREADS_UNKNOWN = 8  # when the GPU does not say how many engines it has
 
 
 NVDEC_READERS = ("simple", "threaded")  # app.gpu.nvdec.READERS: SimpleDecoder, ThreadedDecoder
+
+
+def gpu_host_threads() -> int:
+    """A GPU pipeline's host threads: one per core, at most ``GPU_HOST_THREADS``."""
+    return min(GPU_HOST_THREADS, os.cpu_count() or 1)
 
 
 def nvdec_reader() -> str:

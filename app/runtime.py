@@ -128,10 +128,26 @@ def ensure_artifacts(options: OpenOptions, steps: StartupSteps | None = None) ->
     the ONNX export, then the torch-cuda engine (``ensure_engine``). Each step is named in
     ``steps`` as it begins (a first run exports and builds: minutes, with progress)."""
     steps = steps if steps is not None else StartupSteps()
+    start_decoder_early(options)
     with steps.step("checking the model's export (a first run exports it)"):
         model_dir = export_model(options)
     ensure_engine(model_dir, options, steps)
     return model_dir
+
+
+def start_decoder_early(options: OpenOptions) -> None:
+    """Where ``options`` may run on a GPU and decode JPEGs with nvImageCodec, start its decoders
+    now, on a thread of their own (``app.gpu.early_decoder``): their start-up then runs beside
+    ``import torch`` and the engine's load, and the pipeline ``open_model_dir`` builds takes
+    them. Where nvImageCodec is missing or no GPU answers, that thread finds out and ends."""
+    from app.config import decoder_name, gpu_host_threads
+
+    if options.backend == "onnxruntime" or decoder_name(options.shape.decode) not in ("gpu", "nvimgcodec"):
+        return
+    from app.gpu import early_decoder
+
+    configure_process()  # before that thread makes the process's CUDA context
+    early_decoder.start(options.device, gpu_host_threads())
 
 
 def export_model(options: OpenOptions) -> Path:
@@ -190,11 +206,20 @@ def open_model_dir(model_dir: Path, options: OpenOptions | None = None, steps: S
 
     A step that fails releases what the steps before it took (the engine, the pipeline): each
     goes on ``cleanup`` as it is made, and is handed to the Detector only once that exists."""
-    from app.gpu.probe import cuda_device_count
-
     options = options if options is not None else OpenOptions()
     configure_process()  # before anything here makes a CUDA context (the engine, its build)
     steps = steps if steps is not None else StartupSteps()
+    try:
+        return _open_model_dir(model_dir, options, steps)
+    finally:
+        from app.gpu import early_decoder
+
+        early_decoder.release()  # decoders started early that this pipeline did not take
+
+
+def _open_model_dir(model_dir: Path, options: OpenOptions, steps: StartupSteps) -> Detector:
+    from app.gpu.probe import cuda_device_count
+
     onnx_path, meta = load_export(model_dir)
     choice = choose_backend(options.backend, options.precision, model_dir, gpus=cuda_device_count())
     with contextlib.ExitStack() as cleanup:

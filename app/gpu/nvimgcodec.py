@@ -14,26 +14,24 @@ leave failed ones out of the list, and a call that raises is retried image by im
 target, at its size. Its hardware decoder, though, only enqueues a batch and reports every image
 a success, whatever the data: a JPEG cut short is never handed to it (its header says so,
 ``app.imaging.jpeg_structure``), and the pipeline zeroes each image's place before decoding.
+
+The decoders themselves are made by ``app.gpu.early_decoder``: at start-up on a thread of their
+own where the runtime started them, else here.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any
 
-from app.errors import BackendUnavailable
+from app.gpu import early_decoder
 from app.gpu.decoded import IN_PLACE, Answer, DeviceImage, GpuJpegDecoder, cpu_decode, decoded_size
+from app.gpu.early_decoder import NVIMGCODEC_OPTIONS
 from app.gpu.jpeg import JpegHeader
 from app.gpu.preprocess import LAYOUT_HWC_RGB
 
 log = logging.getLogger(__name__)
-
-
-# libjpeg-turbo (OpenCV, Ultralytics) interpolates subsampled chroma ("fancy upsampling");
-# nvImageCodec's CUDA decoder does the same when told.
-NVIMGCODEC_OPTIONS = ":fancy_upsampling=1"
 
 
 def hardware_takes(header: JpegHeader) -> bool:
@@ -51,42 +49,14 @@ class NvImageCodecDecoder(GpuJpegDecoder):
     name = "nvimgcodec"
 
     def __init__(self, device: int = 0, *, threads: int = 8, options: str = NVIMGCODEC_OPTIONS) -> None:
-        _quiet_nvimgcodec()
-        try:
-            from nvidia import nvimgcodec
-        except ImportError as exc:
-            raise BackendUnavailable(
-                "nvImageCodec is not installed", hint="pip install 'yolopipe[cuda13]' (or [cuda12])"
-            ) from exc
+        # the decoders made on their own thread while the process started (early_decoder), else now
+        decoders = early_decoder.take(device, threads, options) or early_decoder.make(device, threads, options)
         super().__init__(device)
-        self._nv = nvimgcodec
-        try:
-            self._params = nvimgcodec.DecodeParams(
-                apply_exif_orientation=True, color_spec=nvimgcodec.ColorSpec.SRGB, allow_any_depth=False
-            )
-            # nvImageCodec warns when asked for as many threads as there are cores; it takes one fewer.
-            threads = max(1, min(threads, (os.cpu_count() or 2) - 1))
-            self._chain = nvimgcodec.Decoder(device_id=self.device, max_num_cpu_threads=threads, options=options)
-        except Exception as exc:  # e.g. no nvJPEG library: the caller falls back
-            raise BackendUnavailable(f"nvImageCodec could not start a decoder: {type(exc).__name__}: {exc}") from exc
-        self._hw = self._hardware_decoder(nvimgcodec, options)
+        self._nv = decoders.nv
+        self._params = decoders.params
+        self._chain = decoders.chain
+        self._hw = decoders.hardware
         self._into = True  # decode_into through images= views; off if this nvImageCodec refuses them
-
-    def _hardware_decoder(self, nv, options: str):
-        """The hardware JPEG decoder alone, or None where there is none.
-
-        Measured on the H200 (bench ``decoders`` rows): alone it decodes baseline JPEGs at
-        11,800 img/s with libjpeg-turbo's pixels (one value in 75,000 off by one level) and no
-        CPU or SM time, while nvImageCodec's default chain (which hands part of a batch to its
-        CUDA and hybrid decoders) did 7,400 img/s and competed with the engine for the SMs and
-        with the host for the CPU. So it gets every image first; what it refuses (progressive,
-        4:1:1, ...) goes to the default chain, image by image.
-        """
-        try:
-            return nv.Decoder(device_id=self.device, backends=[nv.Backend(nv.BackendKind.HW_GPU_ONLY)], options=options)
-        except Exception as exc:  # noqa: BLE001 - no hardware decoder here: the chain does it all
-            log.info("nvImageCodec: no hardware JPEG decoder (%s)", exc)
-            return None
 
     def decode_into(self, datas: Sequence[bytes], headers: Sequence[JpegHeader], targets: Sequence[int]) -> list[Answer]:
         if not self._into:
@@ -195,48 +165,3 @@ def _is_at(img: Any, ptr: int, size: tuple[int, int]) -> bool:
     """The decoded Image is where it was meant to go, at the size its header said."""
     cai = img.__cuda_array_interface__
     return int(cai["data"][0]) == ptr and tuple(cai["shape"]) == (*size, 3) and cai.get("strides") in (None, (size[1] * 3, 3, 1))
-
-
-def _quiet_nvimgcodec() -> None:
-    """Before nvImageCodec is first imported: load only the extensions whose libraries are here
-    (the JPEG 2000 and TIFF ones log errors at import when nvjpeg2k / nvtiff are absent), and
-    keep its Python layer's per-image warnings off the terminal. A user's own settings win."""
-    import importlib.util
-
-    os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "1")
-    if "NVIMGCODEC_EXTENSIONS_PATH" in os.environ:
-        return
-    try:
-        spec = importlib.util.find_spec("nvidia.nvimgcodec")
-    except (ImportError, ValueError):
-        return
-    if spec is None or not spec.submodule_search_locations:
-        return
-    from pathlib import Path
-
-    ext = Path(next(iter(spec.submodule_search_locations))) / "extensions"
-    if not ext.is_dir():
-        return
-    missing = [name for name, module in (("nvjpeg2k", "nvidia.nvjpeg2k"), ("nvtiff", "nvidia.nvtiff"))
-               if _absent(module)]
-    if not missing:
-        return
-    import atexit
-    import shutil
-    import tempfile
-
-    keep = tempfile.mkdtemp(prefix="yolopipe-nvimgcodec-ext-")
-    atexit.register(shutil.rmtree, keep, True)
-    for f in ext.iterdir():
-        if not any(m in f.name for m in missing):
-            os.symlink(f, os.path.join(keep, f.name))
-    os.environ["NVIMGCODEC_EXTENSIONS_PATH"] = keep
-
-
-def _absent(module: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is None
-    except (ImportError, ValueError):
-        return True

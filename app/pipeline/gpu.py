@@ -24,7 +24,6 @@ only for the blocks that need it (``CudaDevice.current``), never for its caller'
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import threading
 import time
@@ -32,7 +31,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from app.config import MAX_DET
+from app.config import MAX_DET, gpu_host_threads
 from app.contracts import (
     DetectParams,
     DeviceNv12,
@@ -108,7 +107,7 @@ class GpuPipeline:
         self.max_det = int(max_det)
         self.size = int(meta.imgsz)
         self.buckets = tuple(pack.bucket_sizes(self.max_batch))
-        self.host_threads = int(host_threads or min(16, os.cpu_count() or 1))
+        self.host_threads = int(host_threads or gpu_host_threads())
         self.pad_to_captured = pad_to_captured  # see _bucket_to_run
         self._closed = False
         self._host_pool: ThreadPoolExecutor | None = None
