@@ -8,7 +8,7 @@ a traceback.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -64,4 +64,42 @@ def main() -> None:
     import faulthandler
 
     faulthandler.enable()  # a crash in native code (a GPU library) prints where it happened
-    cli()
+    try:
+        cli()
+    except SystemExit as done:
+        exit_now(done.code)
+    exit_now(0)
+
+
+def exit_now(code: object) -> NoReturn:
+    """End the process with ``code`` (``SystemExit``'s: None is 0, a message is printed and 1)
+    once the command is done, without the interpreter's finalization where a GPU library is
+    loaded and no other thread is still working.
+
+    Why: after a GPU run, the interpreter's teardown (the finalizers of torch, Numba,
+    nvImageCodec and their CUDA state) kept a finished ``predict`` alive for over a second after
+    its last line (H100 profiles, 2026-12-06): time a user waits for nothing, since the OS and
+    the driver free a process's memory at exit either way. Everything yolopipe opened is closed
+    by then, and the exit handlers still run (logging's flush, temporary folders)."""
+    import atexit
+    import os
+    import sys
+    import threading
+
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:
+        print(code, file=sys.stderr)
+        status = 1
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if "torch" not in sys.modules or others:
+        sys.exit(status)  # the interpreter's own ending: it waits for those threads
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`) or stream: nothing more to write
+            pass
+    os._exit(status)
