@@ -26,15 +26,19 @@ import threading
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.artifacts.engines import find_engine
 from app.artifacts.exports import load_export
-from app.config import BACKENDS, CPU_MAX_BATCH, ENGINE_MAX_BATCH, PRECISIONS, Settings, check_choice, check_imgsz
+from app.config import BACKENDS, CPU_MAX_BATCH, ENGINE_MAX_BATCH, PRECISIONS, check_choice, check_imgsz
 from app.contracts import RunShape
 from app.errors import ArtifactError, BackendUnavailable, EngineMismatch, InvalidParameter
 from app.gpu.device import CudaDevice, configure_process
 from app.pipeline.detector import Detector
 from app.types import ModelMeta, StartupSteps
+
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-batch", type=int, default=None)
     p.add_argument("--max-wait-ms", type=float, default=None)
     args = p.parse_args(argv)
-    from app.config import Settings
     from app.service.supervisor import serve
+    from app.settings import Settings
     from bench.emulated_device import open_emulated_detector  # here: every worker re-imports this module
 
     given = {"host": args.host, "port": args.port, "grpc_port": args.grpc_port, "max_batch": args.max_batch,

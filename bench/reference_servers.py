@@ -120,7 +120,7 @@ async def _serve_grpc(host: str, port: int, answer: bytes, max_receive: int, rea
 
 
 def run_grpc(args: argparse.Namespace) -> None:
-    from app.config import Settings
+    from app.settings import Settings
 
     answer = (args.answers / "grpc.bin").read_bytes()
     max_receive = Settings().max_body_bytes  # yolopipe's gRPC limit

@@ -28,8 +28,8 @@ from app.api.oip.routes import router as oip_router
 from app.api.oip.shm_routes import router as shm_router
 from app.api.routes import router
 from app.api.streams import streams_router
-from app.config import Settings
 from app.ipc.client import InferenceClient
+from app.settings import Settings
 
 log = logging.getLogger("yolopipe.api")
 

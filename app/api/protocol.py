@@ -49,7 +49,6 @@ from app.api.errors import error_body
 from app.api.parser_errors import Refuse, parser_error
 from app.api.statuses import status_for
 from app.api.transport import ConnectionTransport
-from app.config import Settings
 from app.errors import (
     BadRequest,
     HeadersTooLarge,
@@ -58,6 +57,7 @@ from app.errors import (
     UriTooLong,
     YolopipeError,
 )
+from app.settings import Settings
 
 log = logging.getLogger("yolopipe.api.protocol")
 

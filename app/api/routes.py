@@ -27,10 +27,11 @@ from app.api.schemas import (
     detect_request_body,
 )
 from app.api.uploads import read_form_images
-from app.config import CONF, IOU, MAX_DET, Settings
+from app.config import CONF, IOU, MAX_DET
 from app.contracts import DetectParams, make_params
 from app.errors import InvalidParameter, Overloaded, UnsupportedMediaType
 from app.ipc.client import InferenceClient
+from app.settings import Settings
 
 router = APIRouter()
 

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from app.cli.options import BATCH_INVARIANT_HELP, DECODE_HELP, SQUARE_HELP, ArtifactsDir
-from app.config import Settings
+
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 
 def settings_from(**given) -> Settings:
@@ -16,6 +18,7 @@ def settings_from(**given) -> Settings:
     from pydantic import ValidationError
 
     from app.errors import InvalidParameter
+    from app.settings import Settings
 
     try:
         return Settings(**{k: v for k, v in given.items() if v is not None})

@@ -19,7 +19,6 @@ import logging
 import time
 from typing import Any
 
-from app.config import Settings
 from app.contracts import DetectParams
 from app.errors import DeviceError, Overloaded, RequestTimeout, YolopipeError
 from app.imaging.headers import ImageHeader
@@ -27,6 +26,7 @@ from app.ipc import wire
 from app.ipc.answers import Answers, read_answers
 from app.ipc.layout import RunLayout
 from app.ipc.ring import Ring
+from app.settings import Settings
 
 log = logging.getLogger("yolopipe.serving")
 

@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from app.config import Settings
 from app.errors import InvalidParameter, Overloaded
 from app.ipc import wire
 from app.ipc.layout import RunLayout
+from app.settings import Settings
 from app.source_urls import MAX_SOURCE_CHARS, check_characters, parse_url
 
 # What a client may ask a server to open: network video only; files only under an allowed root.

@@ -13,10 +13,10 @@ import logging
 import signal
 from typing import Any
 
-from app.config import Settings
 from app.ipc.layout import RunLayout
 from app.service.memory import IdleRelease, release_memory
 from app.service.processes import die_with_parent, run_event_loop, setup_logging, write_metrics_to
+from app.settings import Settings
 
 log = logging.getLogger("yolopipe.grpc")
 

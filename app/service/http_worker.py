@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 
 from app.api.main import create_app
-from app.config import Settings
 from app.ipc.client import InferenceClient
 from app.ipc.layout import RunLayout
 from app.service.memory import ActivityMiddleware, IdleRelease, release_memory
 from app.service.processes import die_with_parent, setup_logging, write_metrics_to
+from app.settings import Settings
 
 if TYPE_CHECKING:  # an HTTP worker of `serve` does not import the inference worker's code
     from app.service.inference.worker import DetectorFactory

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
-from app.config import Settings
 from app.errors import YolopipeError
 from app.ipc.layout import RunLayout
 from app.ipc.wire import StatusBlock, error_from_code
 from app.service.inference.worker import DetectorFactory, WorkerSpec, worker_main
+from app.settings import Settings
 
 log = logging.getLogger("yolopipe.serving")
 

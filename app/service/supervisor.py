@@ -23,7 +23,6 @@ import time
 from multiprocessing.connection import wait
 from typing import Any
 
-from app.config import Settings
 from app.errors import InvalidParameter, YolopipeError
 from app.ipc.layout import RunLayout
 from app.runtime import inference_devices
@@ -32,6 +31,7 @@ from app.service.http_worker import http_worker_main
 from app.service.inference.worker import DetectorFactory
 from app.service.pool import InferencePool
 from app.service.processes import metrics_folder, setup_logging
+from app.settings import Settings
 
 log = logging.getLogger("yolopipe.serving")
 

@@ -34,7 +34,7 @@ SERVER = f"""
 import sys, uvicorn
 from app.service.http_worker import create_service_app
 from app.api.protocol import uvicorn_options
-from app.config import Settings
+from app.settings import Settings
 settings = Settings(backend="onnxruntime", artifacts_dir=sys.argv[1], max_wait_ms=5, max_body_bytes={BODY_LIMIT},
                     request_window=2, head_timeout_s=1.0, body_idle_timeout_s=1.0, keep_alive_s=5)
 uvicorn.run(create_service_app(settings), host="127.0.0.1", port=int(sys.argv[2]), log_level="info",

@@ -28,7 +28,7 @@ SERVER = """
 import sys, uvicorn
 from app.service.http_worker import create_service_app
 from app.api.protocol import uvicorn_options
-from app.config import Settings
+from app.settings import Settings
 settings = Settings(backend="onnxruntime", artifacts_dir=sys.argv[1], max_wait_ms=5, **eval(sys.argv[3]))
 uvicorn.run(create_service_app(settings), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning",
             access_log=False, **uvicorn_options(settings))

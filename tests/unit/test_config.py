@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app.config import Settings
+from app.settings import Settings
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,7 @@ import typer
 
 from app.benchmark.options import BenchOptions
 from app.cli import cli
-from app.config import Settings
+from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ["README.md", "bench/README.md", "docker/README.md", "calibration/README.md", "engines/README.md",

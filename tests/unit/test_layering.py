@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("contracts", "engine_contracts", "files"),
     ("imaging",),
     ("types", "versions", "source_urls", "heap"),
+    ("settings",),  # the service's typed settings (pydantic), over the vocabulary
     ("config",),
     ("errors",),
 ]

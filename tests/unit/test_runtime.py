@@ -46,9 +46,9 @@ def test_the_service_settings_become_one_options_value():
     """``options_from``: every setting that says which detector the service opens, in one place."""
     from pathlib import Path
 
-    from app.config import Settings
     from app.contracts import RunShape
     from app.runtime import OpenOptions, options_from
+    from app.settings import Settings
 
     settings = Settings(weights="w.pt", imgsz=320, artifacts_dir=Path("/a"), backend="torch-cuda", precision="fp32",
                         decode="cpu", device=1, compile=False, batch_invariant=False, ort_threads=3, max_batch=16,
@@ -64,9 +64,10 @@ def test_the_run_shape_is_clamped_once_where_the_detector_is_opened(sample_model
     that shape, and its pipeline was built for it (nothing downstream clamps again)."""
     from dataclasses import replace
 
-    from app.config import CPU_MAX_BATCH, Settings
+    from app.config import CPU_MAX_BATCH
     from app.contracts import RunShape
     from app.runtime import OpenOptions, cpu_shape, open_model_dir, options_from
+    from app.settings import Settings
 
     settings = Settings(backend="onnxruntime", max_batch=64, max_pixels=1_000_000, max_wait_ms=7.5, decode="cpu")
     asked = options_from(settings)

@@ -10,9 +10,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from app.config import Settings
 from app.errors import InvalidParameter
 from app.ipc.streams import check_stream_source
+from app.settings import Settings
 from app.source_urls import parse_url, redact
 
 

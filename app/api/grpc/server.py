@@ -12,8 +12,8 @@ from __future__ import annotations
 import grpc
 
 from app.api.grpc.service import InferenceService, rpc_handlers
-from app.config import Settings
 from app.ipc.client import InferenceClient
+from app.settings import Settings
 
 MAX_CONCURRENT_CALLS = 1024  # per gRPC worker; a stream counts once
 

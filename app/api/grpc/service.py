@@ -30,10 +30,10 @@ from app.api.oip.infer import MODEL, VERSION, extensions, infer_outputs, model_n
 from app.api.oip.shared_memory import RegionAccess, is_loopback, run_registry
 from app.api.oip.tensors import INPUT, OUTPUTS
 from app.api.statuses import grpc_code_for
-from app.config import Settings
 from app.errors import BadRequest, ModelNotFound, NotSupported, Overloaded, SharedMemoryError, YolopipeError
 from app.ipc.client import InferenceClient
 from app.ipc.metrics import LATENCY_BUCKETS
+from app.settings import Settings
 
 log = logging.getLogger("yolopipe.grpc")
 SERVER_VERSION = "0.1.0"  # as the REST app's

@@ -18,11 +18,12 @@ from prometheus_client import Counter
 from app.api.oip.shared_memory import RegionAccess
 from app.api.oip.tensors import InferRequest, output_tensors, write_output_regions
 from app.api.uploads import check_request_images
-from app.config import CONF, IOU, MAX_DET, Settings
+from app.config import CONF, IOU, MAX_DET
 from app.contracts import DetectParams, make_params
 from app.errors import InvalidParameter, ModelNotFound, RequestTimeout, YolopipeError
 from app.ipc.answers import Answers
 from app.ipc.client import SERVER_SIDE, InferenceClient
+from app.settings import Settings
 
 MODEL = "yolopipe"
 VERSION = "1"

@@ -9,9 +9,9 @@ from prometheus_client import Counter
 from app.api.oip.infer import infer_outputs
 from app.api.oip.shared_memory import RegionAccess
 from app.api.oip.tensors import decompress, encode_response, parse_infer_request
-from app.config import Settings
 from app.errors import Overloaded
 from app.ipc.client import InferenceClient
+from app.settings import Settings
 
 JSON = "application/json"
 BINARY = "application/octet-stream"

@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.schemas import BatchResponse, ErrorResponse, ImageDetections, ModelInfo, Ready
-from app.config import Settings
 from app.service.http_worker import create_service_app
+from app.settings import Settings
 from tests.references import image_json
 
 

@@ -10,8 +10,8 @@ from contextlib import asynccontextmanager
 
 import httpx
 
-from app.config import Settings
 from app.service.http_worker import create_service_app
+from app.settings import Settings
 
 JPEG = {"content-type": "image/jpeg"}
 

@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.main import create_app
-from app.config import Settings
+from app.settings import Settings
 
 GET_ENDPOINTS = ["/healthz", "/readyz", "/v2", "/v2/health/live", "/v2/health/ready", "/v2/models/yolopipe",
                  "/v2/models/yolopipe/ready", "/v2/models/yolopipe/versions/1", "/v2/models/nope", "/v1/model",

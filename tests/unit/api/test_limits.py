@@ -14,10 +14,10 @@ import httpx
 import pytest
 
 from app.api.main import create_app
-from app.config import Settings
 from app.ipc import wire
 from app.ipc.client import InferenceClient
 from app.ipc.layout import RunLayout
+from app.settings import Settings
 from tests.worker_peer import Peer, ready_worker_layout
 
 PADDING = 7_777  # trailing bytes after the JPEG's end: a body length nothing else in the process has

@@ -19,10 +19,10 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from app.config import Settings
 from app.errors import ImageTooLarge
 from app.imaging.decode import decode_image
 from app.service.http_worker import create_service_app
+from app.settings import Settings
 
 BODY_LIMIT = 20 * 1024 * 1024  # the default; the corpus sends bodies just over it
 

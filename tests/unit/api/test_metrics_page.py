@@ -11,9 +11,9 @@ import threading
 import httpx
 
 from app.api.main import create_app
-from app.config import Settings
 from app.ipc.client import InferenceClient
 from app.ipc.layout import RunLayout
+from app.settings import Settings
 
 
 def test_healthz_is_served_while_metrics_wait_on_a_process_file():

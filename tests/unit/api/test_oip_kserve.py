@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from app.api.main import create_app
-from app.config import Settings
+from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[3]
 

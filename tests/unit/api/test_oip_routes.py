@@ -8,9 +8,10 @@ from fastapi.testclient import TestClient
 
 from app.api.main import create_app
 from app.api.oip.infer import detect_params
-from app.config import CONF, IOU, MAX_DET, Settings
+from app.config import CONF, IOU, MAX_DET
 from app.contracts import make_params
 from app.errors import InvalidParameter
+from app.settings import Settings
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from app.api.errors import install_error_handlers
 from app.api.protocol import JsonHttpToolsProtocol, uvicorn_options
-from app.config import Settings
+from app.settings import Settings
 from tests.net import free_port
 
 

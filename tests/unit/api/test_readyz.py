@@ -8,11 +8,11 @@ import asyncio
 import httpx
 
 from app.api.main import create_app
-from app.config import Settings
 from app.ipc import wire
-from app.service.inference.warmup import warmup
 from app.ipc.client import InferenceClient
 from app.ipc.layout import RunLayout
+from app.service.inference.warmup import warmup
+from app.settings import Settings
 
 
 def test_readyz_names_the_warm_up_step_of_a_starting_worker():

@@ -14,8 +14,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from app.config import Settings
 from app.service.http_worker import create_service_app
+from app.settings import Settings
 
 # Built at import without loading anything: the model loads in the app's lifespan, which
 # schemathesis starts on the first call (and stops after each test). The schema comes from

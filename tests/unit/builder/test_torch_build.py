@@ -129,8 +129,8 @@ def open_for_predict(root: Path, batch: int = 64):
 
 def open_for_serve(root: Path, **settings):
     """What the service's inference worker does, from its settings."""
-    from app.config import Settings
     from app.runtime import ensure_artifacts, open_model_dir, options_from
+    from app.settings import Settings
 
     options = options_from(Settings(weights="sample", backend="torch-cuda", artifacts_dir=root, **settings))
     return open_model_dir(ensure_artifacts(options), options)

@@ -6,8 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from app.cli import cli
-from app.config import Settings
 from app.runtime import options_from
+from app.settings import Settings
 
 
 @pytest.mark.parametrize(("args", "env", "letterbox"), [

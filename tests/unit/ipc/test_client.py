@@ -9,11 +9,11 @@ import weakref
 
 import pytest
 
-from app.config import Settings
 from app.contracts import DetectParams
 from app.errors import DeviceError, Overloaded, RequestTimeout
 from app.ipc import wire
 from app.ipc.client import InferenceClient
+from app.settings import Settings
 from tests.worker_peer import Peer, ready_worker_layout
 
 

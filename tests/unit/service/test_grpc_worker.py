@@ -12,10 +12,10 @@ import grpc
 import pytest
 
 from app.api.grpc import messages
-from app.config import Settings
 from app.ipc.layout import RunLayout
 from app.service.grpc_worker import grpc_worker_main
 from app.service.supervisor import FrontWorkers
+from app.settings import Settings
 
 
 def _free_port() -> int:

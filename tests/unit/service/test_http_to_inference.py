@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from app.api.main import create_app
-from app.config import CPU_MAX_BATCH, Settings
+from app.config import CPU_MAX_BATCH
 from app.contracts import EncodedImage
 from app.imaging.check import check_image
 from app.ipc.client import InferenceClient
@@ -22,6 +22,7 @@ from app.ipc.layout import RunLayout
 from app.ipc.wire import StatusBlock
 from app.pipeline.detector import Detector
 from app.service.inference.worker import WorkerSpec, _serve
+from app.settings import Settings
 from tests.standins import DecodesItself, count_header_reads
 
 

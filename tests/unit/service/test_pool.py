@@ -15,9 +15,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 import app.service.pool
-from app.config import Settings
 from app.service.http_worker import create_service_app
 from app.service.inference.worker import EXIT_DEVICE_LOST, worker_main
+from app.settings import Settings
 
 MARKER = "lose-the-device"
 

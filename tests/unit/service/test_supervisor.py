@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from app.config import Settings
 from app.ipc.layout import RunLayout
 from app.service.supervisor import FrontWorkers
+from app.settings import Settings
 from tests.net import free_port, taken_port
 
 

@@ -18,8 +18,8 @@ from fastapi import FastAPI
 
 from app.api.hotpath import front
 from app.api.main import create_app
-from app.config import Settings
 from app.ipc.client import InferenceClient
+from app.settings import Settings
 from tests.worker_peer import Peer, ready_worker_layout
 
 READ = ("content-type", "inference-header-content-length", "retry-after", "connection")  # and content-length

@@ -8,12 +8,12 @@ import os
 
 import pytest
 
-from app.config import Settings
 from app.errors import DeviceError
 from app.ipc.client import InferenceClient
 from app.ipc.layout import RunLayout
 from app.ipc.wire import StatusBlock
 from app.service.inference.worker import WorkerSpec, _serve
+from app.settings import Settings
 
 
 class Reports(list):
