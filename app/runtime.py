@@ -30,7 +30,16 @@ from typing import TYPE_CHECKING
 
 from app.artifacts.engines import find_engine
 from app.artifacts.exports import load_export
-from app.config import BACKENDS, CPU_MAX_BATCH, ENGINE_MAX_BATCH, PRECISIONS, check_choice, check_imgsz
+from app.config import (
+    BACKENDS,
+    CPU_MAX_BATCH,
+    ENGINE_MAX_BATCH,
+    PRECISIONS,
+    check_choice,
+    check_imgsz,
+    decoder_name,
+    gpu_host_threads,
+)
 from app.contracts import RunShape
 from app.errors import ArtifactError, BackendUnavailable, EngineMismatch, InvalidParameter
 from app.gpu.device import CudaDevice, configure_process
@@ -144,8 +153,6 @@ def start_decoder_early(options: OpenOptions) -> None:
     now, on a thread of their own (``app.gpu.early_decoder``): their start-up then runs beside
     ``import torch`` and the engine's load, and the pipeline ``open_model_dir`` builds takes
     them. Where nvImageCodec is missing or no GPU answers, that thread finds out and ends."""
-    from app.config import decoder_name, gpu_host_threads
-
     if options.backend == "onnxruntime" or decoder_name(options.shape.decode) not in ("gpu", "nvimgcodec"):
         return
     from app.gpu import early_decoder

@@ -4,8 +4,9 @@ GPU pipeline that asks for the same ones (``NvImageCodecDecoder``).
 
 Why: nvImageCodec's import, its decoders' creation and its hardware decoder's first decode are
 a second or more of native start-up that used to run after ``import torch`` and the engine's
-load, on the way to ``predict``'s first result and ``serve``'s readiness (H100 profiles of
-2026-12-06); most of it leaves the GIL, so it runs beside them.
+load, on the way to ``predict``'s first result and ``serve``'s readiness. Beside them, part of
+it still holds the GIL and slows the main thread's steps meanwhile, but less than it cost in
+line (``bench/results/2026-12-06-nvidia-h100-issue45-README.md``).
 
 ``start`` (``app.runtime.ensure_artifacts``, before anything imports torch) starts the thread;
 ``take`` hands what it made to its one owner, the pipeline's decoder (waiting for the thread if
@@ -13,7 +14,7 @@ it is still at work), or None if it failed: the decoder then makes its own, and 
 what is wrong. ``release`` drops what nobody took (``app.runtime.open_model_dir`` once the
 detector is open, also when opening failed). ``make`` is the one recipe both paths use.
 
-Nothing heavy is imported here at module level: the CLI and the service import this first.
+Nothing heavy is imported here at module level: ``app.runtime`` imports this before torch.
 """
 
 from __future__ import annotations
