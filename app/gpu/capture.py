@@ -204,16 +204,20 @@ class GraphBuilder:
         stream = self.compute.torch
         if nv12:
             clear_nv12_params(slot.staging)
-        with torch.cuda.stream(stream):
-            for _ in range(WARMUP_RUNS):
-                self._all(slot, batch, nv12)
-        stream.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: another thread's CUDA call never fails because of this capture; the gate
-        # keeps every thread that knows of it (pipelines, NVDEC readers) quiet meanwhile.
-        with torch.cuda.graph(graph, pool=self._live_pool(), stream=stream, capture_error_mode="thread_local"):
-            head = self._all(slot, batch, nv12)
-        stream.synchronize()
+        try:
+            with torch.cuda.stream(stream):
+                for _ in range(WARMUP_RUNS):
+                    self._all(slot, batch, nv12)
+            stream.synchronize()
+            slot.nms.forget_views()  # the warm-ups' heads go back to the allocator now
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: another thread's CUDA call never fails because of this capture; the gate
+            # keeps every thread that knows of it (pipelines, NVDEC readers) quiet meanwhile.
+            with torch.cuda.graph(graph, pool=self._live_pool(), stream=stream, capture_error_mode="thread_local"):
+                head = self._all(slot, batch, nv12)
+            stream.synchronize()
+        finally:
+            slot.nms.forget_views()  # the captured head is its CapturedBatch's alone, freed with it
         return graph, head
 
     def _abandon_pool(self) -> None:
@@ -258,5 +262,6 @@ class GraphBuilder:
         with torch.cuda.graph(graphs["d2h"], pool=self.pool, stream=stream):
             self._d2h(slot, batch)
         stream.synchronize()
+        slot.nms.forget_views()
         captured.stage_graphs = graphs
         captured.stage_head = head

@@ -7,7 +7,8 @@ Why it looks the way it does:
 
 * **Zero copy.** The head output stays where the engine wrote it. Any object exposing
   ``__cuda_array_interface__`` (torch, CuPy, Numba) is viewed with
-  ``cuda.as_cuda_array(obj, sync=False)`` once and the view is cached by its pointer/shape.
+  ``cuda.as_cuda_array(obj, sync=False)`` once and the view is cached by its pointer/shape
+  (the view keeps its owner alive: ``forget_views`` lets a caller done with a head free it).
 * **CUDA-graph friendly.** :meth:`GpuNms.run` only launches kernels: no allocation, no host
   sync, no host read of a device count. Grid sizes depend only on host-known values (batch,
   anchors, capacity, SM count), so they are fixed at capture time; the request parameters
@@ -559,6 +560,12 @@ class GpuNms:
                 self._views.clear()
             self._views[key] = view  # the view keeps the owner alive, so the pointer stays valid
         return view
+
+    def forget_views(self) -> None:
+        """Drop the cached head views, and with them the heads they keep alive: a graph replays
+        its kernels without ``run``, so once captured its head (which its owner keeps) needs no
+        view here, and an eager head (a warm-up's) would otherwise hold its device memory."""
+        self._views.clear()
 
     # -- launch ----------------------------------------------------------------------------
     def run(self, head, batch: int | None = None, stream=0) -> None:

@@ -66,9 +66,19 @@ class Builder(GraphBuilder):
         pass
 
 
+class ViewCache:
+    """A slot's NMS as far as a capture sees it: how often it was told to forget its head views."""
+
+    def __init__(self) -> None:
+        self.forgotten = 0
+
+    def forget_views(self) -> None:
+        self.forgotten += 1
+
+
 @pytest.fixture
 def builder():
-    slots = [types.SimpleNamespace(index=i, graphs=CapturedGraphs()) for i in range(3)]
+    slots = [types.SimpleNamespace(index=i, graphs=CapturedGraphs(), nms=ViewCache()) for i in range(3)]
     b = Builder(PerThreadKernels(), slots)
     yield b
     b.close()
@@ -93,6 +103,8 @@ def test_captures_asked_for_from_many_threads_all_run_on_the_capture_thread(buil
     assert builder.thread.ident not in callers
     heads = [slot.graphs.get(batch).head for slot, batch in asks]
     assert len(heads) == 12 and all(h == {"kernel": 0} for h in heads)  # one choice in every graph
+    # each capture dropped the NMS's views twice: the warm-ups' heads, then the graph's own
+    assert [slot.nms.forgotten for slot in builder.slots] == [8, 8, 8]
 
 
 def test_a_capture_that_fails_is_the_callers_device_error_and_the_thread_goes_on(builder):
@@ -112,7 +124,7 @@ def test_each_capture_runs_in_the_pipelines_device_context_on_the_capture_thread
         entered.append(threading.get_ident())
         yield
 
-    slots = [types.SimpleNamespace(index=0, graphs=CapturedGraphs())]
+    slots = [types.SimpleNamespace(index=0, graphs=CapturedGraphs(), nms=ViewCache())]
     b = Builder(PerThreadKernels(), slots, context=on_device)
     try:
         for batch in (1, 2):
@@ -134,7 +146,7 @@ class Invalidated(Builder):
     recording torch was told to end."""
 
     def __init__(self, failures: int, error: str = INVALIDATED) -> None:
-        super().__init__(PerThreadKernels(), [types.SimpleNamespace(index=0, graphs=CapturedGraphs())])
+        super().__init__(PerThreadKernels(), [types.SimpleNamespace(index=0, graphs=CapturedGraphs(), nms=ViewCache())])
         self.left, self.error = failures, error
         self.captures: list[tuple[object, str]] = []
         self.ended: list[object] = []
