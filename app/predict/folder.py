@@ -47,9 +47,11 @@ MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES  # what ``predict`` reads: imag
 RECT_WINDOW_BATCHES = 2
 # Reader threads. Where the pipeline decodes JPEGs itself, a reader only reads a file and checks its
 # header: short turns that hold the GIL, so more readers only queue for it (each hand-over a wait)
-# and starve the batch threads of their turns. Where the readers decode (OpenCV, which lets go of
-# the GIL), more of them decode at once.
-READERS_ENCODED = 2
+# and starve the batch threads of their turns: on an H100, a second reader made the steady loop
+# slower, its nvImageCodec calls waiting on the GIL too (bench/predict_timeline.py,
+# bench/results/2026-12-06-nvidia-h100-predict-timeline.json). Where the readers decode (OpenCV,
+# which lets go of the GIL), more of them decode at once.
+READERS_ENCODED = 1
 READERS_DECODING = 8
 
 
