@@ -47,8 +47,10 @@ MEDIA_SUFFIXES = IMAGE_SUFFIXES | VIDEO_SUFFIXES  # what ``predict`` reads: imag
 RECT_WINDOW_BATCHES = 2
 # Reader threads. Where the pipeline decodes JPEGs itself, a reader only reads a file and checks its
 # header: short turns that hold the GIL, so more readers only queue for it (each hand-over a wait)
-# and starve the batch threads of their turns: on an H100, a second reader made the steady loop
-# slower, its nvImageCodec calls waiting on the GIL too (bench/predict_timeline.py,
+# and starve the batch threads of their turns. On an H100 one reader kept the steady loop as fast
+# as two (5,078 and 5,083 img/s, medians of three rounds) with less waiting on the GIL: 64 files
+# read in 7.9 ms against 18.0, a batch's nvImageCodec call 6.5 ms against 9.0, and no round of
+# its fell to two readers' worst, 4,441 (bench/predict_timeline.py,
 # bench/results/2026-12-06-nvidia-h100-predict-timeline.json). Where the readers decode (OpenCV,
 # which lets go of the GIL), more of them decode at once.
 READERS_ENCODED = 1
