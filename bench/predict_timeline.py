@@ -154,11 +154,12 @@ def summarize(events: list, images: int, batch: int) -> dict:
 
     reads = spans.get("read", [])
     per_read = batch / max(1, round(images / max(1, len(reads)))) if reads else 1.0  # a chunk's images → 64
+    steady = round((len(answers) - 3) * batch / (answers[-1] - steady_from)) if len(answers) > 3 else None
     return {
-        "first_result_s": round(answers[0], 3), "exit_s": round(exit_s, 3),
-        "steady_img_per_s": round((len(answers) - 3) * batch / (answers[-1] - steady_from)) if len(answers) > 3 else None,
+        "first_result_s": round(answers[0], 3), "exit_s": round(exit_s, 3), "steady_img_per_s": steady,
         "after_first_img_per_s": round((images - batch) / (exit_s - answers[0])),
-        "read_ms": median_ms("read", per_read), "decode_ms": median_ms("decode"), "device_wait_ms": median_ms("device_wait"),
+        "read_ms": median_ms("read", per_read), "decode_ms": median_ms("decode"),
+        "device_wait_ms": median_ms("device_wait"),
         "captures": len(spans.get("capture", [])),
         "close_s": round(sum(b - a for a, b in spans.get("close", [])), 3),
         "decoders_close_s": round(sum(b - a for a, b in spans.get("decoders_close", [])), 3),
@@ -207,7 +208,8 @@ def main() -> None:
     summary = {v["name"]: {k: statistics.median(vals) for k in keys
                            if (vals := [r[k] for r in rows if r["variant"] == v["name"] and r.get(k) is not None])}
                for v in variants}
-    result = {"what": "bench/predict_timeline.py: predict's steps stamped from inside (see its docstring); medians in summary",
+    what = "bench/predict_timeline.py: predict's steps stamped from inside (see its docstring); medians in summary"
+    result = {"what": what,
               "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "machine": {**machine_info(gpu=gpu_present()), "nproc": os.cpu_count()}, "versions": versions(),
               "code": code_revision() or "unknown (no git here)",
