@@ -175,11 +175,11 @@ def main() -> None:
     p.add_argument("--variants", default="readers2:2:0,readers1:1:0",
                    help="comma-separated name:readers:switch_interval (readers 0: the code's own; switch 0: Python's)")
     p.add_argument("--out", type=Path)
-    p.add_argument("--child", nargs=3, metavar=("OUT", "READERS", "SWITCH"), help=argparse.SUPPRESS)
-    args, rest = p.parse_known_args()
-    if args.child:
-        child(Path(args.child[0]), int(args.child[1]), float(args.child[2]), rest)
+    if sys.argv[1:2] == ["--child"]:  # --child STAMPS READERS SWITCH, then the command's own arguments, untouched
+        stamps, readers, switch, *command = sys.argv[2:]
+        child(Path(stamps), int(readers), float(switch), command)
         return
+    args = p.parse_args()
     from app.benchmark.machine import code_revision, machine_info, versions
     from bench.startup import gpu_present, make_folder
 
