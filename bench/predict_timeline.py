@@ -4,9 +4,9 @@ process's start), and the folder loop's knobs varied between rounds, interleaved
 
 Each round of each variant runs ``yolopipe predict FOLDER`` through ``app.cli.main`` in a child
 process that wraps, before the command imports them, the folder's reads
-(``app.predict.folder._prepared_chunk``), each batch's way through the GPU pipeline (its run,
-nvImageCodec's ``decode_into``, the launch, the wait for the device, captures) and the
-pipeline's ``close``; the wrappers only append ``(time, thread, step)`` to a list, written when
+(``app.predict.folder._prepared_chunk``), each batch's answer, its way through the GPU pipeline
+(nvImageCodec's ``decode_into``, the wait for the device, captures) and the pipeline's ``close``
+with its decoders'; the wrappers only append ``(time, thread, step)`` to a list, written when
 the command exits. A row per process:
 
 * ``first_result_s``: to the first batch handed back to the writer; ``exit_s``: to ``os._exit``;
@@ -70,7 +70,7 @@ def wrap(owner, attr: str, step: str) -> None:
 # module: (attribute that says it is loaded, [(owner attribute path, step)])
 TARGETS = {
     "app.predict.folder": ("predict_folder", [("_prepared_chunk", "read")]),
-    "app.pipeline.gpu": ("GpuPipeline", [("GpuPipeline._run_batch", "batch"), ("GpuPipeline.close", "close")]),
+    "app.pipeline.gpu": ("GpuPipeline", [("GpuPipeline.close", "close")]),
     "app.gpu.nvimgcodec": ("NvImageCodecDecoder", [("NvImageCodecDecoder.decode_into", "decode")]),
     "app.gpu.dispatch": ("Dispatcher", [("Dispatcher.wait", "device_wait")]),
     "app.gpu.capture": ("GraphBuilder", [("GraphBuilder._capture_once", "capture")]),
