@@ -282,7 +282,7 @@ def _compile(weights: Path, meta: ModelMeta, key: TorchEngineKey, device: int, o
         " on a first build)")
     invariant = key.batch_invariant and dev.type == "cuda"
     with tuned(program, device, tuning_cache, say) if invariant else contextlib.nullcontext({}) as tuning:
-        compile_package(program, out, batch_invariant=invariant)
+        compile_package(program, out, batch_invariant=invariant, cuda=dev.type == "cuda")
     del program
     say(f"{what}: checking it against the eager model (3 of 3)")
     checked = check_package(out, example, reference, key, meta, dev)
@@ -312,14 +312,22 @@ def export_program(model: Any, example: Any, key: TorchEngineKey) -> Any:
 # Every convolution and matrix product a Triton template, tuned at build time (module docstring).
 INVARIANT_INDUCTOR_CONFIGS = {"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
                               "max_autotune_conv_backends": "TRITON"}
-def inductor_configs(batch_invariant: bool) -> dict[str, Any]:
-    return dict(INVARIANT_INDUCTOR_CONFIGS) if batch_invariant else {}
+# A CUDA package's host code is its C++ wrapper alone, so the CPU's vector instructions are taken
+# from /proc/cpuinfo as listed: inductor otherwise proves each one it finds there by compiling a
+# test library and loading it in a child interpreter that imports torch, a third of a build from
+# the tuning cache on the H100 (bench/results/2026-12-06-nvidia-h100-issue45-session3-README.md).
+CUDA_INDUCTOR_CONFIGS = {"cpp.vec_isa_ok": True}
 
 
-def compile_package(program: Any, out: Path, *, batch_invariant: bool = False) -> Path:
+def inductor_configs(batch_invariant: bool, cuda: bool = False) -> dict[str, Any]:
+    return {**(CUDA_INDUCTOR_CONFIGS if cuda else {}), **(INVARIANT_INDUCTOR_CONFIGS if batch_invariant else {})}
+
+
+def compile_package(program: Any, out: Path, *, batch_invariant: bool = False, cuda: bool = False) -> Path:
     """AOTInductor: ``program`` → the ``.pt2`` package ``out``, its library linked so that a fresh
     process loads it (``app.builder.aoti_link``); ``batch_invariant`` (CUDA only): every
-    convolution and matrix product a Triton template (``INVARIANT_INDUCTOR_CONFIGS``)."""
+    convolution and matrix product a Triton template (``INVARIANT_INDUCTOR_CONFIGS``); ``cuda``:
+    a package whose kernels all run on the GPU (``CUDA_INDUCTOR_CONFIGS``)."""
     import torch._inductor
 
     from app.builder.aoti_link import linking
@@ -327,7 +335,7 @@ def compile_package(program: Any, out: Path, *, batch_invariant: bool = False) -
     with linking(where=out.parent):  # no C++ compiler: its own BackendUnavailable
         try:
             return Path(torch._inductor.aoti_compile_and_package(
-                program, package_path=str(out), inductor_configs=inductor_configs(batch_invariant)))
+                program, package_path=str(out), inductor_configs=inductor_configs(batch_invariant, cuda)))
         except Exception as exc:  # an inductor or compiler failure: one clear line
             raise BackendUnavailable(f"AOTInductor could not compile the model: {type(exc).__name__}: {exc}"[:500],
                                      hint="AOTInductor needs a C++ compiler (g++) beside torch") from exc
@@ -378,6 +386,7 @@ def check_package(path: Path, example: Any, reference: Any, key: TorchEngineKey,
         raise ArtifactError(f"the compiled torch-cuda engine differs from the eager model by {worst[0]:.3g} px "
                             f"(boxes) and {worst[1]:.3g} (scores), over {box_tol} and {score_tol}")
     return {"checked_max_abs_diff": {"boxes_px": worst[0], "scores": worst[1]}, "example_batch": int(example.shape[0]),
-            "inductor": f"aoti_compile_and_package, {inductor_configs(key.batch_invariant) or 'default settings'}; "
+            "inductor": f"aoti_compile_and_package, "
+                        f"{inductor_configs(key.batch_invariant, dev.type == 'cuda') or 'default settings'}; "
                         "linked by app.builder.aoti_link",
             "batch_invariance_checked": key.batch_invariant, "fresh_process": fresh}
