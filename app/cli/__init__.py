@@ -63,7 +63,10 @@ cli.command(cls=Command, add_help_option=False,
 def main() -> None:
     import faulthandler
 
+    from app.bytecode import keep_bytecode
+
     faulthandler.enable()  # a crash in native code (a GPU library) prints where it happened
+    keep_bytecode()  # before any command imports torch
     try:
         cli()
     except SystemExit as done:

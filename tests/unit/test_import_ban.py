@@ -29,7 +29,8 @@ BUILD_TIME = ("app.builder",)
 RUN_TIME = ("app.pipeline", "app.predict", "app.backends", "app.gpu", "app.api", "app.ipc", "app.service", "app.distributed")
 SHARED_GPU_FACTS = ("app.gpu.probe", "app.gpu.tensorrt_lib", "app.gpu.torch_model")
 NEUTRAL = ("app.artifacts", "app.boxes", "app.config", "app.contracts", "app.engine_contracts", "app.errors", "app.files",
-           "app.heap", "app.imaging", "app.records", "app.settings", "app.source_urls", "app.types", "app.versions", "app.weights")
+           "app.heap", "app.imaging", "app.records", "app.settings", "app.source_urls", "app.types", "app.versions", "app.weights",
+           "app.bytecode")
 # May import build time and run time alike, each for a stated reason:
 COMPOSERS = {
     "app.runtime": "the composition root: ensure_artifacts exports and builds, open_detector opens a run-time detector",

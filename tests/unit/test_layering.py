@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("backends",),
     ("gpu",),
     ("ipc",),  # transport only: below every part that holds a model, a pipeline or a device
-    ("weights",),
+    ("weights", "bytecode"),  # bytecode: where the command's imports keep theirs (its cache folder)
     ("artifacts", "boxes", "records"),
     ("contracts", "engine_contracts", "files"),
     ("imaging",),

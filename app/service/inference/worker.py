@@ -66,6 +66,9 @@ def worker_main(spec: WorkerSpec, settings: Any, report: Any, promote: Any = Non
     ``("ready", info)`` or ``("error", code, message)``. With ``promote`` (a pipe from the
     pool) this is a standby: it opens and warms its detector, reports ``("standby", pid)``,
     and takes over the worker's socket only when the pool sends it a generation number."""
+    from app.bytecode import keep_bytecode
+
+    keep_bytecode()  # before the imports below bring torch (the supervisor's choice, passed on)
     from app.runtime import ensure_artifacts, open_model_dir, options_from
     from app.service.processes import die_with_parent, run_event_loop, setup_logging, write_metrics_to
 
