@@ -2,9 +2,8 @@
 
 Container images often set ``PYTHONDONTWRITEBYTECODE=1`` and install packages without their
 bytecode (uv does not compile by default). Each ``import torch`` then compiles torch's Python
-sources from scratch: on the GPU machine's image that was most of ``predict``'s start-up, and
-each of inductor's test interpreters paid it again during a build
-(``bench/results/2026-12-06-nvidia-h100-issue45-session3-README.md``).
+sources from scratch: 2.9 s on the GPU machine's image against 1.4 s from kept bytecode
+(``bench/results/2026-12-06-nvidia-h100-imports-probe.json``), on the way to every first result.
 
 So ``keep_bytecode`` (the first thing the ``yolopipe`` command and each service worker do), where
 bytecode writing is off and the large packages came without bytecode, points Python's

@@ -313,9 +313,9 @@ def export_program(model: Any, example: Any, key: TorchEngineKey) -> Any:
 INVARIANT_INDUCTOR_CONFIGS = {"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
                               "max_autotune_conv_backends": "TRITON"}
 # A CUDA package's host code is its C++ wrapper alone, so the CPU's vector instructions are taken
-# from /proc/cpuinfo as listed: inductor otherwise proves each one it finds there by compiling a
-# test library and loading it in a child interpreter that imports torch, a third of a build from
-# the tuning cache on the H100 (bench/results/2026-12-06-nvidia-h100-issue45-session3-README.md).
+# from /proc/cpuinfo as listed: inductor otherwise proves each set it finds there by compiling a
+# test library and loading it in a child interpreter that imports torch, 36.5 s on the H100
+# machine's image (bench/results/2026-12-06-nvidia-h100-imports-probe.json).
 CUDA_INDUCTOR_CONFIGS = {"cpp.vec_isa_ok": True}
 
 
