@@ -387,6 +387,9 @@ def main() -> None:
         if args.baseline and "predict" in parts:
             tree, rev = baseline_tree(args.baseline, scratch)
             baseline_env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
+
+        def baseline_row(tag: str) -> dict:  # the baseline's predict, run as ours is
+            return predict_row(source, args.batch, baseline_env, scratch, args.timeout, tag, verbose=False, tree=tree)
         if {"predict", "serve", "warm"} & parts:  # artifacts present: one untimed run builds what is missing
             prep = predict_row(source, args.batch, env, scratch, args.timeout, "untimed-build")
             add({"system": "yolopipe", "mode": "cli", "untimed": "builds the artifacts the timed runs find", **prep})
@@ -394,17 +397,14 @@ def main() -> None:
         # (serve's web stack) has its bytecode kept where the interpreter keeps none (app.bytecode).
         if baseline_env is not None:
             add({"system": f"yolopipe {rev} (baseline)", "mode": "cli", "untimed": "its first run",
-                 **predict_row(source, args.batch, baseline_env, scratch, args.timeout, "base-untimed", verbose=False,
-                               tree=tree)})
+                 **baseline_row("base-untimed")})
         if "serve" in parts:
             add({"system": "yolopipe", "part": "ready", "untimed": "its first start",
                  **serve_row(env, scratch, args.timeout, "serve-untimed")})
         for i in range(args.rounds if {"predict", "ultralytics"} & parts else 0):
             if baseline_env is not None:
                 add({"system": f"yolopipe {rev} (baseline)", "mode": "cli", **common, "images": count,
-                     "artifacts": "present", "round": i + 1,
-                     **predict_row(source, args.batch, baseline_env, scratch, args.timeout, f"base-{i}", verbose=False,
-                                   tree=tree)})
+                     "artifacts": "present", "round": i + 1, **baseline_row(f"base-{i}")})
             for decode in args.decodes.split(",") if "predict" in parts else ():
                 add({"system": "yolopipe", "mode": "cli", **common, "images": count, "artifacts": "present",
                      "round": i + 1, "decode": decode or "default",
