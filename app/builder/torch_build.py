@@ -55,6 +55,7 @@ from app.artifacts.torch_engines import (
     sha256_of,
 )
 from app.artifacts.tuning_cache import default_tuning_cache, say_duration
+from app.builder.inductor_settings import cpu_isa_proved_beside, inductor_configs, settings_text
 from app.builder.torch_check import batch_variance, check_in_fresh_process
 from app.builder.tuning import expected_build_s, tuned
 from app.config import ENGINE_MAX_BATCH
@@ -267,9 +268,17 @@ def _compile(weights: Path, meta: ModelMeta, key: TorchEngineKey, device: int, o
         import torch
     except ImportError as exc:
         raise BackendUnavailable("torch is not installed", hint="pip install torch") from exc
+    dev = torch.device("cuda", device) if key.gpu_name != "cpu" else torch.device("cpu")
+    with cpu_isa_proved_beside(dev.type == "cuda"):
+        return _export_compile_check(weights, meta, key, dev, out, say, what, tuning_cache)
+
+
+def _export_compile_check(weights: Path, meta: ModelMeta, key: TorchEngineKey, dev: Any, out: Path, say: Say,
+                          what: str, tuning_cache: Path) -> dict[str, Any]:
+    import torch
+
     from app.gpu.torch_model import check_head, load_model, torch_dtype
 
-    dev = torch.device("cuda", device) if key.gpu_name != "cpu" else torch.device("cpu")
     say(f"{what}: exporting the model with torch.export (1 of 3)")
     model, _ = load_model(weights, precision=key.precision, device=dev, anchors_in_graph=True)
     example = torch.rand((example_batch(key), 3, meta.imgsz, meta.imgsz), generator=torch.Generator().manual_seed(0))
@@ -280,13 +289,14 @@ def _compile(weights: Path, meta: ModelMeta, key: TorchEngineKey, device: int, o
     del model
     say(f"{what}: compiling with AOTInductor (2 of 3; {'several minutes' if key.batch_invariant else 'a minute or two'}"
         " on a first build)")
-    invariant = key.batch_invariant and dev.type == "cuda"
-    with tuned(program, device, tuning_cache, say) if invariant else contextlib.nullcontext({}) as tuning:
-        compile_package(program, out, batch_invariant=invariant, cuda=dev.type == "cuda")
+    invariant, cuda = key.batch_invariant and dev.type == "cuda", dev.type == "cuda"
+    with tuned(program, dev.index or 0, tuning_cache, say) if invariant else contextlib.nullcontext({}) as tuning:
+        compile_package(program, out, batch_invariant=invariant, cuda=cuda)
     del program
     say(f"{what}: checking it against the eager model (3 of 3)")
     checked = check_package(out, example, reference, key, meta, dev)
-    return {**checked, **({"tuning": asdict(tuning["report"])} if "report" in tuning else {})}
+    return {**checked, "inductor": settings_text(invariant, cuda),
+            **({"tuning": asdict(tuning["report"])} if "report" in tuning else {})}
 
 
 def example_batch(key: TorchEngineKey) -> int:
@@ -309,25 +319,11 @@ def export_program(model: Any, example: Any, key: TorchEngineKey) -> Any:
         raise BackendUnavailable(f"torch.export could not trace the model: {type(exc).__name__}: {exc}"[:500]) from exc
 
 
-# Every convolution and matrix product a Triton template, tuned at build time (module docstring).
-INVARIANT_INDUCTOR_CONFIGS = {"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
-                              "max_autotune_conv_backends": "TRITON"}
-# A CUDA package's host code is its C++ wrapper alone, so the CPU's vector instructions are taken
-# from /proc/cpuinfo as listed: inductor otherwise proves each set it finds there by compiling a
-# test library and loading it in a child interpreter that imports torch, 36.5 s on the H100
-# machine's image (bench/results/2026-12-06-nvidia-h100-imports-probe.json).
-CUDA_INDUCTOR_CONFIGS = {"cpp.vec_isa_ok": True}
-
-
-def inductor_configs(batch_invariant: bool, cuda: bool = False) -> dict[str, Any]:
-    return {**(CUDA_INDUCTOR_CONFIGS if cuda else {}), **(INVARIANT_INDUCTOR_CONFIGS if batch_invariant else {})}
-
-
 def compile_package(program: Any, out: Path, *, batch_invariant: bool = False, cuda: bool = False) -> Path:
     """AOTInductor: ``program`` → the ``.pt2`` package ``out``, its library linked so that a fresh
     process loads it (``app.builder.aoti_link``); ``batch_invariant`` (CUDA only): every
-    convolution and matrix product a Triton template (``INVARIANT_INDUCTOR_CONFIGS``); ``cuda``:
-    a package whose kernels all run on the GPU (``CUDA_INDUCTOR_CONFIGS``)."""
+    convolution and matrix product a Triton template; ``cuda``: a package whose kernels all run on
+    the GPU (``app.builder.inductor_settings``)."""
     import torch._inductor
 
     from app.builder.aoti_link import linking
@@ -386,7 +382,4 @@ def check_package(path: Path, example: Any, reference: Any, key: TorchEngineKey,
         raise ArtifactError(f"the compiled torch-cuda engine differs from the eager model by {worst[0]:.3g} px "
                             f"(boxes) and {worst[1]:.3g} (scores), over {box_tol} and {score_tol}")
     return {"checked_max_abs_diff": {"boxes_px": worst[0], "scores": worst[1]}, "example_batch": int(example.shape[0]),
-            "inductor": f"aoti_compile_and_package, "
-                        f"{inductor_configs(key.batch_invariant, dev.type == 'cuda') or 'default settings'}; "
-                        "linked by app.builder.aoti_link",
             "batch_invariance_checked": key.batch_invariant, "fresh_process": fresh}

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from app.artifacts.torch_engines import find_torch_engine, leftovers, manifest_path
-from app.builder import torch_build, torch_check
+from app.builder import inductor_settings, torch_build, torch_check
 
 STAND_IN_GPU = ("NVIDIA Stand-in", "9.0")
 ROOT = Path(__file__).resolve().parents[3]
@@ -324,7 +324,7 @@ def test_no_batch_invariant_builds_and_loads_the_cudnn_package_beside_the_invari
     assert torch_build.inductor_configs(False) == {}
     assert torch_build.inductor_configs(True) == {"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
                                                   "max_autotune_conv_backends": "TRITON"}
-    assert torch_build.inductor_configs(False, cuda=True) == torch_build.CUDA_INDUCTOR_CONFIGS
+    assert torch_build.inductor_configs(False, cuda=True) == inductor_settings.CUDA_INDUCTOR_CONFIGS
     open_for_predict(root)  # the default: batch-invariant, built now
     assert [k.batch_invariant for k in COMPILED] == [False, True]
     refuse_every_compile(monkeypatch)
@@ -396,23 +396,3 @@ def test_build_engine_refuses_a_tuning_cache_it_would_not_read_before_any_work(g
         result = CliRunner().invoke(cli, ["build-engine", "--artifacts-dir", str(root), *args])
         assert result.exit_code != 0 and says in " ".join(result.output.split()), result.output
     assert COMPILED == []
-
-
-def test_a_cuda_build_takes_the_cpus_vector_instructions_without_building_a_test_library(monkeypatch):
-    """Under a CUDA package's inductor settings, inductor (this torch) trusts the CPU's vector
-    instructions as listed instead of compiling and loading a test library for each one (a child
-    interpreter importing torch per instruction set)."""
-    import torch._inductor.config
-    from torch._inductor import cpu_vec_isa
-
-    def refused(self, code):
-        raise AssertionError("a test library was built")
-
-    monkeypatch.setattr(cpu_vec_isa.VecISA, "check_build", refused)
-    cpu_vec_isa.VecISA._VecISA__bool__impl.cache_clear()  # answers an earlier build proved
-    isa = cpu_vec_isa.VecAVX2()
-    with torch._inductor.config.patch(torch_build.inductor_configs(True, cuda=True)):
-        assert bool(isa) is True
-    with torch._inductor.config.patch(torch_build.inductor_configs(True)):
-        with pytest.raises(AssertionError, match="library"):
-            bool(isa)  # the default: proven by a build
