@@ -76,6 +76,9 @@ def test_the_estimate_counts_the_tunings_left():
                                                                                                   tunings=0)
     assert build_estimate_s("Some Other GPU", tunings=10) >= build_estimate_s("NVIDIA H200", tunings=10)
     assert [say_duration(s) for s in (12.4, 89, 400)] == ["about 12 s", "about 89 s", "about 7 min"]
+    # the H100's committed builds: 41 s from the cache at 185e734, 462 s without one (2026-12-05)
+    assert build_estimate_s("NVIDIA H100 80GB HBM3", tunings=0) == 41.0
+    assert abs(build_estimate_s("NVIDIA H100 80GB HBM3", tunings=40) - 462) < 15
 
 
 def test_the_cache_every_build_uses_can_be_named_by_the_environment(tmp_path, monkeypatch):
