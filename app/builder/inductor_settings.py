@@ -11,7 +11,9 @@ from the tuning cache (bench/results/2026-12-06-nvidia-h100-build-probe.json) me
 - the wrapper's compiles (``compile_file``) 12.7-13.3 s at inductor's default -O1 with a
   precompiled header, 6.8-7.0 s at -O0 without one (a header is precompiled for one compile);
 - ``pick_vec_isa`` inside ``AotCodeCompiler.compile``: about 10 s beyond those compiles with
-  ``cpp.vec_isa_ok`` set. That setting answers the base check of each set, but inductor still
+  ``cpp.vec_isa_ok`` set (without it, ``valid_vec_isa_list()`` alone took 36.47 s on that image:
+  bench/results/2026-12-06-nvidia-h100-imports-probe.json). That setting answers the base check
+  of each set, but inductor still
   builds and loads a test library for AVX-512's VNNI and BF16 and for AMX where the CPU lists
   them, each loaded in a child interpreter that imports torch.
 """
