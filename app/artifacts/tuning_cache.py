@@ -11,7 +11,11 @@ two kinds of small record, which this file holds and gives back (``app.builder.t
   operator and input shape, every candidate's time. A build that finds every candidate of a
   convolution there neither compiles nor times any of them;
 * ``kernels``: the launch settings chosen for each generated pointwise kernel
-  (``<kernel>.best_config``), keyed by the kernel's path, which is the hash of its source.
+  (``<kernel>.best_config``), keyed by the kernel's path, which is the hash of its source;
+* ``best_tiles``: the tile settings of each tuned operator's two fastest templates, so that a
+  build from the cache generates only those candidates (``app.builder.narrowed_choices``). A cache
+  written before they were recorded has none: its next build generates every candidate and adds
+  them.
 
 A cache fits a build when every fact of its ``TuningKey`` is the build's: the GPU's name and
 compute capability, torch, Triton and CUDA (timings and kernels differ with each), and the traced
@@ -82,6 +86,7 @@ class TuningCache:
     kernels: dict[str, Any] = field(default_factory=dict)  # kernel path → its chosen launch settings
     tunings: int = 0  # distinct operators tuned (templates' input shapes)
     written_at: str = ""
+    best_tiles: dict[str, Any] = field(default_factory=dict)  # an operator's key → its best tile settings
 
     def to_bytes(self) -> bytes:
         return json.dumps({"kind": "yolopipe tuning cache", **asdict(self)}, separators=(",", ":"),
@@ -96,9 +101,13 @@ class TuningCache:
         if not isinstance(key, dict) or set(key) != {f.name for f in fields(TuningKey)}:
             raise ValueError("its key is not a tuning key")
         templates, kernels = raw.get("templates", {}), raw.get("kernels", {})
-        if not isinstance(templates, dict) or not isinstance(kernels, dict):
-            raise ValueError("its templates and kernels are not tables")
-        return cls(TuningKey(**key), templates, kernels, int(raw.get("tunings", 0)), str(raw.get("written_at", "")))
+        best_tiles = raw.get("best_tiles", {})
+        if not all(isinstance(table, dict) for table in (templates, kernels, best_tiles)):
+            raise ValueError("its templates, kernels and tiles are not tables")
+        if not all(isinstance(tiles, list) and all(isinstance(t, dict) for t in tiles) for tiles in best_tiles.values()):
+            raise ValueError("its tiles are not lists of settings")
+        return cls(TuningKey(**key), templates, kernels, int(raw.get("tunings", 0)), str(raw.get("written_at", "")),
+                   best_tiles)
 
 
 def default_tuning_cache(model_dir: Path) -> Path:

@@ -32,6 +32,7 @@ from app.artifacts.tuning_cache import (
     seconds_per_tuning,
     write_tuning_cache,
 )
+from app.builder.narrowed_choices import BestTiles, merged_tiles, narrowed_candidates
 from app.errors import ArtifactError
 
 Say = Callable[[str], None]
@@ -162,6 +163,8 @@ class TuningReport:
     tuning_cache: str  # "hit" (read, it fitted) | "none" (no file) | "other" (a file that did not fit)
     tunings: int  # operators inductor reported tuning (a hit reports them too, at no cost)
     tuning_s: float  # the compile's time, tunings included
+    candidates_generated: int = 0  # tiled candidates the generators offered (app.builder.narrowed_choices)
+    candidates_kept: int = 0  # of those, the ones generated: fewer where the cache held the best ones
 
 
 @contextlib.contextmanager
@@ -197,25 +200,31 @@ def tuned(program: Any, device: int, cache_path: Path, say: Say) -> Iterator[dic
         say(f"tuning about {expected} kernels ({say_duration(per_tuning * expected)}; the tunings are saved to "
             f"{cache_path} for later builds)")
     count = TuningCount(expected, per_tuning, say if status != "hit" else (lambda text: None))
+    best = BestTiles()
     holder: dict[str, Any] = {}
     select_algorithm.add_feedback_saver(count)
+    select_algorithm.add_feedback_saver(best)
     started = time.perf_counter()
     try:
-        yield holder
+        with narrowed_candidates(found.best_tiles if status == "hit" else {}) as narrowing:
+            yield holder
     finally:
         _remove_saver(select_algorithm, count)
-    written = collect(inductor_dir, key)
+        _remove_saver(select_algorithm, best)
+    written = replace(collect(inductor_dir, key), best_tiles=best.tiles)
     if status == "hit":  # keep what was read and not needed this time
         written = replace(written, templates=_merged(written.templates, found.templates),
-                          kernels={**found.kernels, **written.kernels})
+                          kernels={**found.kernels, **written.kernels},
+                          best_tiles=merged_tiles(best.tiles, found.best_tiles))
     try:
         write_tuning_cache(cache_path, written)
     except (OSError, ArtifactError) as exc:  # the package is built: a cache not written costs a later build time
         say(f"tuning cache {cache_path} not written: {exc}")
-    holder["report"] = TuningReport(str(cache_path), status, count.done, round(time.perf_counter() - started, 1))
+    holder["report"] = TuningReport(str(cache_path), status, count.done, round(time.perf_counter() - started, 1),
+                                    narrowing.generated, narrowing.kept)
 
 
-def _remove_saver(select_algorithm: Any, saver: TuningCount) -> None:
+def _remove_saver(select_algorithm: Any, saver: Any) -> None:
     get_cache = getattr(select_algorithm, "get_algorithm_selector_cache", None)
     cache = get_cache() if get_cache is not None else getattr(select_algorithm, "_ALGORITHM_SELECTOR_CACHE", None)
     savers = getattr(cache, "feedback_saver_fns", None)

@@ -25,7 +25,9 @@ KEY = TuningKey("NVIDIA H200", "9.0", "2.11.0+cu130", "3.5.0", "13.0", "ab" * 32
 
 def test_a_cache_written_reads_back_whole(tmp_path):
     cache = TuningCache(KEY, {"convolution": {"[[2, 3, 640, 640]]": {"highest": {"choice-a": 0.012}}}},
-                        {"ab/cabc.best_config": {"XBLOCK": 256, "num_warps": 4}}, 1, "2026-12-05T00:00:00+00:00")
+                        {"ab/cabc.best_config": {"XBLOCK": 256, "num_warps": 4}}, 1, "2026-12-05T00:00:00+00:00",
+                        {"convolution:64x32": [{"BLOCK_M": 64, "BLOCK_K": 32, "BLOCK_N": 128, "num_stages": 2,
+                                                "num_warps": 4}]})
     path = write_tuning_cache(tmp_path / "deep" / "tuning.json", cache)
     assert read_tuning_cache(path) == cache
     assert path.stat().st_size < 1000 and not list(path.parent.glob("*.tmp*"))
@@ -52,7 +54,9 @@ def test_a_cache_fits_only_the_gpu_software_and_graph_it_was_made_for(change, sa
 @pytest.mark.parametrize("content", [b"not json", b"[1, 2]", json.dumps({"kind": "something else"}).encode(),
                                      json.dumps({"kind": "yolopipe tuning cache", "key": {"gpu_name": "x"}}).encode(),
                                      json.dumps({"kind": "yolopipe tuning cache", "key": KEY.__dict__,
-                                                 "templates": [1]}).encode()])
+                                                 "templates": [1]}).encode(),
+                                     json.dumps({"kind": "yolopipe tuning cache", "key": KEY.__dict__,
+                                                 "best_tiles": {"convolution:64x32": "fast"}}).encode()])
 def test_a_file_that_is_no_tuning_cache_is_refused_with_why(tmp_path, content):
     path = tmp_path / "tuning.json"
     path.write_bytes(content)
@@ -86,3 +90,12 @@ def test_the_cache_every_build_uses_can_be_named_by_the_environment(tmp_path, mo
     assert default_tuning_cache(tmp_path / "model") == tmp_path / "model" / "torch-cache" / "tuning.json"
     monkeypatch.setenv("YOLOPIPE_TUNING_CACHE", str(tmp_path / "shared.json"))
     assert default_tuning_cache(tmp_path / "model") == tmp_path / "shared.json"
+
+
+def test_a_cache_written_before_tiles_were_recorded_reads_with_none(tmp_path):
+    """The H100 cache committed on 2026-12-06 had no ``best_tiles``: it still fits, and its next
+    build generates every candidate and records them."""
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps({"kind": "yolopipe tuning cache", "key": KEY.__dict__, "templates": {}, "kernels": {},
+                                "tunings": 0, "written_at": ""}))
+    assert read_tuning_cache(path).best_tiles == {}

@@ -174,3 +174,50 @@ def test_the_pace_is_measured_from_the_first_tuning_on(monkeypatch):
         count({}, "convolution", [Node([2, c, 32, 32])])
     assert said[0].endswith("(30 s; about 84 s left)")  # 12 left at the default 7 s
     assert said[-1].endswith("(34 s; about 20 s left)")  # 10 left at 2 s each
+
+
+def test_a_build_records_its_best_tiles_and_a_build_from_the_cache_generates_only_those(
+        inductor_dir, tmp_path, monkeypatch):
+    """The first build's feedback (called as inductor calls its feedback functions) goes into the
+    cache with its tunings; a later build from it gets inductor's convolution candidates narrowed
+    to them (``app.builder.narrowed_choices``), says so in its report, and keeps the record."""
+    import sympy
+    from torch._inductor import select_algorithm
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+
+    monkeypatch.setattr(tuning, "machine_key", lambda device=0, graph="": key_for(graph))
+    program, cache_path = export(), tmp_path / "tuning.json"
+
+    def conv_candidates():
+        with V.set_graph_handler(GraphLowering(torch.fx.symbolic_trace(lambda x: x + 1))):
+            return list(V.choices.get_conv_configs("cuda")(sympy.Integer(2048), 8, 3, dtype_size=4))
+
+    every = conv_candidates()
+    best = every[2]
+
+    class Template:
+        log_info = {"tile_shape": str((best.kwargs["BLOCK_M"], best.kwargs["BLOCK_K"], best.kwargs["BLOCK_N"])),
+                    "num_stages": best.num_stages, "num_warps": best.num_warps}
+
+    class Weight:
+        def get_size(self):
+            return [sympy.Integer(8), sympy.Integer(3), sympy.Integer(3), sympy.Integer(3)]
+
+    with tuning.tuned(program, 0, cache_path, lambda text: None) as first:
+        for feedback in list(select_algorithm.get_algorithm_selector_cache().feedback_saver_fns):
+            feedback({Template(): 0.25}, "convolution", [Weight(), Weight()], [], None)
+        assert len(conv_candidates()) == len(every)  # nothing recorded yet: every candidate
+    assert (first["report"].candidates_generated, first["report"].candidates_kept) == (0, 0)
+    tile = {"BLOCK_M": best.kwargs["BLOCK_M"], "BLOCK_K": best.kwargs["BLOCK_K"], "BLOCK_N": best.kwargs["BLOCK_N"],
+            "num_stages": best.num_stages, "num_warps": best.num_warps}
+    assert read_tuning_cache(cache_path).best_tiles == {"convolution:8x3": [tile]}
+
+    with tuning.tuned(program, 0, cache_path, lambda text: None) as later:
+        narrowed = conv_candidates()
+    assert [c.kwargs["BLOCK_M"] for c in narrowed] == [best.kwargs["BLOCK_M"]] and len(every) > 1
+    assert later["report"].tuning_cache == "hit"
+    assert (later["report"].candidates_generated, later["report"].candidates_kept) == (len(every), 1)
+    assert read_tuning_cache(cache_path).best_tiles == {"convolution:8x3": [tile]}  # kept for the next build
+    assert not any(isinstance(f, (tuning.TuningCount, tuning.BestTiles))
+                   for f in select_algorithm.get_algorithm_selector_cache().feedback_saver_fns)
