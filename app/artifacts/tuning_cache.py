@@ -47,11 +47,12 @@ MAX_TUNING_CACHE_BYTES = 1 << 20  # a cache this size holds thousands of tunings
 # A first build's seconds per tuning: bench/results/2026-12-05-nvidia-h100-build-times.json (H100:
 # 40 tunings in 338 s); the H200's 2026-12-03 build tuned at about 7 s each. A card not measured is
 # given the slowest. The rest of a build (export, the chosen kernels and the wrapper compiled, the
-# checks): 41 s from a tuning cache on a fresh H100 (2026-12-06-nvidia-h100-build-at-185e734.json);
+# checks): 30 s from a tuning cache that holds each operator's best tiles, on an H100
+# (2026-12-06-nvidia-h100-build-narrowed-ab.json: 27 and 30 s; a cache without them, 33-43 s);
 # 115 s around a first build's tunings (the 2026-12-05 file: 462 s in all, before the vector-set
 # proofs ran beside the build and the wrapper's compile was cut).
 SECONDS_PER_TUNING = {"NVIDIA H200": 7.0, "NVIDIA H100 80GB HBM3": 8.7}
-BUILD_REST_S = 41.0
+BUILD_REST_S = 30.0
 FIRST_BUILD_REST_S = 115.0
 TYPICAL_TUNINGS = 40  # distinct convolutions and 1x1 convolutions (as matrix products) of YOLOv8 at 640
 

@@ -56,7 +56,7 @@ from app.artifacts.torch_engines import (
 )
 from app.artifacts.tuning_cache import default_tuning_cache, say_duration
 from app.builder.inductor_settings import cpu_isa_proved_beside, inductor_configs, settings_text
-from app.builder.torch_check import batch_variance, check_in_fresh_process
+from app.builder.torch_check import batch_variance, fresh_process_check
 from app.builder.tuning import expected_build_s, tuned
 from app.config import ENGINE_MAX_BATCH
 from app.errors import ArtifactError, BackendUnavailable, InvalidParameter
@@ -360,24 +360,27 @@ def check_package(path: Path, example: Any, reference: Any, key: TorchEngineKey,
 
     from app.gpu.torch_model import check_head, load_package
 
-    try:
-        runner = load_package(path, dev)  # as a run loads it
-    except ArtifactError as exc:
-        raise BackendUnavailable(f"the AOTInductor package just built does not load: {exc.message}") from exc
     box_tol, score_tol = CHECK_TOLERANCE[key.precision]
     worst = [0.0, 0.0]
-    with torch.inference_mode(), exact_fp32(key.precision):
-        for n in sorted({example.shape[0], key.min_batch}):
-            got = check_head(runner(example[:n].contiguous()), meta, n).float()
-            diff = (got - reference[:n]).abs()
-            worst = [max(worst[0], diff[:, :4].max().item()), max(worst[1], diff[:, 4:].max().item())]
-        varies = batch_variance(runner, example, key) if key.batch_invariant and dev.type == "cuda" else []
-    del runner
-    if varies:
-        raise BackendUnavailable("the AOTInductor package built with batch-invariant kernels is not batch-invariant "
-                                 "on this GPU: an image's head differs " + "; ".join(varies),
-                                 hint="--no-batch-invariant runs cuDNN's kernels (answers then vary with the batch)")
-    fresh = check_in_fresh_process(path, dev.index or 0, key, meta) if dev.type == "cuda" else {}
+    fresh_check = (fresh_process_check(path, dev.index or 0, key, meta) if dev.type == "cuda"
+                   else contextlib.nullcontext(dict))
+    with fresh_check as fresh_answer:  # the new process loads it while this one checks it
+        try:
+            runner = load_package(path, dev)  # as a run loads it
+        except ArtifactError as exc:
+            raise BackendUnavailable(f"the AOTInductor package just built does not load: {exc.message}") from exc
+        with torch.inference_mode(), exact_fp32(key.precision):
+            for n in sorted({example.shape[0], key.min_batch}):
+                got = check_head(runner(example[:n].contiguous()), meta, n).float()
+                diff = (got - reference[:n]).abs()
+                worst = [max(worst[0], diff[:, :4].max().item()), max(worst[1], diff[:, 4:].max().item())]
+            varies = batch_variance(runner, example, key) if key.batch_invariant and dev.type == "cuda" else []
+        del runner
+        if varies:
+            raise BackendUnavailable("the AOTInductor package built with batch-invariant kernels is not batch-"
+                                     "invariant on this GPU: an image's head differs " + "; ".join(varies),
+                                     hint="--no-batch-invariant runs cuDNN's kernels (answers then vary with the batch)")
+        fresh = fresh_answer()
     if not all(w <= t for w, t in zip(worst, (box_tol, score_tol))):  # NaN fails too
         raise ArtifactError(f"the compiled torch-cuda engine differs from the eager model by {worst[0]:.3g} px "
                             f"(boxes) and {worst[1]:.3g} (scores), over {box_tol} and {score_tol}")

@@ -1,15 +1,18 @@
 """Checks of a just-built AOTInductor package beyond its numbers (``app.builder.torch_build``'s
 ``check_package`` runs them): ``batch_variance``, that a batch-invariant package gives an image
 the same bits alone and anywhere in larger batches; ``check_in_fresh_process``, that it loads
-and runs in a new process, as every later run loads it."""
+and runs in a new process, as every later run loads it (``fresh_process_check``: started beside
+the other checks)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ def batch_variance(runner: Any, example: Any, key: TorchEngineKey) -> list[str]:
     return found
 
 
+FRESH_CHECK_TIMEOUT_S = 300
 FRESH_CHECK = """
 import json, sys, time
 from pathlib import Path
@@ -64,6 +68,17 @@ def check_in_fresh_process(path: Path, index: int, key: TorchEngineKey, meta: Mo
     the process that compiled it may still crash one that did not (seen on the H200). Returns the
     seconds that process took to load it (``load_s``, the CUDA context created before) and to run
     its first batch (``first_run_s``)."""
+    with fresh_process_check(path, index, key, meta) as answer:
+        return answer()
+
+
+@contextlib.contextmanager
+def fresh_process_check(path: Path, index: int, key: TorchEngineKey, meta: ModelMeta
+                        ) -> Iterator[Callable[[], dict[str, float]]]:
+    """``check_in_fresh_process`` started now, so that its process (about 2.6 s, mostly importing
+    torch: bench/results/2026-12-06-nvidia-h100-build-probe.json) runs beside the block's own
+    checks; yields the call that waits for its answer. A process not waited for is killed when
+    the block ends."""
     import app
 
     root = str(Path(app.__file__).resolve().parent.parent)
@@ -71,17 +86,28 @@ def check_in_fresh_process(path: Path, index: int, key: TorchEngineKey, meta: Mo
            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     dtype = "float16" if key.precision == "fp16" else "float32"
     args = [str(path), str(index), str(key.min_batch), str(meta.imgsz), dtype]
+    proc = subprocess.Popen([sys.executable, "-c", FRESH_CHECK, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
     try:
-        proc = subprocess.run([sys.executable, "-c", FRESH_CHECK, *args], capture_output=True, text=True,
-                              timeout=300, env=env, check=False)
+        yield lambda: _fresh_answer(proc)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.communicate()
+
+
+def _fresh_answer(proc: subprocess.Popen) -> dict[str, float]:
+    try:
+        stdout, stderr = proc.communicate(timeout=FRESH_CHECK_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
-        raise BackendUnavailable("the AOTInductor package just built did not load in a fresh process within 300 s") from exc
+        raise BackendUnavailable("the AOTInductor package just built did not load in a fresh process within "
+                                 f"{FRESH_CHECK_TIMEOUT_S} s") from exc
     if proc.returncode != 0:
         how = (f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
                else f"exit code {proc.returncode}")
-        tail = " | ".join(line.strip() for line in proc.stderr.strip().splitlines()[-12:])
+        tail = " | ".join(line.strip() for line in stderr.strip().splitlines()[-12:])
         raise BackendUnavailable(f"the AOTInductor package just built does not run in a fresh process here "
                                  f"({how}): {tail}"[:1500])
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
     timings = json.loads(lines[-1]) if lines else {}
     return {k: float(timings[k]) for k in ("load_s", "first_run_s") if k in timings}

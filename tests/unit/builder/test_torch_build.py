@@ -309,6 +309,38 @@ def test_a_package_that_fails_in_a_fresh_process_is_refused_with_what_the_proces
         torch_check.check_in_fresh_process(bogus, 0, key, types.SimpleNamespace(imgsz=64))
 
 
+def test_the_fresh_process_check_runs_beside_the_block_and_is_killed_when_the_block_fails(tmp_path, monkeypatch):
+    """The fresh process starts when the block does (it runs beside the in-process checks), its
+    answer is waited for only when asked, and a block that fails kills it: no process is left."""
+    import subprocess
+    import types
+
+    from app.artifacts.torch_engines import TorchEngineKey
+    from app.errors import BackendUnavailable
+
+    started = []
+    real_popen = subprocess.Popen
+
+    def recorded(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(torch_check.subprocess, "Popen", recorded)
+    bogus = tmp_path / "fp16.b1-64.pt2"
+    bogus.write_bytes(b"no package")
+    key = TorchEngineKey("0" * 64, 64, "fp16", "2.x", "NVIDIA Stand-in", "9.0", 1, 64)
+    meta = types.SimpleNamespace(imgsz=64)
+    with pytest.raises(RuntimeError, match="an in-process check failed"):
+        with torch_check.fresh_process_check(bogus, 0, key, meta):
+            assert len(started) == 1 and started[0].returncode is None  # running while the block runs
+            raise RuntimeError("an in-process check failed")
+    assert started[0].returncode is not None  # killed and reaped
+    with torch_check.fresh_process_check(bogus, 0, key, meta) as answer:
+        with pytest.raises(BackendUnavailable, match=r"does not run in a fresh process here \(exit code 1\)"):
+            answer()
+    assert started[1].returncode == 1
+
+
 def test_no_batch_invariant_builds_and_loads_the_cudnn_package_beside_the_invariant_one(gpu, root, monkeypatch):
     """``--no-batch-invariant`` reaches the build (cuDNN's kernels: no Triton-only settings) and
     the run that asks for it; the default run keeps its batch-invariant package."""
