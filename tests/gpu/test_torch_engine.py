@@ -157,3 +157,22 @@ def test_the_kernels_are_cached_for_the_next_start(detector, frames):
     folder = Path(os.environ["NUMBA_CACHE_DIR"])
     indexed = {p.name.split(".")[0] for p in folder.rglob("*.nbi")}
     assert {"preprocess", "nms"} <= indexed, sorted(folder.rglob("*"))[:20]
+
+
+def test_a_build_from_a_cache_with_tiles_generates_only_the_recorded_candidates(root, detector):
+    """The fixture's build read ``YOLOPIPE_TUNING_CACHE`` (the device harness names the card's
+    committed cache) or the model folder's: where that cache fitted and held the best tiles, this
+    torch's inductor generated only the recorded candidates (``app.builder.narrowed_choices``), and
+    the package it made passed the build's checks (the eager model's head, batch invariance, a
+    fresh process) and this module's. Bit-identity with a build of every candidate:
+    bench/results/2026-12-06-nvidia-h100-build-narrowed-ab.json."""
+    from app.artifacts.torch_engines import manifest_of
+    from app.artifacts.tuning_cache import read_tuning_cache
+
+    packages = sorted(root.rglob("torch-cuda/*.invariant.pt2"))
+    assert packages, "the fixture built no batch-invariant package"
+    tuning = manifest_of(packages[0]).builder["tuning"]
+    cache = read_tuning_cache(tuning["cache"])
+    if tuning["tuning_cache"] != "hit" or not cache.best_tiles:
+        pytest.skip(f"the build read no cache with tiles ({tuning['tuning_cache']}): every candidate was generated")
+    assert 0 < tuning["candidates_kept"] < tuning["candidates_generated"], tuning

@@ -330,14 +330,14 @@ def test_the_fresh_process_check_runs_beside_the_block_and_is_killed_when_the_bl
     bogus.write_bytes(b"no package")
     key = TorchEngineKey("0" * 64, 64, "fp16", "2.x", "NVIDIA Stand-in", "9.0", 1, 64)
     meta = types.SimpleNamespace(imgsz=64)
-    with pytest.raises(RuntimeError, match="an in-process check failed"):
-        with torch_check.fresh_process_check(bogus, 0, key, meta):
-            assert len(started) == 1 and started[0].returncode is None  # running while the block runs
-            raise RuntimeError("an in-process check failed")
+    with pytest.raises(RuntimeError, match="an in-process check failed"), \
+            torch_check.fresh_process_check(bogus, 0, key, meta):
+        assert len(started) == 1 and started[0].returncode is None  # running while the block runs
+        raise RuntimeError("an in-process check failed")
     assert started[0].returncode is not None  # killed and reaped
-    with torch_check.fresh_process_check(bogus, 0, key, meta) as answer:
-        with pytest.raises(BackendUnavailable, match=r"does not run in a fresh process here \(exit code 1\)"):
-            answer()
+    with torch_check.fresh_process_check(bogus, 0, key, meta) as answer, \
+            pytest.raises(BackendUnavailable, match=r"does not run in a fresh process here \(exit code 1\)"):
+        answer()
     assert started[1].returncode == 1
 
 

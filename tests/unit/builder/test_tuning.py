@@ -197,8 +197,9 @@ def test_a_build_records_its_best_tiles_and_a_build_from_the_cache_generates_onl
     best = every[2]
 
     class Template:
-        log_info = {"tile_shape": str((best.kwargs["BLOCK_M"], best.kwargs["BLOCK_K"], best.kwargs["BLOCK_N"])),
-                    "num_stages": best.num_stages, "num_warps": best.num_warps}
+        def __init__(self):
+            self.log_info = {"tile_shape": str((best.kwargs["BLOCK_M"], best.kwargs["BLOCK_K"], best.kwargs["BLOCK_N"])),
+                             "num_stages": best.num_stages, "num_warps": best.num_warps}
 
     class Weight:
         def get_size(self):
