@@ -77,7 +77,7 @@ def cpu_isa_proved_beside(cuda: bool) -> Iterator[None]:
 
     with config.patch(CUDA_INDUCTOR_CONFIGS):
         thread = None
-        if callable(valid_vec_isa_list):  # in this context: a torch whose settings are context variables
+        if valid_vec_isa_list is not None:  # in this context: a torch whose settings are context variables
             thread = threading.Thread(target=contextvars.copy_context().run, args=(prove,), name=ISA_THREAD_NAME,
                                       daemon=True)
             thread.start()

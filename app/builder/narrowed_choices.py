@@ -121,14 +121,14 @@ class Narrowing:
     def keep(self, every: list[Any], settings: Any, recorded: list[dict[str, int]] | None) -> list[Any]:
         """``every`` candidate with a recorded tile and every one without a tile; all of them
         when none is recorded. ``settings(candidate)``: its settings, None where it has no tile."""
-        tiled = [(c, s) for c in every if (s := settings(c)) is not None]
-        kept = [c for c, s in tiled if recorded and is_recorded(s, recorded)]
-        untiled = [c for c in every if settings(c) is None]
-        if not kept:  # nothing recorded for it (another shape), or none generated: all of them
-            kept = [c for c, _ in tiled]
+        pairs = [(c, settings(c)) for c in every]
+        tiled = [c for c, s in pairs if s is not None]
+        chosen = {id(c) for c, s in pairs if s is not None and recorded and is_recorded(s, recorded)}
+        if not chosen:  # nothing recorded for it (another shape), or none generated: all of them
+            chosen = {id(c) for c in tiled}
         self.generated += len(tiled)
-        self.kept += len(kept)
-        return [c for c in every if c in kept or c in untiled]
+        self.kept += len(chosen)
+        return [c for c, s in pairs if s is None or id(c) in chosen]
 
 
 def _config_settings(config: Any) -> dict[str, Any]:

@@ -289,7 +289,8 @@ def _export_compile_check(weights: Path, meta: ModelMeta, key: TorchEngineKey, d
     del model
     say(f"{what}: compiling with AOTInductor (2 of 3; {'several minutes' if key.batch_invariant else 'a minute or two'}"
         " on a first build)")
-    invariant, cuda = key.batch_invariant and dev.type == "cuda", dev.type == "cuda"
+    cuda = dev.type == "cuda"
+    invariant = key.batch_invariant and cuda
     with tuned(program, dev.index or 0, tuning_cache, say) if invariant else contextlib.nullcontext({}) as tuning:
         compile_package(program, out, batch_invariant=invariant, cuda=cuda)
     del program
