@@ -21,6 +21,15 @@ holds the fastest: inductor picks it as before. Two, not one, so that the operat
 inductor's path for several candidates (one candidate skips the table and the epilogue-fusion
 benchmark, so its fusions could differ). A key not recorded, no recorded setting generated, or a
 torch without the hooks: the full set, as without a record.
+
+A first build, with no cache of its own, is narrowed the same way by the tiles that won on cards
+of its compute capability (``architecture_tiles``: the best tiles of the caches committed under
+bench/tuning/, merged per compute capability into the package's ``architecture_tiles.json`` by
+tools/architecture_tiles.py). It still times its candidates on its own card, but only those:
+inductor compiles and times every candidate of every operator otherwise, most of a first build's
+minutes (bench/results/2026-12-05-nvidia-h100-build-times.json: 338 of 462 s). Where the card's
+winner is not among them, the build takes the fastest of them; a key the caches lack gets every
+candidate.
 """
 
 from __future__ import annotations
@@ -29,13 +38,18 @@ import ast
 import contextlib
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.artifacts.tuning_cache import TuningCache
 
 KEPT_PER_OPERATOR = 2  # see the module docstring
 TILE_NAMES = ("BLOCK_M", "BLOCK_K", "BLOCK_N")  # the order of inductor's ``tile_shape``
 Tiles = dict[str, list[dict[str, int]]]  # an operator's key → tile settings
+ARCHITECTURE_TILES = Path(__file__).with_name("architecture_tiles.json")  # written by tools/architecture_tiles.py
 
 
 def conv_key(out_channels: Any, in_channels: Any) -> str:
@@ -99,6 +113,32 @@ def merged_tiles(mine: Tiles, theirs: Tiles) -> Tiles:
         known = merged.setdefault(key, [])
         known.extend(tile for tile in tiles if tile not in known)
     return merged
+
+
+def tiles_by_architecture(caches: Iterable[TuningCache]) -> dict[str, Any]:
+    """The best tiles of ``caches`` merged per compute capability, with the cards and software that
+    tuned them: the content of ``ARCHITECTURE_TILES``."""
+    architectures: dict[str, Any] = {}
+    for cache in caches:
+        if not cache.best_tiles:
+            continue
+        entry = architectures.setdefault(cache.key.compute_capability, {"from": [], "tiles": {}})
+        entry["from"].append(f"{cache.key.gpu_name}, torch {cache.key.torch_version}, "
+                             f"Triton {cache.key.triton_version}")
+        entry["tiles"] = merged_tiles(entry["tiles"], cache.best_tiles)
+    return {"kind": "yolopipe architecture tiles", "architectures": architectures}
+
+
+def architecture_tiles(compute_capability: str, path: Path = ARCHITECTURE_TILES) -> Tiles:
+    """The tiles that won on cards of ``compute_capability`` (``"9.0"``), as the package ships
+    them; {} for a compute capability not measured, or a file that is not one."""
+    try:
+        tiles = json.loads(Path(path).read_text())["architectures"][compute_capability]["tiles"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    settings_lists = isinstance(tiles, dict) and all(
+        isinstance(found, list) and all(isinstance(tile, dict) for tile in found) for found in tiles.values())
+    return tiles if settings_lists else {}
 
 
 def is_recorded(settings: dict[str, Any], recorded: list[dict[str, int]]) -> bool:

@@ -287,8 +287,7 @@ def _export_compile_check(weights: Path, meta: ModelMeta, key: TorchEngineKey, d
         reference = check_head(model(example), meta, example.shape[0]).float()
     program = export_program(model, example, key)
     del model
-    say(f"{what}: compiling with AOTInductor (2 of 3; {'several minutes' if key.batch_invariant else 'a minute or two'}"
-        " on a first build)")
+    say(f"{what}: compiling with AOTInductor (2 of 3{'' if key.batch_invariant else '; a minute or two on a first build'})")
     cuda = dev.type == "cuda"
     invariant = key.batch_invariant and cuda
     with tuned(program, dev.index or 0, tuning_cache, say) if invariant else contextlib.nullcontext({}) as tuning:

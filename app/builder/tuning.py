@@ -32,7 +32,7 @@ from app.artifacts.tuning_cache import (
     seconds_per_tuning,
     write_tuning_cache,
 )
-from app.builder.narrowed_choices import BestTiles, merged_tiles, narrowed_candidates
+from app.builder.narrowed_choices import BestTiles, architecture_tiles, merged_tiles, narrowed_candidates
 from app.errors import ArtifactError
 
 Say = Callable[[str], None]
@@ -165,6 +165,7 @@ class TuningReport:
     tuning_s: float  # the compile's time, tunings included
     candidates_generated: int = 0  # tiled candidates the generators offered (app.builder.narrowed_choices)
     candidates_kept: int = 0  # of those, the ones generated: fewer where the cache held the best ones
+    narrowed_by: str = ""  # whose tiles narrowed the candidates: "tuning cache", "compute capability 9.0", or ""
 
 
 @contextlib.contextmanager
@@ -185,7 +186,6 @@ def tuned(program: Any, device: int, cache_path: Path, say: Say) -> Iterator[dic
     except ArtifactError as exc:
         say(f"tuning cache not read: {exc.message}")
         found = None
-    per_tuning = seconds_per_tuning(key.gpu_name)
     status = "none" if found is None else ("other" if found.key.mismatch(key) else "hit")
     if status == "hit":
         try:
@@ -196,9 +196,12 @@ def tuned(program: Any, device: int, cache_path: Path, say: Say) -> Iterator[dic
             status = "other"
     elif status == "other":
         say(f"tuning cache {cache_path} not read: " + "; ".join(found.key.mismatch(key)))
-    else:
-        say(f"tuning about {expected} kernels ({say_duration(per_tuning * expected)}; the tunings are saved to "
-            f"{cache_path} for later builds)")
+    narrow_by, narrowed_by = _narrowing(found, status, key)
+    per_tuning = seconds_per_tuning(key.gpu_name, narrowed=bool(narrow_by))
+    if status != "hit":
+        over = f" over the tile settings that won on {narrowed_by}" if narrow_by else ""
+        say(f"tuning about {expected} kernels{over} ({say_duration(per_tuning * expected)}; the tunings are saved "
+            f"to {cache_path} for later builds)")
     count = TuningCount(expected, per_tuning, say if status != "hit" else (lambda text: None))
     best = BestTiles()
     holder: dict[str, Any] = {}
@@ -206,7 +209,7 @@ def tuned(program: Any, device: int, cache_path: Path, say: Say) -> Iterator[dic
     select_algorithm.add_feedback_saver(best)
     started = time.perf_counter()
     try:
-        with narrowed_candidates(found.best_tiles if status == "hit" else {}) as narrowing:
+        with narrowed_candidates(narrow_by) as narrowing:
             yield holder
     finally:
         _remove_saver(select_algorithm, count)
@@ -221,7 +224,18 @@ def tuned(program: Any, device: int, cache_path: Path, say: Say) -> Iterator[dic
     except (OSError, ArtifactError) as exc:  # the package is built: a cache not written costs a later build time
         say(f"tuning cache {cache_path} not written: {exc}")
     holder["report"] = TuningReport(str(cache_path), status, count.done, round(time.perf_counter() - started, 1),
-                                    narrowing.generated, narrowing.kept)
+                                    narrowing.generated, narrowing.kept, narrowed_by)
+
+
+def _narrowing(found: TuningCache | None, status: str, key: TuningKey) -> tuple[dict[str, Any], str]:
+    """The tiles the build's candidates are narrowed to, and whose they are: a fitting cache's own;
+    else those that won on this compute capability (the package's, and those of a cache from
+    another card of it), timed again here; else none (every candidate)."""
+    if status == "hit":
+        return found.best_tiles, "tuning cache" if found.best_tiles else ""
+    kin = found.best_tiles if found is not None and found.key.compute_capability == key.compute_capability else {}
+    tiles = merged_tiles(kin, architecture_tiles(key.compute_capability))
+    return tiles, f"compute capability {key.compute_capability}" if tiles else ""
 
 
 def _remove_saver(select_algorithm: Any, saver: Any) -> None:
@@ -287,4 +301,7 @@ def expected_build_s(cache_path: Path, gpu_name: str, *, batch_invariant: bool, 
     here = machine_key(device)
     if found is not None and not replace(found.key, graph="").mismatch(here):
         return build_estimate_s(gpu_name, tunings=0), f"the tunings read from {cache_path}"
-    return build_estimate_s(gpu_name, tunings=TYPICAL_TUNINGS), f"a first build tunes about {TYPICAL_TUNINGS} kernels"
+    narrowed = bool(architecture_tiles(here.compute_capability))
+    over = f" over the tile settings that won on compute capability {here.compute_capability}" if narrowed else ""
+    return (build_estimate_s(gpu_name, tunings=TYPICAL_TUNINGS, narrowed=narrowed),
+            f"a first build tunes about {TYPICAL_TUNINGS} kernels{over}")

@@ -83,6 +83,8 @@ def test_the_estimate_counts_the_tunings_left():
     # the H100's committed builds: 27-30 s from the cache with its tiles (2026-12-06), 462 s without one
     assert build_estimate_s("NVIDIA H100 80GB HBM3", tunings=0) == 30.0
     assert abs(build_estimate_s("NVIDIA H100 80GB HBM3", tunings=40) - 462) < 15
+    assert build_estimate_s("NVIDIA H100 80GB HBM3", tunings=40, narrowed=True) < build_estimate_s(
+        "NVIDIA H100 80GB HBM3", tunings=40)
 
 
 def test_the_cache_every_build_uses_can_be_named_by_the_environment(tmp_path, monkeypatch):

@@ -160,3 +160,44 @@ def test_a_recorded_matrix_product_keeps_its_recorded_tiles_and_every_untiled_ca
 def test_recorded_tiles_merge_without_repeats():
     a, b, c = ({"BLOCK_M": m} for m in (16, 32, 64))
     assert nc.merged_tiles({"k": [a, b]}, {"k": [b, c], "j": [a]}) == {"k": [a, b, c], "j": [a]}
+
+
+# --- the tiles a first build narrows to (the package's, per compute capability) ---------------
+def committed_caches() -> list:
+    from pathlib import Path
+
+    from app.artifacts.tuning_cache import read_tuning_cache
+
+    folder = Path(__file__).resolve().parents[3] / "bench" / "tuning"
+    return [read_tuning_cache(path) for path in sorted(folder.glob("*.json"))]
+
+
+def test_the_packaged_tiles_are_the_committed_caches_best_tiles_merged_per_compute_capability():
+    """tools/architecture_tiles.py writes the package's file from bench/tuning/: the two never drift."""
+    import json
+
+    caches = committed_caches()
+    assert caches and all(cache.best_tiles for cache in caches)
+    assert json.loads(nc.ARCHITECTURE_TILES.read_text()) == nc.tiles_by_architecture(caches)
+    for cache in caches:
+        merged = nc.architecture_tiles(cache.key.compute_capability)
+        assert all(tile in merged[key] for key, tiles in cache.best_tiles.items() for tile in tiles)
+
+
+def test_every_packaged_convolution_tile_is_one_this_torch_generates_for_its_channels(graph):
+    """A tile inductor no longer generates would narrow nothing (the operator gets every candidate):
+    this torch's own generator, for YOLOv8s' convolutions at batch 64 and 640 pixels' largest map."""
+    for capability in ("9.0",):
+        for key, tiles in nc.architecture_tiles(capability).items():
+            if key.startswith("convolution:"):
+                out_channels, in_channels = (int(c) for c in key.split(":")[1].split("x"))
+                generated = [tile_of(c) for c in conv_candidates(out_channels, in_channels, m=64 * 6400)]
+                assert all(nc.is_recorded(tile, generated) for tile in tiles), key
+
+
+def test_an_unmeasured_compute_capability_or_a_file_that_is_not_one_has_no_tiles(tmp_path):
+    assert nc.architecture_tiles("9.0") and nc.architecture_tiles("1.0") == {}
+    for text in ("not json", '{"architectures": {"9.0": {"tiles": {"k": "no list"}}}}', "[]"):
+        (tmp_path / "tiles.json").write_text(text)
+        assert nc.architecture_tiles("9.0", tmp_path / "tiles.json") == {}
+    assert nc.architecture_tiles("9.0", tmp_path / "absent.json") == {}

@@ -410,8 +410,9 @@ def test_a_start_that_must_build_says_so_first_with_its_estimate(gpu, root):
     assert said.index(announce) < built[0], said  # said before the build starts
     from app.artifacts.tuning_cache import TYPICAL_TUNINGS, build_estimate_s, say_duration
 
-    estimate = say_duration(build_estimate_s("NVIDIA Stand-in", tunings=TYPICAL_TUNINGS))
-    assert f"{estimate} (a first build tunes about {TYPICAL_TUNINGS} kernels)" in announce, announce
+    estimate = say_duration(build_estimate_s("NVIDIA Stand-in", tunings=TYPICAL_TUNINGS, narrowed=True))
+    assert (f"{estimate} (a first build tunes about {TYPICAL_TUNINGS} kernels over the tile settings that won on "
+            "compute capability 9.0)") in announce, announce
     assert "`yolopipe build-engine` builds it ahead of time" in announce
 
 

@@ -6,12 +6,13 @@ not read). Inductor's real tuning runs on the GPU (``tests/gpu/test_torch_engine
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from app.artifacts.tuning_cache import TuningCache, TuningKey, read_tuning_cache
+from app.artifacts.tuning_cache import TuningCache, TuningKey, read_tuning_cache, write_tuning_cache
 from app.builder import tuning
 
 
@@ -187,6 +188,7 @@ def test_a_build_records_its_best_tiles_and_a_build_from_the_cache_generates_onl
     from torch._inductor.virtualized import V
 
     monkeypatch.setattr(tuning, "machine_key", lambda device=0, graph="": key_for(graph))
+    monkeypatch.setattr(tuning, "architecture_tiles", lambda capability: {})  # a first build of every candidate
     program, cache_path = export(), tmp_path / "tuning.json"
 
     def conv_candidates():
@@ -222,3 +224,51 @@ def test_a_build_records_its_best_tiles_and_a_build_from_the_cache_generates_onl
     assert read_tuning_cache(cache_path).best_tiles == {"convolution:8x3": [tile]}  # kept for the next build
     assert not any(isinstance(f, (tuning.TuningCount, tuning.BestTiles))
                    for f in select_algorithm.get_algorithm_selector_cache().feedback_saver_fns)
+
+
+def test_a_first_build_times_only_the_tiles_that_won_on_its_compute_capability(inductor_dir, tmp_path, monkeypatch):
+    """No cache of its own: the package's tiles of its compute capability narrow inductor's real
+    convolution candidates, and a cache from another card of that capability adds its own; a
+    capability without tiles gets every candidate."""
+    import sympy
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+
+    from app.builder import narrowed_choices
+
+    def conv_candidates():
+        with V.set_graph_handler(GraphLowering(torch.fx.symbolic_trace(lambda x: x + 1))):
+            return list(V.choices.get_conv_configs("cuda")(sympy.Integer(2048), 8, 3, dtype_size=4))
+
+    def tile(config):
+        return {"BLOCK_M": config.kwargs["BLOCK_M"], "BLOCK_K": config.kwargs["BLOCK_K"],
+                "BLOCK_N": config.kwargs["BLOCK_N"], "num_stages": config.num_stages, "num_warps": config.num_warps}
+
+    every = conv_candidates()
+    packaged, kin = tile(every[0]), tile(every[2])
+    packaged_file = tmp_path / "architecture_tiles.json"
+    packaged_file.write_text(json.dumps({"architectures": {"9.0": {"tiles": {"convolution:8x3": [packaged]}}}}))
+    monkeypatch.setattr(tuning, "architecture_tiles",
+                        lambda capability: narrowed_choices.architecture_tiles(capability, packaged_file))
+    monkeypatch.setattr(tuning, "machine_key", lambda device=0, graph="": key_for(graph))
+    said, cache_path = [], tmp_path / "tuning.json"
+    with tuning.tuned(export(), 0, cache_path, said.append) as first:
+        assert [tile(c) for c in conv_candidates()] == [packaged]
+    report = first["report"]
+    assert (report.tuning_cache, report.narrowed_by) == ("none", "compute capability 9.0")
+    assert (report.candidates_generated, report.candidates_kept) == (len(every), 1)
+    assert said[0].startswith("tuning about 2 kernels over the tile settings that won on compute capability 9.0 (")
+
+    other_card = TuningCache(key_for(tuning.graph_signature(export()), gpu_name="NVIDIA Other"),
+                             best_tiles={"convolution:8x3": [kin]})
+    write_tuning_cache(cache_path, other_card)
+    with tuning.tuned(export(), 0, cache_path, said.append) as second:
+        assert [tile(c) for c in conv_candidates()] == [packaged, kin]
+    assert (second["report"].tuning_cache, second["report"].narrowed_by) == ("other", "compute capability 9.0")
+
+    cache_path.unlink()
+    monkeypatch.setattr(tuning, "machine_key", lambda device=0, graph="": replace(key_for(graph),
+                                                                                   compute_capability="8.0"))
+    with tuning.tuned(export(), 0, cache_path, said.append) as unmeasured:
+        assert len(conv_candidates()) == len(every)
+    assert unmeasured["report"].narrowed_by == "" and said[-1].startswith("tuning about 2 kernels (")
