@@ -44,19 +44,18 @@ from app.errors import ArtifactError
 TUNING_CACHE_NAME = "tuning.json"  # in the model folder's torch-cache/
 TUNING_CACHE_FORMAT = 1
 MAX_TUNING_CACHE_BYTES = 1 << 20  # a cache this size holds thousands of tunings: more is not one
-# A first build's seconds per tuning: bench/results/2026-12-05-nvidia-h100-build-times.json (H100:
-# 40 tunings in 338 s); the H200's 2026-12-03 build tuned at about 7 s each. A card not measured is
-# given the slowest. The rest of a build (export, the chosen kernels and the wrapper compiled, the
+# A first build's seconds per tuning of every candidate: bench/results/2026-12-05-nvidia-h100-build-times.json
+# (H100: 40 tunings in 338 s); the H200's 2026-12-03 build tuned at about 7 s each. Narrowed to the
+# tiles that won on its compute capability (228 of 1,040 candidates), an H100's 40 tunings took 50 s
+# after the first (2026-12-06-nvidia-h100-build-first.json). A card not measured is given the
+# slowest. The rest of a build (export, lowering, the chosen kernels and the wrapper compiled, the
 # checks): 30 s from a tuning cache that holds each operator's best tiles, on an H100
 # (2026-12-06-nvidia-h100-build-narrowed-ab.json: 27 and 30 s; a cache without them, 33-43 s);
-# 115 s around a first build's tunings (the 2026-12-05 file: 462 s in all, before the vector-set
-# proofs ran beside the build and the wrapper's compile was cut).
+# 35 s around a first build's tunings (the narrowed first build above: 85 s in all).
 SECONDS_PER_TUNING = {"NVIDIA H200": 7.0, "NVIDIA H100 80GB HBM3": 8.7}
-# A first build narrowed to the tiles that won on its compute capability times about a fifth of
-# the candidates (228 of 1,040 for YOLOv8s on an H100): a fifth of the time each, until measured.
-NARROWED_SECONDS_PER_TUNING = {name: seconds / 5 for name, seconds in SECONDS_PER_TUNING.items()}
+NARROWED_SECONDS_PER_TUNING = {"NVIDIA H100 80GB HBM3": 1.3}
 BUILD_REST_S = 30.0
-FIRST_BUILD_REST_S = 115.0
+FIRST_BUILD_REST_S = 35.0
 TYPICAL_TUNINGS = 40  # distinct convolutions and 1x1 convolutions (as matrix products) of YOLOv8 at 640
 
 
