@@ -14,7 +14,7 @@
 #            $OUT/machine.json
 #   build    yolopipe build-engine --weights sample (what bench, streams and the tests then load) → $OUT/build.log
 #            Every build of every part reads and writes bench/tuning/<card>.json where it is there
-#            (YOLOPIPE_TUNING_CACHE): about 30-45 s instead of 8 minutes for the batch-invariant package.
+#            (YOLOPIPE_TUNING_CACHE): about 30-45 s for the batch-invariant package, about 90 s without one.
 #   builds   tools/device/build_times.py: build-engine timed with no tuning cache (the default folder, on a
 #            fresh machine), then from the cache it wrote (a fresh folder); BUILDS_ARGS=--cudnn adds the cuDNN build
 #                                                   → $OUT/build-times.json, tuning-<card>.json, build-*.log
