@@ -7,7 +7,9 @@ autotuning table and each pointwise kernel's chosen launch settings. ``tuned`` s
 from the cache before the compile, so every convolution found there is neither compiled nor timed
 again, counts the tunings inductor reports while it compiles (``add_feedback_saver``: one call
 per tuned operator) to say how many are left and for how long, and afterwards writes the folder's
-records back to the cache file.
+records back to the cache file. It also narrows the candidates inductor generates
+(``app.builder.narrowed_choices``): to the cache's best tiles, or, in a build without a cache of
+its own, to the tiles that won on cards of its compute capability, which it then times itself.
 """
 
 from __future__ import annotations
