@@ -110,10 +110,16 @@ class TuningCache:
         best_tiles = raw.get("best_tiles", {})
         if not all(isinstance(table, dict) for table in (templates, kernels, best_tiles)):
             raise ValueError("its templates, kernels and tiles are not tables")
-        if not all(isinstance(tiles, list) and all(isinstance(t, dict) for t in tiles) for tiles in best_tiles.values()):
+        if not are_tiles(best_tiles):
             raise ValueError("its tiles are not lists of settings")
         return cls(TuningKey(**key), templates, kernels, int(raw.get("tunings", 0)), str(raw.get("written_at", "")),
                    best_tiles)
+
+
+def are_tiles(table: Any) -> bool:
+    """Whether ``table`` has the shape of ``best_tiles``: an operator's key → a list of settings."""
+    return isinstance(table, dict) and all(
+        isinstance(tiles, list) and all(isinstance(tile, dict) for tile in tiles) for tiles in table.values())
 
 
 def default_tuning_cache(model_dir: Path) -> Path:

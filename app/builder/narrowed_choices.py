@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from app.artifacts.tuning_cache import are_tiles
+
 if TYPE_CHECKING:
     from app.artifacts.tuning_cache import TuningCache
 
@@ -136,9 +138,7 @@ def architecture_tiles(compute_capability: str, path: Path = ARCHITECTURE_TILES)
         tiles = json.loads(Path(path).read_text())["architectures"][compute_capability]["tiles"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
-    settings_lists = isinstance(tiles, dict) and all(
-        isinstance(found, list) and all(isinstance(tile, dict) for tile in found) for found in tiles.values())
-    return tiles if settings_lists else {}
+    return tiles if are_tiles(tiles) else {}
 
 
 def is_recorded(settings: dict[str, Any], recorded: list[dict[str, int]]) -> bool:

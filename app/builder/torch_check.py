@@ -1,8 +1,7 @@
 """Checks of a just-built AOTInductor package beyond its numbers (``app.builder.torch_build``'s
 ``check_package`` runs them): ``batch_variance``, that a batch-invariant package gives an image
-the same bits alone and anywhere in larger batches; ``check_in_fresh_process``, that it loads
-and runs in a new process, as every later run loads it (``fresh_process_check``: started beside
-the other checks)."""
+the same bits alone and anywhere in larger batches; ``fresh_process_check``, that it loads and
+runs in a new process, as every later run loads it (started beside the other checks)."""
 
 from __future__ import annotations
 
@@ -63,22 +62,16 @@ print(json.dumps({"shape": tuple(out.shape), "load_s": round(loaded - started, 3
 """
 
 
-def check_in_fresh_process(path: Path, index: int, key: TorchEngineKey, meta: ModelMeta) -> dict[str, float]:
-    """Load and run the package in a new process, as every later run does: a package that loads in
-    the process that compiled it may still crash one that did not (seen on the H200). Returns the
-    seconds that process took to load it (``load_s``, the CUDA context created before) and to run
-    its first batch (``first_run_s``)."""
-    with fresh_process_check(path, index, key, meta) as answer:
-        return answer()
-
-
 @contextlib.contextmanager
 def fresh_process_check(path: Path, index: int, key: TorchEngineKey, meta: ModelMeta
                         ) -> Iterator[Callable[[], dict[str, float]]]:
-    """``check_in_fresh_process`` started now, so that its process (about 2.6 s, mostly importing
-    torch: bench/results/2026-12-06-nvidia-h100-build-probe.json) runs beside the block's own
-    checks; yields the call that waits for its answer. A process not waited for is killed when
-    the block ends."""
+    """Load and run the package in a new process, as every later run does: a package that loads in
+    the process that compiled it may still crash one that did not (seen on the H200). The process
+    starts now, so that it (about 2.6 s, mostly importing torch:
+    bench/results/2026-12-06-nvidia-h100-build-probe.json) runs beside the block's own checks;
+    yields the call that waits for its answer, the seconds it took to load the package
+    (``load_s``, the CUDA context created before) and to run its first batch (``first_run_s``).
+    A process not waited for is killed when the block ends."""
     import app
 
     root = str(Path(app.__file__).resolve().parent.parent)

@@ -201,9 +201,8 @@ def tuned(program: Any, device: int, cache_path: Path, say: Say) -> Iterator[dic
     narrow_by, narrowed_by = _narrowing(found, status, key)
     per_tuning = seconds_per_tuning(key.gpu_name, narrowed=bool(narrow_by))
     if status != "hit":
-        over = f" over the tile settings that won on {narrowed_by}" if narrow_by else ""
-        say(f"tuning about {expected} kernels{over} ({say_duration(per_tuning * expected)}; the tunings are saved "
-            f"to {cache_path} for later builds)")
+        say(f"tuning about {expected} kernels{_over(narrowed_by)} ({say_duration(per_tuning * expected)}; the tunings "
+            f"are saved to {cache_path} for later builds)")
     count = TuningCount(expected, per_tuning, say if status != "hit" else (lambda text: None))
     best = BestTiles()
     holder: dict[str, Any] = {}
@@ -238,6 +237,11 @@ def _narrowing(found: TuningCache | None, status: str, key: TuningKey) -> tuple[
     kin = found.best_tiles if found is not None and found.key.compute_capability == key.compute_capability else {}
     tiles = merged_tiles(kin, architecture_tiles(key.compute_capability))
     return tiles, f"compute capability {key.compute_capability}" if tiles else ""
+
+
+def _over(narrowed_by: str) -> str:
+    """What a first build's tunings are narrowed to, as its lines say it ("" for every candidate)."""
+    return f" over the tile settings that won on {narrowed_by}" if narrowed_by else ""
 
 
 def _remove_saver(select_algorithm: Any, saver: Any) -> None:
@@ -303,7 +307,6 @@ def expected_build_s(cache_path: Path, gpu_name: str, *, batch_invariant: bool, 
     here = machine_key(device)
     if found is not None and not replace(found.key, graph="").mismatch(here):
         return build_estimate_s(gpu_name, tunings=0), f"the tunings read from {cache_path}"
-    narrowed = bool(architecture_tiles(here.compute_capability))
-    over = f" over the tile settings that won on compute capability {here.compute_capability}" if narrowed else ""
-    return (build_estimate_s(gpu_name, tunings=TYPICAL_TUNINGS, narrowed=narrowed),
-            f"a first build tunes about {TYPICAL_TUNINGS} kernels{over}")
+    tiles, narrowed_by = _narrowing(None, "none", here)
+    return (build_estimate_s(gpu_name, tunings=TYPICAL_TUNINGS, narrowed=bool(tiles)),
+            f"a first build tunes about {TYPICAL_TUNINGS} kernels{_over(narrowed_by)}")

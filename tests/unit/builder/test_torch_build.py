@@ -305,8 +305,9 @@ def test_a_package_that_fails_in_a_fresh_process_is_refused_with_what_the_proces
     bogus = tmp_path / "fp16.b1-64.pt2"
     bogus.write_bytes(b"the first half of a package")
     key = TorchEngineKey("0" * 64, 64, "fp16", "2.x", "NVIDIA Stand-in", "9.0", 1, 64)
-    with pytest.raises(BackendUnavailable, match=r"does not run in a fresh process here \(exit code 1\): .*Error"):
-        torch_check.check_in_fresh_process(bogus, 0, key, types.SimpleNamespace(imgsz=64))
+    with (pytest.raises(BackendUnavailable, match=r"does not run in a fresh process here \(exit code 1\): .*Error"),
+          torch_check.fresh_process_check(bogus, 0, key, types.SimpleNamespace(imgsz=64)) as answer):
+        answer()
 
 
 def test_the_fresh_process_check_runs_beside_the_block_and_is_killed_when_the_block_fails(tmp_path, monkeypatch):
