@@ -23,7 +23,9 @@ holds and gives back (``app.builder.tuning``):
 A cache fits a build when every fact of its ``TuningKey`` is the build's: the GPU's name and
 compute capability, torch, Triton and CUDA (timings and kernels differ with each), and the traced
 graph's operators and shapes (``graph``; not its weights, so retrained weights of one architecture
-share a cache). A cache that does not fit is not read, and the build says why. Pure logic, no
+share a cache), and the batch the graph was traced and tuned at (``tuning_batch``: each candidate's
+time is taken at that size; a key without it is from a build that traced batch 2). A cache that does
+not fit is not read, and the build says why. Pure logic, no
 torch import: the facts are passed in.
 
 Where it lives: ``<model folder>/torch-cache/tuning.json`` by default; ``yolopipe build-engine
@@ -46,6 +48,7 @@ from app.errors import ArtifactError
 
 TUNING_CACHE_NAME = "tuning.json"  # in the model folder's torch-cache/
 TUNING_CACHE_FORMAT = 1
+OLDER_TUNING_BATCH = 2  # a key without ``tuning_batch``: every build before it was recorded traced batch 2
 MAX_TUNING_CACHE_BYTES = 1 << 20  # a cache this size holds thousands of tunings: more is not one
 # A first build's seconds per tuning of every candidate: bench/results/2026-12-05-nvidia-h100-build-times.json
 # (H100: 40 tunings in 338 s); the H200's 2026-12-03 build tuned at about 7 s each. Narrowed to the
@@ -72,6 +75,7 @@ class TuningKey:
     triton_version: str
     cuda_version: str
     graph: str  # sha256 of the traced graph's operators, shapes and dtypes (app.builder.tuning)
+    tuning_batch: int = OLDER_TUNING_BATCH  # the batch traced, at which inductor timed every candidate
     format: int = TUNING_CACHE_FORMAT
 
     def mismatch(self, other: TuningKey) -> list[str]:
@@ -82,6 +86,8 @@ class TuningKey:
                     for name, label in names.items() if getattr(self, name) != getattr(other, name)]
         if self.graph != other.graph:
             problems.append(f"it was tuned for another model graph ({self.graph[:12]}, this is {other.graph[:12]})")
+        if self.tuning_batch != other.tuning_batch:
+            problems.append(f"it was tuned at batch {self.tuning_batch}, this build tunes at batch {other.tuning_batch}")
         return problems
 
 
@@ -104,7 +110,7 @@ class TuningCache:
         if not isinstance(raw, dict) or raw.get("kind") != "yolopipe tuning cache":
             raise ValueError("not a yolopipe tuning cache")
         key = raw["key"]
-        if not isinstance(key, dict) or set(key) != {f.name for f in fields(TuningKey)}:
+        if not isinstance(key, dict) or set(key) | {"tuning_batch"} != {f.name for f in fields(TuningKey)}:
             raise ValueError("its key is not a tuning key")
         templates, kernels = raw.get("templates", {}), raw.get("kernels", {})
         best_tiles = raw.get("best_tiles", {})

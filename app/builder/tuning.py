@@ -27,6 +27,7 @@ from typing import Any
 from app.artifacts.engines import now_iso
 from app.artifacts.store import write_atomically
 from app.artifacts.tuning_cache import (
+    OLDER_TUNING_BATCH,
     TuningCache,
     TuningKey,
     read_tuning_cache,
@@ -42,8 +43,8 @@ TUNED_OPS = ("convolution", "conv2d", "mm", "addmm", "bmm")  # what max_autotune
 KERNEL_SUFFIX = ".best_config"
 
 
-def machine_key(device: int = 0, graph: str = "") -> TuningKey:
-    """This machine's facts (the GPU, torch, Triton, CUDA) with ``graph``."""
+def machine_key(device: int = 0, graph: str = "", tuning_batch: int = OLDER_TUNING_BATCH) -> TuningKey:
+    """This machine's facts (the GPU, torch, Triton, CUDA) with ``graph`` and the batch it is tuned at."""
     import torch
 
     from app.gpu.probe import gpu_identity
@@ -55,7 +56,8 @@ def machine_key(device: int = 0, graph: str = "") -> TuningKey:
     except ImportError:
         triton_version = "none"
     gpu_name, capability = gpu_identity(device)
-    return TuningKey(gpu_name, capability, torch.__version__, triton_version, str(torch.version.cuda), graph)
+    return TuningKey(gpu_name, capability, torch.__version__, triton_version, str(torch.version.cuda), graph,
+                     tuning_batch)
 
 
 def graph_signature(program: Any) -> str:
@@ -171,8 +173,9 @@ class TuningReport:
 
 
 @contextlib.contextmanager
-def tuned(program: Any, device: int, cache_path: Path, say: Say) -> Iterator[dict[str, Any]]:
-    """The compile inside this block reads ``cache_path`` where it fits, reports its progress,
+def tuned(program: Any, device: int, cache_path: Path, say: Say, *, tuning_batch: int) -> Iterator[dict[str, Any]]:
+    """The compile inside this block (of ``program``, traced at ``tuning_batch``, the size inductor
+    tunes for) reads ``cache_path`` where it fits, reports its progress,
     and (when the block succeeds) writes its tunings back to ``cache_path``. Yields a dict that
     holds the ``TuningReport`` (``["report"]``) once the block is done."""
     from torch._inductor import select_algorithm
@@ -181,7 +184,7 @@ def tuned(program: Any, device: int, cache_path: Path, say: Say) -> Iterator[dic
     inductor_dir = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])  # set by the build (torch_build._inductor_cache)
     with contextlib.suppress(AttributeError):
         CacheBase.get_local_cache_path.cache_clear()  # it remembers the folder of an earlier build
-    key = machine_key(device, graph_signature(program))
+    key = machine_key(device, graph_signature(program), tuning_batch)
     expected = distinct_tunings(program)
     try:
         found = read_tuning_cache(cache_path)
@@ -293,9 +296,11 @@ def _write_text(path: Path, text: str) -> None:
     write_atomically(path, text.encode())
 
 
-def expected_build_s(cache_path: Path, gpu_name: str, *, batch_invariant: bool, device: int = 0) -> tuple[float, str]:
+def expected_build_s(cache_path: Path, gpu_name: str, *, batch_invariant: bool, device: int = 0,
+                     tuning_batch: int = OLDER_TUNING_BATCH) -> tuple[float, str]:
     """A torch-cuda build's likely time before it starts, and why: no tuning where a tuning
-    cache from this GPU and software is at hand (its graph is known only once traced)."""
+    cache from this GPU and software, tuned at ``tuning_batch``, is at hand (its graph is known
+    only once traced)."""
     from app.artifacts.tuning_cache import TYPICAL_TUNINGS, build_estimate_s
 
     if not batch_invariant:
@@ -304,7 +309,7 @@ def expected_build_s(cache_path: Path, gpu_name: str, *, batch_invariant: bool, 
         found = read_tuning_cache(cache_path)
     except ArtifactError:
         found = None
-    here = machine_key(device)
+    here = machine_key(device, tuning_batch=tuning_batch)
     if found is not None and not replace(found.key, graph="").mismatch(here):
         return build_estimate_s(gpu_name, tunings=0), f"the tunings read from {cache_path}"
     tiles, narrowed_by = _narrowing(None, "none", here)

@@ -44,8 +44,9 @@ def test_no_file_is_no_cache(tmp_path):
     ({"triton_version": "3.6.0"}, "Triton 3.5.0 made it"),
     ({"cuda_version": "12.8"}, "CUDA 13.0 made it"),
     ({"graph": "cd" * 32}, "it was tuned for another model graph (abababababab, this is cdcdcdcdcdcd)"),
+    ({"tuning_batch": 64}, "it was tuned at batch 2, this build tunes at batch 64"),
 ])
-def test_a_cache_fits_only_the_gpu_software_and_graph_it_was_made_for(change, says):
+def test_a_cache_fits_only_the_gpu_software_graph_and_batch_it_was_made_for(change, says):
     assert KEY.mismatch(KEY) == []
     (problem,) = KEY.mismatch(replace(KEY, **change))
     assert problem.startswith(says), problem
@@ -103,3 +104,14 @@ def test_a_cache_written_before_tiles_were_recorded_reads_with_none(tmp_path):
     path.write_text(json.dumps({"kind": "yolopipe tuning cache", "key": KEY.__dict__, "templates": {}, "kernels": {},
                                 "tunings": 0, "written_at": ""}))
     assert read_tuning_cache(path).best_tiles == {}
+
+
+def test_a_cache_written_before_the_batch_was_recorded_was_tuned_at_2(tmp_path):
+    """Caches written before 2026-12-06's seventh session have no ``tuning_batch``: every build then
+    traced batch 2, so they fit only a build that tunes there."""
+    path = tmp_path / "tuning.json"
+    older = {name: value for name, value in KEY.__dict__.items() if name != "tuning_batch"}
+    path.write_text(json.dumps({"kind": "yolopipe tuning cache", "key": older}))
+    assert read_tuning_cache(path).key == replace(KEY, tuning_batch=2)
+    assert replace(KEY, tuning_batch=64).mismatch(read_tuning_cache(path).key) == [
+        "it was tuned at batch 64, this build tunes at batch 2"]

@@ -16,8 +16,13 @@ from app.artifacts.tuning_cache import TuningCache, TuningKey, read_tuning_cache
 from app.builder import tuning
 
 
-def key_for(graph: str = "", gpu_name: str = "NVIDIA Stand-in") -> TuningKey:
-    return TuningKey(gpu_name, "9.0", torch.__version__, "3.5.0", "13.0", graph)
+def key_for(graph: str = "", gpu_name: str = "NVIDIA Stand-in", tuning_batch: int = 2) -> TuningKey:
+    return TuningKey(gpu_name, "9.0", torch.__version__, "3.5.0", "13.0", graph, tuning_batch)
+
+
+def stand_in_machine_key(device: int = 0, graph: str = "", tuning_batch: int = 2) -> TuningKey:
+    """``tuning.machine_key`` without a GPU."""
+    return key_for(graph, tuning_batch=tuning_batch)
 
 
 class Convs(torch.nn.Module):
@@ -109,9 +114,9 @@ def test_a_cache_writes_nothing_but_records_inside_inductors_folder(inductor_dir
 
 
 def test_tuned_writes_a_first_builds_tunings_and_a_later_build_reads_them(inductor_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(tuning, "machine_key", lambda device=0, graph="": key_for(graph))
+    monkeypatch.setattr(tuning, "machine_key", stand_in_machine_key)
     program, cache_path, said = export(), tmp_path / "copied" / "tuning.json", []
-    with tuning.tuned(program, 0, cache_path, said.append) as first:
+    with tuning.tuned(program, 0, cache_path, said.append, tuning_batch=2) as first:
         inductor_lookup([Choice("tile-64x64"), Choice("tile-128x32")],
                         benchmark=lambda choices: {c: 0.5 for c in choices})
     assert first["report"].tuning_cache == "none" and "tuning about 2 kernels" in said[0]
@@ -120,15 +125,22 @@ def test_tuned_writes_a_first_builds_tunings_and_a_later_build_reads_them(induct
 
     (inductor_dir / "cache").rename(tmp_path / "elsewhere")  # another machine: an empty inductor folder
     said.clear()
-    with tuning.tuned(export(seed=3), 0, cache_path, said.append) as later:
+    with tuning.tuned(export(seed=3), 0, cache_path, said.append, tuning_batch=2) as later:
         timings = inductor_lookup([Choice("tile-64x64"), Choice("tile-128x32")], benchmark=None)
     assert later["report"].tuning_cache == "hit" and timings == {"tile-64x64": 0.5, "tile-128x32": 0.5}
     assert said == [f"tuning cache {cache_path}: 1 tunings of NVIDIA Stand-in read"]
 
-    monkeypatch.setattr(tuning, "machine_key", lambda device=0, graph="": key_for(
+    said.clear()  # the same graph traced at another batch: its candidates' times were taken at another size
+    with tuning.tuned(program, 0, cache_path, said.append, tuning_batch=64) as bigger:
+        pass
+    assert bigger["report"].tuning_cache == "other"
+    assert said[0] == f"tuning cache {cache_path} not read: it was tuned at batch 2, this build tunes at batch 64"
+    assert read_tuning_cache(cache_path).key.tuning_batch == 64
+
+    monkeypatch.setattr(tuning, "machine_key", lambda device=0, graph="", tuning_batch=2: key_for(
         graph, gpu_name="NVIDIA Other"))
     said.clear()
-    with tuning.tuned(program, 0, cache_path, said.append) as other:
+    with tuning.tuned(program, 0, cache_path, said.append, tuning_batch=2) as other:
         pass
     assert other["report"].tuning_cache == "other"
     assert said[0].startswith(f"tuning cache {cache_path} not read: GPU NVIDIA Stand-in made it, this build has "
@@ -187,7 +199,7 @@ def test_a_build_records_its_best_tiles_and_a_build_from_the_cache_generates_onl
     from torch._inductor.graph import GraphLowering
     from torch._inductor.virtualized import V
 
-    monkeypatch.setattr(tuning, "machine_key", lambda device=0, graph="": key_for(graph))
+    monkeypatch.setattr(tuning, "machine_key", stand_in_machine_key)
     monkeypatch.setattr(tuning, "architecture_tiles", lambda capability: {})  # a first build of every candidate
     program, cache_path = export(), tmp_path / "tuning.json"
 
@@ -207,7 +219,7 @@ def test_a_build_records_its_best_tiles_and_a_build_from_the_cache_generates_onl
         def get_size(self):
             return [sympy.Integer(8), sympy.Integer(3), sympy.Integer(3), sympy.Integer(3)]
 
-    with tuning.tuned(program, 0, cache_path, lambda text: None) as first:
+    with tuning.tuned(program, 0, cache_path, lambda text: None, tuning_batch=2) as first:
         for feedback in list(select_algorithm.get_algorithm_selector_cache().feedback_saver_fns):
             feedback({Template(): 0.25}, "convolution", [Weight(), Weight()], [], None)
         assert len(conv_candidates()) == len(every)  # nothing recorded yet: every candidate
@@ -216,7 +228,7 @@ def test_a_build_records_its_best_tiles_and_a_build_from_the_cache_generates_onl
             "num_stages": best.num_stages, "num_warps": best.num_warps}
     assert read_tuning_cache(cache_path).best_tiles == {"convolution:8x3": [tile]}
 
-    with tuning.tuned(program, 0, cache_path, lambda text: None) as later:
+    with tuning.tuned(program, 0, cache_path, lambda text: None, tuning_batch=2) as later:
         narrowed = conv_candidates()
     assert [c.kwargs["BLOCK_M"] for c in narrowed] == [best.kwargs["BLOCK_M"]] and len(every) > 1
     assert later["report"].tuning_cache == "hit"
@@ -250,9 +262,9 @@ def test_a_first_build_times_only_the_tiles_that_won_on_its_compute_capability(i
     packaged_file.write_text(json.dumps({"architectures": {"9.0": {"tiles": {"convolution:8x3": [packaged]}}}}))
     monkeypatch.setattr(tuning, "architecture_tiles",
                         lambda capability: narrowed_choices.architecture_tiles(capability, packaged_file))
-    monkeypatch.setattr(tuning, "machine_key", lambda device=0, graph="": key_for(graph))
+    monkeypatch.setattr(tuning, "machine_key", stand_in_machine_key)
     said, cache_path = [], tmp_path / "tuning.json"
-    with tuning.tuned(export(), 0, cache_path, said.append) as first:
+    with tuning.tuned(export(), 0, cache_path, said.append, tuning_batch=2) as first:
         assert [tile(c) for c in conv_candidates()] == [packaged]
     report = first["report"]
     assert (report.tuning_cache, report.narrowed_by) == ("none", "compute capability 9.0")
@@ -262,13 +274,13 @@ def test_a_first_build_times_only_the_tiles_that_won_on_its_compute_capability(i
     other_card = TuningCache(key_for(tuning.graph_signature(export()), gpu_name="NVIDIA Other"),
                              best_tiles={"convolution:8x3": [kin]})
     write_tuning_cache(cache_path, other_card)
-    with tuning.tuned(export(), 0, cache_path, said.append) as second:
+    with tuning.tuned(export(), 0, cache_path, said.append, tuning_batch=2) as second:
         assert [tile(c) for c in conv_candidates()] == [packaged, kin]
     assert (second["report"].tuning_cache, second["report"].narrowed_by) == ("other", "compute capability 9.0")
 
     cache_path.unlink()
-    monkeypatch.setattr(tuning, "machine_key", lambda device=0, graph="": replace(key_for(graph),
-                                                                                   compute_capability="8.0"))
-    with tuning.tuned(export(), 0, cache_path, said.append) as unmeasured:
+    monkeypatch.setattr(tuning, "machine_key", lambda device=0, graph="", tuning_batch=2: replace(
+        key_for(graph), compute_capability="8.0"))
+    with tuning.tuned(export(), 0, cache_path, said.append, tuning_batch=2) as unmeasured:
         assert len(conv_candidates()) == len(every)
     assert unmeasured["report"].narrowed_by == "" and said[-1].startswith("tuning about 2 kernels (")
