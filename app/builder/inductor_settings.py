@@ -27,9 +27,12 @@ from collections.abc import Iterator
 from typing import Any
 
 # Every convolution and matrix product a Triton template, tuned at build time
-# (app.builder.torch_build's docstring: batch-invariant kernels).
+# (app.builder.torch_build's docstring: batch-invariant kernels), without inductor's report of
+# each tuning on stderr: some 430 lines of tables in a first build, which buried the build's own
+# progress lines (the timings are kept in the tuning cache).
 INVARIANT_INDUCTOR_CONFIGS = {"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
-                              "max_autotune_conv_backends": "TRITON"}
+                              "max_autotune_conv_backends": "TRITON", "autotune_num_choices_displayed": 0,
+                              "max_autotune_report_choices_stats": False}
 # A CUDA package (module docstring): the vector sets as /proc/cpuinfo lists them, the wrapper
 # compiled at -O0 without a precompiled header.
 CUDA_INDUCTOR_CONFIGS = {"cpp.vec_isa_ok": True, "aot_inductor.compile_wrapper_opt_level": "O0",
