@@ -75,7 +75,7 @@ class TuningKey:
     triton_version: str
     cuda_version: str
     graph: str  # sha256 of the traced graph's operators, shapes and dtypes (app.builder.tuning)
-    tuning_batch: int = OLDER_TUNING_BATCH  # the batch traced, at which inductor timed every candidate
+    tuning_batch: int  # the batch traced, at which inductor timed every candidate
     format: int = TUNING_CACHE_FORMAT
 
     def mismatch(self, other: TuningKey) -> list[str]:
@@ -118,7 +118,7 @@ class TuningCache:
             raise ValueError("its templates, kernels and tiles are not tables")
         if not are_tiles(best_tiles):
             raise ValueError("its tiles are not lists of settings")
-        return cls(TuningKey(**key), templates, kernels, int(raw.get("tunings", 0)), str(raw.get("written_at", "")),
+        return cls(TuningKey(**{"tuning_batch": OLDER_TUNING_BATCH, **key}), templates, kernels, int(raw.get("tunings", 0)), str(raw.get("written_at", "")),
                    best_tiles)
 
 

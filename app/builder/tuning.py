@@ -27,7 +27,6 @@ from typing import Any
 from app.artifacts.engines import now_iso
 from app.artifacts.store import write_atomically
 from app.artifacts.tuning_cache import (
-    OLDER_TUNING_BATCH,
     TuningCache,
     TuningKey,
     read_tuning_cache,
@@ -43,7 +42,7 @@ TUNED_OPS = ("convolution", "conv2d", "mm", "addmm", "bmm")  # what max_autotune
 KERNEL_SUFFIX = ".best_config"
 
 
-def machine_key(device: int = 0, graph: str = "", tuning_batch: int = OLDER_TUNING_BATCH) -> TuningKey:
+def machine_key(device: int, *, tuning_batch: int, graph: str = "") -> TuningKey:
     """This machine's facts (the GPU, torch, Triton, CUDA) with ``graph`` and the batch it is tuned at."""
     import torch
 
@@ -184,7 +183,7 @@ def tuned(program: Any, device: int, cache_path: Path, say: Say, *, tuning_batch
     inductor_dir = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])  # set by the build (torch_build._inductor_cache)
     with contextlib.suppress(AttributeError):
         CacheBase.get_local_cache_path.cache_clear()  # it remembers the folder of an earlier build
-    key = machine_key(device, graph_signature(program), tuning_batch)
+    key = machine_key(device, tuning_batch=tuning_batch, graph=graph_signature(program))
     expected = distinct_tunings(program)
     try:
         found = read_tuning_cache(cache_path)
@@ -296,8 +295,8 @@ def _write_text(path: Path, text: str) -> None:
     write_atomically(path, text.encode())
 
 
-def expected_build_s(cache_path: Path, gpu_name: str, *, batch_invariant: bool, device: int = 0,
-                     tuning_batch: int = OLDER_TUNING_BATCH) -> tuple[float, str]:
+def expected_build_s(cache_path: Path, gpu_name: str, *, batch_invariant: bool, tuning_batch: int,
+                     device: int = 0) -> tuple[float, str]:
     """A torch-cuda build's likely time before it starts, and why: no tuning where a tuning
     cache from this GPU and software, tuned at ``tuning_batch``, is at hand (its graph is known
     only once traced)."""

@@ -20,7 +20,7 @@ from app.artifacts.tuning_cache import (
 )
 from app.errors import ArtifactError
 
-KEY = TuningKey("NVIDIA H200", "9.0", "2.11.0+cu130", "3.5.0", "13.0", "ab" * 32)
+KEY = TuningKey("NVIDIA H200", "9.0", "2.11.0+cu130", "3.5.0", "13.0", "ab" * 32, 2)
 
 
 def test_a_cache_written_reads_back_whole(tmp_path):
