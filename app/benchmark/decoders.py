@@ -39,13 +39,13 @@ def _chain(kind: str | None):
     """nvImageCodec with its default backend chain (None) or the hardware decoder alone."""
     from nvidia import nvimgcodec
 
+    from app.gpu.early_decoder import NvDecoders, decode_params
     from app.gpu.nvimgcodec import NVIMGCODEC_OPTIONS, NvImageCodecDecoder
 
-    dec = NvImageCodecDecoder(0)
     backends = None if kind is None else [nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)]
-    dec._hw = None  # one decoder, no second pass: what it refuses goes to OpenCV
-    dec._chain = nvimgcodec.Decoder(device_id=0, backends=backends, options=NVIMGCODEC_OPTIONS)
-    return dec
+    one = nvimgcodec.Decoder(device_id=0, backends=backends, options=NVIMGCODEC_OPTIONS)
+    # one decoder, no second pass: what it refuses goes to OpenCV
+    return NvImageCodecDecoder(0, decoders=NvDecoders(nvimgcodec, decode_params(nvimgcodec), None, lambda: one, one))
 
 
 def decoder_rows(images, log) -> list[dict]:

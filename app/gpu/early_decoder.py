@@ -14,6 +14,12 @@ it is still at work), or None if it failed: the decoder then makes its own, and 
 what is wrong. ``release`` drops what nobody took (``app.runtime.open_model_dir`` once the
 detector is open, also when opening failed). ``make`` is the one recipe both paths use.
 
+Where a hardware JPEG decoder exists it takes nearly every photo, so nvImageCodec's default chain
+(its fallback for progressive and 4:1:1 JPEGs and for what the hardware refuses) is made on its
+first need (``NvDecoders.chain``), not at start: a folder of baseline JPEGs never pays for making
+it nor for its going away (nvImageCodec's decoders going away took nearly all of a pipeline's
+``close``, 0.34-0.52 s on an H100: ``bench/results/2026-12-06-nvidia-h100-predict-timeline.json``).
+
 Nothing heavy is imported here at module level: ``app.runtime`` imports this before torch.
 """
 
@@ -22,8 +28,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from app.errors import BackendUnavailable
@@ -39,15 +45,32 @@ _quiet_lock = threading.Lock()  # the early thread and a pipeline may both set n
 _started: dict[tuple[int, int, str], Future] = {}
 
 
-@dataclass(frozen=True)
 class NvDecoders:
     """What a pipeline's nvImageCodec decoder runs on: the module, its decode parameters, the
-    default chain (CUDA, hybrid) and the hardware JPEG decoder (None where there is none)."""
+    hardware JPEG decoder (None where there is none) and the default chain (CUDA, hybrid):
+    ``chain()``, made by ``make_chain`` on its first need unless given made (``chain``)."""
 
-    nv: Any
-    params: Any
-    chain: Any
-    hardware: Any
+    def __init__(self, nv: Any, params: Any, hardware: Any, make_chain: Callable[[], Any], chain: Any = None) -> None:
+        self.nv, self.params, self.hardware = nv, params, hardware
+        self._make_chain, self._chain, self._chain_failed = make_chain, chain, False
+        self._lock = threading.Lock()  # batches on several threads may need it first at once
+
+    def chain(self) -> Any:
+        """The default chain, made now if this is its first need; None if it cannot start: what
+        it would have decoded goes to OpenCV (said once, in the log)."""
+        with self._lock:
+            if self._chain is None and not self._chain_failed:
+                try:
+                    self._chain = self._make_chain()
+                except Exception as exc:  # noqa: BLE001 - the hardware decoder and OpenCV go on
+                    self._chain_failed = True
+                    log.warning("nvImageCodec's default decoder chain could not start (%s: %s): OpenCV decodes what "
+                                "the hardware JPEG decoder does not take", type(exc).__name__, exc)
+            return self._chain
+
+    def made(self) -> list[Any]:
+        """The decoders made so far."""
+        return [d for d in (self.hardware, self._chain) if d is not None]
 
 
 def decoder_threads(asked: int) -> int:
@@ -65,12 +88,21 @@ def make(device: int, threads: int, options: str = NVIMGCODEC_OPTIONS) -> NvDeco
     except ImportError as exc:
         raise BackendUnavailable("nvImageCodec is not installed",
                                  hint="pip install 'yolopipe[cuda13]' (or [cuda12])") from exc
+    def make_chain() -> Any:
+        return nv.Decoder(device_id=device, max_num_cpu_threads=decoder_threads(threads), options=options)
+
     try:
-        params = nv.DecodeParams(apply_exif_orientation=True, color_spec=nv.ColorSpec.SRGB, allow_any_depth=False)
-        chain = nv.Decoder(device_id=device, max_num_cpu_threads=decoder_threads(threads), options=options)
+        params = decode_params(nv)
+        hardware = _hardware_decoder(nv, device, options)
+        chain = make_chain() if hardware is None else None  # the chain decodes everything: made now
     except Exception as exc:  # e.g. no nvJPEG library: the caller falls back
         raise BackendUnavailable(f"nvImageCodec could not start a decoder: {type(exc).__name__}: {exc}") from exc
-    return NvDecoders(nv, params, chain, _hardware_decoder(nv, device, options))
+    return NvDecoders(nv, params, hardware, make_chain, chain)
+
+
+def decode_params(nv: Any) -> Any:
+    """What every decode asks of nvImageCodec: EXIF orientation applied, sRGB, 8 bits."""
+    return nv.DecodeParams(apply_exif_orientation=True, color_spec=nv.ColorSpec.SRGB, allow_any_depth=False)
 
 
 def _hardware_decoder(nv: Any, device: int, options: str) -> Any:
@@ -113,9 +145,9 @@ def _start(future: Future, device: int, threads: int, options: str) -> None:
 
 
 def _first_decode(decoders: NvDecoders) -> None:
-    """One small baseline JPEG through the hardware decoder and the chain, waited for: their
-    one-time set-up (the hardware decoder's is the longest) happens here rather than in the
-    first batch."""
+    """One small baseline JPEG through each decoder made (the hardware decoder; the chain where
+    there is none), waited for: their one-time set-up happens here rather than in the first
+    batch."""
     import cv2
     import numpy as np
 
@@ -124,12 +156,11 @@ def _first_decode(decoders: NvDecoders) -> None:
     if not ok:
         return
     data = encoded.tobytes()
-    for decoder in (decoders.hardware, decoders.chain):
-        if decoder is not None:
-            for image in decoder.decode([decoders.nv.CodeStream(data)], params=decoders.params):
-                wait = getattr(image, "cpu", None)  # a copy to the host waits for the decode
-                if wait is not None:
-                    wait()
+    for decoder in decoders.made():
+        for image in decoder.decode([decoders.nv.CodeStream(data)], params=decoders.params):
+            wait = getattr(image, "cpu", None)  # a copy to the host waits for the decode
+            if wait is not None:
+                wait()
 
 
 def take(device: int, threads: int, options: str = NVIMGCODEC_OPTIONS) -> NvDecoders | None:

@@ -2,11 +2,12 @@
 ``app.gpu.decode`` the overview).
 
 Its hardware JPEG decoder gets every image it takes (``hardware_takes``), its default chain
-(CUDA, hybrid) the rest, OpenCV what both refuse. ``decode_into`` decodes straight into the
-batch slot's staging through ``images=`` views of it, so a batch allocates no Image and
-copies nothing device-to-device. (Allocation was not what kept decode from overlapping the
-engine: nvImageCodec allocates stream-ordered, and every way of holding the output measured
-the same under load; the shared hardware queue was, see ``app/gpu/__init__.py``.)
+(CUDA, hybrid; made on its first need, ``app.gpu.early_decoder``) the rest, OpenCV what both
+refuse. ``decode_into`` decodes straight into the batch slot's staging through ``images=`` views
+of it, so a batch allocates no Image and copies nothing device-to-device. (Allocation was not
+what kept decode from overlapping the engine: nvImageCodec allocates stream-ordered, and every
+way of holding the output measured the same under load; the shared hardware queue was, see
+``app/gpu/__init__.py``.)
 
 What nvImageCodec reports per image is all an answer rests on: an image counts as decoded in
 place only when the call returned it (0.6+ puts None where an image failed; older versions
@@ -48,14 +49,16 @@ class NvImageCodecDecoder(GpuJpegDecoder):
 
     name = "nvimgcodec"
 
-    def __init__(self, device: int = 0, *, threads: int = 8, options: str = NVIMGCODEC_OPTIONS) -> None:
+    def __init__(self, device: int = 0, *, threads: int = 8, options: str = NVIMGCODEC_OPTIONS,
+                 decoders: early_decoder.NvDecoders | None = None) -> None:
         # the decoders made on their own thread while the process started (early_decoder), else now
-        decoders = early_decoder.take(device, threads, options) or early_decoder.make(device, threads, options)
+        if decoders is None:
+            decoders = early_decoder.take(device, threads, options) or early_decoder.make(device, threads, options)
         super().__init__(device)
         self._nv = decoders.nv
         self._params = decoders.params
-        self._chain = decoders.chain
         self._hw = decoders.hardware
+        self._decoders = decoders  # the default chain: decoders.chain(), made on its first need
         self._into = True  # decode_into through images= views; off if this nvImageCodec refuses them
 
     def decode_into(self, datas: Sequence[bytes], headers: Sequence[JpegHeader], targets: Sequence[int]) -> list[Answer]:
@@ -78,18 +81,22 @@ class NvImageCodecDecoder(GpuJpegDecoder):
                 pass
         first = [k for k in range(n) if streams[k] is not None and self._hw is not None and hardware_takes(headers[k])]
         rest = [k for k in range(n) if streams[k] is not None and k not in set(first)]
-        for decoder, todo in ((self._hw, first), (self._chain, None)):
-            if todo is None:  # the chain: what the hardware decoder was not given, or refused
-                todo = rest + [k for k in first if not done[k]]
-            if decoder is None or not todo:
-                continue
-            try:
-                got = self._batch(decoder, [streams[k] for k in todo], [views[k] for k in todo])
-            except TypeError as exc:  # images= not accepted at all
-                return self._into_off(exc, datas, headers, targets)
-            for k, img in zip(todo, got):
-                done[k] = img is not None and _is_at(img, targets[k], sizes[k])
+        try:
+            self._into_place(self._hw, first, streams, views, targets, sizes, done)
+            later = rest + [k for k in first if not done[k]]  # what the hardware decoder was not given, or refused
+            if later:
+                self._into_place(self._decoders.chain(), later, streams, views, targets, sizes, done)
+        except TypeError as exc:  # images= not accepted at all
+            return self._into_off(exc, datas, headers, targets)
         return [IN_PLACE if done[k] else cpu_decode(datas[k]) for k in range(n)]
+
+    def _into_place(self, decoder, todo: list[int], streams, views, targets, sizes, done: list[bool]) -> None:
+        """``todo``'s images through ``decoder`` (None: none), each marked done if it is in place."""
+        if decoder is None or not todo:
+            return
+        got = self._batch(decoder, [streams[k] for k in todo], [views[k] for k in todo])
+        for k, img in zip(todo, got):
+            done[k] = img is not None and _is_at(img, targets[k], sizes[k])
 
     def _into_off(self, exc: Exception, datas, headers, targets) -> list[Answer]:
         log.info("nvImageCodec: no decode into external buffers (%s: %s); decoding then copying",
@@ -106,8 +113,9 @@ class NvImageCodecDecoder(GpuJpegDecoder):
                 streams.append(None)
         images: list[Any] = [None] * len(datas)
         todo = [k for k, s in enumerate(streams) if s is not None]
-        for decoder in (self._hw, self._chain):
-            if decoder is None or not todo:
+        for decoder_of in (lambda: self._hw, self._decoders.chain):
+            decoder = decoder_of() if todo else None
+            if decoder is None:
                 continue
             for k, img in zip(todo, self._batch(decoder, [streams[k] for k in todo])):
                 images[k] = img

@@ -1,7 +1,9 @@
 """``app.gpu.early_decoder`` on a stand-in nvImageCodec (no CUDA): the decoders made on their own
 thread have decoded one real JPEG when they are taken, are taken once, by the arguments they
-were made for; a failed start leaves the taker to make its own (whose error says what is wrong);
-``release`` drops what nobody took; and the runtime starts them only where nvImageCodec may decode."""
+were made for; the default chain is made on its first need where a hardware decoder exists (once,
+and a chain that cannot start is None, said once); a failed start leaves the taker to make its own
+(whose error says what is wrong); ``release`` drops what nobody took; and the runtime starts them
+only where nvImageCodec may decode."""
 
 from __future__ import annotations
 
@@ -22,16 +24,17 @@ class FakeNvImageCodec(types.ModuleType):
     ``fail=True`` raise, as nvImageCodec does without a GPU. ``gate`` holds every decoder's
     creation until it is set (a start still at work)."""
 
-    def __init__(self, *, fail: bool = False, hardware: bool = True) -> None:
+    def __init__(self, *, fail: bool = False, hardware: bool = True, chain_fails: bool = False) -> None:
         super().__init__("nvidia.nvimgcodec")
         self.fail, self.hardware, self.made, self.gate = fail, hardware, [], threading.Event()
+        self.chain_fails = chain_fails
         self.gate.set()
         module = self
 
         class Decoder:
             def __init__(self, device_id=0, backends=None, max_num_cpu_threads=None, options=""):
                 module.gate.wait()
-                if module.fail or (backends and not module.hardware):
+                if module.fail or (backends and not module.hardware) or (not backends and module.chain_fails):
                     raise RuntimeError("no device")
                 self.kind = "hardware" if backends else "chain"
                 self.device, self.threads, self.options, self.decoded = device_id, max_num_cpu_threads, options, []
@@ -72,13 +75,14 @@ def test_the_decoders_started_early_have_decoded_a_jpeg_and_are_taken_once(fake_
     early_decoder.start(0, 8)  # once per arguments
     taken = early_decoder.take(0, 8)
     assert taken is not None and taken.nv is fake
-    assert [d.kind for d in fake.made] == ["chain", "hardware"]
-    assert taken.chain is fake.made[0] and taken.hardware is fake.made[1]
+    assert [d.kind for d in fake.made] == ["hardware"] and taken.hardware is fake.made[0]  # no chain yet
+    (pixels,) = fake.made[0].decoded  # one real JPEG, OpenCV reads it back as 64x64 colour
+    assert pixels.shape == (64, 64, 3) and pixels.dtype == np.uint8 and pixels.std() > 10
+    chain = taken.chain()  # its first need
+    assert [d.kind for d in fake.made] == ["hardware", "chain"] and chain is fake.made[1] and taken.chain() is chain
     for decoder in fake.made:
         assert decoder.threads in (None, early_decoder.decoder_threads(8))
         assert decoder.options == early_decoder.NVIMGCODEC_OPTIONS
-        (pixels,) = decoder.decoded  # one real JPEG, OpenCV reads it back as 64x64 colour
-        assert pixels.shape == (64, 64, 3) and pixels.dtype == np.uint8 and pixels.std() > 10
     assert early_decoder.take(0, 8) is None  # one owner
 
 
@@ -93,7 +97,7 @@ def test_take_waits_for_a_start_still_at_work(fake_nv):
     assert taker.is_alive() and not got  # waiting for the decoders, not making its own
     fake.gate.set()
     taker.join(10)
-    assert got and got[0] is not None and got[0].chain is fake.made[0]
+    assert got and got[0] is not None and got[0].hardware is fake.made[0]
 
 
 def test_decoders_are_taken_only_by_the_arguments_they_were_made_for(fake_nv):
@@ -117,7 +121,20 @@ def test_no_hardware_decoder_leaves_the_chain_alone(fake_nv):
     early_decoder.start(0, 8)
     taken = early_decoder.take(0, 8)
     assert taken is not None and taken.hardware is None and [d.kind for d in fake.made] == ["chain"]
-    assert len(fake.made[0].decoded) == 1
+    assert taken.chain() is fake.made[0] and len(fake.made[0].decoded) == 1  # made at start: it decodes everything
+
+
+def test_a_chain_that_cannot_start_on_its_first_need_is_none_and_said_once(fake_nv, caplog):
+    fake = fake_nv(chain_fails=True)
+    early_decoder.start(0, 8)
+    taken = early_decoder.take(0, 8)
+    assert taken is not None and taken.hardware is fake.made[0]  # the hardware decoder starts as ever
+    with caplog.at_level("WARNING", logger="app.gpu.early_decoder"):
+        assert taken.chain() is None and taken.chain() is None
+    assert [r.getMessage() for r in caplog.records].count(
+        "nvImageCodec's default decoder chain could not start (RuntimeError: no device): OpenCV decodes what the "
+        "hardware JPEG decoder does not take") == 1
+    assert [d.kind for d in fake.made] == ["hardware"]
 
 
 def test_release_drops_what_nobody_took(fake_nv):

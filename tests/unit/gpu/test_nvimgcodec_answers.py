@@ -78,7 +78,14 @@ def decoder():
     d._params, d._into = None, True
     d._nv = types.SimpleNamespace(CodeStream=Stream,
                                   as_images=lambda views, cuda_stream=0: [Image(v.__cuda_array_interface__) for v in views])
-    d._hw, d._chain = Decoder(memory, {}), Decoder(memory, {})
+    d._hw, d.chain_standin = Decoder(memory, {}), Decoder(memory, {})
+    d.chain_needs = 0
+
+    def chain():  # NvDecoders.chain: the default chain, counted each time a batch needs it
+        d.chain_needs += 1
+        return d.chain_standin
+
+    d._decoders = types.SimpleNamespace(chain=chain)
     d.memory = memory
     return d
 
@@ -111,17 +118,32 @@ def test_an_image_the_hardware_decoder_does_not_return_in_place_goes_to_the_chai
     decoder._hw.behaviour = {jpegs[1]: how}
     answers, targets = run(decoder, jpegs)
     assert answers == [IN_PLACE] * 4
-    assert decoder._chain.calls == [[jpegs[1]]]  # that image alone, not its batch
+    assert decoder.chain_standin.calls == [[jpegs[1]]]  # that image alone, not its batch
     for data, target in zip(jpegs, targets):
         np.testing.assert_array_equal(pixels_at(decoder, target, data), decode_image(data))
 
 
 @pytest.mark.parametrize("how", ["none", "dropped", "elsewhere", "raises"])
 def test_an_image_neither_decoder_returns_in_place_is_opencvs_frame(decoder, jpegs, how):
-    decoder._hw.behaviour = decoder._chain.behaviour = {jpegs[2]: how}
+    decoder._hw.behaviour = decoder.chain_standin.behaviour = {jpegs[2]: how}
     answers, _ = run(decoder, jpegs)
     assert [a is IN_PLACE for a in answers] == [True, True, False, True]
     np.testing.assert_array_equal(answers[2], decode_image(jpegs[2]))
+
+
+def test_a_batch_the_hardware_decoder_takes_whole_never_asks_for_the_chain(decoder, jpegs):
+    answers, _ = run(decoder, jpegs)
+    assert answers == [IN_PLACE] * 4 and decoder._hw.calls == [jpegs] and decoder.chain_needs == 0
+
+
+def test_a_progressive_jpeg_goes_to_the_chain_alone(decoder, jpegs, assets_dir):
+    import cv2
+
+    bus = cv2.imread(str(assets_dir / "bus.jpg"))
+    progressive = cv2.imencode(".jpg", bus, [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
+    answers, _ = run(decoder, [jpegs[0], progressive])
+    assert answers == [IN_PLACE] * 2 and decoder._hw.calls == [[jpegs[0]]]
+    assert decoder.chain_standin.calls == [[progressive]] and decoder.chain_needs == 1
 
 
 def test_an_unparseable_stream_is_opencvs_answer_and_no_decoder_is_handed_it(decoder, jpegs, monkeypatch):
@@ -133,4 +155,4 @@ def test_an_unparseable_stream_is_opencvs_answer_and_no_decoder_is_handed_it(dec
     headers = [check_image(jpegs[0]).jpeg, check_image(jpegs[1]).jpeg]
     answers = decoder.decode_into([bad, jpegs[1]], headers, [0, 10 << 20])
     assert answers == [sentinel, IN_PLACE]
-    assert all(bad not in call for call in decoder._hw.calls + decoder._chain.calls)
+    assert all(bad not in call for call in decoder._hw.calls + decoder.chain_standin.calls)
