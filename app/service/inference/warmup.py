@@ -52,11 +52,11 @@ def warmup(detector: Detector, batch_sizes: Sequence[int], progress: Callable[[s
         largest, rest = buckets[-1], sorted(set(buckets) - {buckets[-1]})
         say(f"capturing batch bucket {largest}, which takes every batch until the smaller ones are captured")
         detector.warmup([largest])
-        if rest:
-            threading.Thread(target=_capture_rest, args=(detector, rest), name="yolopipe-capture", daemon=True).start()
+        threading.Thread(target=_capture_rest, args=(detector, rest), name="yolopipe-capture", daemon=True).start()
     else:
         say("warming up the pipeline")
         detector.warmup()
+        _decode_progressive(detector)
     size = detector.meta.imgsz
     image = np.full((size, size, 3), 114, np.uint8)
     seconds = 0.0
@@ -70,7 +70,8 @@ def warmup(detector: Detector, batch_sizes: Sequence[int], progress: Callable[[s
 
 def _capture_rest(detector: Detector, buckets: Sequence[int]) -> None:
     """The smaller buckets' graphs, one bucket at a time (each capture pauses the batches for its
-    few milliseconds), while the service runs; a pipeline closed meanwhile ends it."""
+    few milliseconds), while the service runs; a pipeline closed meanwhile ends it. Then the
+    JPEG decoders' fallback (``_decode_progressive``)."""
     started = time.perf_counter()
     for b in buckets:
         try:
@@ -78,5 +79,22 @@ def _capture_rest(detector: Detector, buckets: Sequence[int]) -> None:
         except Exception as exc:  # noqa: BLE001 - closed, or a capture failed: batches still run on the larger bucket
             log.warning("capturing batch bucket %d in the background stopped: %s: %s", b, type(exc).__name__, exc)
             return
-    log.info("batch buckets %s captured in the background in %.1f s", ", ".join(map(str, buckets)),
-             time.perf_counter() - started)
+    if buckets:
+        log.info("batch buckets %s captured in the background in %.1f s", ", ".join(map(str, buckets)),
+                 time.perf_counter() - started)
+    _decode_progressive(detector)
+
+
+def _decode_progressive(detector: Detector) -> None:
+    """One small progressive JPEG through the pipeline's own decoders, where it decodes JPEGs: a
+    hardware JPEG decoder leaves progressive JPEGs to nvImageCodec's default chain, which is made
+    on its first need (``app.gpu.early_decoder``), so that no request pays for making it."""
+    if not detector.decodes_jpeg:
+        return
+    import cv2
+
+    _, encoded = cv2.imencode(".jpg", np.full((64, 64, 3), 114, np.uint8), [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])
+    try:
+        detector.run([detector.encoded(encoded.tobytes())], detector.params())
+    except Exception as exc:  # noqa: BLE001 - closed meanwhile, or no chain: such JPEGs still decode (OpenCV)
+        log.warning("decoding a progressive JPEG to warm up stopped: %s: %s", type(exc).__name__, exc)

@@ -461,6 +461,43 @@ def test_warm_up_captures_the_largest_bucket_then_the_others_while_serving(detec
                                                               "detector.warmup([2]) on yolopipe-capture"]
 
 
+@pytest.mark.parametrize("buckets", [(), (1, 2, 4)])
+def test_warm_up_decodes_a_progressive_jpeg_through_a_pipeline_that_decodes_jpegs(detector, buckets):
+    """Where the pipeline decodes JPEGs itself, the warm-up sends it one progressive JPEG (on the
+    capture thread where there are buckets): a hardware JPEG decoder leaves such JPEGs to
+    nvImageCodec's default chain, made on its first need, so no request pays for making it. A
+    pipeline that does not decode JPEGs is sent none."""
+    from app.service.inference.warmup import warmup
+
+    pipeline = DecodesItself(detector.pipeline)
+    pipeline.buckets = buckets
+    threads: list[str] = []
+    real_run = pipeline.run
+    done = threading.Event()
+
+    def recording_run(images, params, *, decode=None):
+        if any(isinstance(x, EncodedImage) for x in images):
+            threads.append(threading.current_thread().name)
+            done.set()
+        return real_run(images, params, decode=decode)
+
+    pipeline.run = recording_run
+    assert warmup(Detector(pipeline), (1,), buckets=buckets) > 0
+    assert done.wait(30)
+    (jpeg,) = [x for x in pipeline.received if isinstance(x, EncodedImage)]
+    assert jpeg.header.format == "jpeg" and jpeg.header.jpeg.progressive
+    assert threads == (["yolopipe-capture"] if buckets else [threading.current_thread().name])
+
+    cpu_runs: list = []  # the CPU pipeline decodes no JPEG: it is sent arrays only
+    real_cpu_run = detector.pipeline.run
+    detector.pipeline.run = lambda images, params, **kw: cpu_runs.append(images) or real_cpu_run(images, params, **kw)
+    try:
+        warmup(detector, (1,))
+    finally:
+        del detector.pipeline.run
+    assert cpu_runs and not any(isinstance(x, EncodedImage) for images in cpu_runs for x in images)
+
+
 # Every stage the inference worker observes: its own (queue and decode per image, the detector
 # call per batch) and the pipeline's, the same four on every backend (``app.contracts.StageTimes``).
 STAGES = {"queue", "decode", "batch", "pipeline_decode", "preprocess", "infer", "postprocess"}
