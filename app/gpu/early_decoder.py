@@ -25,14 +25,17 @@ Nothing heavy is imported here at module level: ``app.runtime`` imports this bef
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 from app.errors import BackendUnavailable
+from app.gpu.probe import retain_primary_context
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +138,9 @@ def start(device: int, threads: int, options: str = NVIMGCODEC_OPTIONS) -> None:
 
 
 def _start(future: Future, device: int, threads: int, options: str) -> None:
+    # The CUDA context first, with the GIL free: nvImageCodec's import would make it holding the
+    # GIL, and the main thread's start-up (the export check, import torch) would wait meanwhile.
+    release_context = retain_primary_context(device) if _installed("nvidia.nvimgcodec") else None
     try:
         decoders = make(device, threads, options)
         _first_decode(decoders)
@@ -142,6 +148,17 @@ def _start(future: Future, device: int, threads: int, options: str) -> None:
         future.set_exception(exc)
     else:
         future.set_result(decoders)
+    finally:
+        if release_context is not None:
+            release_context()  # the decoders made hold the context themselves
+
+
+def _installed(name: str) -> bool:
+    """Whether module ``name`` can be imported (found, not imported: nothing of it runs)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # ValueError: a module already loaded without a spec
+        return name in sys.modules
 
 
 def _first_decode(decoders: NvDecoders) -> None:

@@ -2,8 +2,9 @@
 thread have decoded one real JPEG when they are taken, are taken once, by the arguments they
 were made for; the default chain is made on its first need where a hardware decoder exists (once,
 and a chain that cannot start is None, said once); a failed start leaves the taker to make its own
-(whose error says what is wrong); ``release`` drops what nobody took; and the runtime starts them
-only where nvImageCodec may decode."""
+(whose error says what is wrong); ``release`` drops what nobody took; the start holds the CUDA
+context before nvImageCodec makes a decoder (none where nvImageCodec is missing) and lets go after;
+and the runtime starts them only where nvImageCodec may decode."""
 
 from __future__ import annotations
 
@@ -142,6 +143,37 @@ def test_release_drops_what_nobody_took(fake_nv):
     early_decoder.start(0, 8)
     early_decoder.release()
     assert early_decoder.take(0, 8) is None
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_the_cuda_context_is_held_before_nvimgcodec_makes_a_decoder_and_let_go_after(fake_nv, monkeypatch, fail):
+    """The start makes the CUDA context itself (through ctypes, the GIL free) before nvImageCodec
+    makes its decoders, which would make it holding the GIL, and lets go of its hold once they
+    have decoded (they hold the context themselves), or once they failed."""
+    fake = fake_nv(fail=fail)
+    seen: list[tuple[str, int, int]] = []
+
+    def retain(device: int):
+        seen.append(("retain", device, len(fake.made)))
+        return lambda: seen.append(("release", device, sum(len(d.decoded) for d in fake.made)))
+
+    monkeypatch.setattr(early_decoder, "retain_primary_context", retain)
+    early_decoder.start(1, 8)
+    taken = early_decoder.take(1, 8)
+    assert (taken is None) == fail
+    assert seen == [("retain", 1, 0), ("release", 1, 0 if fail else 1)]  # no decoder yet; then one JPEG decoded
+
+
+def test_the_start_makes_no_cuda_context_where_nvimgcodec_is_missing(monkeypatch):
+    retained: list[int] = []
+    monkeypatch.setattr(early_decoder, "_installed", lambda name: name != "nvidia.nvimgcodec")
+    monkeypatch.setattr(early_decoder, "retain_primary_context", lambda device: retained.append(device))
+    monkeypatch.setattr(early_decoder, "make", lambda *a: (_ for _ in ()).throw(BackendUnavailable("not installed")))
+    early_decoder.release()
+    early_decoder.start(0, 8)
+    assert early_decoder.take(0, 8) is None  # waits for the start's end
+    early_decoder.release()
+    assert retained == []
 
 
 @pytest.mark.parametrize(("backend", "decode", "started"), [
