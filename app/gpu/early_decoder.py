@@ -6,7 +6,9 @@ Why: nvImageCodec's import, its decoders' creation and its hardware decoder's fi
 a second or more of native start-up that used to run after ``import torch`` and the engine's
 load, on the way to ``predict``'s first result and ``serve``'s readiness. Beside them, part of
 it still holds the GIL and slows the main thread's steps meanwhile, but less than it cost in
-line (``bench/results/2026-12-06-nvidia-h100-issue45-README.md``).
+line (``bench/results/2026-12-06-nvidia-h100-issue45-README.md``). The largest part was the
+CUDA context, which nvImageCodec's import made holding the GIL: the thread now makes it first,
+through ctypes with the GIL free (``app.gpu.probe.retain_primary_context``).
 
 ``start`` (``app.runtime.ensure_artifacts``, before anything imports torch) starts the thread;
 ``take`` hands what it made to its one owner, the pipeline's decoder (waiting for the thread if
@@ -16,9 +18,9 @@ detector is open, also when opening failed). ``make`` is the one recipe both pat
 
 Where a hardware JPEG decoder exists it takes nearly every photo, so nvImageCodec's default chain
 (its fallback for progressive and 4:1:1 JPEGs and for what the hardware refuses) is made on its
-first need (``NvDecoders.chain``), not at start: a folder of baseline JPEGs never pays for making
-it nor for its going away (nvImageCodec's decoders going away took nearly all of a pipeline's
-``close``, 0.34-0.52 s on an H100: ``bench/results/2026-12-06-nvidia-h100-predict-timeline.json``).
+first need (``NvDecoders.chain``), not at start: a folder of baseline JPEGs never makes it, nor
+waits for it to go away (about 0.16 s of a pipeline's ``close`` on an H100, where the hardware
+decoder's own going takes 0.36 s after a folder: ``bench/results/2026-12-06-nvidia-h100-decoders-going-probe.json``).
 
 Nothing heavy is imported here at module level: ``app.runtime`` imports this before torch.
 """
