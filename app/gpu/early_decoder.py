@@ -30,7 +30,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -142,7 +141,7 @@ def start(device: int, threads: int, options: str = NVIMGCODEC_OPTIONS) -> None:
 def _start(future: Future, device: int, threads: int, options: str) -> None:
     # The CUDA context first, with the GIL free: nvImageCodec's import would make it holding the
     # GIL, and the main thread's start-up (the export check, import torch) would wait meanwhile.
-    release_context = retain_primary_context(device) if _installed("nvidia.nvimgcodec") else None
+    release_context = retain_primary_context(device) if _nvimgcodec_installed() else None
     try:
         decoders = make(device, threads, options)
         _first_decode(decoders)
@@ -155,12 +154,12 @@ def _start(future: Future, device: int, threads: int, options: str) -> None:
             release_context()  # the decoders made hold the context themselves
 
 
-def _installed(name: str) -> bool:
-    """Whether module ``name`` can be imported (found, not imported: nothing of it runs)."""
+def _nvimgcodec_installed() -> bool:
+    """Whether nvImageCodec can be imported (found, not imported: none of it runs)."""
     try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # ValueError: a module already loaded without a spec
-        return name in sys.modules
+        return importlib.util.find_spec("nvidia.nvimgcodec") is not None
+    except ModuleNotFoundError:  # not even the namespace package of NVIDIA's wheels
+        return False
 
 
 def _first_decode(decoders: NvDecoders) -> None:

@@ -8,6 +8,7 @@ and the runtime starts them only where nvImageCodec may decode."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import sys
 import threading
 import types
@@ -27,6 +28,7 @@ class FakeNvImageCodec(types.ModuleType):
 
     def __init__(self, *, fail: bool = False, hardware: bool = True, chain_fails: bool = False) -> None:
         super().__init__("nvidia.nvimgcodec")
+        self.__spec__ = importlib.machinery.ModuleSpec("nvidia.nvimgcodec", None)  # found, as an installed one
         self.fail, self.hardware, self.made, self.gate = fail, hardware, [], threading.Event()
         self.chain_fails = chain_fails
         self.gate.set()
@@ -166,7 +168,7 @@ def test_the_cuda_context_is_held_before_nvimgcodec_makes_a_decoder_and_let_go_a
 
 def test_the_start_makes_no_cuda_context_where_nvimgcodec_is_missing(monkeypatch):
     retained: list[int] = []
-    monkeypatch.setattr(early_decoder, "_installed", lambda name: name != "nvidia.nvimgcodec")
+    monkeypatch.setattr(early_decoder, "_nvimgcodec_installed", lambda: False)
     monkeypatch.setattr(early_decoder, "retain_primary_context", lambda device: retained.append(device))
     monkeypatch.setattr(early_decoder, "make", lambda *a: (_ for _ in ()).throw(BackendUnavailable("not installed")))
     early_decoder.release()
