@@ -20,7 +20,10 @@ Every row is one process (or, for the warm row, one process's second pass):
   loaded, graphs captured): the folder loop alone, what ``yolopipe bench``'s folder row times;
 * ``bare`` (GPU): the engine predict runs, alone at ``--batch`` in a CUDA graph of its own: the
   rate predict's images after its first result (``yolopipe_after_first_img_per_s``: the images
-  after the first batch over the time from the first JSON line to the exit) is compared with.
+  after the first batch over the time from the first JSON line to the exit) is compared with,
+  and so is the loop's own rate (``yolopipe_first_to_last_img_per_s``: the same images over the
+  time from the first JSON line to the last write; ``yolopipe_after_last_result_s``: the close
+  and exit after it).
 
 On a machine without a GPU the same rows run on ONNX Runtime (``--source samples``: the two
 example photos, ``yolopipe predict samples``).
@@ -75,25 +78,45 @@ def gpu_present() -> bool:
 
 # --- one process, timed from outside ----------------------------------------------------------
 def timed(cmd: list[str], *, env: dict, log: Path, out: Path | None, timeout: float, cwd: Path = ROOT) -> dict:
-    """Run ``cmd``: wall seconds to exit, seconds to the first line in ``out``, its CPU seconds."""
+    """Run ``cmd``: wall seconds to exit, seconds to the first line in ``out`` and to its last
+    growth (the last results written: what follows is the command's close and exit), its CPU
+    seconds. ``out`` is looked at every 5 ms, so both times are late by at most that."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     with log.open("w") as fh:
         started = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=cwd)
-        first = None
+        first = last = None
+        size = 0
         while proc.poll() is None:
-            if first is None and out is not None and _has_a_line(out):
-                first = time.monotonic() - started
-            if time.monotonic() - started > timeout:
+            now = time.monotonic() - started
+            if out is not None:
+                grown = _size(out)
+                if grown != size:
+                    size, last = grown, now
+                if first is None and grown and _has_a_line(out):
+                    first = now
+            if now > timeout:
                 proc.kill()
             time.sleep(0.005)
         wall = time.monotonic() - started
+    if out is not None and _size(out) != size:  # written after the last look
+        last = wall
     if first is None and out is not None and _has_a_line(out):
         first = wall
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall_s": round(wall, 3), "first_result_s": None if first is None else round(first, 3),
-            "cpu_s": round(cpu, 2), "exit_code": proc.returncode}
+    row = {"wall_s": round(wall, 3), "first_result_s": None if first is None else round(first, 3),
+           "cpu_s": round(cpu, 2), "exit_code": proc.returncode}
+    if out is not None:
+        row["last_result_s"] = None if last is None else round(last, 3)
+    return row
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _has_a_line(path: Path) -> bool:
@@ -456,10 +479,21 @@ def main() -> None:
              and r["wall_s"] > r["first_result_s"]]
     if after:  # the images after the first batch, over the time from its JSON line to the exit
         summary["yolopipe_after_first_img_per_s"] = round(statistics.median(after), 1)
+    # the same images over the time from the first JSON line to the last: the folder loop alone,
+    # without the close and exit that follow it (``yolopipe_after_last_result_s``)
+    between = [(r["images"] - args.batch) / (r["last_result_s"] - r["first_result_s"]) for r in ours
+               if r.get("exit_code") == 0 and (r.get("images") or 0) > args.batch and r.get("first_result_s")
+               and r.get("last_result_s") and r["last_result_s"] > r["first_result_s"]]
+    if between:
+        summary["yolopipe_first_to_last_img_per_s"] = round(statistics.median(between), 1)
+        summary["yolopipe_after_last_result_s"] = round(statistics.median(
+            r["wall_s"] - r["last_result_s"] for r in ours if r.get("exit_code") == 0 and r.get("last_result_s")), 3)
     bare = pick(part="bare")
     if after and bare and bare[0].get("img_per_s"):
         summary["bare_img_per_s"] = bare[0]["img_per_s"]
         summary["after_first_over_bare"] = round(summary["yolopipe_after_first_img_per_s"] / bare[0]["img_per_s"], 2)
+        if between:
+            summary["first_to_last_over_bare"] = round(summary["yolopipe_first_to_last_img_per_s"] / bare[0]["img_per_s"], 2)
     if baseline_env is not None:
         base = [r for r in rows if r.get("system", "").endswith("(baseline)") and "untimed" not in r]
         summary.update(baseline_wall_s=summarize(base, "wall_s"), baseline_first_result_s=summarize(base, "first_result_s"),
