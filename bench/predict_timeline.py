@@ -19,8 +19,8 @@ the command exits. A row per process:
   batch's done event); ``close_s`` (the pipeline's ``close``) and its decoders' share.
 
 Knobs (``--variants``, each ``name:readers:switch``): the folder's reader threads
-(``READERS_ENCODED``) and Python's switch interval (``sys.setswitchinterval``, seconds, from the
-start and in the folder loop, ``SWITCH_INTERVAL_S``; 0: the code's own).
+(``READERS_ENCODED``) and Python's switch interval (``sys.setswitchinterval``, seconds; 0: the
+default).
 
     python bench/predict_timeline.py --images .data/images --copies 10000 --rounds 3 \\
         --variants readers2:2:0,readers1:1:0 --out bench/results/DATE-MACHINE-predict-timeline.json
@@ -98,8 +98,6 @@ def child(out: Path, readers: int, switch: float, argv: list[str]) -> None:
             if module == "app.predict.folder":
                 if readers:
                     mod.READERS_ENCODED = readers
-                if switch:
-                    mod.SWITCH_INTERVAL_S = switch
                 loop = mod.run_overlapped
 
                 def answered(fn, items, in_flight, loop=loop):
@@ -175,7 +173,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--variants", default="readers2:2:0,readers1:1:0",
-                   help="comma-separated name:readers:switch_interval (readers 0, switch 0: the code's own)")
+                   help="comma-separated name:readers:switch_interval (readers 0: the code's own; switch 0: Python's)")
     p.add_argument("--out", type=Path)
     if sys.argv[1:2] == ["--child"]:  # --child STAMPS READERS SWITCH, then the command's own arguments, untouched
         stamps, readers, switch, *command = sys.argv[2:]

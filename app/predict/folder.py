@@ -22,9 +22,7 @@ whole batches), answering in file order, so the output's order is the folder's e
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -57,22 +55,6 @@ RECT_WINDOW_BATCHES = 2
 # which lets go of the GIL), more of them decode at once.
 READERS_ENCODED = 1
 READERS_DECODING = 8
-# The interpreter's switch interval while the loop runs. Its threads give the GIL up for every
-# system call and CUDA wait and need it back to go on; a thread that wants it back while another
-# runs Python waits until that one gives it up, at the latest after this interval (Python's
-# default: 5 ms, a third of a batch's engine time). Set for the loop and restored after it.
-SWITCH_INTERVAL_S = 0.001
-
-
-@contextlib.contextmanager
-def switch_interval(seconds: float) -> Iterator[None]:
-    """``sys.setswitchinterval(seconds)`` for the block, the previous interval after it."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(seconds)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(before)
 
 
 def _ends_with_newline(path: Path) -> bool:
@@ -238,7 +220,7 @@ def predict_folder(
     rect = detector.shape.letterbox == "rect"
     chunk = detector.shape.max_batch * (RECT_WINDOW_BATCHES if rect else 1)
     chunks = _batches(detector, todo, chunk, workers, ahead_batches=2 if rect else in_flight + 2)
-    with open(out, "a" if resume else "w") as fh, switch_interval(SWITCH_INTERVAL_S):
+    with open(out, "a" if resume else "w") as fh:
         if resume and not _ends_with_newline(out):
             fh.write("\n")  # a torn last line stays torn, on its own, instead of swallowing the next one
         for files, answers, lines in run_overlapped(detect_chunk, chunks, 1 if rect else in_flight):

@@ -286,35 +286,3 @@ def test_listing_order_is_by_path_components_on_awkward_names(tmp_path):
         made.append(rel)
     got = [i.name for i in list_images(str(tmp_path))]
     assert got == sorted(made, key=lambda n: n.split("/")) and len(got) > 40
-
-
-def test_the_loop_runs_at_its_switch_interval_and_gives_the_callers_back(folder, tmp_path, cpu_detector):
-    """The folder loop's threads hand the GIL to each other at ``SWITCH_INTERVAL_S`` at the
-    latest (the batches run under it); the caller's interval is back after the loop, also when
-    the loop fails."""
-    from app.pipeline.detector import Detector
-    from app.predict import folder as folder_module
-    from tests.standins import DecodesItself
-
-    seen: list[float] = []
-
-    class Recording(DecodesItself):
-        def run(self, images, params, *, decode=None):
-            seen.append(sys.getswitchinterval())
-            return super().run(images, params, decode=decode)
-
-    before = sys.getswitchinterval()
-    assert before != folder_module.SWITCH_INTERVAL_S
-    detector = Detector(Recording(cpu_detector.pipeline), max_batch=3)
-    folder_module.predict_folder(detector, str(folder), tmp_path / "out.jsonl", cpu_detector.params())
-    assert seen and set(seen) == {folder_module.SWITCH_INTERVAL_S}
-    assert sys.getswitchinterval() == before
-
-    class Failing(DecodesItself):
-        def run(self, images, params, *, decode=None):
-            raise RuntimeError("the device went away")
-
-    with pytest.raises(RuntimeError):
-        folder_module.predict_folder(Detector(Failing(cpu_detector.pipeline), max_batch=3), str(folder),
-                                     tmp_path / "failed.jsonl", cpu_detector.params())
-    assert sys.getswitchinterval() == before
