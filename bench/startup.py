@@ -474,16 +474,18 @@ def main() -> None:
                "ultralytics_wall_s": summarize(theirs, "wall_s"),
                "ultralytics_first_result_s": summarize(theirs, "first_result_s"),
                "serve_ready_s": summarize(pick(part="ready", artifacts="present"), "ready_s")}
-    after = [(r["images"] - args.batch) / (r["wall_s"] - r["first_result_s"]) for r in ours
-             if r.get("exit_code") == 0 and (r.get("images") or 0) > args.batch and r.get("first_result_s")
-             and r["wall_s"] > r["first_result_s"]]
+    def after_first(end: str) -> list[float]:
+        """Per finished row, the images after the first batch over the time from its JSON line to ``end``."""
+        return [(r["images"] - args.batch) / (r[end] - r["first_result_s"]) for r in ours
+                if r.get("exit_code") == 0 and (r.get("images") or 0) > args.batch and r.get("first_result_s")
+                and r.get(end) and r[end] > r["first_result_s"]]
+
+    after = after_first("wall_s")
     if after:  # the images after the first batch, over the time from its JSON line to the exit
         summary["yolopipe_after_first_img_per_s"] = round(statistics.median(after), 1)
     # the same images over the time from the first JSON line to the last: the folder loop alone,
     # without the close and exit that follow it (``yolopipe_after_last_result_s``)
-    between = [(r["images"] - args.batch) / (r["last_result_s"] - r["first_result_s"]) for r in ours
-               if r.get("exit_code") == 0 and (r.get("images") or 0) > args.batch and r.get("first_result_s")
-               and r.get("last_result_s") and r["last_result_s"] > r["first_result_s"]]
+    between = after_first("last_result_s")
     if between:
         summary["yolopipe_first_to_last_img_per_s"] = round(statistics.median(between), 1)
         summary["yolopipe_after_last_result_s"] = round(statistics.median(
