@@ -186,10 +186,26 @@ def load(server: Server, name: str, reference: bool, listing: Path, args: Any, s
                    duration_s=seconds, wrk=args.wrk, script=script)
 
 
+def batches_formed(server: Server) -> tuple[float, float]:
+    """The inference workers' batches and the images in them so far (/metrics)."""
+    import httpx
+
+    found = {"yolopipe_batch_size_count": 0.0, "yolopipe_batch_size_sum": 0.0}
+    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in found:
+            found[name] += float(line.rsplit(" ", 1)[1])
+    return found["yolopipe_batch_size_count"], found["yolopipe_batch_size_sum"]
+
+
 def measure(server: Server, kinds: dict[int, str], name: str, reference: bool, listing: Path, args: Any,
             round_no: int) -> dict:
+    before = None if reference else batches_formed(server)
     with server.meter.cpu() as cpu:
         row = load(server, name, reference, listing, args, args.round_s)
+    if before is not None:  # the batches the row made: their size sets the batcher's share of each request
+        batches, images = (a - b for a, b in zip(batches_formed(server), before))
+        row["batches"], row["mean_batch"] = int(batches), round(images / batches, 2) if batches else None
     row = {"system": server.name, "input": name, "part": "host", "round": round_no, "reference": reference,
            "gpus": 0, **row, **cpu.result}
     row["server_cpu_us_per_request"] = cpu_us_per_request(row)
@@ -202,7 +218,8 @@ def measure(server: Server, kinds: dict[int, str], name: str, reference: bool, l
                                                 sorted(by_kind.items(), key=lambda kv: -kv[1])}
     print(f"host r{round_no} {server.name:>24} {name:<17} {row['req_per_s']:>8.1f} req/s  p50 {row['p50_ms']} ms  "
           f"p99 {row['p99_ms']} ms  cpu {row['server_cpu_us_per_request']} µs/request "
-          f"({row['server_cpu_cores']} cores)", flush=True)
+          f"({row['server_cpu_cores']} cores)" + (f", mean batch {row['mean_batch']}" if "mean_batch" in row else ""),
+          flush=True)
     return row
 
 
