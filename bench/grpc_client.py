@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.server_meter import metric_samples
 from bench.wrk_client import find_unpacked
 
 PATH = "/inference.GRPCInferenceService/ModelInfer"
@@ -49,15 +50,12 @@ def infer_body(image: bytes, model: str = "yolopipe") -> bytes:
 
 def grpc_codes(metrics_url: str) -> dict[str, float]:
     """The server's count of ModelInfer calls by gRPC status code, from /metrics."""
-    import httpx
-
-    text = httpx.get(metrics_url, timeout=30).text
     codes: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("yolopipe_grpc_requests_total{") and 'method="ModelInfer"' in line:
-            code = re.search(r'code="([A-Z_]+)"', line)
+    for sample in metric_samples(metrics_url):
+        if sample.name == "yolopipe_grpc_requests_total" and sample.labels.get("method") == "ModelInfer":
+            code = sample.labels.get("code")
             if code:
-                codes[code.group(1)] = codes.get(code.group(1), 0.0) + float(line.rsplit(" ", 1)[1])
+                codes[code] = codes.get(code, 0.0) + sample.value
     return codes
 
 

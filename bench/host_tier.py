@@ -42,7 +42,7 @@ from bench.emulated_device import Replay
 from bench.grpc_client import PATH as GRPC_PATH
 from bench.grpc_client import infer_request, run_h2load
 from bench.profiles import record, summarize
-from bench.server_meter import ROOT, Server, cpu_us_per_request, wait_for_line, wait_for_standbys
+from bench.server_meter import ROOT, Server, cpu_us_per_request, metric_samples, wait_for_line, wait_for_standbys
 from bench.wrk_client import OIP_SCRIPT, RAW_SCRIPT, SCRIPT, run_wrk
 
 OIP_PATH = "/v2/models/yolopipe/infer"
@@ -188,13 +188,10 @@ def load(server: Server, name: str, reference: bool, listing: Path, args: Any, s
 
 def batches_formed(server: Server) -> tuple[float, float]:
     """The inference workers' batches and the images in them so far (/metrics)."""
-    import httpx
-
     found = {"yolopipe_batch_size_count": 0.0, "yolopipe_batch_size_sum": 0.0}
-    for line in httpx.get(f"{server.url}/metrics", timeout=30).text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in found:
-            found[name] += float(line.rsplit(" ", 1)[1])
+    for sample in metric_samples(f"{server.url}/metrics"):
+        if sample.name in found:
+            found[sample.name] += sample.value
     return found["yolopipe_batch_size_count"], found["yolopipe_batch_size_sum"]
 
 

@@ -63,6 +63,15 @@ def wait_for_standbys(url: str, timeout_s: float) -> None:
     print(f"warning: not every standby was ready within {timeout_s:g} s; measuring anyway", flush=True)
 
 
+def metric_samples(metrics_url: str) -> list:
+    """Every sample of a server's /metrics page, read by prometheus_client's parser of its text format."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(metrics_url, timeout=30).text
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
 class Server:
     """A server process started from ``cmd`` (``{port}`` and ``{grpc_port}`` filled with free
     ports), its output in ``log``, metered over its whole process tree (``meter``)."""
