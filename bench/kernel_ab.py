@@ -1,0 +1,257 @@
+"""The default engine's kernels against cuDNN's, on the GPU (issue #45, goal 3): packages replayed
+in CUDA graphs, rounds alternating, and where each one's device time goes.
+
+Runners, each a callable ``images → head``:
+
+* ``default``: the default engine (torch-cuda fp16, batch 1-64, batch-invariant kernels) as
+  ``build-engine`` built it, built now from the tuning cache if absent;
+* ``cudnn`` (``--cudnn``): the cuDNN package (``--no-batch-invariant``), built if absent (about
+  100 s);
+* ``s2d-stem`` (``--variant s2d-stem``): the default engine built with its stem, the 3x3 stride-2
+  convolution of the 3-channel image, computed as a 2x2 convolution of the image's space-to-depth
+  (``SpaceToDepthStem``), in this process only, into a folder and tuning cache of its own. The
+  product is unchanged; this measures whether it should be. Inductor's convolution template loops
+  over the kernel's 9 positions and, at each, over the input channels in steps of 16: 3 of 16
+  lanes useful for the stem, each pixel 6 bytes apart. The stem was the H100 cache's slowest
+  template at batch 64 (0.69 ms: ``bench/tuning/nvidia-h100-80gb-hbm3.json``);
+* ``eager``: the Ultralytics model itself (cuDNN, nothing compiled).
+
+Rows: img/s per round at each of ``--batches`` (the device's time of ``--replays``-sized runs of
+graph replays, by CUDA events) and their medians; each runner's head at the largest batch against
+``default``'s (boxes in pixels, scores) and whether its smaller batches give the largest one's
+rows bit for bit; then torch's profiler at the smallest and largest batch (no graph): device time
+per forward by kernel and by kind (Triton template, pointwise, reduction, cuDNN convolution,
+other), and launches per forward.
+
+    python bench/kernel_ab.py --cudnn --variant s2d-stem --out /tmp/out/kernel-ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if __package__ in (None, ""):
+    sys.path.insert(0, str(ROOT))
+
+from app.benchmark.machine import code_revision, machine_info, versions
+
+KINDS = (("template", ("triton_tem",)), ("pointwise", ("triton_poi",)), ("reduction", ("triton_red", "triton_per")),
+         ("cudnn convolution", ("conv", "xmma", "cudnn", "implicit", "fprop")), ("gemm", ("gemm", "cutlass")))
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, marks in KINDS if any(mark in low for mark in marks)), "other")
+
+
+def space_to_depth_stem(conv: Any) -> Any:
+    """``conv`` (3x3, stride 2, padding 1; an even input size) as a 2x2 stride-1 convolution of the
+    padded image's space-to-depth by 2, zero-padded to 16 channels: y[i, j] sums w[u, v]
+    x[2i + u - 1, 2j + v - 1] over u, v in 0..2; with u = 2a + p, v = 2b + q that is
+    w4[2a + p, 2b + q] z[p, q][i + a, j + b], w4 the kernel padded to 4x4 with zeros."""
+    import torch
+    import torch.nn.functional as F
+
+    channels = 16
+
+    class SpaceToDepthStem(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            w = conv.weight.detach()
+            out, cin = w.shape[:2]
+            w4 = F.pad(w, (0, 1, 0, 1))
+            w2 = w4.view(out, cin, 2, 2, 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(out, 4 * cin, 2, 2)
+            w2 = F.pad(w2, (0, 0, 0, 0, 0, channels - 4 * cin))
+            self.register_buffer("weight", w2.contiguous(memory_format=torch.channels_last))
+            self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().clone())
+
+        def forward(self, x: Any) -> Any:
+            b, c, h, w = x.shape
+            z = F.pad(x, (1, 1, 1, 1)).view(b, c, (h + 2) // 2, 2, (w + 2) // 2, 2).permute(0, 1, 3, 5, 2, 4)
+            z = F.pad(z.reshape(b, 4 * c, (h + 2) // 2, (w + 2) // 2), (0, 0, 0, 0, 0, channels - 4 * c))
+            return F.conv2d(z.contiguous(memory_format=torch.channels_last), self.weight, self.bias)
+
+    return SpaceToDepthStem()
+
+
+def build_variant(folder: Path, say: Any) -> Path:
+    """The default engine with the space-to-depth stem, built in this process into ``folder``
+    (and checked by the build against the eager model, as every build is); the new stem is first
+    checked against the stem it replaces on random images."""
+    import torch
+
+    from app.builder.torch_build import build_for_weights
+    from app.gpu import torch_model
+
+    load_model = torch_model.load_model
+
+    def rewritten(*args: Any, **kwargs: Any) -> Any:
+        model, detect = load_model(*args, **kwargs)
+        first = model.model[0]
+        probe = torch.rand(2, 3, 64, 64, device=first.conv.weight.device, dtype=first.conv.weight.dtype)
+        stem = space_to_depth_stem(first.conv)
+        with torch.inference_mode():
+            worst = (stem(probe).float() - first.conv(probe).float()).abs().max().item()
+        if worst > 0.05:
+            raise SystemExit(f"the space-to-depth stem differs from the stem by {worst}")
+        first.conv = stem
+        return model, detect
+
+    torch_model.load_model = rewritten
+    try:
+        path, _ = build_for_weights("sample", artifacts_dir=folder / "artifacts", tuning_cache=folder / "tuning.json",
+                                    say=say)
+    finally:
+        torch_model.load_model = load_model
+    return path
+
+
+def graphed(run: Any, x: Any) -> tuple[Any, Any]:
+    """``run(x)`` captured in a CUDA graph (after three runs on a side stream); (graph, output)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            run(x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(x)
+    return graph, out
+
+
+def replay_rate(graph: Any, batch: int, replays: int) -> float:
+    import torch
+
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return batch * replays / (start.elapsed_time(end) / 1000)
+
+
+def kernels(run: Any, x: Any, iters: int = 10) -> dict[str, Any]:
+    """Device time per forward by kernel and kind, by torch's profiler (no graph)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        run(x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            run(x)
+        torch.cuda.synchronize()
+    per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            per[event.name][0] += event.time_range.elapsed_us() / iters
+            per[event.name][1] += 1
+    kinds: dict[str, float] = defaultdict(float)
+    for name, (us, _) in per.items():
+        kinds[kernel_kind(name)] += us
+    ranked = sorted(per.items(), key=lambda item: -item[1][0])
+    return {"device_us": round(sum(us for us, _ in per.values()), 1),
+            "by_kind_us": {kind: round(us, 1) for kind, us in sorted(kinds.items(), key=lambda item: -item[1])},
+            "launches": sum(n for _, n in per.values()) / iters,
+            "kernels": [[name[:120], round(us, 1), n // iters] for name, (us, n) in ranked[:80]]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", default="1,16,64", help="batch sizes, comma-separated (default: 1,16,64)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, each runner in turn (default: 3)")
+    parser.add_argument("--replays", type=int, default=1920, help="images per timed run of replays (default: 1920)")
+    parser.add_argument("--cudnn", action="store_true", help="also the cuDNN package (built if absent, ~100 s)")
+    parser.add_argument("--variant", choices=["s2d-stem"], action="append", default=[],
+                        help="also a variant of the default engine, built in this process (see the docstring)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/kernel-ab"), help="the variants' folders")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    import torch
+
+    from app.builder.torch_build import build_for_weights
+    from app.gpu.torch_model import load_model, load_package
+    from app.weights import sample_weights
+
+    if not torch.cuda.is_available():
+        raise SystemExit("bench/kernel_ab.py needs a CUDA GPU")
+    batches = sorted({int(b) for b in args.batches.split(",")})
+    dev = torch.device("cuda", 0)
+    say = lambda text: print(text, flush=True)
+    built: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    packages = {"default": build_for_weights("sample", say=say)[0]}
+    built["default_s"] = round(time.perf_counter() - t0, 1)
+    if args.cudnn:
+        t0 = time.perf_counter()
+        packages["cudnn"] = build_for_weights("sample", batch_invariant=False, say=say)[0]
+        built["cudnn_s"] = round(time.perf_counter() - t0, 1)
+    for variant in args.variant:
+        t0 = time.perf_counter()
+        packages[variant] = build_variant(args.work / variant, say)
+        built[f"{variant}_s"] = round(time.perf_counter() - t0, 1)
+    runners = {name: load_package(path, dev) for name, path in packages.items()}
+    torch.backends.cudnn.benchmark = True
+    model, _ = load_model(sample_weights(), precision="fp16", device=dev, anchors_in_graph=False)
+
+    def eager(x: Any) -> Any:
+        y = model(x)
+        return y[0] if isinstance(y, (tuple, list)) else y
+
+    runners["eager"] = eager
+    images = torch.rand(max(batches), 3, 640, 640, generator=torch.Generator().manual_seed(0)).to(dev).half()
+    inputs = {b: images[:b].clone() for b in batches}
+    rates: dict[str, list[float]] = defaultdict(list)
+    report: dict[str, Any] = {"what": "bench/kernel_ab.py (issue 45, goal 3)", "machine": machine_info(gpu=True),
+                              "versions": versions(), "commit": code_revision(), "batches": batches,
+                              "packages": {name: str(path) for name, path in packages.items()}, "built_s": built}
+    with torch.inference_mode():
+        graphs = {(name, b): graphed(run, inputs[b]) for name, run in runners.items() for b in batches}
+        for round_index in range(args.rounds):
+            for b in batches:
+                for name in runners:
+                    rates[f"{name}@{b}"].append(round(replay_rate(graphs[name, b][0], b, max(1, args.replays // b)), 1))
+            say(f"round {round_index + 1}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rates.items()))
+        largest = max(batches)
+        reference = graphs["default", largest][1].float()
+        agreement = {}
+        for name in runners:
+            head = graphs[name, largest][1]
+            diff = (head.float() - reference).abs()
+            agreement[name] = {
+                "vs_default_max_abs": {"boxes_px": diff[:, :4].max().item(), "scores": diff[:, 4:].max().item()},
+                "smaller_batches_equal_largest_bits": {b: bool(torch.equal(graphs[name, b][1], head[:b]))
+                                                       for b in batches if b != largest},
+                "sha256_16": hashlib.sha256(head.cpu().numpy().tobytes()).hexdigest()[:16]}
+        report["img_per_s"] = dict(rates)
+        report["median_img_per_s"] = {k: round(statistics.median(v), 1) for k, v in rates.items()}
+        report["agreement"] = agreement
+        del graphs
+        report["kernels"] = {f"{name}@{b}": kernels(run, inputs[b]) for name, run in runners.items()
+                             for b in sorted({min(batches), largest})}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    for name in runners:
+        say(f"{name}: " + ", ".join(f"b{b} {report['median_img_per_s'][f'{name}@{b}']:,.0f} img/s" for b in batches)
+            + f"; b{largest} {report['kernels'][f'{name}@{largest}']['by_kind_us']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
