@@ -208,7 +208,9 @@ def main() -> int:
         built[f"{variant}_s"] = round(time.perf_counter() - t0, 1)
     runners = {name: load_package(path, dev) for name, path in packages.items()}
     torch.backends.cudnn.benchmark = True
-    model, _ = load_model(sample_weights(), precision="fp16", device=dev, anchors_in_graph=False)
+    # the anchors made in each forward, as in the packages: a graph per batch size then reads no
+    # tensor that another batch size's first run replaces
+    model, _ = load_model(sample_weights(), precision="fp16", device=dev, anchors_in_graph=True)
 
     def eager(x: Any) -> Any:
         y = model(x)
