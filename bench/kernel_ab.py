@@ -194,18 +194,17 @@ def main() -> int:
     batches = sorted({int(b) for b in args.batches.split(",")})
     dev = torch.device("cuda", 0)
     say = lambda text: print(text, flush=True)
-    built: dict[str, Any] = {}
-    t0 = time.perf_counter()
-    packages = {"default": build_for_weights("sample", say=say)[0]}
-    built["default_s"] = round(time.perf_counter() - t0, 1)
+    builds: dict[str, Any] = {"default": lambda: build_for_weights("sample", say=say)[0]}
     if args.cudnn:
-        t0 = time.perf_counter()
-        packages["cudnn"] = build_for_weights("sample", batch_invariant=False, say=say)[0]
-        built["cudnn_s"] = round(time.perf_counter() - t0, 1)
+        builds["cudnn"] = lambda: build_for_weights("sample", batch_invariant=False, say=say)[0]
     for variant in args.variant:
+        builds[variant] = lambda variant=variant: build_variant(args.work / variant, say)
+    packages: dict[str, Path] = {}
+    built: dict[str, float] = {}
+    for name, build in builds.items():  # each found, or built now, and timed
         t0 = time.perf_counter()
-        packages[variant] = build_variant(args.work / variant, say)
-        built[f"{variant}_s"] = round(time.perf_counter() - t0, 1)
+        packages[name] = build()
+        built[f"{name}_s"] = round(time.perf_counter() - t0, 1)
     runners = {name: load_package(path, dev) for name, path in packages.items()}
     torch.backends.cudnn.benchmark = True
     # the anchors made in each forward, as in the packages: a graph per batch size then reads no
