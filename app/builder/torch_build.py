@@ -56,6 +56,7 @@ from app.artifacts.torch_engines import (
 )
 from app.artifacts.tuning_cache import default_tuning_cache, say_duration
 from app.builder.inductor_settings import cpu_isa_proved_beside, inductor_configs, settings_text
+from app.builder.stem_rewrite import rewrite_stem
 from app.builder.torch_check import batch_variance, fresh_process_check
 from app.builder.tuning import expected_build_s, tuned
 from app.config import ENGINE_MAX_BATCH
@@ -291,11 +292,12 @@ def _export_compile_check(weights: Path, meta: ModelMeta, key: TorchEngineKey, d
     example = example.to(dev, torch_dtype(key.precision))
     with torch.inference_mode(), exact_fp32(key.precision):
         reference = check_head(model(example), meta, example.shape[0]).float()
+    cuda = dev.type == "cuda"
+    invariant = key.batch_invariant and cuda
+    stem = "space-to-depth" if invariant and rewrite_stem(model, meta.imgsz) else "as trained"
     program = export_program(model, example, key)
     del model
     say(f"{what}: compiling with AOTInductor (2 of 3{'' if key.batch_invariant else '; a minute or two on a first build'})")
-    cuda = dev.type == "cuda"
-    invariant = key.batch_invariant and cuda
     tuning_batch = int(example.shape[0])
     with (tuned(program, dev.index or 0, tuning_cache, say, tuning_batch=tuning_batch) if invariant
           else contextlib.nullcontext({})) as tuning:
@@ -303,7 +305,7 @@ def _export_compile_check(weights: Path, meta: ModelMeta, key: TorchEngineKey, d
     del program
     say(f"{what}: checking it against the eager model (3 of 3)")
     checked = check_package(out, example, reference, key, meta, dev)
-    return {**checked, "inductor": settings_text(invariant, cuda),
+    return {**checked, "inductor": settings_text(invariant, cuda), "stem": stem,
             **({"tuning": asdict(tuning["report"])} if "report" in tuning else {})}
 
 
