@@ -7,13 +7,11 @@ Runners, each a callable ``images → head``:
   ``build-engine`` built it, built now from the tuning cache if absent;
 * ``cudnn`` (``--cudnn``): the cuDNN package (``--no-batch-invariant``), built if absent (about
   100 s);
-* ``s2d-stem`` (``--variant s2d-stem``): the default engine built with its stem, the 3x3 stride-2
-  convolution of the 3-channel image, computed as a 2x2 convolution of the image's space-to-depth
-  (``SpaceToDepthStem``), in this process only, into a folder and tuning cache of its own. The
-  product is unchanged; this measures whether it should be. Inductor's convolution template loops
-  over the kernel's 9 positions and, at each, over the input channels in steps of 16: 3 of 16
-  lanes useful for the stem, each pixel 6 bytes apart. The stem was the H100 cache's slowest
-  template at batch 64 (0.69 ms: ``bench/tuning/nvidia-h100-80gb-hbm3.json``);
+* ``as-trained-stem`` (``--variant as-trained-stem``): the default engine built with its stem as
+  trained, the 3x3 stride-2 convolution of the 3-channel image, not rewritten as a 2x2
+  convolution of the image's space-to-depth (``app.builder.stem_rewrite``), in this process only,
+  into a folder and tuning cache of its own: the default engine before the rewrite, to measure
+  the rewrite against;
 * ``eager``: the Ultralytics model itself (cuDNN, nothing compiled).
 
 Rows: img/s per round at each of ``--batches`` (the device's time of ``--replays``-sized runs of
@@ -23,7 +21,7 @@ rows bit for bit; then torch's profiler at the smallest and largest batch (no gr
 per forward by kernel and by kind (Triton template, pointwise, reduction, cuDNN convolution,
 other), and launches per forward.
 
-    python bench/kernel_ab.py --cudnn --variant s2d-stem --out /tmp/out/kernel-ab.json
+    python bench/kernel_ab.py --cudnn --variant as-trained-stem --out /tmp/out/kernel-ab.json
 """
 
 from __future__ import annotations
@@ -53,65 +51,28 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, marks in KINDS if any(mark in low for mark in marks)), "other")
 
 
-def space_to_depth_stem(conv: Any) -> Any:
-    """``conv`` (3x3, stride 2, padding 1; an even input size) as a 2x2 stride-1 convolution of the
-    padded image's space-to-depth by 2, zero-padded to 16 channels: y[i, j] sums w[u, v]
-    x[2i + u - 1, 2j + v - 1] over u, v in 0..2; with u = 2a + p, v = 2b + q that is
-    w4[2a + p, 2b + q] z[p, q][i + a, j + b], w4 the kernel padded to 4x4 with zeros."""
-    import torch
-    import torch.nn.functional as F
-
-    channels = 16
-
-    class SpaceToDepthStem(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            w = conv.weight.detach()
-            out, cin = w.shape[:2]
-            w4 = F.pad(w, (0, 1, 0, 1))
-            w2 = w4.view(out, cin, 2, 2, 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(out, 4 * cin, 2, 2)
-            w2 = F.pad(w2, (0, 0, 0, 0, 0, channels - 4 * cin))
-            self.register_buffer("weight", w2.contiguous(memory_format=torch.channels_last))
-            self.register_buffer("bias", None if conv.bias is None else conv.bias.detach().clone())
-
-        def forward(self, x: Any) -> Any:
-            b, c, h, w = x.shape
-            z = F.pad(x, (1, 1, 1, 1)).view(b, c, (h + 2) // 2, 2, (w + 2) // 2, 2).permute(0, 1, 3, 5, 2, 4)
-            z = F.pad(z.reshape(b, 4 * c, (h + 2) // 2, (w + 2) // 2), (0, 0, 0, 0, 0, channels - 4 * c))
-            return F.conv2d(z.contiguous(memory_format=torch.channels_last), self.weight, self.bias)
-
-    return SpaceToDepthStem()
-
-
 def build_variant(folder: Path, say: Any) -> Path:
-    """The default engine with the space-to-depth stem, built in this process into ``folder``
-    (and checked by the build against the eager model, as every build is); the new stem is first
-    checked against the stem it replaces on random images."""
-    import torch
+    """The default engine with its stem as trained (``app.builder.stem_rewrite`` not applied),
+    built in this process into ``folder`` with a tuning cache of its own, seeded from
+    ``YOLOPIPE_TUNING_CACHE`` where that is set (and checked by the build against the eager model,
+    as every build is)."""
+    import os
+    import shutil
 
-    from app.builder.torch_build import build_for_weights
-    from app.gpu import torch_model
+    from app.builder import torch_build
 
-    load_model = torch_model.load_model
-
-    def rewritten(*args: Any, **kwargs: Any) -> Any:
-        model, detect = load_model(*args, **kwargs)
-        first = model.model[0]
-        probe = torch.rand(2, 3, 64, 64, device=first.conv.weight.device, dtype=first.conv.weight.dtype)
-        stem = space_to_depth_stem(first.conv)
-        with torch.inference_mode():
-            worst = (stem(probe).float() - first.conv(probe).float()).abs().max().item()
-        if worst > 0.05:
-            raise SystemExit(f"the space-to-depth stem differs from the stem by {worst}")
-        first.conv = stem
-        return model, detect
-
-    torch_model.load_model = rewritten
+    folder.mkdir(parents=True, exist_ok=True)
+    cache = folder / "tuning.json"
+    seed = os.environ.get("YOLOPIPE_TUNING_CACHE")
+    if seed and Path(seed).is_file() and not cache.exists():
+        shutil.copyfile(seed, cache)
+    rewrite_stem = torch_build.rewrite_stem
+    torch_build.rewrite_stem = lambda model, imgsz: False
     try:
-        path, _ = build_for_weights("sample", artifacts_dir=folder / "artifacts", tuning_cache=folder / "tuning.json",
-                                    say=say)
+        path, _ = torch_build.build_for_weights("sample", artifacts_dir=folder / "artifacts", tuning_cache=cache,
+                                                say=say)
     finally:
-        torch_model.load_model = load_model
+        torch_build.rewrite_stem = rewrite_stem
     return path
 
 
@@ -178,7 +139,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds, each runner in turn (default: 3)")
     parser.add_argument("--replays", type=int, default=1920, help="images per timed run of replays (default: 1920)")
     parser.add_argument("--cudnn", action="store_true", help="also the cuDNN package (built if absent, ~100 s)")
-    parser.add_argument("--variant", choices=["s2d-stem"], action="append", default=[],
+    parser.add_argument("--variant", choices=["as-trained-stem"], action="append", default=[],
                         help="also a variant of the default engine, built in this process (see the docstring)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kernel-ab"), help="the variants' folders")
     parser.add_argument("--out", type=Path, required=True)

@@ -21,7 +21,7 @@
 #   tests    pytest tests/kernels tests/gpu tests/tensorrt -v    → $OUT/gpu-tests.log
 #   nvdec    pytest tests/gpu/test_nvdec.py on the clip (YOLOPIPE_NVDEC_CLIP=$CLIP) → $OUT/nvdec-tests.log
 #   bench    yolopipe bench                                      → $OUT/bench.json, bench.log
-#   kernels  bench/kernel_ab.py: the default engine, the cuDNN package, the space-to-depth stem variant and the
+#   kernels  bench/kernel_ab.py: the default engine, the cuDNN package, the as-trained stem variant and the
 #            eager model in CUDA graphs at batches 1, 16, 64, alternating, and their kernels → $OUT/kernel-ab.json, .log
 #   startup  bench/startup.py: predict of 10,000 copies of the photos and Ultralytics on the same
 #            folder, 2 rounds, serve to ready, the warm loop, the engine alone → $OUT/startup.json, startup.log
@@ -35,7 +35,7 @@
 # <PART>_TIMEOUT seconds (SETUP 120, BUILD 420, BUILDS 540, TESTS 300, NVDEC 180, BENCH 360, KERNELS 360, STARTUP 360,
 # HTTP 540, STREAMS 330, MEMORY 420);
 # <PART>_ARGS more options for its command (BUILD_ARGS=--no-batch-invariant: the cuDNN package, ~100 s;
-# KERNELS_ARGS, default "--cudnn --variant s2d-stem");
+# KERNELS_ARGS, default "--cudnn --variant as-trained-stem");
 # TEST_PATHS; STARTUP_ROUNDS (2); SOAK_MINUTES (3),
 # DURATION (20 s a load row); NVDEC_STREAMS (64,128), OPENCV_STREAMS (16), CLIP
 # (.data/video/dance-1080p30.mp4);
@@ -105,7 +105,7 @@ for name in "$@"; do
     nvdec)   YOLOPIPE_NVDEC_CLIP=$CLIP part nvdec-tests "${NVDEC_TIMEOUT:-180}" python3 -m pytest tests/gpu/test_nvdec.py -v -rs -p no:cacheprovider --durations=10 ;;
     tests)   part gpu-tests "${TESTS_TIMEOUT:-300}" python3 -m pytest ${TEST_PATHS:-tests/kernels tests/gpu tests/tensorrt} -v -rs -p no:cacheprovider --durations=15 ${TESTS_ARGS:-} ;;
     bench)   part bench "${BENCH_TIMEOUT:-360}" python3 -m app.benchmark --images "$YOLOPIPE_IMAGES" --out "$OUT/bench.json" ${BENCH_ARGS:-} ;;
-    kernels) part kernel-ab "${KERNELS_TIMEOUT:-360}" python3 bench/kernel_ab.py --out "$OUT/kernel-ab.json" ${KERNELS_ARGS:---cudnn --variant s2d-stem} ;;
+    kernels) part kernel-ab "${KERNELS_TIMEOUT:-360}" python3 bench/kernel_ab.py --out "$OUT/kernel-ab.json" ${KERNELS_ARGS:---cudnn --variant as-trained-stem} ;;
     startup) part startup "${STARTUP_TIMEOUT:-360}" python3 bench/startup.py --images "$YOLOPIPE_IMAGES" --copies 10000 --rounds "${STARTUP_ROUNDS:-2}" --parts predict,ultralytics,serve,warm,bare --out "$OUT/startup.json" ${STARTUP_ARGS:-} ;;
     http)    part http-full "${HTTP_TIMEOUT:-540}" python3 bench/http_load.py --images "$YOLOPIPE_IMAGES" --parts load,soak,kill,sigterm --clients 64,256 --naive-clients 64 --naive-workers 4 --gpus 0 --duration "${DURATION:-20}" --warmup 3 --soak-minutes "${SOAK_MINUTES:-3}" --sample-s 5 --out "$OUT/http-full.json" ${HTTP_ARGS:-} ;;
     streams) part streams "${STREAMS_TIMEOUT:-330}" python3 bench/streams.py --clip "$CLIP" --nvdec-streams "${NVDEC_STREAMS:-64,128}" --opencv-streams "${OPENCV_STREAMS:-16}" --budget-s $(( ${STREAMS_TIMEOUT:-330} - 45 )) --out "$OUT/streams.json" ${STREAMS_ARGS:-} ;;
