@@ -1,7 +1,8 @@
 """The default engine's kernels against cuDNN's, on the GPU (issue #45, goal 3): packages replayed
 in CUDA graphs, rounds alternating, and where each one's device time goes.
 
-Runners, each a callable ``images → head``:
+Runners, each a package's callable ``images → head`` (the eager Ultralytics model is not one:
+its head makes its anchors on the host, which a CUDA graph cannot capture):
 
 * ``default``: the default engine (torch-cuda fp16, batch 1-64, batch-invariant kernels) as
   ``build-engine`` built it, built now from the tuning cache if absent;
@@ -11,8 +12,7 @@ Runners, each a callable ``images → head``:
   trained, the 3x3 stride-2 convolution of the 3-channel image, not rewritten as a 2x2
   convolution of the image's space-to-depth (``app.builder.stem_rewrite``), in this process only,
   into a folder and tuning cache of its own: the default engine before the rewrite, to measure
-  the rewrite against;
-* ``eager``: the Ultralytics model itself (cuDNN, nothing compiled).
+  the rewrite against.
 
 Rows: img/s per round at each of ``--batches`` (the device's time of ``--replays``-sized runs of
 graph replays, by CUDA events) and their medians; each runner's head at the largest batch against
@@ -147,8 +147,7 @@ def main() -> int:
     import torch
 
     from app.builder.torch_build import build_for_weights
-    from app.gpu.torch_model import load_model, load_package
-    from app.weights import sample_weights
+    from app.gpu.torch_model import load_package
 
     if not torch.cuda.is_available():
         raise SystemExit("bench/kernel_ab.py needs a CUDA GPU")
@@ -167,16 +166,7 @@ def main() -> int:
         packages[name] = build()
         built[f"{name}_s"] = round(time.perf_counter() - t0, 1)
     runners = {name: load_package(path, dev) for name, path in packages.items()}
-    torch.backends.cudnn.benchmark = True
-    # the anchors made in each forward, as in the packages: a graph per batch size then reads no
-    # tensor that another batch size's first run replaces
-    model, _ = load_model(sample_weights(), precision="fp16", device=dev, anchors_in_graph=True)
-
-    def eager(x: Any) -> Any:
-        y = model(x)
-        return y[0] if isinstance(y, (tuple, list)) else y
-
-    runners["eager"] = eager
+    torch.backends.cudnn.benchmark = True  # the cuDNN package's convolutions as cuDNN would pick them
     images = torch.rand(max(batches), 3, 640, 640, generator=torch.Generator().manual_seed(0)).to(dev).half()
     inputs = {b: images[:b].clone() for b in batches}
     rates: dict[str, list[float]] = defaultdict(list)
