@@ -21,8 +21,8 @@
 #   tests    pytest tests/kernels tests/gpu tests/tensorrt -v    → $OUT/gpu-tests.log
 #   nvdec    pytest tests/gpu/test_nvdec.py on the clip (YOLOPIPE_NVDEC_CLIP=$CLIP) → $OUT/nvdec-tests.log
 #   bench    yolopipe bench                                      → $OUT/bench.json, bench.log
-#   kernels  bench/kernel_ab.py: the default engine, the cuDNN package, the as-trained stem variant and the
-#            eager model in CUDA graphs at batches 1, 16, 64, alternating, and their kernels → $OUT/kernel-ab.json, .log
+#   kernels  bench/kernel_ab.py: the default engine, the cuDNN package and the as-trained stem variant in
+#            CUDA graphs at batches 1, 16, 64, alternating, and their kernels → $OUT/kernel-ab.json, .log
 #   startup  bench/startup.py: predict of 10,000 copies of the photos and Ultralytics on the same
 #            folder, 2 rounds, serve to ready, the warm loop, the engine alone → $OUT/startup.json, startup.log
 #   http     bench/http_load.py: load, soak, kill, sigterm, naive → $OUT/http-full.json, .log
