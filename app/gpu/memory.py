@@ -77,7 +77,13 @@ class Staging:
         self.capacity = align_up(capacity)
         total = self.header_bytes + self.capacity
         self.host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
-        self.dev = torch.empty(total, dtype=torch.uint8, device=torch.device("cuda", device))
+        # The device half is its own allocation (cuMemAlloc through Numba, like the NMS buffers),
+        # not a block of torch's caching allocator: there it shared segments with longer-lived
+        # blocks, so shrinking it back could land it in a new 20 MiB segment and leave the device
+        # holding more than before the burst (the GPU suite of 2026-12-07). Freed, it goes back
+        # to the driver whole; torch sees it as a tensor through the CUDA array interface.
+        self.nb_staging = cuda.device_array(total, np.uint8)
+        self.dev = torch.as_tensor(self.nb_staging, device=torch.device("cuda", device))
         self.host_np = self.host.numpy()
         n_params = max_batch * PARAMS_PER_IMAGE
         self.host_params = self.host_np[: self.header_bytes].view(np.int64)[:n_params].reshape(max_batch, -1)
@@ -85,13 +91,27 @@ class Staging:
             self.dev[: self.header_bytes].view(torch.int64)[:n_params].view(max_batch, PARAMS_PER_IMAGE)
         )
         # Numba views made once: converting a torch tensor per launch costs ~36 µs of host time.
-        self.nb_staging = cuda.as_cuda_array(self.dev, sync=False)
         self.nb_params = cuda.as_cuda_array(dev_params, sync=False)
 
     def free(self) -> None:
+        """Drop every reference; Numba frees the device half at its next flush of deallocations
+        (``release_device_memory`` forces one)."""
         self.nb_staging = self.nb_params = None
         self.host_np = self.host_params = None
         self.host = self.dev = None
+
+
+def release_device_memory() -> None:
+    """Give the driver back what was freed: Numba's pending deallocations (staging dropped by
+    ``Staging.free``), then torch's cached device blocks and pinned host blocks. Synchronous:
+    call it with no batch in flight."""
+    import torch
+
+    cuda.current_context().deallocations.clear()
+    torch.cuda.empty_cache()
+    host_empty_cache = getattr(torch._C, "_host_emptyCache", None)  # pinned blocks
+    if host_empty_cache is not None:
+        host_empty_cache()
 
 
 class InputBuffer:

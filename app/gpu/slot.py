@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.contracts import DetectParams
-from app.gpu.memory import CapturedGraphs, HostResults, Staging
+from app.gpu.memory import CapturedGraphs, HostResults, Staging, release_device_memory
 from app.types import ModelMeta
 
 
@@ -106,20 +106,17 @@ class BatchSlot:
 def shrink_staging(slots: Sequence[BatchSlot], capacity: int, device: int, attach: Callable[[BatchSlot], Any]
                    ) -> None:
     """Staging grown past ``capacity`` (for large images) back to it, with no batch in flight:
-    the grown slots' graphs and staging freed, then torch's cached device blocks and pinned host
-    blocks (after, so that a new buffer never splits a freed one), then each given new staging of
-    ``capacity`` bytes and ``attach``ed again (its graphs are captured again on their next use)."""
+    the grown slots' graphs and staging freed and given back to the driver with torch's cached
+    device blocks and pinned host blocks (``release_device_memory``), then each given new staging
+    of ``capacity`` bytes and ``attach``ed again (its graphs are captured again on their next use)."""
     import torch
 
     grown = [slot for slot in slots if slot.staging.capacity > capacity]
     torch.cuda.synchronize(device)
-    for slot in grown:  # freed before the caches are emptied: a new buffer must not split a freed one
+    for slot in grown:  # freed before the release: a new buffer must not split a freed one
         slot.graphs.free()
         slot.staging.free()
-    torch.cuda.empty_cache()
-    host_empty_cache = getattr(torch._C, "_host_emptyCache", None)  # pinned blocks
-    if host_empty_cache is not None:
-        host_empty_cache()
+    release_device_memory()
     for slot in grown:
         slot.resize_staging(capacity)
         attach(slot)
