@@ -56,6 +56,7 @@ from app.artifacts.torch_engines import (
 )
 from app.artifacts.tuning_cache import default_tuning_cache, say_duration
 from app.builder.inductor_settings import cpu_isa_proved_beside, inductor_configs, settings_text
+from app.builder.pool_rewrite import rewrite_pools
 from app.builder.stem_rewrite import rewrite_stem
 from app.builder.torch_check import batch_variance, fresh_process_check
 from app.builder.tuning import expected_build_s, tuned
@@ -295,6 +296,7 @@ def _export_compile_check(weights: Path, meta: ModelMeta, key: TorchEngineKey, d
     cuda = dev.type == "cuda"
     invariant = key.batch_invariant and cuda
     stem = "space-to-depth" if invariant and rewrite_stem(model, meta.imgsz) else "as trained"
+    pools = "separable" if invariant and rewrite_pools(model) else "as trained"
     program = export_program(model, example, key)
     del model
     say(f"{what}: compiling with AOTInductor (2 of 3{'' if key.batch_invariant else '; a minute or two on a first build'})")
@@ -305,7 +307,7 @@ def _export_compile_check(weights: Path, meta: ModelMeta, key: TorchEngineKey, d
     del program
     say(f"{what}: checking it against the eager model (3 of 3)")
     checked = check_package(out, example, reference, key, meta, dev)
-    return {**checked, "inductor": settings_text(invariant, cuda), "stem": stem,
+    return {**checked, "inductor": settings_text(invariant, cuda), "stem": stem, "pools": pools,
             **({"tuning": asdict(tuning["report"])} if "report" in tuning else {})}
 
 
