@@ -8,11 +8,20 @@ its head makes its anchors on the host, which a CUDA graph cannot capture):
   ``build-engine`` built it, built now from the tuning cache if absent;
 * ``cudnn`` (``--cudnn``): the cuDNN package (``--no-batch-invariant``), built if absent (about
   100 s);
-* ``as-trained-stem`` (``--variant as-trained-stem``): the default engine built with its stem as
-  trained, the 3x3 stride-2 convolution of the 3-channel image, not rewritten as a 2x2
-  convolution of the image's space-to-depth (``app.builder.stem_rewrite``), in this process only,
-  into a folder and tuning cache of its own (a first build, 53 s on the H100): the default engine
-  before the rewrite, to measure the rewrite against.
+* variants (``--variant NAME``): the default engine built in this process only, into a folder
+  and tuning cache of its own, with one of its build steps undone, to measure that step against:
+
+  - ``as-trained-stem``: the stem as trained, the 3x3 stride-2 convolution of the 3-channel image,
+    not rewritten as a 2x2 convolution of the image's space-to-depth (``app.builder.stem_rewrite``);
+  - ``as-trained-pools``: SPPF's max pools as trained, not rewritten as separable maxima
+    (``app.builder.pool_rewrite``);
+  - ``benchmarked-epilogues``: a template's pointwise epilogue fused only where inductor's one
+    timing of the fused kernel won (``benchmark_epilogue_fusion``, inductor's default; the build
+    fuses wherever it can, ``app.builder.inductor_settings``).
+
+  A variant's tuning cache starts as a copy of ``--seed NAME=FILE`` where given (a cache of its
+  graph makes its build a short one); otherwise its build is a first build (about a minute on
+  the H100).
 
 Rows: img/s per round at each of ``--batches`` (the device's time of ``--replays``-sized runs of
 graph replays, by CUDA events) and their medians; each runner's head at the largest batch against
@@ -21,18 +30,22 @@ rows bit for bit; then torch's profiler at the smallest and largest batch (no gr
 per forward by kernel and by kind (Triton template, pointwise, reduction, cuDNN convolution,
 other), and launches per forward.
 
-    python bench/kernel_ab.py --cudnn --variant as-trained-stem --out /tmp/out/kernel-ab.json
+    python bench/kernel_ab.py --cudnn --variant as-trained-pools --seed as-trained-pools=bench/tuning/CARD.json \
+        --out /tmp/out/kernel-ab.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
+import shutil
 import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,25 +59,47 @@ KINDS = (("template", ("triton_tem",)), ("pointwise", ("triton_poi",)), ("reduct
          ("cudnn convolution", ("conv", "xmma", "cudnn", "implicit", "fprop")), ("gemm", ("gemm", "cutlass")))
 
 
+VARIANTS = ("as-trained-stem", "as-trained-pools", "benchmarked-epilogues")
+
+
 def kernel_kind(name: str) -> str:
     low = name.lower()
     return next((kind for kind, marks in KINDS if any(mark in low for mark in marks)), "other")
 
 
-def build_variant(folder: Path, say: Any) -> Path:
-    """The default engine with its stem as trained (``app.builder.stem_rewrite`` not applied),
-    built in this process into ``folder`` with a tuning cache of its own (a first build: a card's
-    committed cache is the rewritten graph's, which this graph does not fit), and checked by the
-    build against the eager model, as every build is."""
+@contextlib.contextmanager
+def undone(variant: str) -> Iterator[None]:
+    """The default build with ``variant``'s step undone (the module docstring), inside the block."""
+    from app.builder import inductor_settings, torch_build
+
+    saved = (torch_build.rewrite_stem, torch_build.rewrite_pools, inductor_settings.INVARIANT_INDUCTOR_CONFIGS)
+    if variant == "as-trained-stem":
+        torch_build.rewrite_stem = lambda model, imgsz: False
+    elif variant == "as-trained-pools":
+        torch_build.rewrite_pools = lambda model: 0
+    elif variant == "benchmarked-epilogues":
+        inductor_settings.INVARIANT_INDUCTOR_CONFIGS = {**saved[2], "benchmark_epilogue_fusion": True}
+    else:
+        raise ValueError(f"no variant {variant!r}")
+    try:
+        yield
+    finally:
+        torch_build.rewrite_stem, torch_build.rewrite_pools, inductor_settings.INVARIANT_INDUCTOR_CONFIGS = saved
+
+
+def build_variant(variant: str, folder: Path, seed: Path | None, say: Any) -> Path:
+    """The default engine with ``variant``'s step undone, built in this process into ``folder``
+    with a tuning cache of its own (a copy of ``seed`` where given), and checked by the build
+    against the eager model, as every build is."""
     from app.builder import torch_build
 
-    rewrite_stem = torch_build.rewrite_stem
-    torch_build.rewrite_stem = lambda model, imgsz: False
-    try:
-        path, _ = torch_build.build_for_weights("sample", artifacts_dir=folder / "artifacts",
-                                                tuning_cache=folder / "tuning.json", say=say)
-    finally:
-        torch_build.rewrite_stem = rewrite_stem
+    folder.mkdir(parents=True, exist_ok=True)
+    cache = folder / "tuning.json"
+    if seed is not None and seed.is_file():
+        shutil.copyfile(seed, cache)
+    with undone(variant):
+        path, _ = torch_build.build_for_weights("sample", artifacts_dir=folder / "artifacts", tuning_cache=cache,
+                                                say=say)
     return path
 
 
@@ -131,8 +166,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds, each runner in turn (default: 3)")
     parser.add_argument("--replays", type=int, default=1920, help="images per timed run of replays (default: 1920)")
     parser.add_argument("--cudnn", action="store_true", help="also the cuDNN package (built if absent, ~100 s)")
-    parser.add_argument("--variant", choices=["as-trained-stem"], action="append", default=[],
+    parser.add_argument("--variant", choices=VARIANTS, action="append", default=[],
                         help="also a variant of the default engine, built in this process (see the docstring)")
+    parser.add_argument("--seed", action="append", default=[], metavar="NAME=FILE",
+                        help="a tuning cache to copy as variant NAME's before its build")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kernel-ab"), help="the variants' folders")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
@@ -149,8 +186,10 @@ def main() -> int:
     builds: dict[str, Any] = {"default": lambda: build_for_weights("sample", say=say)[0]}
     if args.cudnn:
         builds["cudnn"] = lambda: build_for_weights("sample", batch_invariant=False, say=say)[0]
+    seeds = dict(item.split("=", 1) for item in args.seed)
     for variant in args.variant:
-        builds[variant] = lambda variant=variant: build_variant(args.work / variant, say)
+        seed = Path(seeds[variant]) if variant in seeds else None
+        builds[variant] = lambda variant=variant, seed=seed: build_variant(variant, args.work / variant, seed, say)
     packages: dict[str, Path] = {}
     built: dict[str, float] = {}
     for name, build in builds.items():  # each found, or built now, and timed
