@@ -19,6 +19,7 @@ its head makes its anchors on the host, which a CUDA graph cannot capture):
     timing of the fused kernel won (``benchmark_epilogue_fusion``, inductor's default; the build
     fuses wherever it can, ``app.builder.inductor_settings``).
 
+  Several joined by ``+`` undo several steps (all three: the engine before those steps).
   A variant's tuning cache starts as a copy of ``--seed NAME=FILE`` where given (a cache of its
   graph makes its build a short one); otherwise its build is a first build (about a minute on
   the H100).
@@ -62,6 +63,12 @@ KINDS = (("template", ("triton_tem",)), ("pointwise", ("triton_poi",)), ("reduct
 VARIANTS = ("as-trained-stem", "as-trained-pools", "benchmarked-epilogues")
 
 
+def variant_name(text: str) -> str:
+    if not text or any(step not in VARIANTS for step in text.split("+")):
+        raise argparse.ArgumentTypeError(f"{text!r}: variants are {', '.join(VARIANTS)}, or several joined by '+'")
+    return text
+
+
 def kernel_kind(name: str) -> str:
     low = name.lower()
     return next((kind for kind, marks in KINDS if any(mark in low for mark in marks)), "other")
@@ -73,14 +80,15 @@ def undone(variant: str) -> Iterator[None]:
     from app.builder import inductor_settings, torch_build
 
     saved = (torch_build.rewrite_stem, torch_build.rewrite_pools, inductor_settings.INVARIANT_INDUCTOR_CONFIGS)
-    if variant == "as-trained-stem":
-        torch_build.rewrite_stem = lambda model, imgsz: False
-    elif variant == "as-trained-pools":
-        torch_build.rewrite_pools = lambda model: 0
-    elif variant == "benchmarked-epilogues":
-        inductor_settings.INVARIANT_INDUCTOR_CONFIGS = {**saved[2], "benchmark_epilogue_fusion": True}
-    else:
-        raise ValueError(f"no variant {variant!r}")
+    for step in variant.split("+"):
+        if step == "as-trained-stem":
+            torch_build.rewrite_stem = lambda model, imgsz: False
+        elif step == "as-trained-pools":
+            torch_build.rewrite_pools = lambda model: 0
+        elif step == "benchmarked-epilogues":
+            inductor_settings.INVARIANT_INDUCTOR_CONFIGS = {**saved[2], "benchmark_epilogue_fusion": True}
+        else:
+            raise ValueError(f"no variant {step!r}")
     try:
         yield
     finally:
@@ -166,8 +174,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds, each runner in turn (default: 3)")
     parser.add_argument("--replays", type=int, default=1920, help="images per timed run of replays (default: 1920)")
     parser.add_argument("--cudnn", action="store_true", help="also the cuDNN package (built if absent, ~100 s)")
-    parser.add_argument("--variant", choices=VARIANTS, action="append", default=[],
-                        help="also a variant of the default engine, built in this process (see the docstring)")
+    parser.add_argument("--variant", type=variant_name, action="append", default=[],
+                        help=f"also a variant of the default engine, built in this process (see the docstring): "
+                             f"{', '.join(VARIANTS)}, or several joined by '+'")
     parser.add_argument("--seed", action="append", default=[], metavar="NAME=FILE",
                         help="a tuning cache to copy as variant NAME's before its build")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kernel-ab"), help="the variants' folders")
