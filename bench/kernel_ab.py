@@ -60,7 +60,7 @@ KINDS = (("template", ("triton_tem",)), ("pointwise", ("triton_poi",)), ("reduct
          ("cudnn convolution", ("conv", "xmma", "cudnn", "implicit", "fprop")), ("gemm", ("gemm", "cutlass")))
 
 
-VARIANTS = ("as-trained-stem", "as-trained-pools", "benchmarked-epilogues")
+VARIANTS = ("as-trained-stem", "as-trained-pools", "benchmarked-epilogues", "unaggressive-fusion")
 
 
 def variant_name(text: str) -> str:
@@ -86,7 +86,11 @@ def undone(variant: str) -> Iterator[None]:
         elif step == "as-trained-pools":
             torch_build.rewrite_pools = lambda model: 0
         elif step == "benchmarked-epilogues":
-            inductor_settings.INVARIANT_INDUCTOR_CONFIGS = {**saved[2], "benchmark_epilogue_fusion": True}
+            inductor_settings.INVARIANT_INDUCTOR_CONFIGS = {**inductor_settings.INVARIANT_INDUCTOR_CONFIGS,
+                                                            "benchmark_epilogue_fusion": True}
+        elif step == "unaggressive-fusion":
+            inductor_settings.INVARIANT_INDUCTOR_CONFIGS = {**inductor_settings.INVARIANT_INDUCTOR_CONFIGS,
+                                                            "aggressive_fusion": False}
         else:
             raise ValueError(f"no variant {step!r}")
     try:

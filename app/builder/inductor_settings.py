@@ -36,7 +36,8 @@ from typing import Any
 # (bench/results/2026-12-07-nvidia-h100-stem-rewrite-kernel-ab.json).
 INVARIANT_INDUCTOR_CONFIGS = {"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
                               "max_autotune_conv_backends": "TRITON", "autotune_num_choices_displayed": 0,
-                              "max_autotune_report_choices_stats": False, "benchmark_epilogue_fusion": False}
+                              "max_autotune_report_choices_stats": False, "benchmark_epilogue_fusion": False,
+                              "aggressive_fusion": True}
 # A CUDA package (module docstring): the vector sets as /proc/cpuinfo lists them, the wrapper
 # compiled at -O0 without a precompiled header.
 CUDA_INDUCTOR_CONFIGS = {"cpp.vec_isa_ok": True, "aot_inductor.compile_wrapper_opt_level": "O0",
