@@ -24,7 +24,7 @@ its head makes its anchors on the host, which a CUDA graph cannot capture):
   graph makes its build a short one); otherwise its build is a first build (about a minute on
   the H100).
 
-Rows: img/s per round at each of ``--batches`` (the device's time of ``--replays``-sized runs of
+Rows: img/s per round at each of ``--batches``, the runners' order turned by one each round (the device's time of ``--replays``-sized runs of
 graph replays, by CUDA events) and their medians; each runner's head at the largest batch against
 ``default``'s (boxes in pixels, scores) and whether its smaller batches give the largest one's
 rows bit for bit; then torch's profiler at the smallest and largest batch (no graph): device time
@@ -219,9 +219,14 @@ def main() -> int:
                               "packages": {name: str(path) for name, path in packages.items()}, "built_s": built}
     with torch.inference_mode():
         graphs = {(name, b): graphed(run, inputs[b]) for name, run in runners.items() for b in batches}
+        names = list(runners)
         for round_index in range(args.rounds):
+            # The order turns each round: in a fixed order the variants, replayed after the default,
+            # ran 2.1-3.9 % below their profiler sums and the default 0-0.6 % (H100,
+            # 2026-12-07-nvidia-h100-pools-fusion-kernel-ab.json); turning it takes the order out.
+            order = names[round_index % len(names):] + names[: round_index % len(names)]
             for b in batches:
-                for name in runners:
+                for name in order:
                     rates[f"{name}@{b}"].append(round(replay_rate(graphs[name, b][0], b, max(1, args.replays // b)), 1))
             say(f"round {round_index + 1}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in rates.items()))
         largest = max(batches)
