@@ -29,11 +29,15 @@ from typing import Any
 # Every convolution and matrix product a Triton template, tuned at build time
 # (app.builder.torch_build's docstring: batch-invariant kernels), without inductor's report of
 # each tuning on stderr: some 430 lines of tables in a first build, which buried the build's own
-# progress lines (the timings are kept in the tuning cache). Each template's pointwise epilogue
-# (the bias and SiLU) fused into it wherever inductor can, not only where its one timing of the
-# fused kernel won: on the H100 at batch 64, 3.36 ms of the batch's 10.0 were such epilogues run
-# as kernels of their own, each reading back what its template had just written
-# (bench/results/2026-12-07-nvidia-h100-stem-rewrite-kernel-ab.json).
+# progress lines (the timings are kept in the tuning cache).
+# Epilogues (bias and SiLU after a template): inductor's fusion log on the H100 showed most of
+# them refused as "no shared data" with their template (its memory-dependency match fails, so
+# they ran as kernels of their own, 3.4 ms of the 9.5 ms a batch of 64 took); aggressive_fusion
+# skips that test, and the profiler's device time per batch of 64 fell from 9.46 to 9.33 ms
+# (pointwise 3.42 -> 3.13 ms; bench/results/2026-12-07-nvidia-h100-pools-fusion-kernel-ab.json,
+# where the package with it is 1.03x cuDNN at batch 64). benchmark_epilogue_fusion off made no
+# difference to the device time by itself (9.48 ms either way); with it off, a template's choice
+# is made when it is lowered, not deferred to a timing of each fused epilogue.
 INVARIANT_INDUCTOR_CONFIGS = {"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
                               "max_autotune_conv_backends": "TRITON", "autotune_num_choices_displayed": 0,
                               "max_autotune_report_choices_stats": False, "benchmark_epilogue_fusion": False,
