@@ -26,8 +26,10 @@ def test_every_setting_is_one_this_torch_knows_and_a_cuda_package_gets_them_all(
             # a tuning build reports nothing of its own on stderr (the build's lines say how far it is)
             assert (config.autotune_num_choices_displayed == 0) is invariant
             assert config.max_autotune_report_choices_stats is not invariant
-            # epilogues fused wherever inductor can, not left to one timing (inductor's default)
+            # epilogues fused wherever inductor can, not left to one timing (inductor's default),
+            # and past its shared-data test, which refused most of them with their templates
             assert config.benchmark_epilogue_fusion is not invariant
+            assert config.aggressive_fusion is invariant
     assert inductor_configs(False) == {} and inductor_configs(False, cuda=True) == CUDA_INDUCTOR_CONFIGS
     assert "'aot_inductor.compile_wrapper_opt_level': 'O0'" in inductor_settings.settings_text(True, cuda=True)
     assert "default settings" in inductor_settings.settings_text(False, cuda=False)
