@@ -16,16 +16,18 @@ its head makes its anchors on the host, which a CUDA graph cannot capture):
   - ``as-trained-pools``: SPPF's max pools as trained, not rewritten as separable maxima
     (``app.builder.pool_rewrite``);
   - ``benchmarked-epilogues``: a template's pointwise epilogue fused only where inductor's one
-    timing of the fused kernel won (``benchmark_epilogue_fusion``, inductor's default; the build
-    fuses wherever it can, ``app.builder.inductor_settings``).
+    timing of the fused kernel won (``benchmark_epilogue_fusion``, inductor's default);
+  - ``unaggressive-fusion``: without ``aggressive_fusion`` (inductor's default), so an epilogue
+    that inductor finds shares "no data" with its template runs as a kernel of its own
+    (``app.builder.inductor_settings``).
 
-  Several joined by ``+`` undo several steps (all three: the engine before those steps).
+  Several joined by ``+`` undo several steps.
   A variant's tuning cache starts as a copy of ``--seed NAME=FILE`` where given (a cache of its
   graph makes its build a short one); otherwise its build is a first build (about a minute on
   the H100).
 
-Rows: img/s per round at each of ``--batches``, the runners' order turned by one each round (the device's time of ``--replays``-sized runs of
-graph replays, by CUDA events) and their medians; each runner's head at the largest batch against
+Rows: img/s per round at each of ``--batches``, the runners' order turned by one each round (the
+device's time of ``--replays``-sized runs of graph replays, by CUDA events) and their medians; each runner's head at the largest batch against
 ``default``'s (boxes in pixels, scores) and whether its smaller batches give the largest one's
 rows bit for bit; then torch's profiler at the smallest and largest batch (no graph): device time
 per forward by kernel and by kind (Triton template, pointwise, reduction, cuDNN convolution,
@@ -60,7 +62,14 @@ KINDS = (("template", ("triton_tem",)), ("pointwise", ("triton_poi",)), ("reduct
          ("cudnn convolution", ("conv", "xmma", "cudnn", "implicit", "fprop")), ("gemm", ("gemm", "cutlass")))
 
 
-VARIANTS = ("as-trained-stem", "as-trained-pools", "benchmarked-epilogues", "unaggressive-fusion")
+# Each variant: the default build with one step undone, as (functions of app.builder.torch_build
+# replaced, inductor settings replaced).
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "as-trained-stem": ({"rewrite_stem": lambda model, imgsz: False}, {}),
+    "as-trained-pools": ({"rewrite_pools": lambda model: 0}, {}),
+    "benchmarked-epilogues": ({}, {"benchmark_epilogue_fusion": True}),
+    "unaggressive-fusion": ({}, {"aggressive_fusion": False}),
+}
 
 
 def variant_name(text: str) -> str:
@@ -79,24 +88,19 @@ def undone(variant: str) -> Iterator[None]:
     """The default build with ``variant``'s step undone (the module docstring), inside the block."""
     from app.builder import inductor_settings, torch_build
 
-    saved = (torch_build.rewrite_stem, torch_build.rewrite_pools, inductor_settings.INVARIANT_INDUCTOR_CONFIGS)
-    for step in variant.split("+"):
-        if step == "as-trained-stem":
-            torch_build.rewrite_stem = lambda model, imgsz: False
-        elif step == "as-trained-pools":
-            torch_build.rewrite_pools = lambda model: 0
-        elif step == "benchmarked-epilogues":
-            inductor_settings.INVARIANT_INDUCTOR_CONFIGS = {**inductor_settings.INVARIANT_INDUCTOR_CONFIGS,
-                                                            "benchmark_epilogue_fusion": True}
-        elif step == "unaggressive-fusion":
-            inductor_settings.INVARIANT_INDUCTOR_CONFIGS = {**inductor_settings.INVARIANT_INDUCTOR_CONFIGS,
-                                                            "aggressive_fusion": False}
-        else:
-            raise ValueError(f"no variant {step!r}")
+    steps = [VARIANTS[step] for step in variant.split("+")]
+    saved_functions = {name: getattr(torch_build, name) for functions, _ in steps for name in functions}
+    saved_settings = inductor_settings.INVARIANT_INDUCTOR_CONFIGS
+    for functions, settings in steps:
+        for name, function in functions.items():
+            setattr(torch_build, name, function)
+        inductor_settings.INVARIANT_INDUCTOR_CONFIGS = {**inductor_settings.INVARIANT_INDUCTOR_CONFIGS, **settings}
     try:
         yield
     finally:
-        torch_build.rewrite_stem, torch_build.rewrite_pools, inductor_settings.INVARIANT_INDUCTOR_CONFIGS = saved
+        for name, function in saved_functions.items():
+            setattr(torch_build, name, function)
+        inductor_settings.INVARIANT_INDUCTOR_CONFIGS = saved_settings
 
 
 def build_variant(variant: str, folder: Path, seed: Path | None, say: Any) -> Path:

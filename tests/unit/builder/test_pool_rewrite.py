@@ -46,23 +46,14 @@ def test_other_pools_are_left_alone(pool):
 
 
 @pytest.mark.slow
-def test_the_rewritten_model_gives_the_same_head_and_exports_with_a_dynamic_batch(sample_model_dir):
-    from app.artifacts.torch_engines import TorchEngineKey
-    from app.builder.torch_build import export_program
-    from app.gpu.torch_model import load_model
-
-    model, _ = load_model(sample_model_dir / "weights.pt", precision="fp32", device=torch.device("cpu"),
-                          anchors_in_graph=True)
-    x = torch.rand(2, 3, 320, 320, generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        want = model(x)
+def test_the_rewritten_model_gives_the_same_head_and_exports_with_a_dynamic_batch(traced_sample, export_dynamic):
+    model, x, want = traced_sample
     assert rewrite_pools(model) == 1  # YOLOv8's one SPPF block, its pool applied three times
     assert rewrite_pools(model) == 0
     with torch.inference_mode():
         got = model(x)
     assert torch.equal(got, want)  # maxima are exact: the same bits
-    key = TorchEngineKey("0" * 64, 320, "fp32", torch.__version__, "cpu", "", 1, 8)
-    program = export_program(model, x, key)
+    program = export_dynamic(model, x)
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert not any("max_pool" in t for t in targets) and any("maximum" in t for t in targets)
     with torch.inference_mode():

@@ -37,23 +37,14 @@ def test_other_convolutions_are_left_alone(conv, imgsz):
 
 
 @pytest.mark.slow
-def test_the_rewritten_model_gives_the_same_head_and_exports_with_a_dynamic_batch(sample_model_dir):
-    from app.artifacts.torch_engines import TorchEngineKey
-    from app.builder.torch_build import export_program
-    from app.gpu.torch_model import load_model
-
-    model, _ = load_model(sample_model_dir / "weights.pt", precision="fp32", device=torch.device("cpu"),
-                          anchors_in_graph=True)
-    x = torch.rand(2, 3, 320, 320, generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        want = model(x)
+def test_the_rewritten_model_gives_the_same_head_and_exports_with_a_dynamic_batch(traced_sample, export_dynamic):
+    model, x, want = traced_sample
     assert rewrite_stem(model, 320)
     assert not rewrite_stem(model, 320)  # the rewritten stem is no longer a 3x3 stride-2 convolution
     with torch.inference_mode():
         got = model(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3)  # boxes in pixels; summed in another order
-    key = TorchEngineKey("0" * 64, 320, "fp32", torch.__version__, "cpu", "", 1, 8)
-    program = export_program(model, x, key)
+    program = export_dynamic(model, x)
     convs = [n for n in program.graph.nodes if n.op == "call_function" and "conv2d" in str(n.target)]
     assert convs[0].args[0].meta["val"].shape[1] == STEM_CHANNELS
     with torch.inference_mode():
