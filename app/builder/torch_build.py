@@ -58,7 +58,7 @@ from app.artifacts.tuning_cache import default_tuning_cache, say_duration
 from app.builder.inductor_settings import cpu_isa_proved_beside, inductor_configs, settings_text
 from app.builder.pool_rewrite import rewrite_pools
 from app.builder.stem_rewrite import rewrite_stem
-from app.builder.torch_check import batch_variance, fresh_process_check
+from app.builder.torch_check import FreshProcess, batch_variance, fresh_process_check
 from app.builder.tuning import expected_build_s, tuned
 from app.config import ENGINE_MAX_BATCH
 from app.errors import ArtifactError, BackendUnavailable, InvalidParameter
@@ -277,12 +277,14 @@ def _compile(weights: Path, meta: ModelMeta, key: TorchEngineKey, device: int, o
     except ImportError as exc:
         raise BackendUnavailable("torch is not installed", hint="pip install torch") from exc
     dev = torch.device("cuda", device) if key.gpu_name != "cpu" else torch.device("cpu")
-    with cpu_isa_proved_beside(dev.type == "cuda"):
-        return _export_compile_check(weights, meta, key, dev, out, say, what, tuning_cache)
+    cuda = dev.type == "cuda"
+    with (fresh_process_check(dev.index or 0, key, meta) if cuda else contextlib.nullcontext()) as fresh, \
+            cpu_isa_proved_beside(cuda):
+        return _export_compile_check(weights, meta, key, dev, out, say, what, tuning_cache, fresh)
 
 
 def _export_compile_check(weights: Path, meta: ModelMeta, key: TorchEngineKey, dev: Any, out: Path, say: Say,
-                          what: str, tuning_cache: Path) -> dict[str, Any]:
+                          what: str, tuning_cache: Path, fresh: FreshProcess | None) -> dict[str, Any]:
     import torch
 
     from app.gpu.torch_model import check_head, load_model, torch_dtype
@@ -306,7 +308,7 @@ def _export_compile_check(weights: Path, meta: ModelMeta, key: TorchEngineKey, d
         compile_package(program, out, batch_invariant=invariant, cuda=cuda)
     del program
     say(f"{what}: checking it against the eager model (3 of 3)")
-    checked = check_package(out, example, reference, key, meta, dev)
+    checked = check_package(out, example, reference, key, meta, dev, fresh)
     return {**checked, "inductor": settings_text(invariant, cuda), "stem": stem, "pools": pools,
             **({"tuning": asdict(tuning["report"])} if "report" in tuning else {})}
 
@@ -368,37 +370,37 @@ def exact_fp32(precision: str) -> Iterator[None]:
         cudnn.allow_tf32, matmul.allow_tf32 = saved
 
 
-def check_package(path: Path, example: Any, reference: Any, key: TorchEngineKey, meta: ModelMeta, dev: Any
-                  ) -> dict[str, Any]:
+def check_package(path: Path, example: Any, reference: Any, key: TorchEngineKey, meta: ModelMeta, dev: Any,
+                  fresh: FreshProcess | None = None) -> dict[str, Any]:
     """Load the package and run it on the traced batch and on its smallest batch: the head must
-    equal the eager model's within ``CHECK_TOLERANCE`` (boxes in pixels, then scores)."""
+    equal the eager model's within ``CHECK_TOLERANCE`` (boxes in pixels, then scores); ``fresh``
+    (CUDA): the new process that loads it too (``fresh_process_check``), beside these checks."""
     import torch
 
     from app.gpu.torch_model import check_head, load_package
 
     box_tol, score_tol = CHECK_TOLERANCE[key.precision]
     worst = [0.0, 0.0]
-    fresh_check = (fresh_process_check(path, dev.index or 0, key, meta) if dev.type == "cuda"
-                   else contextlib.nullcontext(dict))
-    with fresh_check as fresh_answer:  # the new process loads it while this one checks it
-        try:
-            runner = load_package(path, dev)  # as a run loads it
-        except ArtifactError as exc:
-            raise BackendUnavailable(f"the AOTInductor package just built does not load: {exc.message}") from exc
-        with torch.inference_mode(), exact_fp32(key.precision):
-            for n in sorted({example.shape[0], key.min_batch}):
-                got = check_head(runner(example[:n].contiguous()), meta, n).float()
-                diff = (got - reference[:n]).abs()
-                worst = [max(worst[0], diff[:, :4].max().item()), max(worst[1], diff[:, 4:].max().item())]
-            varies = batch_variance(runner, example, key) if key.batch_invariant and dev.type == "cuda" else []
-        del runner
-        if varies:
-            raise BackendUnavailable("the AOTInductor package built with batch-invariant kernels is not batch-"
-                                     "invariant on this GPU: an image's head differs " + "; ".join(varies),
-                                     hint="--no-batch-invariant runs cuDNN's kernels (answers then vary with the batch)")
-        fresh = fresh_answer()
+    if fresh is not None:
+        fresh.load(path)  # the new process loads it while this one checks it
+    try:
+        runner = load_package(path, dev)  # as a run loads it
+    except ArtifactError as exc:
+        raise BackendUnavailable(f"the AOTInductor package just built does not load: {exc.message}") from exc
+    with torch.inference_mode(), exact_fp32(key.precision):
+        for n in sorted({example.shape[0], key.min_batch}):
+            got = check_head(runner(example[:n].contiguous()), meta, n).float()
+            diff = (got - reference[:n]).abs()
+            worst = [max(worst[0], diff[:, :4].max().item()), max(worst[1], diff[:, 4:].max().item())]
+        varies = batch_variance(runner, example, key) if key.batch_invariant and dev.type == "cuda" else []
+    del runner
+    if varies:
+        raise BackendUnavailable("the AOTInductor package built with batch-invariant kernels is not batch-"
+                                 "invariant on this GPU: an image's head differs " + "; ".join(varies),
+                                 hint="--no-batch-invariant runs cuDNN's kernels (answers then vary with the batch)")
+    fresh_timings = fresh.answer() if fresh is not None else {}
     if not all(w <= t for w, t in zip(worst, (box_tol, score_tol))):  # NaN fails too
         raise ArtifactError(f"the compiled torch-cuda engine differs from the eager model by {worst[0]:.3g} px "
                             f"(boxes) and {worst[1]:.3g} (scores), over {box_tol} and {score_tol}")
     return {"checked_max_abs_diff": {"boxes_px": worst[0], "scores": worst[1]}, "example_batch": int(example.shape[0]),
-            "batch_invariance_checked": key.batch_invariant, "fresh_process": fresh}
+            "batch_invariance_checked": key.batch_invariant, "fresh_process": fresh_timings}

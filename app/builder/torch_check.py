@@ -1,7 +1,8 @@
 """Checks of a just-built AOTInductor package beyond its numbers (``app.builder.torch_build``'s
 ``check_package`` runs them): ``batch_variance``, that a batch-invariant package gives an image
 the same bits alone and anywhere in larger batches; ``fresh_process_check``, that it loads and
-runs in a new process, as every later run loads it (started beside the other checks)."""
+runs in a new process, as every later run loads it (started with the build, handed the package
+beside the other checks)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +45,17 @@ def batch_variance(runner: Any, example: Any, key: TorchEngineKey) -> list[str]:
 
 
 FRESH_CHECK_TIMEOUT_S = 300
+# The fresh process imports what a run imports first, then waits for the package's path on its
+# standard input (an empty line: nothing to check, it exits).
 FRESH_CHECK = """
 import json, sys, time
 from pathlib import Path
 import torch
 from app.gpu.torch_model import load_package
-path, index, batch, size, dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+path = sys.stdin.readline().strip()
+if not path:
+    sys.exit(0)
+index, batch, size, dtype = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 device = torch.device("cuda", index)
 started = time.perf_counter()
 run = load_package(Path(path), device)
@@ -62,27 +68,45 @@ print(json.dumps({"shape": tuple(out.shape), "load_s": round(loaded - started, 3
 """
 
 
+class FreshProcess:
+    """A new process that has imported what a run imports and waits for a package to load."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+
+    def load(self, path: Path) -> None:
+        """Hand it ``path``: it loads the package and runs it now, beside the caller's own checks."""
+        try:
+            self.proc.stdin.write(f"{path}\n")
+            self.proc.stdin.flush()  # left open: ``communicate`` closes it
+        except OSError:  # it has already ended: its answer says how
+            pass
+
+    def answer(self) -> dict[str, float]:
+        """Wait for it: the seconds it took to load the package (``load_s``, the CUDA context
+        created before) and to run its first batch (``first_run_s``)."""
+        return _fresh_answer(self.proc)
+
+
 @contextlib.contextmanager
-def fresh_process_check(path: Path, index: int, key: TorchEngineKey, meta: ModelMeta
-                        ) -> Iterator[Callable[[], dict[str, float]]]:
-    """Load and run the package in a new process, as every later run does: a package that loads in
-    the process that compiled it may still crash one that did not (seen on the H200). The process
-    starts now, so that it (about 2.6 s, mostly importing torch:
-    bench/results/2026-12-06-nvidia-h100-build-probe.json) runs beside the block's own checks;
-    yields the call that waits for its answer, the seconds it took to load the package
-    (``load_s``, the CUDA context created before) and to run its first batch (``first_run_s``).
-    A process not waited for is killed when the block ends."""
+def fresh_process_check(index: int, key: TorchEngineKey, meta: ModelMeta) -> Iterator[FreshProcess]:
+    """A new process for loading and running the package just built, as every later run does: a
+    package that loads in the process that compiled it may still crash one that did not (seen on
+    the H200). It starts when the block does, so that its imports (about 2 s, mostly torch:
+    bench/results/2026-12-06-nvidia-h100-build-probe.json) run while the build exports and
+    compiles; ``FreshProcess.load`` then hands it the package. A process not waited for is
+    killed when the block ends."""
     import app
 
     root = str(Path(app.__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONFAULTHANDLER": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     dtype = "float16" if key.precision == "fp16" else "float32"
-    args = [str(path), str(index), str(key.min_batch), str(meta.imgsz), dtype]
-    proc = subprocess.Popen([sys.executable, "-c", FRESH_CHECK, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+    args = [str(index), str(key.min_batch), str(meta.imgsz), dtype]
+    proc = subprocess.Popen([sys.executable, "-c", FRESH_CHECK, *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        yield lambda: _fresh_answer(proc)
+        yield FreshProcess(proc)
     finally:
         if proc.returncode is None:
             proc.kill()

@@ -306,14 +306,18 @@ def test_a_package_that_fails_in_a_fresh_process_is_refused_with_what_the_proces
     bogus.write_bytes(b"the first half of a package")
     key = TorchEngineKey("0" * 64, 64, "fp16", "2.x", "NVIDIA Stand-in", "9.0", 1, 64)
     with (pytest.raises(BackendUnavailable, match=r"does not run in a fresh process here \(exit code 1\): .*Error"),
-          torch_check.fresh_process_check(bogus, 0, key, types.SimpleNamespace(imgsz=64)) as answer):
-        answer()
+          torch_check.fresh_process_check(0, key, types.SimpleNamespace(imgsz=64)) as fresh):
+        fresh.load(bogus)
+        fresh.answer()
 
 
-def test_the_fresh_process_check_runs_beside_the_block_and_is_killed_when_the_block_fails(tmp_path, monkeypatch):
-    """The fresh process starts when the block does (it runs beside the in-process checks), its
-    answer is waited for only when asked, and a block that fails kills it: no process is left."""
+def test_the_fresh_process_starts_with_the_block_waits_for_the_package_and_is_killed_when_the_block_fails(
+        tmp_path, monkeypatch):
+    """The fresh process starts when the block does (its imports run while the build compiles),
+    loads nothing until it is handed the package, is waited for only when asked, and a block
+    that fails kills it: no process is left."""
     import subprocess
+    import time
     import types
 
     from app.artifacts.torch_engines import TorchEngineKey
@@ -332,13 +336,17 @@ def test_the_fresh_process_check_runs_beside_the_block_and_is_killed_when_the_bl
     key = TorchEngineKey("0" * 64, 64, "fp16", "2.x", "NVIDIA Stand-in", "9.0", 1, 64)
     meta = types.SimpleNamespace(imgsz=64)
     with pytest.raises(RuntimeError, match="an in-process check failed"), \
-            torch_check.fresh_process_check(bogus, 0, key, meta):
-        assert len(started) == 1 and started[0].returncode is None  # running while the block runs
+            torch_check.fresh_process_check(0, key, meta):
+        time.sleep(0.5)
+        assert len(started) == 1 and started[0].poll() is None  # running (waiting) while the block runs
         raise RuntimeError("an in-process check failed")
     assert started[0].returncode is not None  # killed and reaped
-    with torch_check.fresh_process_check(bogus, 0, key, meta) as answer, \
-            pytest.raises(BackendUnavailable, match=r"does not run in a fresh process here \(exit code 1\)"):
-        answer()
+    with torch_check.fresh_process_check(0, key, meta) as fresh:
+        time.sleep(0.5)
+        assert started[1].poll() is None  # waits for the package, however long the build takes
+        fresh.load(bogus)
+        with pytest.raises(BackendUnavailable, match=r"does not run in a fresh process here \(exit code 1\)"):
+            fresh.answer()
     assert started[1].returncode == 1
 
 
