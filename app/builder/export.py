@@ -6,8 +6,10 @@ model runs the ``imgsz`` square and every rect input (multiples of the stride, u
 alike, with the square's outputs bit-equal to a static export's. Tools that need fixed shapes
 (the INT8 calibration) take a copy pinned to the square (``pin_spatial_dims``).
 
-The same weights give the same bytes on every export (Ultralytics stamps the export time into
-the model's metadata; that stamp is dropped), so an export's sha256 identifies it.
+The same weights give the same bytes on every export, in any process (Ultralytics stamps the
+export time into the model's metadata, and onnxslim names the intermediate tensors' dynamic
+sizes in an order that follows the process's hash seed: both are dropped), so an export's
+sha256 identifies it.
 """
 
 from __future__ import annotations
@@ -147,6 +149,10 @@ def export_onnx(
         graph = onnx.load(str(exported))
     for prop in [p for p in graph.metadata_props if p.key in UNSTABLE_METADATA]:
         graph.metadata_props.remove(prop)
+    # The shapes onnxslim annotates each intermediate tensor with name its dynamic sizes by sympy
+    # expressions, whose printed order follows the process's hash seed: two processes exported
+    # the same weights to different bytes. They are hints only (every runtime infers shapes).
+    del graph.graph.value_info[:]
     onnx.checker.check_model(graph)
     input_shape, output_shape = _dims(graph.graph.input[0]), _dims(graph.graph.output[0])
     if output_shape[1] != 4 + len(names) or not all(isinstance(d, str) for d in input_shape[2:]):

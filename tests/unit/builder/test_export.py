@@ -60,6 +60,26 @@ def test_export_is_deterministic(tmp_path):
     assert first.meta == second.meta and first.meta.onnx_sha256 == sha256_file(second.onnx_path)
 
 
+def test_exports_in_processes_of_other_hash_seeds_give_the_same_bytes(tmp_path):
+    """An export's sha256 names it across machines and processes (a TensorRT engine's staleness
+    check, the cluster's shipping): two processes whose hash seeds differ, which ordered
+    onnxslim's shape expressions differently, write the same bytes."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import sys; from pathlib import Path; from app.builder.export import export_onnx; "
+              "print(export_onnx('sample', imgsz=64, artifacts_dir=Path(sys.argv[1])).meta.onnx_sha256)")
+    hashes = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path / seed)], env=env, capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        hashes.append(done.stdout.split()[-1])
+    assert hashes[0] == hashes[1] == export_onnx("sample", imgsz=64, artifacts_dir=tmp_path / "here").meta.onnx_sha256
+
+
 def test_an_export_pinned_to_the_square_is_exported_again(tmp_path):
     """An export made before rect inputs (H and W pinned to imgsz) is stale: the next export
     replaces it rather than leave the CPU pipeline a model that takes only the square."""
@@ -95,3 +115,4 @@ def test_reexport_only_when_weights_change(artifacts_dir, tmp_path):
     assert not changed.reused and changed.meta.weights_sha256 == sha256_file(weights) != first.meta.weights_sha256
     assert changed.model_dir != first.model_dir and changed.meta.onnx_sha256 != first.meta.onnx_sha256
     assert load_export(first.model_dir)[1] == first.meta  # the earlier export is left as it was
+
