@@ -15,17 +15,21 @@ sha256 identifies it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from app import errors
 from app.artifacts.exports import META_NAME, ONNX_NAME, WEIGHTS_COPY_NAME, current_export
 from app.artifacts.store import artifacts_root, model_dir
 from app.config import check_imgsz
-from app.errors import ArtifactError, WeightsError
+from app.errors import ArtifactError, WeightsError, YolopipeError
 from app.types import ModelMeta
 from app.versions import package_versions
 from app.weights import CHECKPOINT_HINT, ResolvedWeights, resolve_weights, sha256_file
@@ -188,3 +192,106 @@ def export_onnx(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return ExportResult(out_dir / ONNX_NAME, meta, reused=False)
+
+
+# ``export_beside``'s child: the export, then one JSON line (its ONNX path, or the error it raised).
+EXPORT_CHILD = """
+import json, sys
+from pathlib import Path
+from app.builder.export import export_onnx
+from app.errors import YolopipeError
+weights, imgsz, opset, root = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+try:
+    done = export_onnx(weights, imgsz=imgsz, opset=opset, artifacts_dir=Path(root) if root else None)
+except YolopipeError as exc:
+    print(json.dumps({"error": type(exc).__name__, "message": exc.message, "hint": exc.hint}))
+    sys.exit(3)
+print(json.dumps({"onnx": str(done.onnx_path)}))
+"""
+
+
+@dataclass(frozen=True)
+class ExportUnderWay:
+    """What a build needs of an export before it is written (``export_beside``): the folder it
+    goes to, the weights, and the model's meta as the checkpoint gives it (the export's own
+    fields, its ONNX names and hash, come with ``ExportBeside.result``)."""
+
+    model_dir: Path
+    weights: Path
+    meta: ModelMeta
+
+
+class ExportBeside:
+    """An export running in a process of its own, or one already made (``export_beside``)."""
+
+    def __init__(self, under_way: ExportUnderWay, proc: subprocess.Popen | None, done: ExportResult | None) -> None:
+        self.under_way, self._proc, self._done = under_way, proc, done
+
+    def result(self) -> ExportResult:
+        """Wait for the export: its result, or the error it raised (the same type and words), and
+        an ``ArtifactError`` where its model differs from the one the checkpoint gave."""
+        if self._done is None:
+            stdout, stderr = self._proc.communicate()
+            lines = [line for line in stdout.splitlines() if line.startswith("{")]
+            said = json.loads(lines[-1]) if lines else {}
+            if "error" in said:
+                kind = getattr(errors, said["error"], None)
+                kind = kind if isinstance(kind, type) and issubclass(kind, YolopipeError) else ArtifactError
+                raise kind(said["message"], hint=said.get("hint"))
+            if self._proc.returncode != 0 or "onnx" not in said:
+                tail = " | ".join(line.strip() for line in stderr.strip().splitlines()[-8:])
+                raise ArtifactError(f"the ONNX export failed (exit code {self._proc.returncode}): {tail}"[:1500])
+            meta = ModelMeta.load(Path(said["onnx"]).with_name(META_NAME))
+            self._done = ExportResult(Path(said["onnx"]), meta, reused=False)
+        mine, theirs = self.under_way.meta, self._done.meta
+        if (mine.names, mine.imgsz, mine.num_anchors, mine.weights_sha256) != (
+                theirs.names, theirs.imgsz, theirs.num_anchors, theirs.weights_sha256):
+            raise ArtifactError(f"the export of {self._done.model_dir} is not the model its checkpoint holds: "
+                                f"{theirs.num_classes} classes and {theirs.num_anchors} outputs against "
+                                f"{mine.num_classes} and {mine.num_anchors}", hint="re-export it: `yolopipe export --force`")
+        return self._done
+
+
+@contextlib.contextmanager
+def export_beside(weights: str = "sample", *, imgsz: int = 640, artifacts_dir: Path | None = None,
+                  opset: int = DEFAULT_OPSET) -> Iterator[ExportBeside]:
+    """``export_onnx`` in a process of its own while the block builds from the checkpoint: an
+    ONNX export is CPU work (seconds of tracing and simplifying) that a GPU build does not wait
+    for. The block gets what it needs at once (``ExportBeside.under_way``; the checkpoint is
+    loaded here, so a file that is no detector fails here, as the export would) and waits for
+    the export with ``ExportBeside.result``. An export already made: no process. A process not
+    waited for is killed when the block ends."""
+    check_imgsz(imgsz)
+    resolved = resolve_weights(weights)
+    out_dir = model_dir(artifacts_root(artifacts_dir), resolved.name, resolved.sha256, imgsz)
+    if found := current_export(out_dir, weights_sha256=resolved.sha256, imgsz=imgsz):
+        yield ExportBeside(ExportUnderWay(out_dir, out_dir / WEIGHTS_COPY_NAME, found[1]), None,
+                           ExportResult(found[0], found[1], reused=True))
+        return
+    import app
+
+    root = str(Path(app.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    args = [str(weights), str(imgsz), str(opset), str(artifacts_dir or "")]
+    proc = subprocess.Popen([sys.executable, "-c", EXPORT_CHILD, *args], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        meta = checkpoint_meta(resolved, imgsz, opset)
+        yield ExportBeside(ExportUnderWay(out_dir, resolved.path, meta), proc, None)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.communicate()
+
+
+def checkpoint_meta(weights: ResolvedWeights, imgsz: int, opset: int = DEFAULT_OPSET) -> ModelMeta:
+    """The meta ``export_onnx`` writes, from the checkpoint alone: its classes and its head's
+    outputs at the ``imgsz`` square, with the input and output names Ultralytics' export gives."""
+    with _ultralytics_offline(), tempfile.TemporaryDirectory() as tmp:
+        model = _load_detection_model(weights, Path(tmp))
+        names = [model.names[i] for i in sorted(model.names)]
+        strides = [int(s) for s in model.model.stride]
+    anchors = sum((imgsz // s) ** 2 for s in strides)
+    return ModelMeta(name=weights.name, names=names, imgsz=imgsz, stride=max(strides), input_name="images",
+                     output_name="output0", input_shape=["batch", 3, "height", "width"],
+                     output_shape=["batch", 4 + len(names), anchors], opset=opset, weights_sha256=weights.sha256)

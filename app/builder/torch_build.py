@@ -166,7 +166,7 @@ def build_for_weights(weights: str = "sample", *, precision: str = "fp16", max_b
     for batches 1 to ``max_batch``, its tunings read from and written to ``tuning_cache`` (default:
     the model folder's). Returns its path and whether it was built now (False: an earlier build
     fits this GPU and torch)."""
-    from app.builder.export import export_onnx
+    from app.builder.export import export_beside
     from app.config import MAX_BATCH
     from app.gpu.probe import cuda_device_count
 
@@ -177,29 +177,34 @@ def build_for_weights(weights: str = "sample", *, precision: str = "fp16", max_b
         raise InvalidParameter(f"max batch must be within [1, {MAX_BATCH}], got {max_batch}")
     if cuda_device_count() == 0:
         raise BackendUnavailable("building the torch-cuda engine needs an NVIDIA GPU and none was found")
-    exported = export_onnx(weights, imgsz=imgsz, artifacts_dir=artifacts_dir)
-    key = engine_key(exported.meta, precision=precision, max_batch=max_batch, device=device,
-                     batch_invariant=batch_invariant)
-    found = find_torch_engine(exported.model_dir, key)
-    if found.package is not None and found.manifest.key.max_batch == max_batch:
-        return found.package, False
-    for reason in found.refused:
-        (say or (lambda text: None))(f"rebuilding: {reason}")
-    return build_torch_engine(exported.model_dir, exported.meta, key, device=device, say=say,
-                              tuning_cache=tuning_cache), True
+    with export_beside(weights, imgsz=imgsz, artifacts_dir=artifacts_dir) as export:  # the ONNX export runs beside
+        model = export.under_way
+        key = engine_key(model.meta, precision=precision, max_batch=max_batch, device=device,
+                         batch_invariant=batch_invariant)
+        found = find_torch_engine(model.model_dir, key)
+        if found.package is not None and found.manifest.key.max_batch == max_batch:
+            export.result()
+            return found.package, False
+        for reason in found.refused:
+            (say or (lambda text: None))(f"rebuilding: {reason}")
+        built = build_torch_engine(model.model_dir, model.meta, key, device=device, say=say,
+                                   tuning_cache=tuning_cache, weights=model.weights)
+        export.result()
+    return built, True
 
 
 def build_torch_engine(model_dir: Path, meta: ModelMeta, key: TorchEngineKey, *, device: int = 0,
-                       say: Say | None = None, tuning_cache: Path | None = None) -> Path:
+                       say: Say | None = None, tuning_cache: Path | None = None, weights: Path | None = None) -> Path:
     """Build the package of ``key`` (unless another process just did) and return its path; a
-    batch-invariant build reads and writes ``tuning_cache`` (default: the model folder's)."""
+    batch-invariant build reads and writes ``tuning_cache`` (default: the model folder's).
+    ``weights``: the checkpoint, where the export has not copied it into ``model_dir`` yet."""
     say = say or (lambda text: None)
     if key.precision not in ("fp16", "fp32"):
         raise InvalidParameter(f"the torch-cuda engine runs fp16 or fp32, not {key.precision}")
     if not 1 <= key.min_batch <= key.max_batch:
         raise InvalidParameter(f"bad batch range {key.min_batch}-{key.max_batch}")
     model_dir = Path(model_dir)
-    weights = model_dir / WEIGHTS_COPY_NAME
+    weights = Path(weights) if weights is not None else model_dir / WEIGHTS_COPY_NAME
     if not weights.is_file():
         raise ArtifactError(f"weights not found: {weights}", hint="run `yolopipe export` first")
     final = package_path(model_dir, key)

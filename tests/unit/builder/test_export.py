@@ -116,3 +116,72 @@ def test_reexport_only_when_weights_change(artifacts_dir, tmp_path):
     assert changed.model_dir != first.model_dir and changed.meta.onnx_sha256 != first.meta.onnx_sha256
     assert load_export(first.model_dir)[1] == first.meta  # the earlier export is left as it was
 
+
+def test_the_export_beside_a_build_writes_the_same_export_and_its_meta_is_known_at_once(tmp_path):
+    """``export_beside``: the block has the model's folder, weights and meta while the export runs
+    in a process of its own; the export it waits for is the one ``export_onnx`` writes (the
+    same bytes), and the checkpoint's meta is that export's but for its ONNX hash and versions.
+    An export already made is taken as it is, without a process."""
+    from dataclasses import replace
+
+    from app.builder import export
+
+    direct = export_onnx("sample", imgsz=64, artifacts_dir=tmp_path / "direct")
+    with export.export_beside("sample", imgsz=64, artifacts_dir=tmp_path / "beside") as running:
+        under_way = running.under_way
+        assert under_way.weights == resolve_weights("sample").path and not (under_way.model_dir / "meta.json").exists()
+        done = running.result()
+    assert not done.reused and done.model_dir == under_way.model_dir
+    assert done.onnx_path.read_bytes() == direct.onnx_path.read_bytes() and done.meta == direct.meta
+    assert replace(under_way.meta, onnx_sha256=done.meta.onnx_sha256, versions=done.meta.versions) == done.meta
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("an export already made needs no process")
+
+    export_popen = export.subprocess.Popen
+    export.subprocess.Popen = no_process
+    try:
+        with export.export_beside("sample", imgsz=64, artifacts_dir=tmp_path / "beside") as again:
+            assert again.result().reused and again.under_way.meta == done.meta
+    finally:
+        export.subprocess.Popen = export_popen
+
+
+def test_the_export_beside_a_build_fails_as_the_export_would(tmp_path, monkeypatch):
+    """A file that is no checkpoint fails at the block's start with the export's own error; an
+    error the export process raised comes back as the same type and words; a process that dies
+    says so; and no process outlives its block."""
+    import subprocess
+
+    import pytest
+
+    from app.builder import export
+    from app.errors import ArtifactError, InvalidParameter, WeightsError
+
+    bogus = tmp_path / "bogus.pt"
+    bogus.write_bytes(b"not a checkpoint")
+    with pytest.raises(WeightsError) as direct:
+        export_onnx(str(bogus), imgsz=64, artifacts_dir=tmp_path / "direct")
+    started = []
+    real_popen = subprocess.Popen
+
+    def recorded(*args, **kwargs):
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(export.subprocess, "Popen", recorded)
+    with pytest.raises(WeightsError) as beside, export.export_beside(str(bogus), imgsz=64, artifacts_dir=tmp_path / "b"):
+        pass
+    assert beside.value.message == direct.value.message and beside.value.hint == direct.value.hint
+    assert all(proc.returncode is not None for proc in started)  # none left running
+
+    said = 'import json; print(json.dumps({"error": "InvalidParameter", "message": "no such size", "hint": "try 640"}))'
+    monkeypatch.setattr(export, "EXPORT_CHILD", said + "; raise SystemExit(3)")
+    with export.export_beside("sample", imgsz=64, artifacts_dir=tmp_path / "c") as running, \
+            pytest.raises(InvalidParameter, match="no such size") as raised:
+        running.result()
+    assert raised.value.hint == "try 640"
+    monkeypatch.setattr(export, "EXPORT_CHILD", "import sys; print('dying', file=sys.stderr); raise SystemExit(9)")
+    with export.export_beside("sample", imgsz=64, artifacts_dir=tmp_path / "d") as running, \
+            pytest.raises(ArtifactError, match=r"the ONNX export failed \(exit code 9\): dying"):
+        running.result()
