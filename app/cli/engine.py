@@ -50,7 +50,7 @@ def build_engine_command(weights: str, *, backend: str, precision: str, calib_im
         return
     from app.builder.torch_build import build_for_weights
 
-    with console.status("torch-cuda engine: exporting the model if needed…") as status:
+    with console.status("torch-cuda engine: loading the model (its ONNX export runs beside the build)…") as status:
         def say(text: str) -> None:
             status.update(escape(text))
             console.print(escape(text), highlight=False)
