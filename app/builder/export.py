@@ -24,6 +24,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from app import errors
 from app.artifacts.exports import META_NAME, ONNX_NAME, WEIGHTS_COPY_NAME, current_export
@@ -224,14 +225,15 @@ class ExportUnderWay:
 class ExportBeside:
     """An export running in a process of its own, or one already made (``export_beside``)."""
 
-    def __init__(self, under_way: ExportUnderWay, proc: subprocess.Popen | None, done: ExportResult | None) -> None:
-        self.under_way, self._proc, self._done = under_way, proc, done
+    def __init__(self, under_way: ExportUnderWay, proc: subprocess.Popen | None, done: ExportResult | None,
+                 stderr: Any = None) -> None:
+        self.under_way, self._proc, self._done, self._stderr = under_way, proc, done, stderr
 
     def result(self) -> ExportResult:
         """Wait for the export: its result, or the error it raised (the same type and words), and
         an ``ArtifactError`` where its model differs from the one the checkpoint gave."""
         if self._done is None:
-            stdout, stderr = self._proc.communicate()
+            stdout, _ = self._proc.communicate()
             lines = [line for line in stdout.splitlines() if line.startswith("{")]
             said = json.loads(lines[-1]) if lines else {}
             if "error" in said:
@@ -239,7 +241,8 @@ class ExportBeside:
                 kind = kind if isinstance(kind, type) and issubclass(kind, YolopipeError) else ArtifactError
                 raise kind(said["message"], hint=said.get("hint"))
             if self._proc.returncode != 0 or "onnx" not in said:
-                tail = " | ".join(line.strip() for line in stderr.strip().splitlines()[-8:])
+                self._stderr.seek(0)
+                tail = " | ".join(line.strip() for line in self._stderr.read().strip().splitlines()[-8:])
                 raise ArtifactError(f"the ONNX export failed (exit code {self._proc.returncode}): {tail}"[:1500])
             meta = ModelMeta.load(Path(said["onnx"]).with_name(META_NAME))
             self._done = ExportResult(Path(said["onnx"]), meta, reused=False)
@@ -273,15 +276,18 @@ def export_beside(weights: str = "sample", *, imgsz: int = 640, artifacts_dir: P
     root = str(Path(app.__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     args = [str(weights), str(imgsz), str(opset), str(artifacts_dir or "")]
-    proc = subprocess.Popen([sys.executable, "-c", EXPORT_CHILD, *args], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        meta = checkpoint_meta(resolved, imgsz, opset)
-        yield ExportBeside(ExportUnderWay(out_dir, resolved.path, meta), proc, None)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            proc.communicate()
+    # Its warnings go to a file, not a pipe: a pipe nobody reads until the build ends would stop it
+    # once full.
+    with tempfile.TemporaryFile("w+") as said:
+        proc = subprocess.Popen([sys.executable, "-c", EXPORT_CHILD, *args], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=said, text=True, env=env)
+        try:
+            meta = checkpoint_meta(resolved, imgsz, opset)
+            yield ExportBeside(ExportUnderWay(out_dir, resolved.path, meta), proc, None, said)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                proc.communicate()
 
 
 def checkpoint_meta(weights: ResolvedWeights, imgsz: int, opset: int = DEFAULT_OPSET) -> ModelMeta:
