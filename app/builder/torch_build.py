@@ -20,7 +20,8 @@ Ultralytics import at start-up.
 
 A build holds the folder's lock (the service's worker and its standby may start together: one
 builds, the other waits and loads), writes the package under a temporary name, checks it
-against the eager model, in this process and in a fresh one (what every later run is), renames
+against the eager model, in this process and in a fresh one (what every later run is; it starts
+with the build, so its imports run while the build compiles), renames
 it into place and writes its manifest last. A failure leaves nothing that a later run would load
 and a note of why beside it (``<stem>.refused``: later starts with the same key do not try
 again; ``yolopipe build-engine`` does); ``ensure_torch_engine`` then says why and returns None,
@@ -162,10 +163,10 @@ def build_for_weights(weights: str = "sample", *, precision: str = "fp16", max_b
                       imgsz: int = 640, artifacts_dir: Path | None = None, device: int = 0,
                       batch_invariant: bool = True, tuning_cache: Path | None = None,
                       say: Say | None = None) -> tuple[Path, bool]:
-    """``yolopipe build-engine`` on a GPU without TensorRT: export (if needed), then the package
-    for batches 1 to ``max_batch``, its tunings read from and written to ``tuning_cache`` (default:
-    the model folder's). Returns its path and whether it was built now (False: an earlier build
-    fits this GPU and torch)."""
+    """``yolopipe build-engine`` on a GPU without TensorRT: the package for batches 1 to
+    ``max_batch``, with the ONNX export (if needed) made beside it (``export_beside``), its
+    tunings read from and written to ``tuning_cache`` (default: the model folder's). Returns its
+    path and whether it was built now (False: an earlier build fits this GPU and torch)."""
     from app.builder.export import export_beside
     from app.config import MAX_BATCH
     from app.gpu.probe import cuda_device_count
