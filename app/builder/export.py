@@ -29,6 +29,7 @@ from typing import Any
 from app import errors
 from app.artifacts.exports import META_NAME, ONNX_NAME, WEIGHTS_COPY_NAME, current_export
 from app.artifacts.store import artifacts_root, model_dir
+from app.builder.child import child_env
 from app.config import check_imgsz
 from app.errors import ArtifactError, WeightsError, YolopipeError
 from app.types import ModelMeta
@@ -126,6 +127,14 @@ def _load_detection_model(weights: ResolvedWeights, workdir: Path):
     return model
 
 
+def _head_of(model, imgsz: int) -> tuple[list[str], int, int]:
+    """An Ultralytics model's class names, its largest stride, and its head's outputs per image at
+    the ``imgsz`` square (one per cell of each stride's grid)."""
+    names = [model.names[i] for i in sorted(model.names)]
+    strides = [int(s) for s in model.model.stride]
+    return names, max(strides), sum((imgsz // s) ** 2 for s in strides)
+
+
 def export_onnx(
     weights: str = "sample",
     *,
@@ -145,9 +154,7 @@ def export_onnx(
 
     with _ultralytics_offline(), tempfile.TemporaryDirectory() as tmp:
         model = _load_detection_model(resolved, Path(tmp))
-        names = [model.names[i] for i in sorted(model.names)]
-        strides = [int(s) for s in model.model.stride]
-        stride, anchors = max(strides), sum((imgsz // s) ** 2 for s in strides)
+        names, stride, anchors = _head_of(model, imgsz)
         exported = Path(
             model.export(format="onnx", imgsz=imgsz, dynamic=True, simplify=True, opset=opset, verbose=False)
         )
@@ -271,10 +278,7 @@ def export_beside(weights: str = "sample", *, imgsz: int = 640, artifacts_dir: P
         yield ExportBeside(ExportUnderWay(out_dir, out_dir / WEIGHTS_COPY_NAME, found[1]), None,
                            ExportResult(found[0], found[1], reused=True))
         return
-    import app
-
-    root = str(Path(app.__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    env = child_env()
     args = [str(weights), str(imgsz), str(opset), str(artifacts_dir or "")]
     # Its warnings go to a file, not a pipe: a pipe nobody reads until the build ends would stop it
     # once full.
@@ -294,10 +298,7 @@ def checkpoint_meta(weights: ResolvedWeights, imgsz: int, opset: int = DEFAULT_O
     """The meta ``export_onnx`` writes, from the checkpoint alone: its classes and its head's
     outputs at the ``imgsz`` square, with the input and output names Ultralytics' export gives."""
     with _ultralytics_offline(), tempfile.TemporaryDirectory() as tmp:
-        model = _load_detection_model(weights, Path(tmp))
-        names = [model.names[i] for i in sorted(model.names)]
-        strides = [int(s) for s in model.model.stride]
-    anchors = sum((imgsz // s) ** 2 for s in strides)
-    return ModelMeta(name=weights.name, names=names, imgsz=imgsz, stride=max(strides), input_name="images",
+        names, stride, anchors = _head_of(_load_detection_model(weights, Path(tmp)), imgsz)
+    return ModelMeta(name=weights.name, names=names, imgsz=imgsz, stride=stride, input_name="images",
                      output_name="output0", input_shape=["batch", 3, "height", "width"],
                      output_shape=["batch", 4 + len(names), anchors], opset=opset, weights_sha256=weights.sha256)

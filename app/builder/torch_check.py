@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from app.artifacts.torch_engines import TorchEngineKey
+from app.builder.child import child_env
 from app.errors import BackendUnavailable
 from app.types import ModelMeta
 
@@ -96,11 +96,7 @@ def fresh_process_check(index: int, key: TorchEngineKey, meta: ModelMeta) -> Ite
     bench/results/2026-12-06-nvidia-h100-build-probe.json) run while the build exports and
     compiles; ``FreshProcess.load`` then hands it the package. A process not waited for is
     killed when the block ends."""
-    import app
-
-    root = str(Path(app.__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    env = child_env(PYTHONFAULTHANDLER="1")
     dtype = "float16" if key.precision == "fp16" else "float32"
     args = [str(index), str(key.min_batch), str(meta.imgsz), dtype]
     proc = subprocess.Popen([sys.executable, "-c", FRESH_CHECK, *args], stdin=subprocess.PIPE,

@@ -1,5 +1,6 @@
-"""What the builder's rewrite tests share: the sample model as a build traces it, and its export
-with the package's dynamic batch."""
+"""What the builder's tests share: the sample model as a build traces it, and its export with the
+package's dynamic batch (the rewrite tests); the child processes a build starts (its export
+beside it, its check in a fresh process)."""
 
 from __future__ import annotations
 
@@ -35,3 +36,19 @@ def export_dynamic() -> Callable[[Any, Any], Any]:
 
     key = TorchEngineKey("0" * 64, 320, "fp32", torch.__version__, "cpu", "", 1, 8)
     return lambda model, x: export_program(model, x, key)
+
+
+@pytest.fixture
+def started_processes(monkeypatch) -> list[Any]:
+    """Every ``subprocess.Popen`` the test starts, in order (the processes are real)."""
+    import subprocess
+
+    started: list[Any] = []
+    real_popen = subprocess.Popen
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        started.append(real_popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", recorded)
+    return started

@@ -147,12 +147,10 @@ def test_the_export_beside_a_build_writes_the_same_export_and_its_meta_is_known_
         export.subprocess.Popen = export_popen
 
 
-def test_the_export_beside_a_build_fails_as_the_export_would(tmp_path, monkeypatch):
+def test_the_export_beside_a_build_fails_as_the_export_would(tmp_path, monkeypatch, started_processes):
     """A file that is no checkpoint fails at the block's start with the export's own error; an
     error the export process raised comes back as the same type and words; a process that dies
     says so; and no process outlives its block."""
-    import subprocess
-
     import pytest
 
     from app.builder import export
@@ -162,18 +160,10 @@ def test_the_export_beside_a_build_fails_as_the_export_would(tmp_path, monkeypat
     bogus.write_bytes(b"not a checkpoint")
     with pytest.raises(WeightsError) as direct:
         export_onnx(str(bogus), imgsz=64, artifacts_dir=tmp_path / "direct")
-    started = []
-    real_popen = subprocess.Popen
-
-    def recorded(*args, **kwargs):
-        started.append(real_popen(*args, **kwargs))
-        return started[-1]
-
-    monkeypatch.setattr(export.subprocess, "Popen", recorded)
     with pytest.raises(WeightsError) as beside, export.export_beside(str(bogus), imgsz=64, artifacts_dir=tmp_path / "b"):
         pass
     assert beside.value.message == direct.value.message and beside.value.hint == direct.value.hint
-    assert all(proc.returncode is not None for proc in started)  # none left running
+    assert all(proc.returncode is not None for proc in started_processes)  # none left running
 
     said = 'import json; print(json.dumps({"error": "InvalidParameter", "message": "no such size", "hint": "try 640"}))'
     monkeypatch.setattr(export, "EXPORT_CHILD", said + "; raise SystemExit(3)")

@@ -312,25 +312,17 @@ def test_a_package_that_fails_in_a_fresh_process_is_refused_with_what_the_proces
 
 
 def test_the_fresh_process_starts_with_the_block_waits_for_the_package_and_is_killed_when_the_block_fails(
-        tmp_path, monkeypatch):
+        tmp_path, started_processes):
     """The fresh process starts when the block does (its imports run while the build compiles),
     loads nothing until it is handed the package, is waited for only when asked, and a block
     that fails kills it: no process is left."""
-    import subprocess
     import time
     import types
 
     from app.artifacts.torch_engines import TorchEngineKey
     from app.errors import BackendUnavailable
 
-    started = []
-    real_popen = subprocess.Popen
-
-    def recorded(*args, **kwargs):
-        started.append(real_popen(*args, **kwargs))
-        return started[-1]
-
-    monkeypatch.setattr(torch_check.subprocess, "Popen", recorded)
+    started = started_processes
     bogus = tmp_path / "fp16.b1-64.pt2"
     bogus.write_bytes(b"no package")
     key = TorchEngineKey("0" * 64, 64, "fp16", "2.x", "NVIDIA Stand-in", "9.0", 1, 64)
