@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda
+from numba import cuda, int32
 
 from app.gpu.kernel_cache import configure as configure_kernel_cache
 from app.gpu.rounding import dmul, dsub, quiet_low_occupancy_warnings
@@ -41,7 +41,12 @@ LAYOUT_HWC_BGR = 0  # OpenCV frames: [H, W, 3] BGR
 LAYOUT_CHW_RGB = 1  # torchvision nvJPEG output: [3, H, W] RGB
 LAYOUT_HWC_RGB = 2  # nvImageCodec output: [H, W, 3] RGB
 
-LETTERBOX_TPB = 128  # threads per block; one thread per output pixel (all 3 channels)
+# A block writes LETTERBOX_TPB output columns of LETTERBOX_ROWS rows of one image: each thread's
+# horizontal taps serve its column's 8 pixels, and each row's vertical taps, worked out once by one
+# thread into shared memory, the block's 128. (One thread per pixel, each working out both, took
+# 0.53 ms per batch of 64 at 640 on an H100, 5.6 % of the engine's time beside it.)
+LETTERBOX_TPB = 128
+LETTERBOX_ROWS = 8
 
 _F255 = np.float32(255.0)
 _PAD = np.float32(PAD_VALUE) / _F255  # exactly what to_input computes for a padded pixel
@@ -94,62 +99,86 @@ def _taps(d, src_len, dst_len, reset_at_borders):
 
 @cuda.jit(cache=True)
 def letterbox_kernel(staging, params, out):
-    """Grid ``(ceil(S*S / TPB), B)``: one thread per output pixel of image ``blockIdx.y``.
+    """Grid ``(ceil(S / LETTERBOX_TPB), ceil(S / LETTERBOX_ROWS), B)``, ``LETTERBOX_TPB`` threads a
+    block: block ``(i, j, b)`` writes columns ``i * TPB ...`` of rows ``j * ROWS ...`` of image
+    ``b``, a thread a column.
 
     ``staging``: uint8 [N]; ``params``: int64 [>= B, PARAMS_PER_IMAGE];
     ``out``: float32 or float16 [B, 3, S, S]. An image with ``new_h == 0`` (a padding slot of
     a bucket) comes out as pure padding.
     """
-    b = cuda.blockIdx.y
+    b = cuda.blockIdx.z
     size = out.shape[2]
-    pix = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
-    if pix >= size * size:
-        return
-    oy = pix // size
-    ox = pix - oy * size
+    tx = cuda.threadIdx.x
+    ox = cuda.blockIdx.x * cuda.blockDim.x + tx
+    row0 = cuda.blockIdx.y * LETTERBOX_ROWS
     new_h = params[b, P_NEW_H]
     new_w = params[b, P_NEW_W]
-    y = oy - params[b, P_PAD_TOP]
-    x = ox - params[b, P_PAD_LEFT]
-    if y < 0 or y >= new_h or x < 0 or x >= new_w:
-        out[b, 0, oy, ox] = _PAD
-        out[b, 1, oy, ox] = _PAD
-        out[b, 2, oy, ox] = _PAD
-        return
+    pad_top = params[b, P_PAD_TOP]
     src_h = params[b, P_SRC_H]
     src_w = params[b, P_SRC_W]
+    # The rows' vertical taps (source rows, weights), one thread a row.
+    row_taps = cuda.shared.array((LETTERBOX_ROWS, 4), int32)
+    if tx < LETTERBOX_ROWS:
+        y = row0 + tx - pad_top
+        if row0 + tx < size and 0 <= y < new_h:
+            sy0, sy1, by0, by1 = _taps(y, src_h, new_h, False)
+            row_taps[tx, 0] = sy0
+            row_taps[tx, 1] = sy1
+            row_taps[tx, 2] = by0
+            row_taps[tx, 3] = by1
+    cuda.syncthreads()
+    if ox >= size:
+        return
+    x = ox - params[b, P_PAD_LEFT]
+    inside = 0 <= x < new_w
+    sx0, sx1, ax0, ax1 = 0, 0, 0, 0
+    if inside:
+        sx0, sx1, ax0, ax1 = _taps(x, src_w, new_w, True)
     base = params[b, P_OFFSET]
-    sy0, sy1, by0, by1 = _taps(y, src_h, new_h, False)
-    sx0, sx1, ax0, ax1 = _taps(x, src_w, new_w, True)
     layout = params[b, P_LAYOUT]
-    for c in range(3):  # c: output channel, RGB order
-        if layout == LAYOUT_CHW_RGB:  # [3, H, W] RGB
-            plane = base + c * src_h * src_w
-            p00 = plane + sy0 * src_w + sx0
-            p01 = plane + sy0 * src_w + sx1
-            p10 = plane + sy1 * src_w + sx0
-            p11 = plane + sy1 * src_w + sx1
-        else:  # [H, W, 3]: BGR reads channel 2 - c, RGB channel c
-            ch = 2 - c if layout == LAYOUT_HWC_BGR else c
-            p00 = base + (sy0 * src_w + sx0) * 3 + ch
-            p01 = base + (sy0 * src_w + sx1) * 3 + ch
-            p10 = base + (sy1 * src_w + sx0) * 3 + ch
-            p11 = base + (sy1 * src_w + sx1) * 3 + ch
-        # Horizontal pass: ints scaled by 2048 (OpenCV's HResizeLinear).
-        h0 = int(staging[p00]) * ax0 + int(staging[p01]) * ax1
-        h1 = int(staging[p10]) * ax0 + int(staging[p11]) * ax1
-        # Vertical pass as OpenCV's SIMD VResizeLinearVec_32s8u: mul_hi of (h >> 4) by the
-        # 16-bit weight, then a rounding shift by 2, saturated to [0, 255].
-        v = (((h0 >> 4) * by0) >> 16) + (((h1 >> 4) * by1) >> 16)
-        v = (v + 2) >> 2
-        v = min(max(v, 0), 255)
-        out[b, c, oy, ox] = np.float32(v) / _F255
+    for r in range(LETTERBOX_ROWS):
+        oy = row0 + r
+        if oy >= size:
+            return
+        y = oy - pad_top
+        if not inside or y < 0 or y >= new_h:
+            out[b, 0, oy, ox] = _PAD
+            out[b, 1, oy, ox] = _PAD
+            out[b, 2, oy, ox] = _PAD
+            continue
+        sy0 = row_taps[r, 0]
+        sy1 = row_taps[r, 1]
+        by0 = row_taps[r, 2]
+        by1 = row_taps[r, 3]
+        for c in range(3):  # c: output channel, RGB order
+            if layout == LAYOUT_CHW_RGB:  # [3, H, W] RGB
+                plane = base + c * src_h * src_w
+                p00 = plane + sy0 * src_w + sx0
+                p01 = plane + sy0 * src_w + sx1
+                p10 = plane + sy1 * src_w + sx0
+                p11 = plane + sy1 * src_w + sx1
+            else:  # [H, W, 3]: BGR reads channel 2 - c, RGB channel c
+                ch = 2 - c if layout == LAYOUT_HWC_BGR else c
+                p00 = base + (sy0 * src_w + sx0) * 3 + ch
+                p01 = base + (sy0 * src_w + sx1) * 3 + ch
+                p10 = base + (sy1 * src_w + sx0) * 3 + ch
+                p11 = base + (sy1 * src_w + sx1) * 3 + ch
+            # Horizontal pass: ints scaled by 2048 (OpenCV's HResizeLinear).
+            h0 = int(staging[p00]) * ax0 + int(staging[p01]) * ax1
+            h1 = int(staging[p10]) * ax0 + int(staging[p11]) * ax1
+            # Vertical pass as OpenCV's SIMD VResizeLinearVec_32s8u: mul_hi of (h >> 4) by the
+            # 16-bit weight, then a rounding shift by 2, saturated to [0, 255].
+            v = (((h0 >> 4) * by0) >> 16) + (((h1 >> 4) * by1) >> 16)
+            v = (v + 2) >> 2
+            v = min(max(v, 0), 255)
+            out[b, c, oy, ox] = np.float32(v) / _F255
 
 
 def launch_letterbox(staging, params, out, batch: int, stream=0) -> None:
     """Launch :func:`letterbox_kernel` for the first ``batch`` images of ``out`` (Numba arrays)."""
     size = out.shape[2]
-    grid = ((size * size + LETTERBOX_TPB - 1) // LETTERBOX_TPB, batch)
+    grid = ((size + LETTERBOX_TPB - 1) // LETTERBOX_TPB, (size + LETTERBOX_ROWS - 1) // LETTERBOX_ROWS, batch)
     letterbox_kernel[grid, LETTERBOX_TPB, stream](staging, params, out)
 
 
