@@ -474,9 +474,9 @@ def main() -> None:
                "ultralytics_wall_s": summarize(theirs, "wall_s"),
                "ultralytics_first_result_s": summarize(theirs, "first_result_s"),
                "serve_ready_s": summarize(pick(part="ready", artifacts="present"), "ready_s")}
-    def after_first(end: str) -> list[float]:
+    def after_first(end: str, among: list[dict] = ours) -> list[float]:
         """Per finished row, the images after the first batch over the time from its JSON line to ``end``."""
-        return [(r["images"] - args.batch) / (r[end] - r["first_result_s"]) for r in ours
+        return [(r["images"] - args.batch) / (r[end] - r["first_result_s"]) for r in among
                 if r.get("exit_code") == 0 and (r.get("images") or 0) > args.batch and r.get("first_result_s")
                 and r.get(end) and r[end] > r["first_result_s"]]
 
@@ -500,6 +500,9 @@ def main() -> None:
         base = [r for r in rows if r.get("system", "").endswith("(baseline)") and "untimed" not in r]
         summary.update(baseline_wall_s=summarize(base, "wall_s"), baseline_first_result_s=summarize(base, "first_result_s"),
                        baseline_cpu_s=summarize(base, "cpu_s"), yolopipe_cpu_s=summarize(ours, "cpu_s"))
+        base_between = after_first("last_result_s", base)
+        if base_between:
+            summary["baseline_first_to_last_img_per_s"] = round(statistics.median(base_between), 1)
     if summary["yolopipe_wall_s"] and summary["ultralytics_wall_s"]:
         summary["ultralytics_over_yolopipe_wall"] = round(summary["ultralytics_wall_s"] / summary["yolopipe_wall_s"], 2)
     out = {
