@@ -42,7 +42,10 @@ from app.gpu.slot import BatchSlot
 
 log = logging.getLogger(__name__)
 
-WARMUP_RUNS = 2  # eager runs per bucket before capture (kernel loading, cuDNN autotune, compile)
+# Eager runs of a bucket before its first capture (kernel loading, cuDNN autotune, compile). They
+# run on the capture thread, so a bucket already captured on another slot needs none: every
+# kernel it launches is loaded and chosen, and a slot differs only in its buffers' addresses.
+WARMUP_RUNS = 2
 STAGES = ("preprocess", "engine", "nms", "d2h")
 CAPTURE_TRIES = 3  # a capture invalidated by CUDA work outside the device's gate, tried again
 
@@ -181,9 +184,11 @@ class GraphBuilder:
     def _capture(self, slot: BatchSlot, batch: int, raw_exec: bool, nv12: bool = False) -> CapturedBatch:
         """The bucket's graph; a capture something outside the device's gate invalidated (a native
         thread of a library, such as a threaded NVDEC reader's) is tried again, in a fresh pool."""
+        key = graph_key(batch, nv12)
+        warm = any(other is not slot and other.graphs.get(key) is not None for other in self.slots)
         for attempt in range(1, CAPTURE_TRIES + 1):
             try:
-                graph, head = self._capture_once(slot, batch, nv12)
+                graph, head = self._capture_once(slot, batch, nv12, 0 if warm and attempt == 1 else WARMUP_RUNS)
                 break
             except YolopipeError:
                 raise
@@ -199,14 +204,14 @@ class GraphBuilder:
         graph_exec = self._graph_exec(graph) if raw_exec else None
         return CapturedBatch(batch=batch, graph=graph, head=head, graph_exec=graph_exec)
 
-    def _capture_once(self, slot: BatchSlot, batch: int, nv12: bool):
+    def _capture_once(self, slot: BatchSlot, batch: int, nv12: bool, warmup_runs: int):
         torch = self._torch
         stream = self.compute.torch
         if nv12:
             clear_nv12_params(slot.staging)
         try:
             with torch.cuda.stream(stream):
-                for _ in range(WARMUP_RUNS):
+                for _ in range(warmup_runs):
                     self._all(slot, batch, nv12)
             stream.synchronize()
             slot.nms.forget_views()  # the warm-ups' heads go back to the allocator now

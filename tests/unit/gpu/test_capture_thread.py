@@ -107,6 +107,35 @@ def test_captures_asked_for_from_many_threads_all_run_on_the_capture_thread(buil
     assert [slot.nms.forgotten for slot in builder.slots] == [8, 8, 8]
 
 
+def test_a_bucket_warms_up_once_and_its_captures_on_other_slots_start_at_once(builder, monkeypatch):
+    """Eager warm-ups load and choose the bucket's kernels on the capture thread; once one slot
+    holds the bucket's graph, another slot's capture of it runs only the captured steps."""
+    from app.gpu import capture
+    from app.gpu.capture import WARMUP_RUNS
+
+    monkeypatch.setattr(capture, "clear_nv12_params", lambda staging: None)  # the NV12 staging's device step
+    for slot in builder.slots:
+        slot.staging = None
+    calls = []
+    forward = builder.engine.forward
+    builder.engine.forward = lambda images: calls.append(1) or forward(images)
+
+    def runs(slot, batch, nv12=False):
+        before = len(calls)
+        builder.captured(slot, batch, profile=False, raw_exec=False, nv12=nv12)
+        return len(calls) - before
+
+    first, second, third = builder.slots
+    assert runs(first, 4) == WARMUP_RUNS + 1 >= 2
+    assert [runs(second, 4), runs(third, 4)] == [1, 1]
+    assert runs(second, 8) == WARMUP_RUNS + 1  # another bucket warms up again
+    assert runs(first, 4, nv12=True) == WARMUP_RUNS + 1  # and so do NV12 batches' graphs of a bucket
+    first.graphs.free()  # a slot's graphs dropped (its staging grew), captured again: the others hold 4
+    assert runs(first, 4) == 1
+    second.graphs.free()  # the one slot that held 8
+    assert runs(third, 8) == WARMUP_RUNS + 1
+
+
 def test_a_capture_that_fails_is_the_callers_device_error_and_the_thread_goes_on(builder):
     builder.engine.fail_next = True
     with pytest.raises(DeviceError, match="capturing the CUDA graph of batch 4 failed: RuntimeError: out of memory"):
