@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from app.imaging import jpeg_whole
 from app.imaging.jpeg_markers import RST0, Markers, find_markers
 
 SOI, EOI, SOS, DHT, DQT, DRI, DNL, DAC = 0xD8, 0xD9, 0xDA, 0xC4, 0xDB, 0xDD, 0xDC, 0xCC
@@ -87,7 +88,17 @@ def walk_jpeg(data: bytes, *, max_scans: int | None = None) -> JpegStructure:
     """Walk ``data`` (a JPEG whose header ``app.imaging.headers`` read) from SOI to EOI.
 
     ``max_scans``: stop after that many scans (the caller refuses more anyway) and report the
-    count so far plus one, with no defect."""
+    count so far plus one, with no defect. A plainly whole JPEG is walked compiled, without the
+    GIL (``app.imaging.jpeg_whole``); the rest here, which says what is wrong."""
+    whole = jpeg_whole.whole_scans(np.frombuffer(data, np.uint8), np.frombuffer(data, np.uint64, len(data) // 8),
+                                   -1 if max_scans is None else max_scans)
+    if whole != jpeg_whole.ASK_PYTHON:
+        return JpegStructure(None, False, whole)
+    return walk_jpeg_python(data, max_scans=max_scans)
+
+
+def walk_jpeg_python(data: bytes, *, max_scans: int | None = None) -> JpegStructure:
+    """``walk_jpeg`` in Python alone."""
     walker = _Walker(data, max_scans)
     try:
         walker.run()

@@ -1,0 +1,84 @@
+"""The compiled walk (``app.imaging.jpeg_whole``) answers only where the Python walk finds the JPEG
+whole, and then as it does: over the corpus of broken files, the photos of every kind, and random
+mutations of them (bytes of the headers and the scan data changed, markers dropped into the data,
+restart markers moved), ``walk_jpeg`` equals ``walk_jpeg_python`` in every field, at every scan
+limit. And it does answer for the photos, so the GIL-free path is the one they take."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.imaging import jpeg_whole
+from app.imaging.jpeg_structure import JpegStructure, walk_jpeg, walk_jpeg_python
+
+SCAN_LIMITS = (None, 0, 1, 3)
+
+
+def _compiled(data: bytes, max_scans: int | None = None) -> int:
+    return jpeg_whole.whole_scans(np.frombuffer(data, np.uint8), np.frombuffer(data, np.uint64, len(data) // 8),
+                                  -1 if max_scans is None else max_scans)
+
+
+def _mutations(forge, data: bytes, rng: np.random.Generator, count: int) -> list[bytes]:
+    """Changes the structure walk must see or rightly ignore: a header byte set, a scan byte set
+    (0xFF, an RSTn, anything), a marker dropped into the scan data, an RSTn removed or doubled."""
+    segments = forge.jpeg_segments(data)
+    data_at = segments[-1][2]
+    markers = [at for at, code in forge.jpeg_markers(data) if at >= data_at]
+    out = []
+    for _ in range(count):
+        b = bytearray(data)
+        kind = int(rng.integers(0, 4))
+        if kind == 0:  # a byte of the headers
+            b[int(rng.integers(2, data_at))] = int(rng.choice([0, 1, 0x10, 0x40, 0xC0, 0xD0, 0xFF, rng.integers(256)]))
+        elif kind == 1:  # a byte of the scan data
+            b[int(rng.integers(data_at, len(b)))] = int(rng.choice([0xFF, 0x00, 0xD0 + rng.integers(8), rng.integers(256)]))
+        elif kind == 2:  # a marker inside the scan data
+            at = int(rng.integers(data_at, len(b)))
+            b[at:at] = bytes([0xFF, int(rng.choice([0xD0 + rng.integers(8), 0xD9, 0xC4, 0xFF, 0x01, rng.integers(256)]))])
+        elif markers:  # a marker of the data removed or doubled
+            at = markers[int(rng.integers(len(markers)))]
+            b[at : at + 2] = b"" if rng.random() < 0.5 else bytes(b[at : at + 2]) * 2
+        out.append(bytes(b))
+    return out
+
+
+def test_the_photos_of_every_kind_are_decided_compiled(sources):
+    for name, data in sources.items():
+        assert _compiled(data) == walk_jpeg_python(data).scans >= 1, name
+        assert walk_jpeg(data) == JpegStructure(None, False, walk_jpeg_python(data).scans)
+
+
+def test_the_walk_equals_the_python_walk_on_the_broken_corpus(corpus):
+    decided = 0
+    for name, data in corpus.items():
+        for limit in SCAN_LIMITS:
+            python = walk_jpeg_python(data, max_scans=limit)
+            compiled = _compiled(data, limit)
+            if compiled != jpeg_whole.ASK_PYTHON:
+                decided += 1
+                assert python == JpegStructure(None, False, compiled), (name, limit)
+            assert walk_jpeg(data, max_scans=limit) == python, (name, limit)
+    # the photos and what stays whole (bytes after the EOI, bit flips inside the data) at every
+    # limit; every defect goes to the Python walk
+    assert decided >= 4 * 10 + 40
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_walk_equals_the_python_walk_on_random_mutations(sources, forge, seed):
+    rng = np.random.default_rng(seed)
+    verdicts = {"whole": 0, "defect": 0}
+    for name, data in sources.items():
+        for mutated in _mutations(forge, data, rng, 60):
+            for limit in SCAN_LIMITS:
+                python = walk_jpeg_python(mutated, max_scans=limit)
+                assert walk_jpeg(mutated, max_scans=limit) == python, (name, limit, seed)
+            verdicts["whole" if python.defect is None else "defect"] += 1
+    assert verdicts["whole"] > 50 and verdicts["defect"] > 50, verdicts
+
+
+def test_data_shorter_than_a_word_and_no_jpeg_at_all():
+    for data in (b"", b"\xff", b"\xff\xd8", b"\xff\xd8\xff\xd9", b"\xff\xd8\xff\xda\x00", b"GIF89a", bytes(7)):
+        assert _compiled(data) == jpeg_whole.ASK_PYTHON
+        assert walk_jpeg(data) == walk_jpeg_python(data)
