@@ -53,7 +53,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.imaging import jpeg_whole
 from app.imaging.jpeg_markers import RST0, Markers, find_markers
 
 SOI, EOI, SOS, DHT, DQT, DRI, DNL, DAC = 0xD8, 0xD9, 0xDA, 0xC4, 0xDB, 0xDD, 0xDC, 0xCC
@@ -88,13 +87,30 @@ def walk_jpeg(data: bytes, *, max_scans: int | None = None) -> JpegStructure:
     """Walk ``data`` (a JPEG whose header ``app.imaging.headers`` read) from SOI to EOI.
 
     ``max_scans``: stop after that many scans (the caller refuses more anyway) and report the
-    count so far plus one, with no defect. A plainly whole JPEG is walked compiled, without the
-    GIL (``app.imaging.jpeg_whole``); the rest here, which says what is wrong."""
-    whole = jpeg_whole.whole_scans(np.frombuffer(data, np.uint8), np.frombuffer(data, np.uint64, len(data) // 8),
-                                   -1 if max_scans is None else max_scans)
-    if whole != jpeg_whole.ASK_PYTHON:
-        return JpegStructure(None, False, whole)
+    count so far plus one, with no defect. After ``use_compiled_walk``, a plainly whole JPEG is
+    walked without the GIL (``app.imaging.jpeg_whole``); the rest here, which names defects."""
+    compiled = _compiled_walk
+    if compiled is not None:
+        scans = compiled(np.frombuffer(data, np.uint8), np.frombuffer(data, np.uint64, len(data) // 8),
+                         -1 if max_scans is None else max_scans)
+        if scans >= 0:  # else ASK_PYTHON
+            return JpegStructure(None, False, scans)
     return walk_jpeg_python(data, max_scans=max_scans)
+
+
+_compiled_walk = None  # jpeg_whole.whole_scans, once use_compiled_walk has loaded it
+
+
+def use_compiled_walk() -> None:
+    """Walk plainly whole JPEGs compiled from now on. Loading it holds the GIL about 0.7 s (5 s
+    where it is not cached yet), and it saved an H100 host's folder loop about 85 µs an image:
+    only runs of enough images call it (``app.predict.folder``); nothing else imports Numba."""
+    global _compiled_walk
+    if _compiled_walk is None:
+        from app.imaging import jpeg_whole
+
+        jpeg_whole.whole_scans(np.zeros(2, np.uint8), np.zeros(0, np.uint64), -1)  # loaded (or compiled) now
+        _compiled_walk = jpeg_whole.whole_scans
 
 
 def walk_jpeg_python(data: bytes, *, max_scans: int | None = None) -> JpegStructure:

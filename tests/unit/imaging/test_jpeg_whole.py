@@ -2,17 +2,27 @@
 whole, and then as it does: over the corpus of broken files, the photos of every kind, and random
 mutations of them (bytes of the headers and the scan data changed, markers dropped into the data,
 restart markers moved), ``walk_jpeg`` equals ``walk_jpeg_python`` in every field, at every scan
-limit. And it does answer for the photos, so the GIL-free path is the one they take."""
+limit. And it does answer for the photos, so the GIL-free path is the one they take. Until a
+run asks for it (``use_compiled_walk``), nothing loads Numba for it."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from app.imaging import jpeg_whole
+from app.imaging import jpeg_structure, jpeg_whole
 from app.imaging.jpeg_structure import JpegStructure, walk_jpeg, walk_jpeg_python
 
 SCAN_LIMITS = (None, 0, 1, 3)
+
+
+@pytest.fixture(autouse=True)
+def compiled_walk(monkeypatch):
+    monkeypatch.setattr(jpeg_structure, "_compiled_walk", None)  # as it was, after the test
+    jpeg_structure.use_compiled_walk()
 
 
 def _compiled(data: bytes, max_scans: int | None = None) -> int:
@@ -82,3 +92,17 @@ def test_data_shorter_than_a_word_and_no_jpeg_at_all():
     for data in (b"", b"\xff", b"\xff\xd8", b"\xff\xd8\xff\xd9", b"\xff\xd8\xff\xda\x00", b"GIF89a", bytes(7)):
         assert _compiled(data) == jpeg_whole.ASK_PYTHON
         assert walk_jpeg(data) == walk_jpeg_python(data)
+
+
+def test_the_walk_loads_no_numba_until_a_run_asks_for_it(assets_dir):
+    code = f"""
+import sys
+from app.imaging.check import check_image
+check_image(open({str(assets_dir / "bus.jpg")!r}, "rb").read())
+print("numba" in sys.modules)
+from app.imaging.jpeg_structure import use_compiled_walk
+use_compiled_walk()
+print("numba" in sys.modules)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert proc.stdout.split() == ["False", "True"]

@@ -166,6 +166,37 @@ def test_readers_are_few_where_the_pipeline_decodes_and_many_where_they_decode(f
     assert lines[0] == lines[1] and lines[0].count("\n") == 4  # bus, zidane, broken.jpg and empty.png
 
 
+def test_large_runs_of_a_pipeline_that_decodes_walk_jpegs_compiled(folder, tmp_path, cpu_detector, monkeypatch):
+    """From COMPILED_WALK_FROM images on, where the pipeline decodes JPEGs itself, the readers
+    check JPEGs with the compiled walk (its load is paid once, where enough images win it back);
+    fewer images, or readers that decode, keep the Python walk. The lines are the same."""
+    from app.imaging import jpeg_structure
+    from app.pipeline.detector import Detector
+    from app.predict import folder as folder_module
+    from tests.standins import DecodesItself
+
+    monkeypatch.setattr(jpeg_structure, "_compiled_walk", None)  # this process's walk, as it was, after the test
+    walks: list[bool] = []
+    real_walk = jpeg_structure.walk_jpeg
+    monkeypatch.setattr(jpeg_structure, "walk_jpeg", lambda data, **kw: walks.append(
+        jpeg_structure._compiled_walk is not None) or real_walk(data, **kw))
+    monkeypatch.setattr("app.imaging.headers.walk_jpeg", jpeg_structure.walk_jpeg)
+    images = len(list_images(str(folder)))
+    decodes = Detector(DecodesItself(cpu_detector.pipeline), max_batch=3)
+    reads_and_decodes = cpu_detector.reshaped(max_batch=3)
+    lines = []
+    for detector, first in ((reads_and_decodes, images), (decodes, images + 1), (reads_and_decodes, 1), (decodes, images)):
+        monkeypatch.setattr(folder_module, "COMPILED_WALK_FROM", first)
+        walks.clear()
+        out = tmp_path / f"{len(lines)}.jsonl"
+        folder_module.predict_folder(detector, str(folder), out, cpu_detector.params())
+        lines.append(out.read_text())
+        if len(lines) < 4:
+            assert walks and not any(walks), len(lines)  # the CPU pipeline, or too few images: Python
+    assert walks and all(walks)  # the last run: compiled from its first image on
+    assert len(set(lines)) == 1 and lines[0].count("cannot decode this JPEG") == 1
+
+
 def test_rect_runs_hold_images_of_one_size_and_the_lines_keep_the_folder_order(tmp_path, assets_dir, cpu_detector):
     """Rect: photos of three input sizes, interleaved in the folder, run in batches of one size
     each (a window of batches grouped by size), fuller than the folder's order would make them;
