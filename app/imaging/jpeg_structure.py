@@ -46,6 +46,7 @@ defined (its verdict counts when a scan uses it), and a scan checks each table s
 
 from __future__ import annotations
 
+import logging
 import operator
 import struct
 from bisect import bisect_left
@@ -54,6 +55,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.imaging.jpeg_markers import RST0, Markers, find_markers
+
+log = logging.getLogger(__name__)
 
 SOI, EOI, SOS, DHT, DQT, DRI, DNL, DAC = 0xD8, 0xD9, 0xDA, 0xC4, 0xDB, 0xDD, 0xDC, 0xCC
 _SOF = frozenset(range(0xC0, 0xD0)) - {DHT, 0xC8, DAC}
@@ -107,9 +110,13 @@ def use_compiled_walk() -> None:
     only runs of enough images call it (``app.predict.folder``); nothing else imports Numba."""
     global _compiled_walk
     if _compiled_walk is None:
-        from app.imaging import jpeg_whole
+        try:
+            from app.imaging import jpeg_whole
 
-        jpeg_whole.whole_scans(np.zeros(2, np.uint8), np.zeros(0, np.uint64), -1)  # loaded (or compiled) now
+            jpeg_whole.whole_scans(np.zeros(2, np.uint8), np.zeros(0, np.uint64), -1)  # loaded (or compiled) now
+        except Exception as exc:  # noqa: BLE001 - e.g. nowhere to cache it: the Python walk stays
+            log.info("JPEG walk: the compiled walk is not available (%s: %s)", type(exc).__name__, exc)
+            return
         _compiled_walk = jpeg_whole.whole_scans
 
 

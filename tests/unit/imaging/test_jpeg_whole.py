@@ -106,3 +106,19 @@ print("numba" in sys.modules)
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert proc.stdout.split() == ["False", "True"]
+
+
+def test_where_the_compiled_walk_cannot_load_the_python_walk_stays(monkeypatch, sources):
+    """Numba refuses a cached function where it finds nowhere to write its cache (a read-only
+    install, no writable home): the run goes on with the Python walk."""
+    import types
+
+    def refuse(*args):
+        raise RuntimeError("cannot cache function 'whole_scans': no locator available")
+
+    monkeypatch.setattr(jpeg_structure, "_compiled_walk", None)
+    monkeypatch.setitem(sys.modules, "app.imaging.jpeg_whole", types.SimpleNamespace(whole_scans=refuse))
+    monkeypatch.delattr("app.imaging.jpeg_whole", raising=False)
+    jpeg_structure.use_compiled_walk()
+    assert jpeg_structure._compiled_walk is None
+    assert walk_jpeg(sources["bus"]) == walk_jpeg_python(sources["bus"])
