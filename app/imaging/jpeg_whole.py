@@ -131,8 +131,8 @@ def whole_scans(d, words, max_scans):  # pragma: no cover - compiled
     comp_q = np.zeros(_MAX_COMPONENTS, np.int32)
     scanned = np.zeros(_MAX_COMPONENTS, np.bool_)
     coef_bits = np.full((_MAX_COMPONENTS, 64), -1, np.int32)
-    dc = np.zeros(4, np.int32)
-    ac = np.zeros(4, np.int32)
+    dc = np.full(4, _UNDEFINED, np.int32)  # each Huffman table: _UNDEFINED, _FITS or _BAD
+    ac = np.full(4, _UNDEFINED, np.int32)
     quant = np.zeros(4, np.bool_)
     width = height = 0
     hmax = vmax = 1
