@@ -94,8 +94,7 @@ def walk_jpeg(data: bytes, *, max_scans: int | None = None) -> JpegStructure:
     walked without the GIL (``app.imaging.jpeg_whole``); the rest here, which names defects."""
     compiled = _compiled_walk
     if compiled is not None:
-        scans = compiled(np.frombuffer(data, np.uint8), np.frombuffer(data, np.uint64, len(data) // 8),
-                         -1 if max_scans is None else max_scans)
+        scans = compiled(np.frombuffer(data, np.uint8), -1 if max_scans is None else max_scans)
         if scans >= 0:  # else ASK_PYTHON
             return JpegStructure(None, False, scans)
     return walk_jpeg_python(data, max_scans=max_scans)
@@ -113,7 +112,7 @@ def use_compiled_walk() -> None:
         try:
             from app.imaging import jpeg_whole
 
-            jpeg_whole.whole_scans(np.zeros(2, np.uint8), np.zeros(0, np.uint64), -1)  # loaded (or compiled) now
+            jpeg_whole.whole_scans(np.zeros(2, np.uint8), -1)  # loaded (or compiled) now
         except Exception as exc:  # noqa: BLE001 - e.g. nowhere to cache it: the Python walk stays
             log.info("JPEG walk: the compiled walk is not available (%s: %s)", type(exc).__name__, exc)
             return

@@ -116,11 +116,11 @@ def _entropy_data(d, words, start):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True)
-def whole_scans(d, words, max_scans):  # pragma: no cover - compiled
-    """The scans of the JPEG ``d`` (uint8; ``words``: its whole 8-byte words as uint64) when it
-    is plainly whole, else ``ASK_PYTHON``. ``max_scans`` (-1: none): as ``walk_jpeg``'s, the
-    count so far plus one once it is passed."""
+def whole_scans(d, max_scans):  # pragma: no cover - compiled
+    """The scans of the JPEG ``d`` (uint8) when it is plainly whole, else ``ASK_PYTHON``.
+    ``max_scans`` (-1: none): as ``walk_jpeg``'s, the count so far plus one once it is passed."""
     n = d.size
+    words = d[: n // 8 * 8].view(np.uint64)  # its whole 8-byte words, for _entropy_data
     if n < 2 or d[0] != 0xFF or d[1] != 0xD8:
         return ASK_PYTHON
     # the frame: per component, its id, sampling and quantization table; which a scan coded

@@ -26,8 +26,7 @@ def compiled_walk(monkeypatch):
 
 
 def _compiled(data: bytes, max_scans: int | None = None) -> int:
-    return jpeg_whole.whole_scans(np.frombuffer(data, np.uint8), np.frombuffer(data, np.uint64, len(data) // 8),
-                                  -1 if max_scans is None else max_scans)
+    return jpeg_whole.whole_scans(np.frombuffer(data, np.uint8), -1 if max_scans is None else max_scans)
 
 
 def _mutations(forge, data: bytes, rng: np.random.Generator, count: int) -> list[bytes]:
