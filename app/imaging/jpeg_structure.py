@@ -49,6 +49,7 @@ from __future__ import annotations
 import logging
 import operator
 import struct
+import threading
 from bisect import bisect_left
 from dataclasses import dataclass
 
@@ -101,22 +102,39 @@ def walk_jpeg(data: bytes, *, max_scans: int | None = None) -> JpegStructure:
 
 
 _compiled_walk = None  # jpeg_whole.whole_scans, once use_compiled_walk has loaded it
+_loading = threading.Lock()  # one load at a time: a second caller waits for the first one's
 
 
-def use_compiled_walk() -> None:
+def use_compiled_walk(*, wait: bool = True) -> threading.Thread | None:
     """Walk plainly whole JPEGs compiled from now on. Loading it holds the GIL about 0.7 s (5 s
     where it is not cached yet), and it saved an H100 host's folder loop about 85 µs an image:
-    only runs of enough images call it (``app.predict.folder``); nothing else imports Numba."""
-    global _compiled_walk
-    if _compiled_walk is None:
-        try:
-            from app.imaging import jpeg_whole
+    only runs of enough images call it (``app.predict.folder``); nothing else imports Numba.
 
-            jpeg_whole.whole_scans(np.zeros(2, np.uint8), -1)  # loaded (or compiled) now
-        except Exception as exc:  # noqa: BLE001 - e.g. nowhere to cache it: the Python walk stays
-            log.info("JPEG walk: the compiled walk is not available (%s: %s)", type(exc).__name__, exc)
-            return
-        _compiled_walk = jpeg_whole.whole_scans
+    ``wait=False``: loaded on a thread of its own (returned; None when loaded already), beside
+    what the caller does next (a first batch waits on the GPU more than it holds the GIL); the
+    walks stay in Python until it is loaded, with the same answers."""
+    if _compiled_walk is not None:
+        return None
+    if not wait:
+        loader = threading.Thread(target=use_compiled_walk, name="jpeg-walk-load", daemon=True)
+        loader.start()
+        return loader
+    with _loading:
+        if _compiled_walk is None:
+            _load_compiled_walk()
+    return None
+
+
+def _load_compiled_walk() -> None:
+    global _compiled_walk
+    try:
+        from app.imaging import jpeg_whole
+
+        jpeg_whole.whole_scans(np.zeros(2, np.uint8), -1)  # loaded (or compiled) now
+    except Exception as exc:  # noqa: BLE001 - e.g. nowhere to cache it: the Python walk stays
+        log.info("JPEG walk: the compiled walk is not available (%s: %s)", type(exc).__name__, exc)
+        return
+    _compiled_walk = jpeg_whole.whole_scans
 
 
 def walk_jpeg_python(data: bytes, *, max_scans: int | None = None) -> JpegStructure:

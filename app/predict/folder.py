@@ -214,7 +214,7 @@ def predict_folder(
     names, in_flight = detector.names, detector.shape.in_flight
     workers = workers or (READERS_ENCODED if detector.decodes_jpeg else READERS_DECODING)
     if detector.decodes_jpeg and len(todo) >= COMPILED_WALK_FROM:
-        use_compiled_walk()
+        use_compiled_walk(wait=False)  # loaded beside the first batches, which walk in Python
 
     def detect_chunk(chunk: list[tuple[SourceImage, Any]]) -> tuple[list[SourceImage], DetectedBatch, list[str]]:
         """In a batch thread: the detector on the batch's (rect: the window's) images, then its

@@ -107,6 +107,36 @@ print("numba" in sys.modules)
     assert proc.stdout.split() == ["False", "True"]
 
 
+def test_a_load_on_its_own_thread_leaves_the_walks_in_python_until_it_is_done(monkeypatch, sources):
+    """``use_compiled_walk(wait=False)`` returns at once with the loading thread; walks meanwhile
+    take the Python walk (the load is held back here until the test lets it go), then the
+    compiled one; once loaded, no thread is started again. Two loads at once load it once."""
+    import threading
+
+    monkeypatch.setattr(jpeg_structure, "_compiled_walk", None)
+    let_go, loads, whole_scans = threading.Event(), [], jpeg_whole.whole_scans
+
+    def held_load(data, max_scans):
+        loads.append(len(data))
+        assert let_go.wait(60)
+        return whole_scans(data, max_scans)
+
+    monkeypatch.setattr(jpeg_whole, "whole_scans", held_load)
+    first = jpeg_structure.use_compiled_walk(wait=False)
+    second = jpeg_structure.use_compiled_walk(wait=False)
+    assert first is not None and second is not None and first.daemon
+    python_walks = []
+    monkeypatch.setattr(jpeg_structure, "walk_jpeg_python", lambda data, **kw: python_walks.append(1) or
+                        walk_jpeg_python(data, **kw))
+    assert walk_jpeg(sources["bus"]) == walk_jpeg_python(sources["bus"]) and python_walks == [1]
+    let_go.set()
+    first.join(60)
+    second.join(60)
+    assert jpeg_structure._compiled_walk is held_load and loads == [2]  # one load, of its two-byte warm-up
+    assert jpeg_structure.use_compiled_walk(wait=False) is None
+    assert walk_jpeg(sources["bus"]) == walk_jpeg_python(sources["bus"]) and python_walks == [1]
+
+
 def test_where_the_compiled_walk_cannot_load_the_python_walk_stays(monkeypatch, sources):
     """Numba refuses a cached function where it finds nowhere to write its cache (a read-only
     install, no writable home): the run goes on with the Python walk."""

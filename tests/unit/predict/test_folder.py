@@ -168,8 +168,9 @@ def test_readers_are_few_where_the_pipeline_decodes_and_many_where_they_decode(f
 
 def test_large_runs_of_a_pipeline_that_decodes_walk_jpegs_compiled(folder, tmp_path, cpu_detector, monkeypatch):
     """From COMPILED_WALK_FROM images on, where the pipeline decodes JPEGs itself, the readers
-    check JPEGs with the compiled walk (its load is paid once, where enough images win it back);
-    fewer images, or readers that decode, keep the Python walk. The lines are the same."""
+    check JPEGs with the compiled walk (its load is paid once, where enough images win it back,
+    on a thread of its own); fewer images, or readers that decode, keep the Python walk. The
+    lines are the same."""
     from app.imaging import jpeg_structure
     from app.pipeline.detector import Detector
     from app.predict import folder as folder_module
@@ -181,6 +182,15 @@ def test_large_runs_of_a_pipeline_that_decodes_walk_jpegs_compiled(folder, tmp_p
     monkeypatch.setattr(jpeg_structure, "walk_jpeg", lambda data, **kw: walks.append(
         jpeg_structure._compiled_walk is not None) or real_walk(data, **kw))
     monkeypatch.setattr("app.imaging.headers.walk_jpeg", jpeg_structure.walk_jpeg)
+    loads: list[bool] = []
+
+    def load_and_wait(*, wait: bool = True):  # the real load, waited for: the run's walks are then all compiled
+        loads.append(wait)
+        loader = jpeg_structure.use_compiled_walk(wait=wait)
+        if loader is not None:
+            loader.join()
+
+    monkeypatch.setattr(folder_module, "use_compiled_walk", load_and_wait)
     images = len(list_images(str(folder)))
     decodes = Detector(DecodesItself(cpu_detector.pipeline), max_batch=3)
     reads_and_decodes = cpu_detector.reshaped(max_batch=3)
@@ -193,7 +203,8 @@ def test_large_runs_of_a_pipeline_that_decodes_walk_jpegs_compiled(folder, tmp_p
         lines.append(out.read_text())
         if len(lines) < 4:
             assert walks and not any(walks), len(lines)  # the CPU pipeline, or too few images: Python
-    assert walks and all(walks)  # the last run: compiled from its first image on
+    assert loads == [False]  # the last run alone asked for it, on a thread of its own
+    assert walks and all(walks)  # compiled from its first image on, the load waited for here
     assert len(set(lines)) == 1 and lines[0].count("cannot decode this JPEG") == 1
 
 
