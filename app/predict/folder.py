@@ -58,8 +58,10 @@ READERS_ENCODED = 1
 READERS_DECODING = 8
 # From this many images on, the readers walk JPEGs compiled, without the GIL
 # (``jpeg_structure.use_compiled_walk``), where the pipeline decodes them itself. On an H100's host
-# its 0.7 s load delayed the first result by 0.5 s and then saved 85 µs an image of the loop:
-# 10,000 JPEGs 7.20 s against 7.78 (bench/results/2026-12-07-nvidia-h100-jpeg-whole-ab.json).
+# its 0.7 s load, waited for, delayed the first result by 0.5 s and then saved 85 µs an image of
+# the loop: 10,000 JPEGs 7.20 s against 7.78 (bench/results/2026-12-07-nvidia-h100-jpeg-whole-ab.json).
+# Loaded beside the first batches instead, on another: 6.92 s against 7.32, the first result 0.4 s
+# sooner (bench/results/2026-12-07-nvidia-h100-walk-beside-ab.json).
 COMPILED_WALK_FROM = 8_000
 
 
