@@ -111,12 +111,13 @@ def use_compiled_walk(*, wait: bool = True) -> threading.Thread | None:
     only runs of enough images call it (``app.predict.folder``); nothing else imports Numba.
 
     ``wait=False``: loaded on a thread of its own (returned; None when loaded already), beside
-    what the caller does next (a first batch waits on the GPU more than it holds the GIL); the
-    walks stay in Python until it is loaded, with the same answers."""
+    what the caller does next; the walks stay in Python until it is loaded, with the same
+    answers. Not a daemon: a process that ends while Numba compiles waits for it, rather than
+    tearing LLVM down under it."""
     if _compiled_walk is not None:
         return None
     if not wait:
-        loader = threading.Thread(target=use_compiled_walk, name="jpeg-walk-load", daemon=True)
+        loader = threading.Thread(target=use_compiled_walk, name="jpeg-walk-load")
         loader.start()
         return loader
     with _loading:

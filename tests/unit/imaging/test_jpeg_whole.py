@@ -7,6 +7,7 @@ run asks for it (``use_compiled_walk``), nothing loads Numba for it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -124,7 +125,7 @@ def test_a_load_on_its_own_thread_leaves_the_walks_in_python_until_it_is_done(mo
     monkeypatch.setattr(jpeg_whole, "whole_scans", held_load)
     first = jpeg_structure.use_compiled_walk(wait=False)
     second = jpeg_structure.use_compiled_walk(wait=False)
-    assert first is not None and second is not None and first.daemon
+    assert first is not None and second is not None and not first.daemon  # an exit waits for it
     python_walks = []
     monkeypatch.setattr(jpeg_structure, "walk_jpeg_python", lambda data, **kw: python_walks.append(1) or
                         walk_jpeg_python(data, **kw))
@@ -135,6 +136,19 @@ def test_a_load_on_its_own_thread_leaves_the_walks_in_python_until_it_is_done(mo
     assert jpeg_structure._compiled_walk is held_load and loads == [2]  # one load, of its two-byte warm-up
     assert jpeg_structure.use_compiled_walk(wait=False) is None
     assert walk_jpeg(sources["bus"]) == walk_jpeg_python(sources["bus"]) and python_walks == [1]
+
+
+def test_a_process_that_ends_while_the_walk_compiles_waits_for_it(tmp_path):
+    """A run shorter than the first compile (an empty Numba cache): the process still ends cleanly,
+    after the compile, whose cache the next process loads."""
+    code = """
+from app.imaging.jpeg_structure import use_compiled_walk
+use_compiled_walk(wait=False)
+"""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert list(tmp_path.rglob("*whole_scans*.nbi")) and list(tmp_path.rglob("*whole_scans*.nbc"))
 
 
 def test_where_the_compiled_walk_cannot_load_the_python_walk_stays(monkeypatch, sources):
