@@ -17,6 +17,11 @@ from typing import NamedTuple
 import numpy as np
 
 RST0 = 0xD0
+# libjpeg's limits, which both walks (``jpeg_structure``, ``jpeg_whole``) hold a frame and its scans to
+MAX_SIDE = 65_500  # JPEG_MAX_DIMENSION
+MAX_BLOCKS_IN_MCU = 10  # D_MAX_BLOCKS_IN_MCU
+MAX_COMPONENTS = 10
+MAX_COMPS_IN_SCAN = 4
 _FEW_WORDS = 64  # up to this many 8-byte words holding a marker (or a fill byte) are read in Python
 
 

@@ -55,7 +55,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.imaging.jpeg_markers import RST0, Markers, find_markers
+from app.imaging.jpeg_markers import (
+    MAX_BLOCKS_IN_MCU,
+    MAX_COMPONENTS,
+    MAX_COMPS_IN_SCAN,
+    MAX_SIDE,
+    RST0,
+    Markers,
+    find_markers,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +75,6 @@ _SOF_ARITHMETIC = frozenset({0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _SOF_HIERARCHICAL = frozenset({0xC5, 0xC6, 0xC7, 0xCD, 0xCE, 0xCF})
 _SKIPPED = frozenset({DNL, 0xFE, *range(0xE0, 0xF0)})  # DNL, COM, APPn: read past by their length
 _WITHOUT_LENGTH = frozenset({SOI, EOI, 0x01, *range(RST0, RST0 + 8)})  # TEM, RSTn
-_MAX_SIDE = 65_500  # libjpeg's JPEG_MAX_DIMENSION
-_MAX_BLOCKS_IN_MCU = 10  # libjpeg's D_MAX_BLOCKS_IN_MCU
-_MAX_COMPONENTS = 10
-_MAX_COMPS_IN_SCAN = 4
 
 
 @dataclass(frozen=True)
@@ -248,13 +252,13 @@ class _Walker:
         if marker in _SOF_HIERARCHICAL:
             raise _Defect("a hierarchical JPEG (libjpeg decodes none)")
         precision, height, width, count = struct.unpack_from(">BHHB", body)
-        if len(body) != 6 + 3 * count or not 1 <= count <= _MAX_COMPONENTS:
+        if len(body) != 6 + 3 * count or not 1 <= count <= MAX_COMPONENTS:
             raise _Defect("an SOF segment whose length does not match its components")
         lossless = marker in _SOF_LOSSLESS
         if not (2 <= precision <= 16 if lossless else precision in (8, 12)):
             raise _Defect(f"{precision}-bit samples")
-        if height > _MAX_SIDE or width > _MAX_SIDE or not height or not width:
-            raise _Defect(f"a frame of {width} x {height} (libjpeg's limit is {_MAX_SIDE})")
+        if height > MAX_SIDE or width > MAX_SIDE or not height or not width:
+            raise _Defect(f"a frame of {width} x {height} (libjpeg's limit is {MAX_SIDE})")
         self.width, self.height = width, height
         self.progressive, self.lossless, self.arithmetic = (
             marker in _SOF_PROGRESSIVE, lossless, marker in _SOF_ARITHMETIC)
@@ -268,7 +272,7 @@ class _Walker:
             if ident in components:
                 raise _Defect(f"component id {ident} twice in the frame")
             components[ident] = component = (h, v, body[at + 2])
-            if len(scannable) < _MAX_COMPS_IN_SCAN:
+            if len(scannable) < MAX_COMPS_IN_SCAN:
                 scannable[ident] = component
             hmax, vmax = max(hmax, h), max(vmax, v)
         self.hmax, self.vmax = hmax, vmax
@@ -312,7 +316,7 @@ class _Walker:
         if not self.components:
             raise _Defect("a scan before the frame header")
         count = body[0] if body else 0
-        if len(body) != 4 + 2 * count or not 1 <= count <= _MAX_COMPS_IN_SCAN:
+        if len(body) != 4 + 2 * count or not 1 <= count <= MAX_COMPS_IN_SCAN:
             raise _Defect("an SOS segment whose length does not match its components")
         if self.scans and not self.multiple_scans:
             raise _Defect("a second scan in a single-scan JPEG")
@@ -347,7 +351,7 @@ class _Walker:
                         self._table(dc, selector >> 4, "DC")
                         self._table(ac, selector & 0x0F, "AC")
         blocks = sum([h * v for h, v, _ in comps]) if count > 1 else 1
-        if blocks > _MAX_BLOCKS_IN_MCU:
+        if blocks > MAX_BLOCKS_IN_MCU:
             raise _Defect(f"an MCU of {blocks} blocks")
         self.scanned.update(idents)
         return self._entropy_data(data_at, self._mcus(comps))

@@ -21,11 +21,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from app.imaging.jpeg_markers import MAX_BLOCKS_IN_MCU, MAX_COMPONENTS, MAX_COMPS_IN_SCAN, MAX_SIDE
+
 ASK_PYTHON = -1
-_MAX_SIDE = 65_500
-_MAX_COMPONENTS = 10
-_MAX_COMPS_IN_SCAN = 4
-_MAX_BLOCKS_IN_MCU = 10
 _UNDEFINED, _FITS, _BAD = 0, 1, 2  # a Huffman table's state
 
 
@@ -125,12 +123,12 @@ def whole_scans(d, max_scans):  # pragma: no cover - compiled
         return ASK_PYTHON
     # the frame: per component, its id, sampling and quantization table; which a scan coded
     ncomp = 0
-    comp_id = np.zeros(_MAX_COMPONENTS, np.int32)
-    comp_h = np.zeros(_MAX_COMPONENTS, np.int32)
-    comp_v = np.zeros(_MAX_COMPONENTS, np.int32)
-    comp_q = np.zeros(_MAX_COMPONENTS, np.int32)
-    scanned = np.zeros(_MAX_COMPONENTS, np.bool_)
-    coef_bits = np.full((_MAX_COMPONENTS, 64), -1, np.int32)
+    comp_id = np.zeros(MAX_COMPONENTS, np.int32)
+    comp_h = np.zeros(MAX_COMPONENTS, np.int32)
+    comp_v = np.zeros(MAX_COMPONENTS, np.int32)
+    comp_q = np.zeros(MAX_COMPONENTS, np.int32)
+    scanned = np.zeros(MAX_COMPONENTS, np.bool_)
+    coef_bits = np.full((MAX_COMPONENTS, 64), -1, np.int32)
     dc = np.full(4, _UNDEFINED, np.int32)  # each Huffman table: _UNDEFINED, _FITS or _BAD
     ac = np.full(4, _UNDEFINED, np.int32)
     quant = np.zeros(4, np.bool_)
@@ -140,7 +138,7 @@ def whole_scans(d, max_scans):  # pragma: no cover - compiled
     restart = 0
     scans = 0
     multiple_scans = False
-    scan_comp = np.zeros(_MAX_COMPS_IN_SCAN, np.int32)  # the frame index of each component a scan codes
+    scan_comp = np.zeros(MAX_COMPS_IN_SCAN, np.int32)  # the frame index of each component a scan codes
     i = 2
     while True:
         if i + 1 >= n or d[i] != 0xFF or d[i + 1] == 0xFF:
@@ -208,11 +206,11 @@ def whole_scans(d, max_scans):  # pragma: no cover - compiled
             height = (np.int64(d[at + 1]) << 8) | d[at + 2]
             width = (np.int64(d[at + 3]) << 8) | d[at + 4]
             count = d[at + 5]
-            if size != 6 + 3 * count or count < 1 or count > _MAX_COMPONENTS:
+            if size != 6 + 3 * count or count < 1 or count > MAX_COMPONENTS:
                 return ASK_PYTHON
             if precision != 8 and precision != 12:
                 return ASK_PYTHON
-            if height > _MAX_SIDE or width > _MAX_SIDE or height == 0 or width == 0:
+            if height > MAX_SIDE or width > MAX_SIDE or height == 0 or width == 0:
                 return ASK_PYTHON
             progressive = marker == 0xC2
             for c in range(count):
@@ -232,14 +230,14 @@ def whole_scans(d, max_scans):  # pragma: no cover - compiled
             if ncomp == 0 or size < 1:
                 return ASK_PYTHON
             count = d[at]
-            if size != 4 + 2 * count or count < 1 or count > _MAX_COMPS_IN_SCAN:
+            if size != 4 + 2 * count or count < 1 or count > MAX_COMPS_IN_SCAN:
                 return ASK_PYTHON
             if scans and not multiple_scans:
                 return ASK_PYTHON
             for s in range(count):  # only the frame's first 4 components can be scanned, once each
                 ident = d[at + 1 + 2 * s]
                 found = -1
-                for c in range(min(ncomp, _MAX_COMPS_IN_SCAN)):
+                for c in range(min(ncomp, MAX_COMPS_IN_SCAN)):
                     if comp_id[c] == ident:
                         found = c
                 if found < 0:
@@ -302,7 +300,7 @@ def whole_scans(d, max_scans):  # pragma: no cover - compiled
                 blocks = 0
                 for s in range(count):
                     blocks += comp_h[scan_comp[s]] * comp_v[scan_comp[s]]
-                if blocks > _MAX_BLOCKS_IN_MCU:
+                if blocks > MAX_BLOCKS_IN_MCU:
                     return ASK_PYTHON
             for s in range(count):
                 scanned[scan_comp[s]] = True
