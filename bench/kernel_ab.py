@@ -9,7 +9,8 @@ its head makes its anchors on the host, which a CUDA graph cannot capture):
 * ``cudnn`` (``--cudnn``): the cuDNN package (``--no-batch-invariant``), built if absent (about
   100 s);
 * variants (``--variant NAME``): the default engine built in this process only, into a folder
-  and tuning cache of its own, with one of its build steps undone, to measure that step against:
+  and tuning cache of its own, with one of its build steps undone, to measure that step against,
+  or one step more, to measure it before it lands:
 
   - ``as-trained-stem``: the stem as trained, the 3x3 stride-2 convolution of the 3-channel image,
     not rewritten as a 2x2 convolution of the image's space-to-depth (``app.builder.stem_rewrite``);
@@ -19,9 +20,23 @@ its head makes its anchors on the host, which a CUDA graph cannot capture):
     timing of the fused kernel won (``benchmark_epilogue_fusion``, inductor's default);
   - ``unaggressive-fusion``: without ``aggressive_fusion`` (inductor's default), so an epilogue
     that inductor finds shares "no data" with its template runs as a kernel of its own
-    (``app.builder.inductor_settings``).
+    (``app.builder.inductor_settings``);
+  - ``pointwise-cat`` (one more): every concatenation a pointwise kernel of its own
+    (``force_pointwise_cat``) instead of a buffer its inputs' producers write into, so that no
+    convolution's bias and SiLU epilogue writes into a concatenation's buffer, which inductor
+    refuses to fuse into a template ("template epilogue not satisfied": the C2f blocks'), and a
+    1x1 convolution (a matrix product in inductor) may load its concatenated input itself
+    (prologue fusion);
+  - ``epilogues-first`` (one more): epilogues fused into their templates before any other fusion
+    (``epilogue_fusion_first``), so that a SiLU is not first fused into the kernel that copies
+    it elsewhere;
+  - ``realized-cat-inputs`` (one more): every input of a concatenation computed into a buffer of
+    its own before the concatenation is lowered (inductor's ``aten.cat`` lowering wrapped for the
+    build), so that a SiLU is its convolution's epilogue instead of being computed inside the
+    concatenation's copy (where, needing fp32, it keeps the copy from being a 1x1
+    convolution's prologue) and again for its other reader.
 
-  Several joined by ``+`` undo several steps.
+  Several joined by ``+`` change several steps.
   A variant's tuning cache starts as a copy of ``--seed NAME=FILE`` where given (a cache of its
   graph makes its build a short one); otherwise its build is a first build (about a minute on
   the H100).
@@ -62,14 +77,42 @@ KINDS = (("template", ("triton_tem",)), ("pointwise", ("triton_poi",)), ("reduct
          ("cudnn convolution", ("conv", "xmma", "cudnn", "implicit", "fprop")), ("gemm", ("gemm", "cutlass")))
 
 
-# Each variant: the default build with one step undone, as (functions of app.builder.torch_build
-# replaced, inductor settings replaced).
+# Each variant: the default build with one step undone or one more, as (functions of
+# app.builder.torch_build replaced, inductor settings replaced).
 VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "as-trained-stem": ({"rewrite_stem": lambda model, imgsz: False}, {}),
     "as-trained-pools": ({"rewrite_pools": lambda model: 0}, {}),
     "benchmarked-epilogues": ({}, {"benchmark_epilogue_fusion": True}),
     "unaggressive-fusion": ({}, {"aggressive_fusion": False}),
+    "pointwise-cat": ({}, {"force_pointwise_cat": True}),
+    "epilogues-first": ({}, {"epilogue_fusion_first": True}),
+    "realized-cat-inputs": ({"compile_package": lambda *args, **kwargs: compiled_with_realized_cat_inputs(*args,
+                                                                                                        **kwargs)}, {}),
 }
+
+
+def compiled_with_realized_cat_inputs(*args: Any, **kwargs: Any) -> Any:
+    """``torch_build.compile_package`` with inductor's lowering of ``aten.cat`` realizing its
+    inputs first (the ``realized-cat-inputs`` variant)."""
+    import torch
+    from torch._inductor import lowering
+
+    op = torch.ops.aten.cat.default
+    original = lowering.lowerings[op]
+
+    def cat(inputs: Any, dim: int = 0) -> Any:
+        for tensor in inputs:
+            tensor.realize()
+        return original(inputs, dim)
+
+    lowering.lowerings[op] = cat
+    try:
+        return UNVARIED["compile_package"](*args, **kwargs)
+    finally:
+        lowering.lowerings[op] = original
+
+
+UNVARIED: dict[str, Any] = {}  # the functions a variant replaced, as they were (``varied``)
 
 
 def variant_name(text: str) -> str:
@@ -84,13 +127,14 @@ def kernel_kind(name: str) -> str:
 
 
 @contextlib.contextmanager
-def undone(variant: str) -> Iterator[None]:
-    """The default build with ``variant``'s step undone (the module docstring), inside the block."""
+def varied(variant: str) -> Iterator[None]:
+    """The default build with ``variant``'s steps changed (the module docstring), inside the block."""
     from app.builder import inductor_settings, torch_build
 
     steps = [VARIANTS[step] for step in variant.split("+")]
     saved_functions = {name: getattr(torch_build, name) for functions, _ in steps for name in functions}
     saved_settings = inductor_settings.INVARIANT_INDUCTOR_CONFIGS
+    UNVARIED.update(saved_functions)
     for functions, settings in steps:
         for name, function in functions.items():
             setattr(torch_build, name, function)
@@ -104,7 +148,7 @@ def undone(variant: str) -> Iterator[None]:
 
 
 def build_variant(variant: str, folder: Path, seed: Path | None, say: Any) -> Path:
-    """The default engine with ``variant``'s step undone, built in this process into ``folder``
+    """The default engine with ``variant``'s steps changed, built in this process into ``folder``
     with a tuning cache of its own (a copy of ``seed`` where given), and checked by the build
     against the eager model, as every build is."""
     from app.builder import torch_build
@@ -113,7 +157,7 @@ def build_variant(variant: str, folder: Path, seed: Path | None, say: Any) -> Pa
     cache = folder / "tuning.json"
     if seed is not None and seed.is_file():
         shutil.copyfile(seed, cache)
-    with undone(variant):
+    with varied(variant):
         path, _ = torch_build.build_for_weights("sample", artifacts_dir=folder / "artifacts", tuning_cache=cache,
                                                 say=say)
     return path
