@@ -34,7 +34,9 @@ its head makes its anchors on the host, which a CUDA graph cannot capture):
     its own before the concatenation is lowered (inductor's ``aten.cat`` lowering wrapped for the
     build), so that a SiLU is its convolution's epilogue instead of being computed inside the
     concatenation's copy (where, needing fp32, it keeps the copy from being a 1x1
-    convolution's prologue) and again for its other reader.
+    convolution's prologue) and again for its other reader. Alone, inductor may still have the
+    realized inputs write into the concatenation's buffer (and refuse them as epilogues there);
+    ``realized-cat-inputs+pointwise-cat`` makes the concatenation a plain fp16 copy instead.
 
   Several joined by ``+`` change several steps.
   A variant's tuning cache starts as a copy of ``--seed NAME=FILE`` where given (a cache of its
