@@ -31,9 +31,11 @@
 #                                                                → $OUT/streams.json, streams.log
 #   memory   bench/memory_probe.py: issue #30's bursts, 2 rounds  → $OUT/memory-bursts.json, .log
 #   cache    the torch.compile cache, to carry next time as .whlx/torch-cache.tgz → $OUT/torch-cache.tgz
+#   fusion   build-engine into a fresh folder with inductor's fusion decisions logged (TORCH_LOGS=fusion):
+#            why each epilogue joined its template or not                → $OUT/fusion.log.gz
 # Every part but setup runs setup first if this command has not. Knobs (environment): OUT (/tmp/out);
 # <PART>_TIMEOUT seconds (SETUP 120, BUILD 420, BUILDS 540, TESTS 300, NVDEC 180, BENCH 360, KERNELS 360, STARTUP 360,
-# HTTP 540, STREAMS 330, MEMORY 420);
+# HTTP 540, STREAMS 330, MEMORY 420, FUSION 150);
 # <PART>_ARGS more options for its command (BUILD_ARGS=--no-batch-invariant: the cuDNN package, ~100 s;
 # KERNELS_ARGS, default "--cudnn --variant as-trained-stem");
 # TEST_PATHS; STARTUP_ROUNDS (2); SOAK_MINUTES (3),
@@ -53,7 +55,7 @@ card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
 if [ -z "${YOLOPIPE_TUNING_CACHE:-}" ] && [ -n "$card" ] && [ -f "bench/tuning/$card.json" ]; then
   export YOLOPIPE_TUNING_CACHE=$PWD/bench/tuning/$card.json
 fi
-usage="usage: bash tools/device/run.sh PART...   (parts: setup build builds tests nvdec bench kernels startup http streams memory cache)"
+usage="usage: bash tools/device/run.sh PART...   (parts: setup build builds tests nvdec bench kernels startup http streams memory cache fusion)"
 [ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
 status=0
 ready=0
@@ -94,7 +96,7 @@ setup() {
 }
 
 for name in "$@"; do
-  case "$name" in setup|build|builds|tests|nvdec|bench|kernels|startup|http|streams|memory|cache) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
+  case "$name" in setup|build|builds|tests|nvdec|bench|kernels|startup|http|streams|memory|cache|fusion) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
 done
 for name in "$@"; do
   [ "$name" = setup ] || [ "$ready" = 1 ] || setup
@@ -111,6 +113,7 @@ for name in "$@"; do
     streams) part streams "${STREAMS_TIMEOUT:-330}" python3 bench/streams.py --clip "$CLIP" --nvdec-streams "${NVDEC_STREAMS:-64,128}" --opencv-streams "${OPENCV_STREAMS:-16}" --budget-s $(( ${STREAMS_TIMEOUT:-330} - 45 )) --out "$OUT/streams.json" ${STREAMS_ARGS:-} ;;
     memory)  part memory-bursts "${MEMORY_TIMEOUT:-420}" python3 bench/memory_probe.py --backend auto --rounds "${MEMORY_ROUNDS:-2}" --out "$OUT/memory-bursts.json" ${MEMORY_ARGS:-} ;;
     cache)   part cache 60 bash -c 'cd "$YOLOPIPE_CACHE_DIR" && find artifacts -path "*torch-cache*" -type f | tar -czf "$0/torch-cache.tgz" -T - && ls -la "$0/torch-cache.tgz"' "$OUT" ;;
+    fusion)  part fusion "${FUSION_TIMEOUT:-150}" bash -c 'rm -rf /tmp/fusion-build && TORCH_LOGS=fusion TRITON_CACHE_DIR=/tmp/fusion-build/triton python3 -m app.cli build-engine --weights sample --artifacts-dir /tmp/fusion-build/artifacts 2>&1 | gzip > "$0/fusion.log.gz"; exit "${PIPESTATUS[0]}"' "$OUT" ;;
   esac
 done
 exit "$status"
