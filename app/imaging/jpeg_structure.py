@@ -135,7 +135,9 @@ def _load_compiled_walk() -> None:
     try:
         from app.imaging import jpeg_whole
 
-        jpeg_whole.whole_scans(np.zeros(2, np.uint8), -1)  # loaded (or compiled) now
+        # Loaded (or compiled) now, for the type the walks pass: bytes seen as a read-only array,
+        # which Numba compiles apart from a writable one (warmed on that, the first walk compiled again).
+        jpeg_whole.whole_scans(np.frombuffer(bytes(2), np.uint8), -1)
     except Exception as exc:  # noqa: BLE001 - e.g. nowhere to cache it: the Python walk stays
         log.info("JPEG walk: the compiled walk is not available (%s: %s)", type(exc).__name__, exc)
         return

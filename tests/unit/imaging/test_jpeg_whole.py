@@ -108,6 +108,22 @@ print("numba" in sys.modules)
     assert proc.stdout.split() == ["False", "True"]
 
 
+def test_the_load_is_of_the_compiled_walk_the_walks_call(assets_dir):
+    """The load compiles (or loads from the cache) the walk for what ``walk_jpeg`` passes it, a
+    read-only array of the bytes: the first walk after it adds no signature (a writable warm-up
+    left the first walk to compile again, holding the GIL for seconds on an empty cache)."""
+    code = f"""
+from app.imaging import jpeg_whole
+from app.imaging.jpeg_structure import use_compiled_walk, walk_jpeg
+use_compiled_walk()
+loaded = list(jpeg_whole.whole_scans.signatures)
+assert walk_jpeg(open({str(assets_dir / "bus.jpg")!r}, "rb").read()).defect is None
+print(len(loaded), jpeg_whole.whole_scans.signatures == loaded)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert proc.stdout.split() == ["1", "True"]
+
+
 def test_a_load_on_its_own_thread_leaves_the_walks_in_python_until_it_is_done(monkeypatch, sources):
     """``use_compiled_walk(wait=False)`` returns at once with the loading thread; walks meanwhile
     take the Python walk (the load is held back here until the test lets it go), then the
