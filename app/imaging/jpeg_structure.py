@@ -99,7 +99,9 @@ def walk_jpeg(data: bytes, *, max_scans: int | None = None) -> JpegStructure:
     walked without the GIL (``app.imaging.jpeg_whole``); the rest here, which names defects."""
     compiled = _compiled_walk
     if compiled is not None:
-        scans = compiled(np.frombuffer(data, np.uint8), -1 if max_scans is None else max_scans)
+        view = np.frombuffer(data, np.uint8)
+        view.flags.writeable = False  # bytearrays too: the one type the load compiled (Numba's readonly array)
+        scans = compiled(view, -1 if max_scans is None else max_scans)
         if scans >= 0:  # else ASK_PYTHON
             return JpegStructure(None, False, scans)
     return walk_jpeg_python(data, max_scans=max_scans)

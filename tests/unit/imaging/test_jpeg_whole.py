@@ -110,14 +110,17 @@ print("numba" in sys.modules)
 
 def test_the_load_is_of_the_compiled_walk_the_walks_call(assets_dir):
     """The load compiles (or loads from the cache) the walk for what ``walk_jpeg`` passes it, a
-    read-only array of the bytes: the first walk after it adds no signature (a writable warm-up
-    left the first walk to compile again, holding the GIL for seconds on an empty cache)."""
+    read-only array of the bytes (of a bytearray or memoryview as well): the first walks after it
+    add no signature (a writable warm-up left the first walk to compile again, holding the GIL
+    for seconds on an empty cache)."""
     code = f"""
 from app.imaging import jpeg_whole
 from app.imaging.jpeg_structure import use_compiled_walk, walk_jpeg
 use_compiled_walk()
 loaded = list(jpeg_whole.whole_scans.signatures)
-assert walk_jpeg(open({str(assets_dir / "bus.jpg")!r}, "rb").read()).defect is None
+data = open({str(assets_dir / "bus.jpg")!r}, "rb").read()
+for given in (data, bytearray(data), memoryview(bytearray(data))):
+    assert walk_jpeg(given).defect is None
 print(len(loaded), jpeg_whole.whole_scans.signatures == loaded)
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
