@@ -99,9 +99,7 @@ def walk_jpeg(data: bytes, *, max_scans: int | None = None) -> JpegStructure:
     walked without the GIL (``app.imaging.jpeg_whole``); the rest here, which names defects."""
     compiled = _compiled_walk
     if compiled is not None:
-        view = np.frombuffer(data, np.uint8)
-        view.flags.writeable = False  # bytearrays too: the one type the load compiled (Numba's readonly array)
-        scans = compiled(view, -1 if max_scans is None else max_scans)
+        scans = compiled(_read_only(data), -1 if max_scans is None else max_scans)
         if scans >= 0:  # else ASK_PYTHON
             return JpegStructure(None, False, scans)
     return walk_jpeg_python(data, max_scans=max_scans)
@@ -137,13 +135,19 @@ def _load_compiled_walk() -> None:
     try:
         from app.imaging import jpeg_whole
 
-        # Loaded (or compiled) now, for the type the walks pass: bytes seen as a read-only array,
-        # which Numba compiles apart from a writable one (warmed on that, the first walk compiled again).
-        jpeg_whole.whole_scans(np.frombuffer(bytes(2), np.uint8), -1)
+        jpeg_whole.whole_scans(_read_only(bytes(2)), -1)  # loaded (or compiled) now, for what the walks pass
     except Exception as exc:  # noqa: BLE001 - e.g. nowhere to cache it: the Python walk stays
         log.info("JPEG walk: the compiled walk is not available (%s: %s)", type(exc).__name__, exc)
         return
     _compiled_walk = jpeg_whole.whole_scans
+
+
+def _read_only(data: bytes) -> np.ndarray:
+    """``data``'s bytes as the compiled walk takes them, a read-only array whatever holds them:
+    Numba compiles a writable array apart (warmed on one, the first walk compiled again)."""
+    view = np.frombuffer(data, np.uint8)
+    view.flags.writeable = False
+    return view
 
 
 def walk_jpeg_python(data: bytes, *, max_scans: int | None = None) -> JpegStructure:
