@@ -14,6 +14,13 @@ captures given to it (a new one goes to the worker with the fewest) and loops ov
 
 then sleeps until the next frame is due or, with a stream waiting for room, ``POLL_S``.
 
+A decode call that does not come back (a live source's packets that stopped coming, while its
+read waits out the source's timeout; a decoder that hangs) holds only its own stream: once it has
+run ``STALL_S``, its worker counts as stalled, new streams go to other workers, and the first
+other worker that looks takes over the stalled worker's other captures. A worker whose thread
+ends (its device could not be made current) fails the streams it held, and a new stream gets a
+new worker in its place: no stream waits on a thread that is gone.
+
 The stream's own thread opens the capture, hands it over (``read``: first ``prepare(cap)``, where
 the runner makes the GPU pipeline ready for the capture's frame size, so that no graph is
 captured while the pool decodes) and waits until it ends, the
@@ -24,15 +31,21 @@ captures it reads itself (``app.predict.stream_source``). A capture here is anyt
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from app.errors import DeviceError
+
+log = logging.getLogger("yolopipe.predict")
+
 AHEAD = 8  # frames decoded before they are due, per stream read at its rate
 POLL_S = 0.002  # an idle worker's look for room in the buffers of streams read as fast as possible
 IDLE_S = 0.1
+STALL_S = 1.0  # a decode call running this long stalls its worker: its other captures move (module docstring)
 
 
 class _Reading:
@@ -46,6 +59,7 @@ class _Reading:
         self.ended = False
         self.error: BaseException | None = None
         self.done = threading.Event()
+        self.worker: _Worker | None = None  # the worker reading it (another takes it over from a stalled one)
 
     def due(self, index: int) -> float:
         return self.started + (index - self.first) * self.period
@@ -96,17 +110,30 @@ class _Reading:
 
 
 class _Worker:
-    def __init__(self, name: str, on_device: Any) -> None:
+    def __init__(self, name: str, on_device: Any, peers: Callable[[], list[_Worker]]) -> None:
+        self.name = name
         self.readings: list[_Reading] = []
-        self._wake = threading.Condition()
+        self._wake = threading.Condition()  # guards readings, serving and the readings' worker
         self._closed = False
+        self.gone = False  # its thread ended
+        self.failure: BaseException | None = None  # why, where it failed
+        self.serving: _Reading | None = None  # the reading whose decode call runs now, since serving_since
+        self.serving_since = 0.0
         self._on_device = on_device
+        self._peers = peers
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def add(self, reading: _Reading) -> None:
+    def add(self, readings: list[_Reading]) -> None:
         with self._wake:
-            self.readings.append(reading)
+            if self.gone:  # ended since it was chosen: nothing would read them
+                for reading in readings:
+                    reading.error = self._ended()
+                    reading.done.set()
+                return
+            for reading in readings:
+                reading.worker = self
+            self.readings.extend(readings)
             self._wake.notify()
 
     def close(self) -> None:
@@ -117,31 +144,79 @@ class _Worker:
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
+    def stalled(self, now: float) -> bool:
+        return self.serving is not None and now - self.serving_since > STALL_S
+
+    def usable(self, now: float) -> bool:
+        return not self.gone and not self.stalled(now)
+
     def _run(self) -> None:
-        with self._on_device():
-            while True:
-                with self._wake:
-                    if self._closed:
-                        readings, self.readings = self.readings, []
-                        break
-                    readings = list(self.readings)
-                now = time.monotonic()
-                decoded, wake = False, now + IDLE_S
-                for reading in readings:
-                    try:
-                        decoded |= reading.serve(now)
-                    except Exception as exc:  # noqa: BLE001 - the stream's thread raises it as its failure
-                        reading.error = exc
-                    if reading.error is not None or reading.finished:
-                        self._finish(reading)
-                    else:
-                        wake = min(wake, reading.wake_at(now))
-                if not decoded:
-                    with self._wake:
-                        if not self._closed:
-                            self._wake.wait(max(0.0, wake - time.monotonic()))
+        try:
+            with self._on_device():
+                self._loop()
+        except BaseException as exc:  # noqa: BLE001 - its streams fail below; none waits on a thread that is gone
+            self.failure = exc
+            log.error("decode thread %s ended: %s: %s", self.name, type(exc).__name__, exc)
+        with self._wake:
+            self.gone = True
+            readings, self.readings = self.readings, []
         for reading in readings:
+            if self.failure is not None and reading.error is None:
+                reading.error = self._ended()
             reading.done.set()
+
+    def _ended(self) -> DeviceError:
+        why = f" ({type(self.failure).__name__}: {self.failure})" if self.failure is not None else ""
+        return DeviceError(f"the decode thread {self.name} ended{why}")
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                if self._closed:
+                    return
+            self._take_over_stalled()
+            with self._wake:
+                readings = list(self.readings)
+            now = time.monotonic()
+            decoded, wake = False, now + IDLE_S
+            for reading in readings:
+                with self._wake:
+                    if reading.worker is not self:  # taken over while this worker was stalled
+                        continue
+                    self.serving, self.serving_since = reading, time.monotonic()
+                try:
+                    decoded |= reading.serve(now)
+                except Exception as exc:  # noqa: BLE001 - the stream's thread raises it as its failure
+                    reading.error = exc
+                finally:
+                    with self._wake:
+                        self.serving = None
+                if reading.error is not None or reading.finished:
+                    self._finish(reading)
+                else:
+                    wake = min(wake, reading.wake_at(now))
+            if not decoded:
+                with self._wake:
+                    if not self._closed:
+                        self._wake.wait(max(0.0, wake - time.monotonic()))
+
+    def _take_over_stalled(self) -> None:
+        """The captures of a stalled worker but the one it is stuck in, read here from now on."""
+        now = time.monotonic()
+        for peer in self._peers():
+            if peer is self:
+                continue
+            with peer._wake:
+                if not peer.stalled(now):
+                    continue
+                moved = [r for r in peer.readings if r is not peer.serving]
+                peer.readings = [r for r in peer.readings if r is peer.serving]
+                for reading in moved:
+                    reading.worker = self
+            if moved:
+                log.warning("decode thread %s stalled (a decode call running over %.0f s): %s takes over its "
+                            "%d other stream(s)", peer.name, STALL_S, self.name, len(moved))
+                self.add(moved)
 
     def _finish(self, reading: _Reading) -> None:
         with self._wake:
@@ -167,6 +242,7 @@ class DecodePool:
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
+        self._started = 0  # workers started, for their names
 
     def read(self, stream: Any, cap: Any, index: int) -> int:
         """Read ``cap``'s frames into ``stream`` from frame ``index`` on, until it ends or the
@@ -179,16 +255,29 @@ class DecodePool:
         with self._lock:
             if self._closed:
                 return index
-            if len(self._workers) < self.size:
-                self._workers.append(_Worker(f"yolopipe-decode-{len(self._workers)}", self._on_device))
+            self._workers = [w for w in self._workers if not w.gone]  # a thread that ended is replaced
+            now = time.monotonic()
+            usable = [w for w in self._workers if w.usable(now)]
+            # A new worker up to the pool's size; past it only while every worker is stalled (at
+            # most as many again: each one stalled holds a stream of its own).
+            if len(self._workers) < self.size or (not usable and len(self._workers) < 2 * self.size):
+                self._workers.append(_Worker(self._name(), self._on_device, self._peers))
                 worker = self._workers[-1]
             else:
-                worker = min(self._workers, key=lambda w: len(w.readings))
-            worker.add(reading)
+                worker = min(usable or self._workers, key=lambda w: len(w.readings))
+            worker.add([reading])
         reading.done.wait()
         if reading.error is not None:
             raise reading.error
         return reading.index
+
+    def _name(self) -> str:
+        self._started += 1
+        return f"yolopipe-decode-{self._started - 1}"
+
+    def _peers(self) -> list[_Worker]:
+        with self._lock:
+            return list(self._workers)
 
     def close(self) -> None:
         """Stop the workers; every stream waiting on one gets its capture back."""

@@ -7,6 +7,7 @@ stream alone; a stopped stream gets its capture back."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -186,3 +187,108 @@ def test_each_stream_makes_room_for_its_frames_before_the_pool_reads_them(nvdec_
     c = runner.add("c")
     runner.run(until_done=True)
     assert c.state == "failed" and "no room on the device" in c.error and caps["c"].calls == []
+
+
+class StuckNvdec(FakeNvdec):
+    """Gives ``before`` frames, then its next decode call blocks until ``let_go`` is set, as a live
+    source's read does while its packets have stopped coming; then its end."""
+
+    def __init__(self, before: int, **kwargs) -> None:
+        super().__init__(10_000, **kwargs)
+        self.before = before
+        self.stuck, self.let_go = threading.Event(), threading.Event()
+
+    def read(self, count: int) -> list[DeviceNv12]:
+        if self.given >= self.before:
+            self.readers.add(threading.current_thread().name)
+            self.stuck.set()
+            self.let_go.wait(60)
+            return []
+        return super().read(min(count, self.before - self.given))
+
+
+def test_a_stalled_capture_holds_only_its_own_stream(nvdec_runner, caplog):
+    """Six paced streams over three decode threads: the one whose decode call does not come back
+    keeps its thread; the stream that shared that thread is taken over by another and ends on
+    time, every frame read, while the stalled call still waits."""
+    caps, make = nvdec_runner
+    frames, fps = 60, 30.0
+    caps["stuck"] = StuckNvdec(5)
+    good = [f"cam{k}" for k in range(5)]
+    for name in good:
+        caps[name] = FakeNvdec(frames, fps)
+    runner = make(Answers(max_batch=16, takes_nv12=True), lambda *a: None, max_streams=6, max_wait_ms=5)
+    stuck = runner.add("stuck", stream_id="stuck", realtime=True)
+    streams = [runner.add(name, stream_id=name, realtime=True) for name in good]
+    thread = threading.Thread(target=runner.run, kwargs={"until_done": True}, daemon=True)
+    t0 = time.monotonic()
+    thread.start()
+    try:
+        while any(s.state != "ended" for s in streams) and time.monotonic() - t0 < 20:
+            time.sleep(0.02)
+        ended_s = time.monotonic() - t0
+        assert [s.state for s in streams] == ["ended"] * 5, [(s.id, s.state, s.stats.frames_read) for s in streams]
+        assert caps["stuck"].stuck.is_set() and stuck.state == "live"
+        assert all(s.stats.frames_read == frames for s in streams)
+        # the stalled thread had one other stream (six over three), which another thread took over
+        (stalled_thread,) = caps["stuck"].readers
+        taken = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
+        assert len(taken) == 1 and taken[0].startswith(f"decode thread {stalled_thread} stalled"), taken
+        assert taken[0].endswith("takes over its 1 other stream(s)"), taken
+        # on time but for the stall's second: not held until the stalled call came back
+        assert ended_s < frames / fps + 1.0 + 3.0, ended_s
+    finally:
+        caps["stuck"].let_go.set()
+        thread.join(timeout=20)
+    assert not thread.is_alive() and stuck.state == "ended"
+
+
+class _Sink:
+    """The stream side of ``DecodePool.read``: a file read as fast as possible, every frame kept."""
+
+    period, vid_stride, stopped = 0.0, 1, False
+
+    def __init__(self) -> None:
+        self.kept: list[int] = []
+
+    def room(self) -> int:
+        return 8
+
+    def keep(self, index: int, frame) -> None:
+        self.kept.append(index)
+
+
+def test_a_decode_thread_that_ends_fails_its_streams_and_is_replaced(caplog):
+    from app.errors import DeviceError
+    from app.predict.decode_pool import DecodePool
+
+    starts: list[str] = []
+
+    @contextlib.contextmanager
+    def on_device():
+        starts.append(threading.current_thread().name)
+        if len(starts) == 1:
+            raise RuntimeError("no CUDA context")
+        yield
+
+    pool = DecodePool(1, on_device=on_device)
+    outcome: list = []
+
+    def read() -> None:
+        try:
+            outcome.append(pool.read(_Sink(), FakeNvdec(10, call_s=0.0, frame_s=0.0), 0))
+        except Exception as exc:  # noqa: BLE001 - what the stream's thread would fail with
+            outcome.append(exc)
+
+    for _ in range(2):
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        reader.join(timeout=10)
+        assert not reader.is_alive(), "a stream waits on a decode thread that is gone"
+    pool.close()
+    first, second = outcome
+    assert isinstance(first, DeviceError) and "no CUDA context" in str(first), first
+    assert second == 10  # a new thread read the next stream whole
+    assert len(set(starts)) == 2
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
+        f"decode thread {starts[0]} ended: RuntimeError: no CUDA context"]
