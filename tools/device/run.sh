@@ -3,7 +3,7 @@
 # package index and takes at most 64 MiB sent along with each command.
 #
 #   bash tools/device/run.sh carry [video] [wrk] [extra requirement ...]   here: build what a command carries
-#   bash tools/device/run.sh PART...              there: setup build builds tests nvdec bench kernels startup http streams memory cache fusion
+#   bash tools/device/run.sh PART...              there: setup build builds tests nvdec bench kernels startup http streams isolation memory cache fusion
 #
 # Each job is a script beside this one (carry.sh, suite.sh; pack.sh is sourced by suite.sh),
 # whose header lists its parts and knobs. They run from the repository root, where the carried

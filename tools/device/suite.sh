@@ -29,13 +29,15 @@
 #   streams  bench/streams.py: NVDEC+letterbox ceiling, paced NVDEC at 64 and 128 streams,
 #            OpenCV at 16, Ultralytics' best case, more NVDEC streams while real time, fidelity
 #                                                                → $OUT/streams.json, streams.log
+#   isolation bench/nvdec_isolation.py on the clip: NVDEC sessions alone, as threads and as processes,
+#            one knob at a time, then through yolopipe's reader (issue #46, goal 1) → $OUT/nvdec-isolation.json, .log
 #   memory   bench/memory_probe.py: issue #30's bursts, 2 rounds  → $OUT/memory-bursts.json, .log
 #   cache    the torch.compile cache, to carry next time as .whlx/torch-cache.tgz → $OUT/torch-cache.tgz
 #   fusion   build-engine into a fresh folder with inductor's fusion decisions logged (TORCH_LOGS=fusion):
 #            why each epilogue joined its template or not                → $OUT/fusion.log.gz
 # Every part but setup runs setup first if this command has not. Knobs (environment): OUT (/tmp/out);
 # <PART>_TIMEOUT seconds (SETUP 120, BUILD 420, BUILDS 540, TESTS 300, NVDEC 180, BENCH 360, KERNELS 360, STARTUP 360,
-# HTTP 540, STREAMS 330, MEMORY 420, FUSION 150);
+# HTTP 540, STREAMS 330, ISOLATION 330, MEMORY 420, FUSION 150);
 # <PART>_ARGS more options for its command (BUILD_ARGS=--no-batch-invariant: the cuDNN package, ~100 s;
 # KERNELS_ARGS, default "--cudnn --variant as-trained-stem");
 # TEST_PATHS; STARTUP_ROUNDS (2); SOAK_MINUTES (3),
@@ -55,7 +57,7 @@ card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 |
 if [ -z "${YOLOPIPE_TUNING_CACHE:-}" ] && [ -n "$card" ] && [ -f "bench/tuning/$card.json" ]; then
   export YOLOPIPE_TUNING_CACHE=$PWD/bench/tuning/$card.json
 fi
-usage="usage: bash tools/device/run.sh PART...   (parts: setup build builds tests nvdec bench kernels startup http streams memory cache fusion)"
+usage="usage: bash tools/device/run.sh PART...   (parts: setup build builds tests nvdec bench kernels startup http streams isolation memory cache fusion)"
 [ $# -gt 0 ] || { echo "$usage" >&2; exit 2; }
 status=0
 ready=0
@@ -96,7 +98,7 @@ setup() {
 }
 
 for name in "$@"; do
-  case "$name" in setup|build|builds|tests|nvdec|bench|kernels|startup|http|streams|memory|cache|fusion) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
+  case "$name" in setup|build|builds|tests|nvdec|bench|kernels|startup|http|streams|isolation|memory|cache|fusion) ;; *) echo "unknown part $name; $usage" >&2; exit 2 ;; esac
 done
 for name in "$@"; do
   [ "$name" = setup ] || [ "$ready" = 1 ] || setup
@@ -111,6 +113,7 @@ for name in "$@"; do
     startup) part startup "${STARTUP_TIMEOUT:-360}" python3 bench/startup.py --images "$YOLOPIPE_IMAGES" --copies 10000 --rounds "${STARTUP_ROUNDS:-2}" --parts predict,ultralytics,serve,warm,bare --out "$OUT/startup.json" ${STARTUP_ARGS:-} ;;
     http)    part http-full "${HTTP_TIMEOUT:-540}" python3 bench/http_load.py --images "$YOLOPIPE_IMAGES" --parts load,soak,kill,sigterm --clients 64,256 --naive-clients 64 --naive-workers 4 --gpus 0 --duration "${DURATION:-20}" --warmup 3 --soak-minutes "${SOAK_MINUTES:-3}" --sample-s 5 --out "$OUT/http-full.json" ${HTTP_ARGS:-} ;;
     streams) part streams "${STREAMS_TIMEOUT:-330}" python3 bench/streams.py --clip "$CLIP" --nvdec-streams "${NVDEC_STREAMS:-64,128}" --opencv-streams "${OPENCV_STREAMS:-16}" --budget-s $(( ${STREAMS_TIMEOUT:-330} - 45 )) --out "$OUT/streams.json" ${STREAMS_ARGS:-} ;;
+    isolation) part nvdec-isolation "${ISOLATION_TIMEOUT:-330}" python3 bench/nvdec_isolation.py --clip "$CLIP" --budget-s $(( ${ISOLATION_TIMEOUT:-330} - 45 )) --out "$OUT/nvdec-isolation.json" ${ISOLATION_ARGS:-} ;;
     memory)  part memory-bursts "${MEMORY_TIMEOUT:-420}" python3 bench/memory_probe.py --backend auto --rounds "${MEMORY_ROUNDS:-2}" --out "$OUT/memory-bursts.json" ${MEMORY_ARGS:-} ;;
     cache)   part cache 60 bash -c 'cd "$YOLOPIPE_CACHE_DIR" && find artifacts -path "*torch-cache*" -type f | tar -czf "$0/torch-cache.tgz" -T - && ls -la "$0/torch-cache.tgz"' "$OUT" ;;
     fusion)  part fusion "${FUSION_TIMEOUT:-150}" bash -c 'rm -rf /tmp/fusion-build && TORCH_LOGS=fusion TRITON_CACHE_DIR=/tmp/fusion-build/triton python3 -m app.cli build-engine --weights sample --artifacts-dir /tmp/fusion-build/artifacts 2>&1 | gzip > "$0/fusion.log.gz"; exit "${PIPESTATUS[0]}"' "$OUT" ;;
