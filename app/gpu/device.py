@@ -51,6 +51,10 @@ class CudaDevice:
         """Inside ``shared``: give the share up, hold the device alone, take a share back."""
         return self._gate.exclusive_from_shared()
 
+    def open_since(self) -> float:
+        """Since when no capture has held the device or waited for it (``Gate.open_since``)."""
+        return self._gate.open_since()
+
     @property
     def held_exclusive(self) -> bool:
         """Whether a capture holds the device now (what tests of its holders look at)."""

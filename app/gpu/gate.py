@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 
 
@@ -31,11 +32,19 @@ class Gate:
         self._shared = 0
         self._exclusive = False
         self._waiting = 0
+        self._exclusive_ended = 0.0  # time.monotonic() when the last capture let go
 
     @property
     def held_exclusive(self) -> bool:
         """Whether a capture holds it now (what tests of its holders look at)."""
         return self._exclusive
+
+    def open_since(self) -> float:
+        """Since when (``time.monotonic()``) shared holders have been let in: now while a capture
+        holds the gate or waits for it, so a call that waited out a capture is not taken for one
+        that hangs (``app.predict.decode_pool``)."""
+        with self._cond:
+            return time.monotonic() if self._exclusive or self._waiting else self._exclusive_ended
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
@@ -89,4 +98,5 @@ class Gate:
     def _release_exclusive(self) -> None:
         with self._cond:
             self._exclusive = False
+            self._exclusive_ended = time.monotonic()
             self._cond.notify_all()

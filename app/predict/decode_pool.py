@@ -17,7 +17,9 @@ then sleeps until the next frame is due or, with a stream waiting for room, ``PO
 A decode call that does not come back (a live source's packets that stopped coming, while its
 read waits out the source's timeout; a decoder that hangs) holds only its own stream: once it has
 run ``STALL_S``, its worker counts as stalled, new streams go to other workers, and the first
-other worker that looks takes over the stalled worker's other captures. A worker whose thread
+other worker that looks hands the stalled worker's other captures to the least busy workers.
+Time a call spends waiting for a capture to let go of the device (``open_since``: the device
+gate's) does not count: every decode call waits then, and none of them is stalled. A worker whose thread
 ends (its device could not be made current) fails the streams it held, and a new stream gets a
 new worker in its place: no stream waits on a thread that is gone.
 
@@ -110,7 +112,8 @@ class _Reading:
 
 
 class _Worker:
-    def __init__(self, name: str, on_device: Any, peers: Callable[[], list[_Worker]]) -> None:
+    def __init__(self, name: str, on_device: Any, peers: Callable[[], list[_Worker]],
+                 open_since: Callable[[], float]) -> None:
         self.name = name
         self.readings: list[_Reading] = []
         self._wake = threading.Condition()  # guards readings, serving and the readings' worker
@@ -121,6 +124,7 @@ class _Worker:
         self.serving_since = 0.0
         self._on_device = on_device
         self._peers = peers
+        self._open_since = open_since
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -145,7 +149,8 @@ class _Worker:
         self._thread.join(timeout)
 
     def stalled(self, now: float) -> bool:
-        return self.serving is not None and now - self.serving_since > STALL_S
+        """Whether its decode call has run over ``STALL_S``, time waiting for a capture left out."""
+        return self.serving is not None and now - max(self.serving_since, self._open_since()) > STALL_S
 
     def usable(self, now: float) -> bool:
         return not self.gone and not self.stalled(now)
@@ -201,9 +206,11 @@ class _Worker:
                         self._wake.wait(max(0.0, wake - time.monotonic()))
 
     def _take_over_stalled(self) -> None:
-        """The captures of a stalled worker but the one it is stuck in, read here from now on."""
+        """The captures of a stalled worker but the one it is stuck in, each handed to the least
+        busy worker that is not stalled (this one among them)."""
         now = time.monotonic()
-        for peer in self._peers():
+        peers = self._peers()
+        for peer in peers:
             if peer is self:
                 continue
             with peer._wake:
@@ -212,11 +219,14 @@ class _Worker:
                 moved = [r for r in peer.readings if r is not peer.serving]
                 peer.readings = [r for r in peer.readings if r is peer.serving]
                 for reading in moved:
-                    reading.worker = self
-            if moved:
-                log.warning("decode thread %s stalled (a decode call running over %.0f s): %s takes over its "
-                            "%d other stream(s)", peer.name, STALL_S, self.name, len(moved))
-                self.add(moved)
+                    reading.worker = self  # in transit: its old worker skips it from now on
+            if not moved:
+                continue
+            log.warning("decode thread %s stalled (a decode call running over %.0f s): its %d other stream(s) "
+                        "go to other threads", peer.name, STALL_S, len(moved))
+            takers = [w for w in peers if w is self or w.usable(now)]
+            for reading in moved:
+                min(takers, key=lambda w: len(w.readings)).add([reading])
 
     def _finish(self, reading: _Reading) -> None:
         with self._wake:
@@ -228,10 +238,11 @@ class _Worker:
 class DecodePool:
     """``workers`` threads reading the captures of many streams (see the module docstring);
     ``on_device``: a context manager each worker runs in (the GPU's device made current);
-    ``prepare(cap)``: called on a stream's thread before its capture is read."""
+    ``prepare(cap)``: called on a stream's thread before its capture is read; ``open_since()``:
+    since when the device has been free of captures (``CudaDevice.open_since``; None: always)."""
 
     def __init__(self, workers: int, *, batch: int = 8, on_device: Any = None,
-                 prepare: Callable[[Any], None] | None = None) -> None:
+                 prepare: Callable[[Any], None] | None = None, open_since: Callable[[], float] | None = None) -> None:
         import contextlib
 
         if workers < 1:
@@ -239,6 +250,7 @@ class DecodePool:
         self.size, self.batch = workers, batch
         self._on_device = on_device or contextlib.nullcontext
         self._prepare = prepare
+        self._open_since = open_since or (lambda: 0.0)
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -261,7 +273,7 @@ class DecodePool:
             # A new worker up to the pool's size; past it only while every worker is stalled (at
             # most as many again: each one stalled holds a stream of its own).
             if len(self._workers) < self.size or (not usable and len(self._workers) < 2 * self.size):
-                self._workers.append(_Worker(self._name(), self._on_device, self._peers))
+                self._workers.append(_Worker(self._name(), self._on_device, self._peers, self._open_since))
                 worker = self._workers[-1]
             else:
                 worker = min(usable or self._workers, key=lambda w: len(w.readings))

@@ -118,7 +118,9 @@ class StreamRunner:
             if cap.height and cap.width:
                 self.detector.warmup(nv12=True, frame_size=(cap.height, cap.width))
 
-        return DecodePool(nvdec_threads(decoder_engines(device)), on_device=on_device, prepare=prepare)
+        cuda = self.detector.cuda  # a decode call that waits out a capture is not stalled
+        return DecodePool(nvdec_threads(decoder_engines(device)), on_device=on_device, prepare=prepare,
+                          open_since=cuda.open_since if cuda is not None else None)
 
     # --- control (any thread) ---------------------------------------------------------
     def add(self, source: str, *, stream_id: str | None = None, vid_stride: int = 1, realtime: bool = False,

@@ -84,6 +84,33 @@ def test_gate_exclusive_waits_for_shared_and_blocks_new_shared():
     assert events == ["exclusive", "late shared"]
 
 
+def test_gate_open_since_is_now_while_a_capture_holds_or_waits_then_when_it_let_go():
+    gate = Gate()
+    assert gate.open_since() == 0.0  # no capture yet
+    with gate.shared():
+        assert gate.open_since() == 0.0
+    waiting, held = threading.Event(), threading.Event()
+
+    def capture():
+        waiting.set()
+        with gate.exclusive():
+            held.set()
+            time.sleep(0.2)
+
+    with gate.shared():  # the capture waits for this batch: shared holders are not let in
+        t = _started(capture)
+        assert waiting.wait(5)
+        time.sleep(0.05)
+        before = time.monotonic()
+        assert gate.open_since() >= before
+    assert held.wait(5)
+    assert gate.open_since() >= time.monotonic() - 0.01  # held: now
+    t.join(5)
+    released = gate.open_since()
+    time.sleep(0.05)
+    assert gate.open_since() == released <= time.monotonic() - 0.05  # let go: that time, which stays
+
+
 def test_gate_two_runs_that_both_need_a_capture_do_not_deadlock():
     """The pattern of GpuPipeline._capture_while_shared (``exclusive_from_shared`` inside a
     batch's ``shared``), in two threads at once; each holds its share again after its capture."""

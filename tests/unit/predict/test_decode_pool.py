@@ -37,6 +37,7 @@ class FakeNvdec:
 
     def read(self, count: int) -> list[DeviceNv12]:
         self.readers.add(threading.current_thread().name)
+        self.last_reader = threading.current_thread().name
         if self.fail_after is not None and self.given >= self.fail_after:
             raise RuntimeError("NVDEC lost the stream")
         n = min(count, self.left)
@@ -208,16 +209,16 @@ class StuckNvdec(FakeNvdec):
 
 
 def test_a_stalled_capture_holds_only_its_own_stream(nvdec_runner, caplog):
-    """Six paced streams over three decode threads: the one whose decode call does not come back
-    keeps its thread; the stream that shared that thread is taken over by another and ends on
-    time, every frame read, while the stalled call still waits."""
+    """Nine paced streams over three decode threads: the one whose decode call does not come back
+    keeps its thread; the two streams that shared that thread go one to each other thread and
+    end on time, every frame read, while the stalled call still waits."""
     caps, make = nvdec_runner
     frames, fps = 60, 30.0
     caps["stuck"] = StuckNvdec(5)
-    good = [f"cam{k}" for k in range(5)]
+    good = [f"cam{k}" for k in range(8)]
     for name in good:
         caps[name] = FakeNvdec(frames, fps)
-    runner = make(Answers(max_batch=16, takes_nv12=True), lambda *a: None, max_streams=6, max_wait_ms=5)
+    runner = make(Answers(max_batch=16, takes_nv12=True), lambda *a: None, max_streams=9, max_wait_ms=5)
     stuck = runner.add("stuck", stream_id="stuck", realtime=True)
     streams = [runner.add(name, stream_id=name, realtime=True) for name in good]
     thread = threading.Thread(target=runner.run, kwargs={"until_done": True}, daemon=True)
@@ -227,14 +228,16 @@ def test_a_stalled_capture_holds_only_its_own_stream(nvdec_runner, caplog):
         while any(s.state != "ended" for s in streams) and time.monotonic() - t0 < 20:
             time.sleep(0.02)
         ended_s = time.monotonic() - t0
-        assert [s.state for s in streams] == ["ended"] * 5, [(s.id, s.state, s.stats.frames_read) for s in streams]
+        assert [s.state for s in streams] == ["ended"] * 8, [(s.id, s.state, s.stats.frames_read) for s in streams]
         assert caps["stuck"].stuck.is_set() and stuck.state == "live"
         assert all(s.stats.frames_read == frames for s in streams)
-        # the stalled thread had one other stream (six over three), which another thread took over
+        # the stalled thread had two other streams (nine over three), handed one to each other thread
         (stalled_thread,) = caps["stuck"].readers
         taken = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
         assert len(taken) == 1 and taken[0].startswith(f"decode thread {stalled_thread} stalled"), taken
-        assert taken[0].endswith("takes over its 1 other stream(s)"), taken
+        assert taken[0].endswith("its 2 other stream(s) go to other threads"), taken
+        last = [caps[name].last_reader for name in good]
+        assert stalled_thread not in last and sorted(last.count(t) for t in set(last)) == [4, 4], last
         # on time but for the stall's second: not held until the stalled call came back
         assert ended_s < frames / fps + 1.0 + 3.0, ended_s
     finally:
@@ -292,3 +295,58 @@ def test_a_decode_thread_that_ends_fails_its_streams_and_is_replaced(caplog):
     assert len(set(starts)) == 2
     assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == [
         f"decode thread {starts[0]} ended: RuntimeError: no CUDA context"]
+
+
+class _Held(FakeNvdec):
+    """Its second decode call waits ``held_s``, as every decode call waits while a capture holds
+    the device (``holding`` set meanwhile)."""
+
+    def __init__(self, held_s: float, holding: threading.Event, **kwargs) -> None:
+        super().__init__(1_000, call_s=0.0, frame_s=0.0, **kwargs)
+        self.held_s, self.holding = held_s, holding
+
+    def read(self, count: int) -> list[DeviceNv12]:
+        if len(self.calls) == 1:
+            self.holding.set()
+            time.sleep(self.held_s)
+            self.holding.clear()
+        return super().read(count)
+
+
+@pytest.mark.parametrize("capture", [True, False], ids=["a-capture-held-the-device", "nothing-held-it"])
+def test_a_call_that_waits_out_a_capture_is_not_a_stall(capture, caplog):
+    """Two threads, three streams: the first thread's call waits 1.5 s. Where a capture held the
+    device meanwhile (``open_since``), that wait is no stall: the stream sharing that thread stays
+    there. Where nothing held it, the call is stalled and the other thread takes that stream."""
+    from app.predict.decode_pool import DecodePool
+
+    holding, let_go = threading.Event(), [0.0]
+
+    def open_since() -> float:
+        if capture and holding.is_set():
+            return time.monotonic()
+        return let_go[0]
+
+    pool = DecodePool(2, open_since=open_since)
+    held = _Held(1.5, holding)
+    other, sharing = FakeNvdec(300, call_s=0.002), FakeNvdec(300, call_s=0.002)
+    readers = []
+    for cap in (held, other, sharing):
+        reader = threading.Thread(target=pool.read, args=(_Sink(), cap, 0), daemon=True)
+        reader.start()
+        readers.append(reader)
+        deadline = time.monotonic() + 5
+        while not cap.readers and cap is not sharing and time.monotonic() < deadline:
+            time.sleep(0.005)  # each of the first two has its own thread before the next comes
+    for reader in readers:
+        reader.join(timeout=20)
+    pool.close()
+    assert not any(r.is_alive() for r in readers)
+    assert held.given == 1_000 and other.given == sharing.given == 300
+    (held_thread,) = held.readers
+    stalled = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
+    if capture:
+        assert sharing.readers == {held_thread} and stalled == []
+    else:
+        assert sharing.readers and held_thread not in sharing.readers
+        assert len(stalled) == 1 and stalled[0].startswith(f"decode thread {held_thread} stalled"), stalled
