@@ -256,6 +256,12 @@ def main() -> int:
     if not args.clip.is_file():
         print(f"no clip at {args.clip}", file=sys.stderr)
         return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench/nvdec_isolation.py measures NVDEC: it needs an NVIDIA GPU, and this machine has none",
+              file=sys.stderr)
+        return 2
     kinds = set(args.kinds.split(","))
     doc: dict[str, Any] = {
         "what": "NVDEC decode sessions in isolation (issue #46, goal 1): frames/s of N sessions as threads or "
