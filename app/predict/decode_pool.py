@@ -33,6 +33,7 @@ captures it reads itself (``app.predict.stream_source``). A capture here is anyt
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -211,7 +212,7 @@ class _Worker:
         now = time.monotonic()
         peers = self._peers()
         for peer in peers:
-            if peer is self:
+            if peer is self or not peer.stalled(now):  # read without its lock first: the usual answer is no
                 continue
             with peer._wake:
                 if not peer.stalled(now):
@@ -226,13 +227,17 @@ class _Worker:
                         "go to other threads", peer.name, STALL_S, len(moved))
             takers = [w for w in peers if w is self or w.usable(now)]
             for reading in moved:
-                min(takers, key=lambda w: len(w.readings)).add([reading])
+                _least_busy(takers).add([reading])
 
     def _finish(self, reading: _Reading) -> None:
         with self._wake:
             if reading in self.readings:
                 self.readings.remove(reading)
         reading.done.set()
+
+
+def _least_busy(workers: list[_Worker]) -> _Worker:
+    return min(workers, key=lambda w: len(w.readings))
 
 
 class DecodePool:
@@ -254,7 +259,7 @@ class DecodePool:
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._started = 0  # workers started, for their names
+        self._names = itertools.count()  # workers started, for their names
 
     def read(self, stream: Any, cap: Any, index: int) -> int:
         """Read ``cap``'s frames into ``stream`` from frame ``index`` on, until it ends or the
@@ -273,19 +278,16 @@ class DecodePool:
             # A new worker up to the pool's size; past it only while every worker is stalled (at
             # most as many again: each one stalled holds a stream of its own).
             if len(self._workers) < self.size or (not usable and len(self._workers) < 2 * self.size):
-                self._workers.append(_Worker(self._name(), self._on_device, self._peers, self._open_since))
+                self._workers.append(_Worker(f"yolopipe-decode-{next(self._names)}", self._on_device, self._peers,
+                                             self._open_since))
                 worker = self._workers[-1]
             else:
-                worker = min(usable or self._workers, key=lambda w: len(w.readings))
+                worker = _least_busy(usable or self._workers)
             worker.add([reading])
         reading.done.wait()
         if reading.error is not None:
             raise reading.error
         return reading.index
-
-    def _name(self) -> str:
-        self._started += 1
-        return f"yolopipe-decode-{self._started - 1}"
 
     def _peers(self) -> list[_Worker]:
         with self._lock:
